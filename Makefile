@@ -1,0 +1,49 @@
+# fleetbench: `make run` runs the main job on this machine, `make test` runs the tests.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+VENV := .venv
+PY := $(VENV)/bin/python
+PYTHON ?= python3
+
+.PHONY: help run test test-unit bench venv services test-services images airflow-init clean
+
+help:
+	@echo "make run    - run fleet_benchmark once on the embedded default (local Docker, CPU smoke image) and print results"
+	@echo "make test   - start what the tests need and run the test suite"
+	@echo "make bench  - measure fleetbench itself"
+	@echo "make clean  - remove .venv, .airflow and .data"
+
+$(VENV)/.installed: requirements.txt pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "[fleetbench] error: $(PYTHON) not found: install Python 3.11 (Debian: apt-get install python3 python3-venv)"; exit 1; }
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 11) else 1)' || { echo "[fleetbench] error: Python >= 3.11 needed, found $$($(PYTHON) --version)"; exit 1; }
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { echo "[fleetbench] error: cannot create a venv: install python3-venv"; exit 1; }
+	@echo "[fleetbench] installing Python dependencies into $(VENV)"
+	@$(PY) -m pip install -q --upgrade pip
+	@$(PY) -m pip install -q -r requirements.txt
+	@$(PY) -m pip install -q --no-deps -e .
+	@touch $@
+
+venv: $(VENV)/.installed
+
+services:
+	@bash scripts/ensure-docker.sh
+	@bash scripts/ensure-registry.sh
+
+test-services: services
+	@bash scripts/ensure-postgres.sh
+	@bash scripts/ensure-sshd.sh
+
+images: services
+	@bash include/images/cpu-smoke/build.sh
+
+run: venv images
+	@bash scripts/run.sh
+
+test: venv images test-services
+	@bash scripts/test.sh
+
+test-unit: venv
+	@$(VENV)/bin/pytest -q tests/unit
+
+clean:
+	rm -rf $(VENV) .airflow .data

@@ -1,0 +1,103 @@
+"""fleet_benchmark: validate hosts -> pull and pin images -> run each case in a container -> collect -> store.
+
+Wiring only; every step is a function in `fleetbench.airflow.pipeline`. The fleet config
+(`include/config/fleet.yaml`, or `FLEETBENCH_CONFIG`) is read here only for the schedule and
+timeouts; a config error shows up as this file's import error with the field that is wrong.
+Cases are dynamically mapped from the run's plan, so parse time does not grow with the fleet.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pendulum
+from airflow.sdk import DAG, TriggerRule, get_current_context, task
+from airflow.sdk.exceptions import AirflowFailException
+
+from fleetbench.airflow import pipeline
+from fleetbench.airflow.operators import BenchmarkCaseOperator
+from fleetbench.config import load_config
+from fleetbench.paths import default_config_path
+
+CONFIG = load_config(default_config_path())
+
+
+def items(seq) -> list:
+    """All items of a mapped task's results in one request (iterating probes past the end, one call per item)."""
+    return list(seq[:])
+
+LONGEST_CASE_S = max(b.timeout_s for b in CONFIG.benchmarks)
+
+with DAG(
+    dag_id="fleet_benchmark",
+    description="Benchmark every host of the GPU fleet and store the results",
+    schedule=CONFIG.fleet.schedule,
+    start_date=pendulum.datetime(2026, 1, 1, tz=CONFIG.fleet.timezone),
+    catchup=False,
+    max_active_runs=1,
+    tags=["fleetbench", "benchmark"],
+    default_args={"retries": 1, "retry_delay": timedelta(seconds=15)},
+    doc_md=__doc__,
+) as dag:
+
+    @task(retries=0)
+    def plan() -> dict:
+        ctx = get_current_context()
+        dag_run = ctx["dag_run"]
+        logical_date = ctx.get("logical_date") or dag_run.run_after
+        run = {"dag_id": dag_run.dag_id, "run_id": dag_run.run_id,
+               "logical_date": logical_date.isoformat() if logical_date else None,
+               "run_type": str(getattr(dag_run.run_type, "value", dag_run.run_type))}
+        return pipeline.make_plan(run)
+
+    @task(retries=0)
+    def fleet_hosts(the_plan: dict) -> list[dict]:
+        return the_plan["hosts"]
+
+    @task(retries=0, map_index_template="{{ host_name }}")
+    def validate_host(host: dict, the_plan: dict) -> dict:
+        get_current_context()["host_name"] = host["name"]
+        return pipeline.validate_host(host, the_plan["run"])
+
+    @task(map_index_template="{{ host_name }}")
+    def prepare_image(host: dict, validations: list[dict]) -> dict:
+        get_current_context()["host_name"] = host["name"]
+        return pipeline.prepare_host_images(host, items(validations))
+
+    @task(retries=0)
+    def schedule_cases(the_plan: dict, validations: list[dict], prepared: list[dict]) -> list[dict]:
+        return pipeline.case_kwargs(the_plan, items(validations), items(prepared))
+
+    @task(trigger_rule=TriggerRule.ALL_DONE, retries=0)
+    def collect(the_plan: dict, validations: list[dict], prepared: list[dict], outcomes: list[dict]) -> dict:
+        return pipeline.collect(the_plan, items(validations), items(prepared), items(outcomes))
+
+    @task(trigger_rule=TriggerRule.ALL_DONE)
+    def store(the_plan: dict, validations: list[dict], collected: dict) -> dict:
+        return pipeline.store(the_plan, items(validations), collected)
+
+    @task(retries=0)
+    def check_fleet(validations: list[dict], stored: dict) -> dict:
+        pipeline.check_fleet(items(validations))
+        return stored
+
+    p = plan()
+    hosts = fleet_hosts(p)
+    validations = validate_host.partial(the_plan=p).expand(host=hosts)
+    prepared = prepare_image.partial(validations=validations).expand(host=hosts)
+    kwargs = schedule_cases(p, validations, prepared)
+    outcomes = BenchmarkCaseOperator.partial(
+        task_id="run_case",
+        execution_timeout=timedelta(seconds=LONGEST_CASE_S + 300),
+        map_index_template="{{ task.case['host'] }}/{{ task.case['case_key'] }}",
+    ).expand_kwargs(kwargs)
+    collected = collect(p, validations, prepared, outcomes.output)
+    stored = store(p, validations, collected)
+    check_fleet(validations, stored)
+
+    @task(trigger_rule=TriggerRule.ONE_FAILED, retries=0)
+    def watcher() -> None:
+        """Fails the run when any task failed (a leaf with all_done would otherwise hide it)."""
+        raise AirflowFailException("a task of this run failed; its rows are recorded with the failure class")
+
+    list(dag.tasks) >> watcher()

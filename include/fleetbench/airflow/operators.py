@@ -1,0 +1,203 @@
+"""BenchmarkCaseOperator: a DockerOperator that runs one benchmark case and always returns its outcome.
+
+Why not the stock DockerOperator run loop (provider 4.6.1): with `execution_timeout`,
+`auto_remove="success"` leaves the container running and `"force"` reports NotFound instead of
+the timeout; `"never"` leaves an Exited container whose fixed name conflicts on retry. This
+operator keeps DockerOperator's parameters, hook and templating, and replaces the run loop:
+
+- a stale container of the same name (an earlier try of this task) is removed first;
+- the case's own `timeout_s` is enforced here (wait with a deadline, then stop), so a timeout is
+  an outcome (`failure_class="timeout"`), not a lost row;
+- the whole container log is saved to a file, the container state (exit code, OOMKilled, real
+  start/finish times) is read, and the container is removed, however the case ended;
+- `on_kill` (a task killed from the UI) stops and removes the container.
+
+Container-level failures (OOM kill, non-zero exit, crash, timeout, no GPU runtime, missing image)
+are returned as data for the collect step; only infrastructure errors (Docker engine unreachable)
+raise and fail the task.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import requests
+from airflow.providers.docker.operators.docker import DockerOperator
+from docker.errors import APIError, NotFound
+from docker.types import DeviceRequest, LogConfig
+
+STOP_GRACE_S = 10
+
+
+def docker_time(value: str | None) -> str | None:
+    """Docker's RFC 3339 nano timestamps -> ISO 8601 with microseconds (None for the zero time)."""
+    if not value or value.startswith("0001-"):
+        return None
+    head, _, frac = value.rstrip("Z").partition(".")
+    frac = "".join(ch for ch in frac if ch.isdigit())[:6].ljust(6, "0")
+    return datetime.fromisoformat(f"{head}.{frac}").replace(tzinfo=timezone.utc).isoformat()
+
+
+def start_error_class(exc: APIError) -> str:
+    """Name what Docker refused at container create/start."""
+    text = str(exc)
+    if "could not select device driver" in text or "nvidia-container-cli" in text:
+        return "no_gpu_runtime"
+    if isinstance(exc, NotFound) or "No such image" in text:
+        return "image_not_found"
+    return "container_config"
+
+
+class BenchmarkCaseOperator(DockerOperator):
+    template_fields = tuple(DockerOperator.template_fields)
+
+    def __init__(self, *, case: dict | None = None, timeout_s: int = 3600, log_dir: str | None = None, num_gpus: int = 0,
+                 gpu_device_ids: list[str] | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("auto_remove", "never")
+        kwargs.setdefault("mount_tmp_dir", False)
+        kwargs.setdefault("network_mode", "none")
+        kwargs.setdefault("force_pull", False)
+        super().__init__(**kwargs)
+        self.case = case or {}
+        self.timeout_s = timeout_s
+        self.log_dir = log_dir
+        self.num_gpus = num_gpus
+        self.gpu_device_ids = gpu_device_ids
+
+    # -- Airflow entry points -------------------------------------------------------------
+    def execute(self, context: Any) -> dict:
+        self._normalize_mounts()
+        if self.gpu_device_ids:
+            self.device_requests = [DeviceRequest(device_ids=list(self.gpu_device_ids), capabilities=[["gpu"]])]
+        elif self.num_gpus:
+            self.device_requests = [DeviceRequest(count=self.num_gpus, capabilities=[["gpu"]])]
+        self._remove_stale_container()
+        return self.run_case()
+
+    def on_kill(self) -> None:
+        if self.container is not None:
+            self.log.info("task killed: stopping and removing container %s", self.container["Id"][:12])
+            self._remove(self.container["Id"], stop_first=True)
+
+    # -- the run loop ---------------------------------------------------------------------
+    def run_case(self) -> dict:
+        log_path = Path(self.log_dir) / f"{self.case['case_key']}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        outcome: dict[str, Any] = {
+            "host": self.case["host"], "case_key": self.case["case_key"], "image": self.image,
+            "container_name": self.container_name, "command": list(self.command or []),
+            "exit_code": None, "oom_killed": False, "timed_out": False,
+            "start_error_class": None, "error": None, "log_path": str(log_path),
+            "started_at": None, "finished_at": None, "duration_s": None,
+        }
+        t0 = datetime.now(timezone.utc)
+        try:
+            self.container = self._create_container()
+            cid = self.container["Id"]
+            self.cli.start(cid)
+        except APIError as exc:
+            outcome["start_error_class"] = start_error_class(exc)
+            outcome["error"] = str(exc)
+            self.log.error("case %s could not start: %s", self.case["case_key"], exc)
+            log_path.write_text(f"fleetbench: container could not start: {exc}\n")
+            if self.container is not None:
+                self._remove(self.container["Id"], stop_first=False)
+            outcome["started_at"] = outcome["finished_at"] = t0.isoformat()
+            outcome["duration_s"] = 0.0
+            return outcome
+
+        streamer = threading.Thread(target=self._stream_logs, args=(cid,), daemon=True)
+        streamer.start()
+        try:
+            try:
+                result = self.cli.wait(cid, timeout=self.timeout_s)
+                outcome["exit_code"] = result.get("StatusCode")
+            except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+                outcome["timed_out"] = True
+                self.log.error("case %s passed its timeout of %d s: stopping the container", self.case["case_key"], self.timeout_s)
+                self.cli.stop(cid, timeout=STOP_GRACE_S)
+            state = self.cli.inspect_container(cid)["State"]
+            outcome["oom_killed"] = bool(state.get("OOMKilled"))
+            if outcome["exit_code"] is None:
+                outcome["exit_code"] = state.get("ExitCode")
+            outcome["started_at"] = docker_time(state.get("StartedAt")) or t0.isoformat()
+            outcome["finished_at"] = docker_time(state.get("FinishedAt")) or datetime.now(timezone.utc).isoformat()
+            outcome["duration_s"] = round(
+                (datetime.fromisoformat(outcome["finished_at"]) - datetime.fromisoformat(outcome["started_at"])).total_seconds(), 3)
+            log_path.write_bytes(self.cli.logs(cid, stdout=True, stderr=True))
+            streamer.join(timeout=5)
+        finally:
+            self._remove(cid, stop_first=True)
+        self.log.info("case %s: exit %s%s%s in %.1f s; log %s", self.case["case_key"], outcome["exit_code"],
+                      ", OOM-killed" if outcome["oom_killed"] else "", ", timed out" if outcome["timed_out"] else "",
+                      outcome["duration_s"] or 0.0, log_path)
+        return outcome
+
+    # -- pieces -----------------------------------------------------------------------------
+    def _create_container(self) -> dict:
+        log_config = {k: v for k, v in (("max-size", self.log_opts_max_size), ("max-file", self.log_opts_max_file)) if v is not None}
+        return self.cli.create_container(
+            command=self.format_command(self.command),
+            name=self.container_name,
+            environment={**self.environment, **self._private_environment},
+            host_config=self.cli.create_host_config(
+                auto_remove=False,
+                mounts=self.mounts,
+                network_mode=self.network_mode,
+                shm_size=self.shm_size,
+                cpu_shares=round(self.cpus * 1024),
+                mem_limit=self.mem_limit,
+                cap_add=self.cap_add,
+                privileged=self.privileged,
+                device_requests=self.device_requests,
+                log_config=LogConfig(config=log_config),
+                ipc_mode=self.ipc_mode,
+                ulimits=self.ulimits,
+            ),
+            image=self.image,
+            user=self.user,
+            entrypoint=self.format_command(self.entrypoint),
+            working_dir=self.working_dir,
+            tty=self.tty,
+            hostname=self.hostname,
+            labels=self.labels,
+        )
+
+    def _stream_logs(self, cid: str) -> None:
+        """Copy the container's output into the task log as it comes (best effort)."""
+        try:
+            for chunk in self.cli.logs(cid, stream=True, follow=True):
+                for line in chunk.decode(errors="replace").splitlines():
+                    self.log.info("%s", line)
+        except Exception as exc:  # the container may be gone already: the saved log file is authoritative
+            self.log.debug("log stream ended: %s", exc)
+
+    def _remove_stale_container(self) -> None:
+        if not self.container_name:
+            return
+        try:
+            stale = self.cli.inspect_container(self.container_name)
+        except NotFound:
+            return
+        self.log.warning("removing container %s left by an earlier try", self.container_name)
+        self._remove(stale["Id"], stop_first=True)
+
+    def _remove(self, cid: str, stop_first: bool) -> None:
+        for attempt in range(3):
+            try:
+                if stop_first:
+                    try:
+                        self.cli.stop(cid, timeout=STOP_GRACE_S)
+                    except NotFound:
+                        return
+                self.cli.remove_container(cid, force=True)
+                return
+            except NotFound:
+                return
+            except APIError as exc:  # e.g. 409 "removal already in progress"
+                self.log.warning("removing container %s failed (attempt %d): %s", cid[:12], attempt + 1, exc)
+                time.sleep(0.5 * (attempt + 1))

@@ -1,0 +1,249 @@
+"""The steps of one fleet_benchmark run, as plain functions over plain data.
+
+The DAG file wires these into tasks; each takes and returns JSON-able dicts (small enough for
+XCom; raw logs and probe outputs stay in files under the run's artifact folder). Keeping them free
+of Airflow's context makes every step testable on its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+
+from fleetbench import __version__
+from fleetbench.collect import FAILED, OK, SKIPPED, measure, not_run
+from fleetbench.config import FleetConfig, load_config
+from fleetbench.hosts import HostFacts, HostNeeds, LocalRunner, evaluate, facts_from_dir, gather, reasons, verdict
+from fleetbench.paths import artifacts_dir, default_config_path
+from fleetbench.plan import expand_cases
+
+log = logging.getLogger(__name__)
+
+LABEL_PREFIX = "org.fleetbench"
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def safe_name(text: str) -> str:
+    return _UNSAFE.sub("_", text).strip("_.-")[:120] or "x"
+
+
+def run_dir(dag_id: str, run_id: str) -> Path:
+    return artifacts_dir() / safe_name(dag_id) / safe_name(run_id)
+
+
+def run_token(dag_id: str, run_id: str) -> str:
+    """Short stable id of a DAG run, used in container names."""
+    return hashlib.sha256(f"{dag_id}\0{run_id}".encode()).hexdigest()[:10]
+
+
+# -- plan -------------------------------------------------------------------------------------
+def make_plan(run: dict, config_path: str | None = None) -> dict:
+    """Read the fleet config and expand the run's cases. `run` holds dag_id, run_id, logical_date, run_type."""
+    path = Path(config_path or default_config_path())
+    cfg = load_config(path)
+    cases = expand_cases(cfg)
+    if not cases:
+        raise ValueError(f"{path}: the plan has no cases (check benchmarks[*].hosts)")
+    hosts = []
+    for host in cfg.hosts:
+        host_cases = [c for c in cases if c.host == host.name]
+        if not host_cases:
+            continue
+        image_names = sorted({c.image for c in host_cases})
+        cudas = [cfg.image(n).cuda for n in image_names if cfg.image(n).cuda]
+        hosts.append({
+            **host.model_dump(mode="json"),
+            "needs": {"gpus": max(c.num_gpus for c in host_cases), "image_cuda": max(cudas, key=_vkey) if cudas else None},
+            "images": [cfg.image(n).model_dump(mode="json") for n in image_names],
+        })
+    log.info("plan: %d case(s) on %d host(s) from %s", len(cases), len(hosts), path)
+    return {
+        "run": {**run, "fleet": cfg.fleet.name, "config_digest": cfg.digest(), "config_path": str(path),
+                "started_at": datetime.now(timezone.utc).isoformat(), "fleetbench_version": __version__},
+        "hosts": hosts,
+        "cases": [c.to_dict() for c in cases],
+    }
+
+
+def _vkey(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split("."))
+
+
+# -- validate host ----------------------------------------------------------------------------
+def runner_for(host: dict):
+    if host.get("connection", "local") == "local":
+        return LocalRunner(env={**os.environ, "DOCKER_HOST": host["docker_url"]})
+    from fleetbench.hosts.ssh import SSHRunner  # imports the SSH provider only when a fleet uses it
+
+    return SSHRunner(host["connection"])
+
+
+def validate_host(host: dict, run: dict) -> dict:
+    """Gather the host's facts into the run's artifact folder and judge them against the host's needs."""
+    folder = run_dir(run["dag_id"], run["run_id"]) / "hosts" / safe_name(host["name"]) / "facts"
+    try:
+        gather(runner_for(host), folder)
+        facts = facts_from_dir(folder)
+    except Exception as exc:  # an unreachable host is a verdict, not a crash
+        log.exception("gathering facts on %s failed", host["name"])
+        facts = HostFacts(unknown={"host": f"unreachable: {exc}"})
+    needs = HostNeeds(gpus=host["needs"]["gpus"], image_cuda=host["needs"]["image_cuda"])
+    checks = evaluate(facts, needs)
+    if "host" in facts.unknown:
+        from fleetbench.hosts.rules import Check
+
+        checks = [Check("reachable", "fail", facts.unknown["host"])] + checks
+    result = {
+        "host": host["name"], "verdict": verdict(checks), "reasons": reasons(checks),
+        "checks": [c.to_dict() for c in checks], "facts": facts.to_dict(), "facts_dir": str(folder),
+        "collected_at": datetime.now(timezone.utc).isoformat(),
+    }
+    log.info("host %s: %s%s", host["name"], result["verdict"], f" ({result['reasons']})" if result["reasons"] else "")
+    return result
+
+
+# -- prepare image ----------------------------------------------------------------------------
+def prepare_host_images(host: dict, validations: list[dict]) -> dict:
+    """Pull and pin every image the host's cases need (on the host's own engine)."""
+    validation = _by_host(validations).get(host["name"])
+    if validation is None or validation["verdict"] == "unfit":
+        return {"host": host["name"], "images": {}, "skipped": True}
+    import docker
+
+    from fleetbench.images import prepare_image
+
+    api = docker.APIClient(base_url=host["docker_url"], version="auto", timeout=600)
+    try:
+        images = {img["name"]: prepare_image(api, img["name"], img["ref"], img["pull_policy"]).to_dict()
+                  for img in host["images"]}
+    finally:
+        api.close()
+    return {"host": host["name"], "images": images, "skipped": False}
+
+
+# -- run cases --------------------------------------------------------------------------------
+def case_kwargs(plan: dict, validations: list[dict], prepared: list[dict]) -> list[dict]:
+    """Per-case arguments for the mapped BenchmarkCaseOperator: only cases whose host and image are ready."""
+    run = plan["run"]
+    verdicts = _by_host(validations)
+    images = {p["host"]: p["images"] for p in prepared if p}
+    hosts = {h["name"]: h for h in plan["hosts"]}
+    token = run_token(run["dag_id"], run["run_id"])
+    out = []
+    for case in plan["cases"]:
+        v = verdicts.get(case["host"])
+        img = images.get(case["host"], {}).get(case["image"])
+        if v is None or v["verdict"] == "unfit" or img is None or img.get("failure_class"):
+            continue
+        out.append({
+            "image": img["pinned_ref"],
+            "command": case["command"],
+            "container_name": safe_name(f"fb-{token}-{case['host']}-{case['case_key']}"),
+            "docker_url": hosts[case["host"]]["docker_url"],
+            "labels": {
+                f"{LABEL_PREFIX}.managed": "true",
+                f"{LABEL_PREFIX}.dag_id": run["dag_id"],
+                f"{LABEL_PREFIX}.run_id": run["run_id"],
+                f"{LABEL_PREFIX}.host": case["host"],
+                f"{LABEL_PREFIX}.case_key": case["case_key"],
+            },
+            "case": {"host": case["host"], "case_key": case["case_key"]},
+            "num_gpus": case["num_gpus"],
+            "timeout_s": case["timeout_s"],
+            "log_dir": str(run_dir(run["dag_id"], run["run_id"]) / "hosts" / safe_name(case["host"]) / "cases"),
+        })
+    log.info("%d of %d case(s) can run", len(out), len(plan["cases"]))
+    return out
+
+
+# -- collect ----------------------------------------------------------------------------------
+def collect(plan: dict, validations: list[dict], prepared: list[dict], outcomes: list[dict]) -> dict:
+    """One classified row per planned case: measured, failed, or skipped with the reason. Nothing is dropped."""
+    run = plan["run"]
+    verdicts = _by_host(validations)
+    images = {p["host"]: p["images"] for p in prepared if p}
+    done = {(o["host"], o["case_key"]): o for o in outcomes if o}
+    rows, step_rows = [], []
+    for case in plan["cases"]:
+        key = (case["host"], case["case_key"])
+        v = verdicts.get(case["host"])
+        img = images.get(case["host"], {}).get(case["image"]) or {}
+        if v is None:
+            fields, steps = not_run(FAILED, "host_check_failed", "host validation did not finish"), []
+        elif v["verdict"] == "unfit":
+            fields, steps = not_run(SKIPPED, "host_unfit", f"host {case['host']} is unfit: {v['reasons']}"), []
+        elif img.get("failure_class"):
+            fields, steps = not_run(FAILED, img["failure_class"], img.get("error") or "image not prepared"), []
+        elif key not in done:
+            fields, steps = not_run(FAILED, "task_failed", "the case's task failed or was killed before reporting (see its task log)"), []
+        else:
+            fields, steps = measure(case, done[key])
+        facts = HostFacts.from_dict(v["facts"]) if v else HostFacts()
+        rows.append({
+            "dag_id": run["dag_id"], "run_id": run["run_id"], "logical_date": run.get("logical_date"),
+            "host": case["host"], "case_key": case["case_key"], "benchmark": case["benchmark"], "model": case["model"],
+            "batch_size_per_device": case["batch_size_per_device"],
+            "batch_size_global": case["batch_size_per_device"] * max(case["num_gpus"], 1),
+            "num_gpus": case["num_gpus"], "variable_update": case["variable_update"], "device": case["device"],
+            "num_batches": case["num_batches"], "image_name": case["image"],
+            "image_ref": img.get("ref"), "image_digest": img.get("digest"),
+            "driver_version": facts.driver_version, "cuda_driver_version": facts.cuda_driver_version,
+            "gpu_model": facts.gpu_model, "energy_source": "none", "energy_j": None,
+            **fields,
+        })
+        step_rows += [{"dag_id": run["dag_id"], "run_id": run["run_id"], "host": case["host"],
+                       "case_key": case["case_key"], **s} for s in steps]
+    return {"rows": rows, "steps": step_rows}
+
+
+# -- store ------------------------------------------------------------------------------------
+def store(plan: dict, validations: list[dict], collected: dict) -> dict:
+    from fleetbench.warehouse import get_engine, store_run, upgrade
+
+    run = plan["run"]
+    rows = collected["rows"]
+    counts = {s: sum(1 for r in rows if r["status"] == s) for s in (OK, FAILED, SKIPPED)}
+    run_row = {
+        "dag_id": run["dag_id"], "run_id": run["run_id"], "logical_date": run.get("logical_date"),
+        "run_type": run.get("run_type"), "fleet": run.get("fleet"), "config_digest": run.get("config_digest"),
+        "started_at": run.get("started_at"), "finished_at": datetime.now(timezone.utc).isoformat(),
+        "cases_total": len(rows), "cases_ok": counts[OK], "cases_failed": counts[FAILED], "cases_skipped": counts[SKIPPED],
+    }
+    host_rows = []
+    for v in validations:
+        if not v:
+            continue
+        facts = HostFacts.from_dict(v["facts"])
+        host_rows.append({
+            "dag_id": run["dag_id"], "run_id": run["run_id"], "host": v["host"], "verdict": v["verdict"],
+            "reasons": v["reasons"], "kernel": facts.kernel, "docker_version": facts.docker_version,
+            "driver_version": facts.driver_version, "cuda_driver_version": facts.cuda_driver_version,
+            "gpu_count": len(facts.gpus) if facts.gpus is not None else None, "gpu_model": facts.gpu_model,
+            "nvidia_runtime": facts.nvidia_runtime, "facts_json": json.dumps(v["facts"]),
+            "checks_json": json.dumps(v["checks"]), "collected_at": v.get("collected_at"),
+        })
+    engine = get_engine()
+    try:
+        upgrade(engine)
+        written = store_run(engine, run_row, host_rows, rows, collected["steps"])
+    finally:
+        engine.dispose()
+    log.info("stored %d result row(s) for run %s: %s", written, run["run_id"], counts)
+    return {**counts, "total": len(rows), "run_id": run["run_id"]}
+
+
+def check_fleet(validations: list[dict]) -> None:
+    """Fail with one clear message when no host of the fleet can run."""
+    valid = [v for v in validations if v]
+    if valid and all(v["verdict"] == "unfit" for v in valid):
+        lines = "; ".join(f"{v['host']}: {v['reasons']}" for v in valid)
+        raise RuntimeError(f"every host is unfit, nothing ran: {lines}")
+
+
+def _by_host(items: list[dict]) -> dict[str, dict]:
+    return {i["host"]: i for i in items if i}

@@ -1,0 +1,198 @@
+"""The `fleetbench` command line.
+
+    fleetbench config check FILE
+    fleetbench results [--format table|json|csv] [--run-id ID] [--dag-id ID]
+    fleetbench parse [--format auto|tf_cnn_benchmarks|horovod_synthetic] FILE...
+    fleetbench host-check (--facts DIR | --local [--docker-url URL]) [--image-cuda X.Y] [--gpus N]
+    fleetbench db upgrade
+
+User mistakes end with a one-line message naming what is wrong and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+RESULT_TABLE = [  # (header, column)
+    ("host", "host"), ("model", "model"), ("batch", "batch_size_per_device"), ("GPUs", "num_gpus"),
+    ("status", "status"), ("images/sec", "images_per_sec"), ("duration s", "duration_s"), ("image digest", "image_digest"),
+]
+
+
+class UsageError(Exception):
+    """A mistake in what the user asked for: printed as one line, exit code 2."""
+
+
+def _config_check(args: argparse.Namespace) -> int:
+    from fleetbench.config import ConfigError, load_config
+
+    try:
+        load_config(args.file)
+    except ConfigError as exc:
+        for line in exc.errors:
+            print(f"{exc.source}: {line}", file=sys.stderr)
+        return 2
+    print("ok")
+    return 0
+
+
+def _cell(row: dict, column: str) -> str:
+    value = row.get(column)
+    if column == "status" and row.get("failure_class"):
+        return f"{value} ({row['failure_class']})"
+    if column == "images_per_sec":
+        return "-" if value is None else f"{value:.2f}"
+    if column == "duration_s":
+        return "-" if value is None else f"{value:.1f}"
+    if column == "image_digest":
+        return "-" if not value else value[:19]
+    return "-" if value is None else str(value)
+
+
+def format_table(rows: list[dict]) -> str:
+    cells = [[h for h, _ in RESULT_TABLE]] + [[_cell(r, c) for _, c in RESULT_TABLE] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(RESULT_TABLE))]
+    lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _results(args: argparse.Namespace) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from fleetbench.warehouse import fetch_results, get_engine, latest_run_id, warehouse_url
+
+    engine = get_engine()
+    try:
+        run_id = args.run_id
+        if run_id is None and not args.all:
+            run_id = latest_run_id(engine, args.dag_id)
+        rows = fetch_results(engine, run_id=run_id, dag_id=args.dag_id) if (run_id or args.all) else []
+    except SQLAlchemyError as exc:
+        raise UsageError(f"cannot read the warehouse at {warehouse_url()}: {str(exc).splitlines()[0]} "
+                         "(run the DAG once, or `fleetbench db upgrade`)") from None
+    finally:
+        engine.dispose()
+    if args.run_id and not rows:
+        raise UsageError(f"no results for run id {args.run_id!r}")
+    if args.format == "json":
+        json.dump(rows, sys.stdout, indent=2, default=str)
+        print()
+    elif args.format == "csv":
+        if rows:
+            writer = csv.DictWriter(sys.stdout, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    else:
+        if not rows:
+            print("no results yet")
+            return 0
+        if run_id:
+            print(f"run {run_id}")
+        print(format_table(rows))
+        counts = {s: sum(1 for r in rows if r["status"] == s) for s in ("ok", "failed", "skipped")}
+        print(f"{len(rows)} case(s): {counts['ok']} ok, {counts['failed']} failed, {counts['skipped']} skipped")
+    return 0
+
+
+def _parse(args: argparse.Namespace) -> int:
+    from fleetbench.parsing import cli_parse
+
+    return cli_parse(args.files, args.format, sys.stdout)
+
+
+def _host_check(args: argparse.Namespace) -> int:
+    import os
+    import tempfile
+
+    from fleetbench.hosts import HostNeeds, LocalRunner, facts_from_dir, gather, host_check
+
+    if args.image_cuda is not None and not all(p.isdigit() for p in args.image_cuda.split(".")):
+        raise UsageError(f"--image-cuda must look like 12.1, got {args.image_cuda!r}")
+    if args.gpus < 0:
+        raise UsageError(f"--gpus must be >= 0, got {args.gpus}")
+    if args.facts:
+        folder = Path(args.facts)
+        if not folder.is_dir():
+            raise UsageError(f"--facts {args.facts}: not a folder")
+    else:
+        folder = Path(args.save or tempfile.mkdtemp(prefix="fleetbench-facts-"))
+        if args.local:
+            env = {**os.environ, **({"DOCKER_HOST": args.docker_url} if args.docker_url else {})}
+            gather(LocalRunner(env=env), folder)
+        else:
+            from fleetbench.hosts.ssh import SSHRunner
+
+            gather(SSHRunner(args.ssh), folder)
+    result = host_check(facts_from_dir(folder), HostNeeds(gpus=args.gpus, image_cuda=args.image_cuda))
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def _db_upgrade(args: argparse.Namespace) -> int:
+    from fleetbench.warehouse import get_engine, upgrade, warehouse_url
+
+    engine = get_engine()
+    upgrade(engine, args.revision)
+    engine.dispose()
+    print(f"warehouse at {warehouse_url()} is at revision {args.revision}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fleetbench", description="Benchmark fleets of GPU hosts.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    config = sub.add_parser("config", help="fleet config tools").add_subparsers(dest="config_command", required=True)
+    check = config.add_parser("check", help="validate a fleet config file")
+    check.add_argument("file")
+    check.set_defaults(func=_config_check)
+
+    results = sub.add_parser("results", help="print what the warehouse holds (default: the latest run)")
+    results.add_argument("--format", choices=["table", "json", "csv"], default="table")
+    results.add_argument("--run-id")
+    results.add_argument("--dag-id")
+    results.add_argument("--all", action="store_true", help="every run, not just the latest")
+    results.set_defaults(func=_results)
+
+    parse = sub.add_parser("parse", help="parse benchmark logs into JSON Lines")
+    parse.add_argument("--format", choices=["auto", "tf_cnn_benchmarks", "horovod_synthetic"], default="auto")
+    parse.add_argument("files", nargs="+")
+    parse.set_defaults(func=_parse)
+
+    hc = sub.add_parser("host-check", help="judge whether a host can run benchmarks")
+    where = hc.add_mutually_exclusive_group(required=True)
+    where.add_argument("--facts", help="folder of captured probe outputs")
+    where.add_argument("--local", action="store_true", help="probe this machine")
+    where.add_argument("--ssh", metavar="CONN_ID", help="probe a host through an Airflow SSH connection")
+    hc.add_argument("--docker-url", help="Docker engine to probe with --local")
+    hc.add_argument("--save", help="keep the probe outputs in this folder")
+    hc.add_argument("--image-cuda", help="CUDA version the image needs, e.g. 12.1")
+    hc.add_argument("--gpus", type=int, default=0, help="GPUs the host's cases need")
+    hc.set_defaults(func=_host_check)
+
+    db = sub.add_parser("db", help="warehouse maintenance").add_subparsers(dest="db_command", required=True)
+    up = db.add_parser("upgrade", help="migrate the warehouse schema")
+    up.add_argument("--revision", default="head")
+    up.set_defaults(func=_db_upgrade)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except UsageError as exc:
+        print(f"fleetbench {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

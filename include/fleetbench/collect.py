@@ -1,0 +1,96 @@
+"""Collect: a case's container outcome + its raw log -> one classified measurement (a result row).
+
+Pure functions over plain data; the only I/O is reading the saved log file.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+from fleetbench.parsing import ParsedLog, parse_log
+
+# Row statuses.
+OK, FAILED, SKIPPED = "ok", "failed", "skipped"
+# Parser failure classes that keep their name on the row; "oom" in a log is the framework's GPU OOM.
+_LOG_CLASSES = {"oom": "gpu_oom", "nccl": "nccl", "import_error": "import_error", "cuda_driver": "cuda_driver"}
+_CORE_DUMP_MARKERS = ("core dumped", "吐核", "Aborted (core dumped)")
+
+
+def read_log(path: str | None) -> str:
+    if not path:
+        return ""
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def classify(outcome: dict, parsed: ParsedLog | None, log_text: str) -> tuple[str, str | None, str | None]:
+    """(status, failure_class, detail) from Docker's view of the container and what the log says."""
+    if outcome.get("start_error_class"):
+        return FAILED, outcome["start_error_class"], (outcome.get("error") or "")[:500]
+    exit_code = outcome.get("exit_code")
+    if outcome.get("timed_out"):
+        return FAILED, "timeout", f"stopped after its timeout (exit {exit_code})"
+    if outcome.get("oom_killed"):
+        return FAILED, "oom_killed", f"the kernel OOM-killed the container (exit {exit_code})"
+    log_class = parsed.failure_class if parsed is not None else None
+    log_detail = parsed.failure_detail if parsed is not None else None
+    if log_class == "oom":
+        return FAILED, "gpu_oom", log_detail
+    tail = log_text[-4000:]
+    if exit_code in (134, 139) or any(m in tail for m in _CORE_DUMP_MARKERS):
+        return FAILED, "core_dump", f"exit {exit_code}: " + (_last_line(tail) or "crashed")
+    if exit_code == 137:
+        return FAILED, "killed", "killed by SIGKILL (exit 137) without an OOM kill"
+    if log_class in _LOG_CLASSES:
+        return FAILED, _LOG_CLASSES[log_class], log_detail
+    if exit_code not in (0, None):
+        return FAILED, "nonzero_exit", f"exit {exit_code}: " + (_last_line(tail) or "no output")
+    if parsed is None or parsed.total_images_per_sec is None:
+        return FAILED, "no_result", "exited 0 but printed no total images/sec"
+    return OK, None, None
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+def measure(case: dict, outcome: dict) -> tuple[dict, list[dict]]:
+    """One case's measurement fields and its step samples."""
+    text = read_log(outcome.get("log_path"))
+    parsed = None
+    if text.strip():
+        try:
+            parsed = parse_log(text, "tf_cnn_benchmarks")
+        except ValueError:
+            parsed = None
+    status, failure_class, detail = classify(outcome, parsed, text)
+    fields = {
+        "status": status,
+        "failure_class": failure_class,
+        "failure_detail": detail,
+        "images_per_sec": parsed.total_images_per_sec if parsed and status == OK else None,
+        "step_count": parsed.step_count if parsed else 0,
+        "exit_code": outcome.get("exit_code"),
+        "started_at": outcome.get("started_at"),
+        "finished_at": outcome.get("finished_at"),
+        "duration_s": outcome.get("duration_s"),
+        "log_path": outcome.get("log_path"),
+        "command": outcome.get("command") or case.get("command"),
+    }
+    steps = [
+        {"step": s.step, "images_per_sec": s.images_per_sec, "plusminus": s.plusminus, "jitter": s.jitter, "loss": s.loss}
+        for s in (parsed.steps if parsed else [])
+    ]
+    return fields, steps
+
+
+def not_run(status: str, failure_class: str | None, detail: str) -> dict:
+    """Fields for a case that never ran (host unfit, image missing, task failed)."""
+    now = datetime.now(timezone.utc).isoformat()
+    return {"status": status, "failure_class": failure_class, "failure_detail": detail[:500], "images_per_sec": None,
+            "step_count": 0, "exit_code": None, "started_at": None, "finished_at": now, "duration_s": None,
+            "log_path": None, "command": None}

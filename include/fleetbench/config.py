@@ -1,0 +1,227 @@
+"""The fleet config (`include/config/fleet.yaml`): pydantic models and a loader whose errors name the field.
+
+Every user mistake becomes a `ConfigError` carrying one line per problem, each with the path to the
+field, e.g. ``benchmarks[1].batch_sizes[0]: must be > 0, got -1``. Nothing here touches Docker, SSH
+or the warehouse: the DAG file calls `load_config` at parse time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+# Names that end up in container names, labels, file paths and command lines: a strict pattern,
+# so nothing from a config file or a trigger parameter can smuggle shell or path syntax.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+# A Docker image reference: [registry[:port]/]path[:tag][@sha256:digest]
+IMAGE_REF_PATTERN = r"^[a-z0-9][a-z0-9._:/-]*[a-z0-9](:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?$"
+DOCKER_URL_PATTERN = r"^(unix:///[^\s]+|tcp://[A-Za-z0-9_.-]+:\d+|ssh://[^\s]+)$"
+
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+PositiveInt = Annotated[int, Field(gt=0)]
+
+
+class ConfigError(ValueError):
+    """A fleet config that cannot be used; `errors` holds one `path: message` line per problem."""
+
+    def __init__(self, source: str, errors: list[str]):
+        self.source = source
+        self.errors = errors
+        super().__init__("\n".join(f"{source}: {e}" for e in errors))
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FleetSettings(_Model):
+    name: Name = "fleet"
+    timezone: str = "UTC"
+    schedule: str | None = "0 2 * * *"
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_timezone(cls, value: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {value!r}") from None
+        return value
+
+    @field_validator("schedule")
+    @classmethod
+    def _cron(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        from croniter import croniter
+
+        if not croniter.is_valid(value):
+            raise ValueError(f"not a valid cron expression: {value!r}")
+        return value
+
+
+class HostSpec(_Model):
+    name: Name
+    # "local" probes and runs on this machine's engine; anything else names an Airflow SSH connection.
+    connection: str = "local"
+    docker_url: str = Field("unix:///var/run/docker.sock", pattern=DOCKER_URL_PATTERN)
+    price_per_gpu_hour: float | None = Field(None, ge=0)
+    tags: list[Name] = []
+
+
+class ImageSpec(_Model):
+    name: Name
+    ref: str = Field(pattern=IMAGE_REF_PATTERN)
+    pull_policy: Literal["always", "if-missing", "never"] = "always"
+    cuda: str | None = Field(None, pattern=r"^\d+\.\d+$")
+    # The harness inside the image; case flags (--model=..., --batch_size=...) are appended.
+    command: list[str] = Field(min_length=1)
+
+
+class BenchmarkSpec(_Model):
+    name: Name
+    image: Name
+    harness: Literal["tf_cnn_benchmarks"] = "tf_cnn_benchmarks"
+    models: list[Name] = Field(min_length=1)
+    batch_sizes: list[PositiveInt] = Field(min_length=1)
+    num_gpus: list[Annotated[int, Field(ge=0, le=64)]] = Field([1], min_length=1)
+    variable_update: list[Literal["parameter_server", "replicated", "independent", "horovod", "distributed_replicated"]] = ["parameter_server"]
+    num_batches: PositiveInt = 100
+    num_warmup_batches: Annotated[int, Field(ge=0)] = 5
+    device: Literal["gpu", "cpu"] = "gpu"
+    timeout_s: PositiveInt = 3600
+    hosts: list[Name] | None = None
+    extra_args: list[Annotated[str, Field(pattern=r"^--[A-Za-z0-9_]+=[A-Za-z0-9_.,:/-]*$")]] = []
+
+    @model_validator(mode="after")
+    def _cpu_needs_no_gpus(self) -> "BenchmarkSpec":
+        if self.device == "cpu" and any(n != 0 for n in self.num_gpus):
+            raise ValueError("device cpu runs with num_gpus [0]")
+        if self.device == "gpu" and 0 in self.num_gpus:
+            raise ValueError("device gpu needs num_gpus >= 1 (use device: cpu for CPU cases)")
+        return self
+
+
+class FleetConfig(_Model):
+    fleet: FleetSettings = FleetSettings()
+    hosts: list[HostSpec] = Field(min_length=1)
+    images: list[ImageSpec] = Field(min_length=1)
+    benchmarks: list[BenchmarkSpec] = Field(min_length=1)
+
+    def host(self, name: str) -> HostSpec:
+        return next(h for h in self.hosts if h.name == name)
+
+    def image(self, name: str) -> ImageSpec:
+        return next(i for i in self.images if i.name == name)
+
+    def digest(self) -> str:
+        """A stable hash of the effective config, recorded with each run."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _cross_check(cfg: FleetConfig) -> list[str]:
+    """References between sections: names must be unique and must exist."""
+    errors: list[str] = []
+    for section in ("hosts", "images", "benchmarks"):
+        seen: set[str] = set()
+        for i, item in enumerate(getattr(cfg, section)):
+            if item.name in seen:
+                errors.append(f"{section}[{i}].name: duplicate name {item.name!r}")
+            seen.add(item.name)
+    host_names = {h.name for h in cfg.hosts}
+    image_names = {i.name for i in cfg.images}
+    for i, bench in enumerate(cfg.benchmarks):
+        if bench.image not in image_names:
+            errors.append(f"benchmarks[{i}].image: unknown image {bench.image!r} (known: {', '.join(sorted(image_names))})")
+        for j, host in enumerate(bench.hosts or []):
+            if host not in host_names:
+                errors.append(f"benchmarks[{i}].hosts[{j}]: unknown host {host!r} (known: {', '.join(sorted(host_names))})")
+    return errors
+
+
+_MESSAGES = {
+    "greater_than": "must be > {gt}",
+    "greater_than_equal": "must be >= {ge}",
+    "less_than_equal": "must be <= {le}",
+    "string_pattern_mismatch": "must match {pattern}",
+    "missing": "is required",
+    "extra_forbidden": "unknown field",
+    "too_short": "must not be empty",
+    "literal_error": "must be one of {expected}",
+    "int_parsing": "must be an integer",
+    "int_type": "must be an integer",
+    "int_from_float": "must be an integer",
+    "float_parsing": "must be a number",
+    "string_type": "must be a string",
+    "list_type": "must be a list",
+    "model_type": "must be a mapping",
+    "model_attributes_type": "must be a mapping",
+    "bool_parsing": "must be true or false",
+}
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def format_validation_error(exc: ValidationError) -> list[str]:
+    lines = []
+    for err in exc.errors(include_url=False):
+        template = _MESSAGES.get(err["type"])
+        ctx = err.get("ctx") or {}
+        if template:
+            try:
+                message = template.format(**ctx)
+            except (KeyError, IndexError):
+                message = err["msg"]
+        else:
+            message = str(ctx.get("error") or err["msg"])
+            message = message.removeprefix("Value error, ")
+        if err["type"] not in ("missing", "extra_forbidden"):
+            message += f", got {err['input']!r}" if not isinstance(err["input"], (dict, list)) else ""
+        lines.append(f"{_loc(tuple(err['loc']))}: {message}")
+    return lines
+
+
+def parse_config(data: Any, source: str = "<config>") -> FleetConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(source, [f"(top level): must be a mapping with hosts, images and benchmarks, got {type(data).__name__}"])
+    try:
+        cfg = FleetConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(source, format_validation_error(exc)) from None
+    errors = _cross_check(cfg)
+    if errors:
+        raise ConfigError(source, errors)
+    return cfg
+
+
+def load_config(path: str | Path) -> FleetConfig:
+    """Read and validate a fleet config file; raises `ConfigError` naming the file and field."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(str(path), [f"cannot read file: {exc.strerror or exc}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(str(path), [f"{where}: invalid YAML: {problem}"]) from None
+    return parse_config(data, str(path))

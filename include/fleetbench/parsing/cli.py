@@ -1,0 +1,57 @@
+"""``fleetbench parse``: benchmark logs in, one JSON object per line out."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import TextIO
+
+from .detect import parse_log
+from .model import FORMATS, UnknownFormat
+
+#: Accepted values of ``fmt``.
+FORMAT_CHOICES = ("auto", *FORMATS)
+
+EXIT_OK = 0
+EXIT_BAD_INPUT = 2
+
+
+def cli_parse(files: list[str], fmt: str, out: TextIO) -> int:
+    """Write one JSON Lines record per readable, recognised file to ``out``.
+
+    Each record is ``{"file": <path as given>, **ParsedLog.to_dict()}``.
+    Returns 0 when every file was read and parsed, whatever each run's status;
+    2 when the format name is unknown, a file cannot be read, or (with
+    ``fmt="auto"``) no format fits a file. Problems go to stderr as
+    ``fleetbench parse: ...`` and the remaining files are still processed.
+    """
+    if fmt not in FORMAT_CHOICES:
+        _error(f"unknown format {fmt!r} (choose from {', '.join(FORMAT_CHOICES)})")
+        return EXIT_BAD_INPUT
+    exit_code = EXIT_OK
+    for path in files:
+        record = _parse_file(path, fmt)
+        if record is None:
+            exit_code = EXIT_BAD_INPUT
+            continue
+        out.write(json.dumps(record, allow_nan=False) + "\n")
+    return exit_code
+
+
+def _parse_file(path: str, fmt: str) -> dict | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            text = handle.read()
+    except OSError as exc:
+        _error(f"cannot read {path}: {exc.strerror or exc}")
+        return None
+    try:
+        parsed = parse_log(text, fmt)
+    except UnknownFormat:
+        _error(f"{path}: no known benchmark log format")
+        return None
+    return {"file": path, **parsed.to_dict()}
+
+
+def _error(message: str) -> None:
+    print(f"fleetbench parse: {message}", file=sys.stderr)

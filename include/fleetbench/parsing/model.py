@@ -1,0 +1,146 @@
+"""Data types shared by the benchmark log parsers.
+
+Nothing here knows about any log format; the format modules (``tf_cnn``,
+``horovod``) fill these in and ``detect`` decides status and failure class.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+FORMAT_TF_CNN = "tf_cnn_benchmarks"
+FORMAT_HOROVOD = "horovod_synthetic"
+FORMATS = (FORMAT_TF_CNN, FORMAT_HOROVOD)
+
+STATUS_OK = "ok"
+STATUS_FAILED = "failed"
+
+FAILURE_OOM = "oom"
+FAILURE_NCCL = "nccl"
+FAILURE_IMPORT = "import_error"
+FAILURE_CUDA_DRIVER = "cuda_driver"
+FAILURE_NO_RESULT = "no_result"
+FAILURE_OTHER = "other_error"
+FAILURE_CLASSES = (
+    FAILURE_OOM,
+    FAILURE_NCCL,
+    FAILURE_IMPORT,
+    FAILURE_CUDA_DRIVER,
+    FAILURE_NO_RESULT,
+    FAILURE_OTHER,
+)
+
+#: failure_detail is cut to this many characters.
+MAX_DETAIL_CHARS = 300
+
+
+class UnknownFormat(ValueError):
+    """No known benchmark log format fits the text (or an unknown format name was asked for)."""
+
+
+@dataclass
+class Step:
+    """One progress line: ``<step>  images/sec: X +/- Y (jitter = Z)  <loss>``.
+
+    For Horovod synthetic benchmarks ``images_per_sec`` is the printed
+    *per-GPU* value of an ``Iter #N`` line and the other fields are None.
+    """
+
+    step: int
+    images_per_sec: float
+    plusminus: float | None
+    jitter: float | None
+    loss: float | None
+
+
+@dataclass
+class ParsedLog:
+    """Everything the parser could read from one benchmark log.
+
+    Field order is the order of the JSON Lines written by ``cli_parse``.
+    """
+
+    format: str
+    status: str = STATUS_FAILED
+    failure_class: str | None = None
+    failure_detail: str | None = None
+    model: str | None = None
+    num_gpus: int | None = None
+    batch_size_per_device: float | None = None
+    batch_size_global: float | None = None
+    variable_update: str | None = None
+    precision: str | None = None
+    forward_only: bool | None = None
+    data: str | None = None
+    step_count: int = 0
+    steps: list[Step] = field(default_factory=list)
+    total_images_per_sec: float | None = None
+    accuracy_top1: float | None = None
+    accuracy_top5: float | None = None
+    devices: list[str] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict in field order; steps become a list of dicts.
+
+        Non-finite floats (which strict JSON cannot hold) become None.
+        """
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "steps":
+                value = [_step_dict(s) for s in value]
+            elif f.name == "devices" and value is not None:
+                value = list(value)
+            else:
+                value = _finite(value)
+            out[f.name] = value
+        return out
+
+
+def _step_dict(step: Step) -> dict[str, Any]:
+    return {f.name: _finite(getattr(step, f.name)) for f in fields(step)}
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """One logical record of a log, after launcher and MPI rank prefixes are removed.
+
+    ``rank`` is the MPI/Horovod rank from a ``[1,0]<stdout>:`` style prefix,
+    or None when the line had no rank prefix.
+    """
+
+    rank: int | None
+    text: str
+
+    def belongs_to(self, primary_rank: int | None) -> bool:
+        """True for lines of the chosen rank and for lines without a rank prefix."""
+        return self.rank is None or self.rank == primary_rank
+
+
+#: A decimal number as benchmarks print them; digit runs are bounded so that
+#: garbage input can never build an absurd int/float.
+NUMBER = r"[-+]?\d{1,15}(?:\.\d{0,15})?(?:[eE][-+]?\d{1,3})?"
+
+
+def to_number(text: str) -> float:
+    """Parse a matched NUMBER; integral values come back as ``int`` (``64.0`` -> ``64``)."""
+    value = float(text)
+    if math.isfinite(value) and value.is_integer():
+        return int(value)
+    return value
+
+
+def to_float(text: str | None) -> float | None:
+    """Parse an optional matched NUMBER as float; None when absent or not finite."""
+    if text is None:
+        return None
+    value = float(text)
+    return value if math.isfinite(value) else None

@@ -1,0 +1,100 @@
+"""Plan expansion: hosts x benchmark matrix -> a deterministic list of cases, each with a stable case_key.
+
+A case is plain data (JSON-able) so it can travel through XCom; its command line is built here,
+from validated names only, as an argument list (never a shell string).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Iterable
+
+from fleetbench.config import BenchmarkSpec, FleetConfig
+
+
+@dataclass(frozen=True)
+class Case:
+    host: str
+    case_key: str
+    benchmark: str
+    image: str
+    model: str
+    batch_size_per_device: int
+    num_gpus: int
+    variable_update: str
+    device: str
+    num_batches: int
+    num_warmup_batches: int
+    timeout_s: int
+    command: list[str] = field(hash=False)
+
+    @property
+    def batch_size_global(self) -> int:
+        return self.batch_size_per_device * max(self.num_gpus, 1)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def case_key(bench: str, model: str, batch_size: int, num_gpus: int, variable_update: str) -> str:
+    """`<benchmark>.<model>.bs<batch per device>.g<gpus>.<variable_update>`: readable and valid in container names."""
+    return f"{bench}.{model}.bs{batch_size}.g{num_gpus}.{variable_update}"
+
+
+def harness_command(prefix: Iterable[str], bench: BenchmarkSpec, model: str, batch_size: int, num_gpus: int, variable_update: str) -> list[str]:
+    """tf_cnn_benchmarks flags for one case. CPU cases run one device (`--num_gpus=1 --device=cpu`), as tf_cnn_benchmarks expects."""
+    args = [
+        *prefix,
+        f"--model={model}",
+        f"--batch_size={batch_size}",
+        f"--num_batches={bench.num_batches}",
+        f"--num_warmup_batches={bench.num_warmup_batches}",
+        f"--variable_update={variable_update}",
+    ]
+    if bench.device == "cpu":
+        args += ["--device=cpu", "--num_gpus=1", "--data_format=NHWC"]
+    else:
+        args += ["--device=gpu", f"--num_gpus={num_gpus}"]
+    return args + list(bench.extra_args)
+
+
+def expand_cases(cfg: FleetConfig, hosts: Iterable[str] | None = None, models: Iterable[str] | None = None) -> list[Case]:
+    """Every (host, benchmark, model, batch size, GPU count, variable update) combination, in config order."""
+    only_hosts = set(hosts) if hosts is not None else None
+    only_models = set(models) if models is not None else None
+    cases: list[Case] = []
+    for host in cfg.hosts:
+        if only_hosts is not None and host.name not in only_hosts:
+            continue
+        for bench in cfg.benchmarks:
+            if bench.hosts is not None and host.name not in bench.hosts:
+                continue
+            image = cfg.image(bench.image)
+            for model in bench.models:
+                if only_models is not None and model not in only_models:
+                    continue
+                for num_gpus in bench.num_gpus:
+                    for batch_size in bench.batch_sizes:
+                        for vu in bench.variable_update:
+                            cases.append(
+                                Case(
+                                    host=host.name,
+                                    case_key=case_key(bench.name, model, batch_size, num_gpus, vu),
+                                    benchmark=bench.name,
+                                    image=image.name,
+                                    model=model,
+                                    batch_size_per_device=batch_size,
+                                    num_gpus=num_gpus,
+                                    variable_update=vu,
+                                    device=bench.device,
+                                    num_batches=bench.num_batches,
+                                    num_warmup_batches=bench.num_warmup_batches,
+                                    timeout_s=bench.timeout_s,
+                                    command=harness_command(image.command, bench, model, batch_size, num_gpus, vu),
+                                )
+                            )
+    keys = [(c.host, c.case_key) for c in cases]
+    if len(keys) != len(set(keys)):
+        dupes = sorted({k for k in keys if keys.count(k) > 1})
+        raise ValueError(f"duplicate cases in plan: {dupes[:5]}")
+    return cases

@@ -1,0 +1,139 @@
+"""The warehouse: SQLite by default (`.data/warehouse.db`), PostgreSQL in production.
+
+`FLEETBENCH_WAREHOUSE_URL` picks the database. Writes are idempotent and atomic: one run's rows
+are upserted in one transaction keyed by (dag_id, run_id, host, case_key), so a retry or rerun
+replaces its own rows and a failure mid-write leaves nothing partial.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, and_, create_engine, delete, event, select, tuple_
+from sqlalchemy.dialects import postgresql, sqlite
+
+from fleetbench.paths import data_dir
+from fleetbench.warehouse.schema import (HOST_KEY, RESULT_COLUMNS, RESULT_KEY, RUN_KEY, STEP_KEY, benchmark_results,
+                                         host_facts, runs, steps)
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+def warehouse_url() -> str:
+    url = os.environ.get("FLEETBENCH_WAREHOUSE_URL")
+    if url:
+        return url
+    path = data_dir() / "warehouse.db"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{path}"
+
+
+def get_engine(url: str | None = None) -> Engine:
+    url = url or warehouse_url()
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn, _record):  # WAL: readers don't block the writer
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Apply Alembic migrations (`fleetbench db upgrade`); the DAG calls this before its first write."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)
+
+
+def _dt(value: Any) -> datetime | None:
+    """ISO text or datetime -> an aware UTC datetime (naive values are taken as UTC)."""
+    if value is None:
+        return None
+    dt = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+    return dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt.astimezone(timezone.utc)
+
+
+def _upsert(conn, table, rows: list[dict], key: tuple[str, ...]) -> None:
+    if not rows:
+        return
+    dialect = conn.dialect.name
+    insert = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}.get(dialect)
+    if insert is None:  # other databases: delete then insert, still inside the caller's transaction
+        conn.execute(delete(table).where(tuple_(*[table.c[k] for k in key]).in_([tuple(r[k] for k in key) for r in rows])))
+        conn.execute(table.insert(), rows)
+        return
+    stmt = insert(table)
+    updates = {c: stmt.excluded[c] for c in rows[0] if c not in key}
+    stmt = stmt.on_conflict_do_update(index_elements=list(key), set_=updates) if updates else stmt.on_conflict_do_nothing()
+    conn.execute(stmt, rows)
+
+
+def store_run(engine: Engine, run: dict, hosts: Iterable[dict], results: Iterable[dict], step_rows: Iterable[dict] = ()) -> int:
+    """Upsert one run's rows in one transaction; returns the number of result rows written."""
+    now = datetime.now(timezone.utc)
+    run_row = {**run, "logical_date": _dt(run.get("logical_date")), "started_at": _dt(run.get("started_at")),
+               "finished_at": _dt(run.get("finished_at"))}
+    host_rows = [{**h, "collected_at": _dt(h.get("collected_at"))} for h in hosts]
+    result_rows = []
+    for r in results:
+        row = {c: r.get(c) for c in RESULT_COLUMNS}
+        for c in ("logical_date", "started_at", "finished_at"):
+            row[c] = _dt(row[c])
+        if isinstance(row["command"], (list, tuple)):
+            row["command"] = json.dumps(row["command"])
+        row["stored_at"] = now
+        result_rows.append(row)
+    step_rows = list(step_rows)
+    with engine.begin() as conn:
+        _upsert(conn, runs, [run_row], RUN_KEY)
+        _upsert(conn, host_facts, host_rows, HOST_KEY)
+        _upsert(conn, benchmark_results, result_rows, RESULT_KEY)
+        # Steps of the cases written now are replaced as a whole: stale steps from an earlier try go.
+        keys = {tuple(r[k] for k in RESULT_KEY) for r in result_rows}
+        if keys:
+            conn.execute(delete(steps).where(tuple_(*[steps.c[k] for k in RESULT_KEY]).in_(list(keys))))
+        _upsert(conn, steps, step_rows, STEP_KEY)
+    return len(result_rows)
+
+
+def fetch_results(engine: Engine, run_id: str | None = None, dag_id: str | None = None) -> list[dict]:
+    """Result rows (newest run first, then host and case), as plain dicts with ISO timestamps."""
+    query = select(benchmark_results)
+    conds = []
+    if run_id:
+        conds.append(benchmark_results.c.run_id == run_id)
+    if dag_id:
+        conds.append(benchmark_results.c.dag_id == dag_id)
+    if conds:
+        query = query.where(and_(*conds))
+    query = query.order_by(benchmark_results.c.logical_date.desc(), benchmark_results.c.run_id,
+                           benchmark_results.c.host, benchmark_results.c.case_key)
+    with engine.connect() as conn:
+        rows = [dict(r._mapping) for r in conn.execute(query)]
+    for row in rows:
+        for k, v in row.items():
+            if isinstance(v, datetime):
+                row[k] = (v if v.tzinfo else v.replace(tzinfo=timezone.utc)).isoformat()
+    return rows
+
+
+def latest_run_id(engine: Engine, dag_id: str | None = None) -> str | None:
+    query = select(runs.c.run_id).order_by(runs.c.finished_at.desc().nulls_last(), runs.c.logical_date.desc()).limit(1)
+    if dag_id:
+        query = query.where(runs.c.dag_id == dag_id)
+    with engine.connect() as conn:
+        return conn.execute(query).scalar()

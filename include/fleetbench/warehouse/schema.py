@@ -1,0 +1,104 @@
+"""Warehouse schema (SQLAlchemy Core). Changes go through an Alembic revision in `migrations/versions/`."""
+
+from __future__ import annotations
+
+from sqlalchemy import (Boolean, Column, DateTime, Float, Index, Integer, MetaData, String, Table, Text,
+                        UniqueConstraint)
+
+metadata = MetaData()
+
+RUN_KEY = ("dag_id", "run_id")
+HOST_KEY = ("dag_id", "run_id", "host")
+RESULT_KEY = ("dag_id", "run_id", "host", "case_key")
+STEP_KEY = ("dag_id", "run_id", "host", "case_key", "step")
+
+runs = Table(
+    "runs", metadata,
+    Column("dag_id", String(250), primary_key=True),
+    Column("run_id", String(250), primary_key=True),
+    Column("logical_date", DateTime(timezone=True), index=True),
+    Column("run_type", String(50)),
+    Column("fleet", String(100)),
+    Column("config_digest", String(64)),
+    Column("started_at", DateTime(timezone=True)),
+    Column("finished_at", DateTime(timezone=True)),
+    Column("cases_total", Integer, nullable=False, default=0),
+    Column("cases_ok", Integer, nullable=False, default=0),
+    Column("cases_failed", Integer, nullable=False, default=0),
+    Column("cases_skipped", Integer, nullable=False, default=0),
+)
+
+host_facts = Table(
+    "host_facts", metadata,
+    Column("dag_id", String(250), primary_key=True),
+    Column("run_id", String(250), primary_key=True),
+    Column("host", String(100), primary_key=True),
+    Column("verdict", String(20), nullable=False),
+    Column("reasons", Text),
+    Column("kernel", String(100)),
+    Column("docker_version", String(100)),
+    Column("driver_version", String(50)),
+    Column("cuda_driver_version", String(20)),
+    Column("gpu_count", Integer),
+    Column("gpu_model", String(200)),
+    Column("nvidia_runtime", Boolean),
+    Column("facts_json", Text),
+    Column("checks_json", Text),
+    Column("collected_at", DateTime(timezone=True)),
+)
+
+benchmark_results = Table(
+    "benchmark_results", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("dag_id", String(250), nullable=False),
+    Column("run_id", String(250), nullable=False),
+    Column("logical_date", DateTime(timezone=True)),
+    Column("host", String(100), nullable=False),
+    Column("case_key", String(250), nullable=False),
+    Column("benchmark", String(100)),
+    Column("model", String(100)),
+    Column("batch_size_per_device", Integer),
+    Column("batch_size_global", Integer),
+    Column("num_gpus", Integer),
+    Column("variable_update", String(50)),
+    Column("device", String(10)),
+    Column("num_batches", Integer),
+    Column("image_name", String(100)),
+    Column("image_ref", String(500)),
+    Column("image_digest", String(100)),
+    Column("status", String(20), nullable=False),
+    Column("failure_class", String(50)),
+    Column("failure_detail", Text),
+    Column("images_per_sec", Float),
+    Column("step_count", Integer),
+    Column("exit_code", Integer),
+    Column("started_at", DateTime(timezone=True)),
+    Column("finished_at", DateTime(timezone=True)),
+    Column("duration_s", Float),
+    Column("driver_version", String(50)),
+    Column("cuda_driver_version", String(20)),
+    Column("gpu_model", String(200)),
+    Column("command", Text),
+    Column("log_path", Text),
+    Column("energy_source", String(20)),
+    Column("energy_j", Float),
+    Column("stored_at", DateTime(timezone=True)),
+    UniqueConstraint(*RESULT_KEY, name="uq_benchmark_results_key"),
+    Index("ix_benchmark_results_host_case_time", "host", "case_key", "started_at"),
+    Index("ix_benchmark_results_logical_date", "logical_date"),
+)
+
+steps = Table(
+    "steps", metadata,
+    Column("dag_id", String(250), primary_key=True),
+    Column("run_id", String(250), primary_key=True),
+    Column("host", String(100), primary_key=True),
+    Column("case_key", String(250), primary_key=True),
+    Column("step", Integer, primary_key=True),
+    Column("images_per_sec", Float),
+    Column("plusminus", Float),
+    Column("jitter", Float),
+    Column("loss", Float),
+)
+
+RESULT_COLUMNS = [c.name for c in benchmark_results.columns if c.name != "id"]

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Make sure a Docker engine answers. On Debian/Ubuntu as root, install Debian's docker.io
+# and start dockerd without a bridge network (containers use network_mode none or host).
+source "$(dirname "$0")/lib.sh"
+
+docker_ok() { docker version --format '{{.Server.Version}}' >/dev/null 2>&1; }
+
+if docker_ok; then
+  exit 0
+fi
+if ! is_debian_root; then
+  die "no Docker engine answers at ${DOCKER_HOST:-unix:///var/run/docker.sock}. Install Docker Engine (Debian/Ubuntu: apt-get install docker.io), start it, and rerun."
+fi
+apt_install docker.io
+command -v docker >/dev/null || die "docker client not found after installing docker.io"
+if ! pgrep -x dockerd >/dev/null; then
+  say "starting dockerd (no bridge; log: $FB_STATE/dockerd.log)"
+  nohup dockerd --bridge=none --iptables=false --ip-forward=false --ip-masq=false \
+    >"$FB_STATE/dockerd.log" 2>&1 &
+fi
+wait_for 60 dockerd docker_ok || die "dockerd did not answer within 60 s; see $FB_STATE/dockerd.log"
+say "Docker engine $(docker version --format '{{.Server.Version}}') is up"

@@ -1,0 +1,98 @@
+"""fleet_benchmark end to end with dag.test(): real Docker engine, real registry, real warehouse rows."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fleet_configs import smoke_config, write_config
+
+pytestmark = [pytest.mark.integration, pytest.mark.dagrun]
+
+
+def run_dag(monkeypatch, config_path):
+    monkeypatch.setenv("FLEETBENCH_CONFIG", str(config_path))
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(__import__("conftest").ROOT / "dags"))
+    assert not bag.import_errors, bag.import_errors
+    dag = bag.get_dag("fleet_benchmark")
+    return dag.test()
+
+
+def containers_of(docker_api, run_id):
+    return docker_api.containers(all=True, filters={"label": f"org.fleetbench.run_id={run_id}"})
+
+
+def test_smoke_fleet_stores_one_ok_row_per_case(airflow_db, data_dir, smoke_image, docker_api, tmp_path, monkeypatch):
+    config = write_config(tmp_path / "fleet.yaml", smoke_config(smoke_image))
+    dag_run = run_dag(monkeypatch, config)
+    assert dag_run.state == "success"
+
+    from fleetbench.warehouse import fetch_results, get_engine
+
+    engine = get_engine()
+    rows = fetch_results(engine, run_id=dag_run.run_id)
+    assert sorted((r["model"], r["batch_size_per_device"]) for r in rows) == [
+        ("lenet", 8), ("lenet", 16), ("trivial", 8), ("trivial", 16)]
+    digest = docker_api.inspect_distribution(smoke_image)["Descriptor"]["digest"]
+    for row in rows:
+        assert row["status"] == "ok", row
+        assert row["failure_class"] is None
+        assert row["images_per_sec"] > 0
+        assert row["image_digest"] == digest
+        assert row["image_ref"] == smoke_image
+        assert row["host"] == "localhost" and row["num_gpus"] == 0
+        assert row["step_count"] >= 2
+        assert row["duration_s"] > 0 and row["started_at"] < row["finished_at"]
+        assert json.loads(row["command"])[:2] == ["python3", "/opt/fleetbench/tf_cnn_benchmarks.py"]
+        assert f"--batch_size={row['batch_size_per_device']}" in json.loads(row["command"])
+    assert containers_of(docker_api, dag_run.run_id) == []
+
+    from sqlalchemy import text
+
+    with engine.connect() as conn:
+        steps = conn.execute(text("select count(*) from steps where run_id = :r"), {"r": dag_run.run_id}).scalar()
+        facts = conn.execute(text("select verdict, docker_version from host_facts where run_id = :r"), {"r": dag_run.run_id}).all()
+        run = conn.execute(text("select cases_total, cases_ok from runs where run_id = :r"), {"r": dag_run.run_id}).one()
+    assert steps == sum(r["step_count"] for r in rows)
+    assert facts[0][0] == "ready" and facts[0][1]
+    assert tuple(run) == (4, 4)
+
+
+def test_case_failures_are_rows_and_unfit_hosts_are_skipped(airflow_db, data_dir, smoke_image, docker_api, tmp_path, monkeypatch):
+    """A harness that exits non-zero is a classified row; a host whose engine is gone is skipped; the run goes on."""
+    cfg = smoke_config(smoke_image, models=("trivial",), batch_sizes=(8,),
+                       hosts=[{"name": "localhost", "connection": "local"},
+                              {"name": "ghost", "connection": "local", "docker_url": "unix:///nonexistent/docker.sock"}])
+    cfg["benchmarks"].append({"name": "broken", "image": "cpu-smoke", "device": "cpu", "models": ["trivial"],
+                              "batch_sizes": [8], "num_gpus": [0], "num_batches": 5, "timeout_s": 60,
+                              "extra_args": ["--optimizer=adam"]})  # the smoke harness only knows sgd: exit 2
+    dag_run = run_dag(monkeypatch, write_config(tmp_path / "fleet.yaml", cfg))
+    assert dag_run.state == "success"
+
+    from fleetbench.warehouse import fetch_results, get_engine
+
+    rows = {(r["host"], r["benchmark"]): r for r in fetch_results(get_engine(), run_id=dag_run.run_id)}
+    assert len(rows) == 4
+    assert rows[("localhost", "smoke")]["status"] == "ok"
+    broken = rows[("localhost", "broken")]
+    assert (broken["status"], broken["failure_class"], broken["exit_code"]) == ("failed", "nonzero_exit", 2)
+    assert "optimizer" in broken["failure_detail"]
+    for bench in ("smoke", "broken"):
+        ghost = rows[("ghost", bench)]
+        assert (ghost["status"], ghost["failure_class"]) == ("skipped", "host_unfit")
+        assert "Docker engine not reachable" in ghost["failure_detail"]
+    assert containers_of(docker_api, dag_run.run_id) == []
+
+
+def test_every_host_unfit_fails_the_run_with_one_message(airflow_db, data_dir, smoke_image, tmp_path, monkeypatch):
+    cfg = smoke_config(smoke_image, models=("trivial",), batch_sizes=(8,),
+                       hosts=[{"name": "ghost", "connection": "local", "docker_url": "unix:///nonexistent/docker.sock"}])
+    dag_run = run_dag(monkeypatch, write_config(tmp_path / "fleet.yaml", cfg))
+    assert dag_run.state == "failed"
+    from fleetbench.warehouse import fetch_results, get_engine
+
+    rows = fetch_results(get_engine(), run_id=dag_run.run_id)
+    assert [(r["host"], r["status"]) for r in rows] == [("ghost", "skipped")]
