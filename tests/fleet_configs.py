@@ -1,4 +1,4 @@
-"""Fleet configs written by tests (plain dicts -> YAML files)."""
+"""Helpers for tests that run fleet_benchmark: fleet configs (plain dicts -> YAML files) and dag.test()."""
 
 from __future__ import annotations
 
@@ -26,3 +26,18 @@ def smoke_config(image_ref: str, hosts: list[dict] | None = None, models=("trivi
 def write_config(path: Path, config: dict) -> Path:
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
+
+
+def run_fleet_dag(monkeypatch, config_path: Path):
+    """Parse dags/ with `config_path` as the fleet config and run fleet_benchmark once with dag.test()."""
+    monkeypatch.setenv("FLEETBENCH_CONFIG", str(config_path))
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(Path(__file__).resolve().parents[1] / "dags"))
+    assert not bag.import_errors, bag.import_errors
+    return bag.get_dag("fleet_benchmark").test()
+
+
+def containers_of(docker_api, run_id: str) -> list[dict]:
+    """Containers (running or not) that carry the run's label."""
+    return docker_api.containers(all=True, filters={"label": f"org.fleetbench.run_id={run_id}"})

@@ -6,28 +6,14 @@ import json
 
 import pytest
 
-from fleet_configs import smoke_config, write_config
+from fleet_configs import containers_of, run_fleet_dag, smoke_config, write_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.dagrun]
 
 
-def run_dag(monkeypatch, config_path):
-    monkeypatch.setenv("FLEETBENCH_CONFIG", str(config_path))
-    from airflow.dag_processing.dagbag import DagBag
-
-    bag = DagBag(dag_folder=str(__import__("conftest").ROOT / "dags"))
-    assert not bag.import_errors, bag.import_errors
-    dag = bag.get_dag("fleet_benchmark")
-    return dag.test()
-
-
-def containers_of(docker_api, run_id):
-    return docker_api.containers(all=True, filters={"label": f"org.fleetbench.run_id={run_id}"})
-
-
 def test_smoke_fleet_stores_one_ok_row_per_case(airflow_db, data_dir, smoke_image, docker_api, tmp_path, monkeypatch):
     config = write_config(tmp_path / "fleet.yaml", smoke_config(smoke_image))
-    dag_run = run_dag(monkeypatch, config)
+    dag_run = run_fleet_dag(monkeypatch, config)
     assert dag_run.state == "success"
 
     from fleetbench.warehouse import fetch_results, get_engine
@@ -69,7 +55,7 @@ def test_case_failures_are_rows_and_unfit_hosts_are_skipped(airflow_db, data_dir
     cfg["benchmarks"].append({"name": "broken", "image": "cpu-smoke", "device": "cpu", "models": ["trivial"],
                               "batch_sizes": [8], "num_gpus": [0], "num_batches": 5, "timeout_s": 60,
                               "extra_args": ["--optimizer=adam"]})  # the smoke harness only knows sgd: exit 2
-    dag_run = run_dag(monkeypatch, write_config(tmp_path / "fleet.yaml", cfg))
+    dag_run = run_fleet_dag(monkeypatch, write_config(tmp_path / "fleet.yaml", cfg))
     assert dag_run.state == "success"
 
     from fleetbench.warehouse import fetch_results, get_engine
@@ -90,7 +76,7 @@ def test_case_failures_are_rows_and_unfit_hosts_are_skipped(airflow_db, data_dir
 def test_every_host_unfit_fails_the_run_with_one_message(airflow_db, data_dir, smoke_image, tmp_path, monkeypatch):
     cfg = smoke_config(smoke_image, models=("trivial",), batch_sizes=(8,),
                        hosts=[{"name": "ghost", "connection": "local", "docker_url": "unix:///nonexistent/docker.sock"}])
-    dag_run = run_dag(monkeypatch, write_config(tmp_path / "fleet.yaml", cfg))
+    dag_run = run_fleet_dag(monkeypatch, write_config(tmp_path / "fleet.yaml", cfg))
     assert dag_run.state == "failed"
     from fleetbench.warehouse import fetch_results, get_engine
 
