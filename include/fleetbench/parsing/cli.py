@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
 from .detect import parse_log
 from .model import FORMATS, UnknownFormat
@@ -38,7 +38,7 @@ def cli_parse(files: list[str], fmt: str, out: TextIO) -> int:
     return exit_code
 
 
-def _parse_file(path: str, fmt: str) -> dict | None:
+def _parse_file(path: str, fmt: str) -> dict[str, Any] | None:
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
             text = handle.read()

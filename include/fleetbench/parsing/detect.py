@@ -267,7 +267,7 @@ def parse_log(text: str, fmt: str = "auto") -> ParsedLog:
         if detected is None:
             raise UnknownFormat("no known benchmark log format")
         fmt = detected
-    module = _FORMAT_MODULES.get(fmt)
+    module = _FORMAT_MODULES.get(fmt) if isinstance(fmt, str) else None
     if module is None:
         raise UnknownFormat(f"unknown format {fmt!r}; expected auto, {FORMAT_TF_CNN} or {FORMAT_HOROVOD}")
 

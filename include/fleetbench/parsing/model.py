@@ -1,4 +1,4 @@
-"""Data types shared by the benchmark log parsers.
+"""Data types (and two number helpers) shared by the benchmark log parsers.
 
 Nothing here knows about any log format; the format modules (``tf_cnn``,
 ``horovod``) fill these in and ``detect`` decides status and failure class.

@@ -17,8 +17,12 @@ What a run prints, as seen in real logs (see tests/unit/test_parsing.py)::
     ----------------------------------------------------------------
     total images/sec: 292.85
 
-Only header, step and result lines of the primary rank (see ``detect``) are
-used; status and failure class are decided by ``detect``.
+Header, step and accuracy lines come from the primary rank only (rank 0 under
+mpirun, see ``detect``). ``total images/sec`` is the job total, printed by every
+rank: rank 0's is taken (else the first of any rank), never a sum. The header
+never names the precision, so it is only known from an echoed ``--use_fp16`` /
+``--auto_mixed_precision`` flag or a ``Data type:`` line, else None. Status and
+failure class are decided by ``detect``.
 """
 
 from __future__ import annotations

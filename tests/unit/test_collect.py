@@ -1,0 +1,61 @@
+"""Classification of a case's end: Docker's view of the container plus what its log says."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fleetbench.collect import classify, measure
+from fleetbench.parsing import parse_log
+
+REAL_LOGS = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "real-logs"
+OK_LOG = (REAL_LOGS / "tfcnn_resnet50_1gpu_lambda-2080ti-tf115.log").read_text()
+OOM_LOG = (REAL_LOGS / "tfcnn_vgg16_1gpu_lambda-2080maxq-tf115-oom-training.log").read_text()
+NCCL_LOG = (REAL_LOGS / "tfcnn_alexnet_4gpu_lambda-3070-nccl-internalerror.log").read_text()
+HEADER_ONLY = OK_LOG.split("Done warm up")[0]
+
+
+def outcome(**kw) -> dict:
+    return {"exit_code": 0, "oom_killed": False, "timed_out": False, "start_error_class": None, "error": None, **kw}
+
+
+def parsed(text: str):
+    return parse_log(text, "tf_cnn_benchmarks")
+
+
+@pytest.mark.parametrize("out, text, expected", [
+    (outcome(), OK_LOG, ("ok", None)),
+    (outcome(exit_code=1), OOM_LOG, ("failed", "gpu_oom")),
+    (outcome(exit_code=137, oom_killed=True), HEADER_ONLY, ("failed", "oom_killed")),
+    (outcome(exit_code=137), HEADER_ONLY, ("failed", "killed")),
+    (outcome(exit_code=134), HEADER_ONLY + "\nAborted (core dumped)\n", ("failed", "core_dump")),
+    (outcome(exit_code=139), HEADER_ONLY, ("failed", "core_dump")),
+    (outcome(exit_code=1), HEADER_ONLY + "\n已放棄 (吐核)\n", ("failed", "core_dump")),
+    (outcome(exit_code=143, timed_out=True), HEADER_ONLY, ("failed", "timeout")),
+    (outcome(exit_code=1), NCCL_LOG, ("failed", "nccl")),
+    (outcome(exit_code=3), HEADER_ONLY + "\nsomething else broke\n", ("failed", "nonzero_exit")),
+    (outcome(), HEADER_ONLY, ("failed", "no_result")),
+    (outcome(exit_code=None, start_error_class="no_gpu_runtime",
+             error='500 Server Error: could not select device driver "" with capabilities: [[gpu]]'), "",
+     ("failed", "no_gpu_runtime")),
+])
+def test_classify(out, text, expected):
+    status, failure_class, detail = classify(out, parsed(text) if text else None, text)
+    assert (status, failure_class) == expected
+    if status == "failed":
+        assert detail  # a person can read why
+
+
+def test_measure_reads_the_saved_log(tmp_path):
+    log = tmp_path / "case.log"
+    log.write_text(OK_LOG)
+    fields, steps = measure({"command": ["x"]}, outcome(log_path=str(log), duration_s=12.5))
+    assert fields["status"] == "ok" and fields["images_per_sec"] == 292.85
+    assert fields["step_count"] == 11 == len(steps)
+    assert steps[-1] == {"step": 100, "images_per_sec": 293.1, "plusminus": 0.2, "jitter": 1.3, "loss": 8.036}
+
+
+def test_measure_without_a_log_is_no_result(tmp_path):
+    fields, steps = measure({"command": ["x"]}, outcome(log_path=str(tmp_path / "missing.log")))
+    assert (fields["status"], fields["failure_class"], steps) == ("failed", "no_result", [])

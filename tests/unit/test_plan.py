@@ -1,0 +1,51 @@
+"""Plan expansion: the matrix, stable case keys, argument-list commands."""
+
+from __future__ import annotations
+
+from fleetbench.config import parse_config
+from fleetbench.plan import expand_cases
+
+
+def config(**bench) -> dict:
+    return {
+        "hosts": [{"name": "a"}, {"name": "b"}],
+        "images": [{"name": "tf1", "ref": "127.0.0.1:5000/tf:1", "command": ["python", "/b/tf_cnn_benchmarks.py"]}],
+        "benchmarks": [{"name": "cnn", "image": "tf1", "models": ["resnet50", "vgg16"], "batch_sizes": [32, 64],
+                        "num_gpus": [1, 2], "variable_update": ["replicated"], **bench}],
+    }
+
+
+def test_matrix_is_hosts_x_models_x_gpus_x_batches_in_order():
+    cases = expand_cases(parse_config(config()))
+    assert len(cases) == 2 * 2 * 2 * 2
+    assert cases[0].case_key == "cnn.resnet50.bs32.g1.replicated"
+    assert [c.case_key for c in cases[:4]] == [
+        "cnn.resnet50.bs32.g1.replicated", "cnn.resnet50.bs64.g1.replicated",
+        "cnn.resnet50.bs32.g2.replicated", "cnn.resnet50.bs64.g2.replicated"]
+    assert {c.host for c in cases} == {"a", "b"}
+    assert len({(c.host, c.case_key) for c in cases}) == len(cases)
+
+
+def test_plan_is_deterministic():
+    assert [c.to_dict() for c in expand_cases(parse_config(config()))] == [c.to_dict() for c in expand_cases(parse_config(config()))]
+
+
+def test_gpu_command_line():
+    case = expand_cases(parse_config(config()))[3]
+    assert case.command == ["python", "/b/tf_cnn_benchmarks.py", "--model=resnet50", "--batch_size=64",
+                            "--num_batches=100", "--num_warmup_batches=5", "--variable_update=replicated",
+                            "--device=gpu", "--num_gpus=2"]
+    assert case.batch_size_global == 128
+
+
+def test_cpu_cases_run_one_cpu_device():
+    case = expand_cases(parse_config(config(device="cpu", num_gpus=[0], extra_args=["--display_every=5"])))[0]
+    assert case.num_gpus == 0 and case.batch_size_global == 32
+    assert case.command[-4:] == ["--device=cpu", "--num_gpus=1", "--data_format=NHWC", "--display_every=5"]
+
+
+def test_host_and_model_filters():
+    cfg = parse_config(config(hosts=["b"]))
+    assert {c.host for c in expand_cases(cfg)} == {"b"}
+    assert {c.model for c in expand_cases(parse_config(config()), models=["vgg16"])} == {"vgg16"}
+    assert expand_cases(parse_config(config()), hosts=["zzz"]) == []

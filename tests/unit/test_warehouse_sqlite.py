@@ -1,0 +1,32 @@
+"""Warehouse writes on SQLite (the default): idempotent, atomic, migrated by Alembic."""
+
+from __future__ import annotations
+
+from sqlalchemy import inspect
+
+from fleetbench.warehouse import get_engine, upgrade, warehouse_url
+from warehouse_contract import check_failed_write_leaves_nothing, check_store_and_rerun_replaces
+
+
+def test_default_url_is_sqlite_in_data_dir(data_dir):
+    import os
+
+    os.environ.pop("FLEETBENCH_WAREHOUSE_URL")
+    assert warehouse_url() == f"sqlite:///{data_dir}/warehouse.db"
+
+
+def test_migration_creates_tables_and_indexes(tmp_path):
+    engine = get_engine(f"sqlite:///{tmp_path}/w.db")
+    upgrade(engine)
+    insp = inspect(engine)
+    assert {"runs", "host_facts", "benchmark_results", "steps", "alembic_version"} <= set(insp.get_table_names())
+    assert {"ix_benchmark_results_host_case_time", "ix_benchmark_results_logical_date"} <= {
+        i["name"] for i in insp.get_indexes("benchmark_results")}
+
+
+def test_store_and_rerun_replaces(tmp_path):
+    check_store_and_rerun_replaces(get_engine(f"sqlite:///{tmp_path}/w.db"))
+
+
+def test_failed_write_leaves_nothing(tmp_path):
+    check_failed_write_leaves_nothing(get_engine(f"sqlite:///{tmp_path}/w.db"))
