@@ -31,6 +31,8 @@ def classify(outcome: dict, parsed: ParsedLog | None, log_text: str) -> tuple[st
     if outcome.get("start_error_class"):
         return FAILED, outcome["start_error_class"], (outcome.get("error") or "")[:500]
     exit_code = outcome.get("exit_code")
+    if outcome.get("killed_by_airflow"):
+        return FAILED, "killed", outcome.get("error") or "the task was killed from Airflow"
     if outcome.get("timed_out"):
         return FAILED, "timeout", f"stopped after its timeout (exit {exit_code})"
     if outcome.get("oom_killed"):

@@ -76,6 +76,45 @@ class HostSpec(_Model):
     tags: list[Name] = []
 
 
+# Paths for the bake step: a project path under include/ (copied from), an absolute container path (copied to).
+_INCLUDE_PATH = r"^include(/[A-Za-z0-9_][A-Za-z0-9_.-]*)+$"
+_CONTAINER_PATH = r"^(/[A-Za-z0-9_][A-Za-z0-9_.-]*)+$"
+
+
+class BakeCopy(_Model):
+    """Copy a file or folder of the project (under `include/`) into the image."""
+
+    src: str = Field(pattern=_INCLUDE_PATH)
+    dest: str = Field(pattern=_CONTAINER_PATH)
+
+
+class BakeGit(_Model):
+    """Check out one branch of a git repository into the image (cloned on the Airflow worker, see fleetbench.bake)."""
+
+    url: str = Field(pattern=r"^(https://|ssh://|file:///)[A-Za-z0-9_.@:/~+-]+$")
+    branch: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_./-]{0,199}$")
+    dest: str = Field(pattern=_CONTAINER_PATH)
+
+
+class BakeSpec(_Model):
+    """The runbook's `docker commit`: a setup container from the pinned base, committed under a deterministic tag."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, serialize_by_alias=True)
+    copy_: list[BakeCopy] = Field([], alias="copy")  # `copy` would shadow BaseModel.copy
+    git: BakeGit | None = None
+    run: list[str] = []  # argv of the setup step, run in the container after copy/git (no shell unless you name one)
+    network: Literal["none", "host"] = "none"  # the setup step's network (host: e.g. pip install)
+    timeout_s: PositiveInt = 1800
+    push_to: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9.-]*(:\d{1,5})?$")  # registry host[:port]
+    push_conn_id: Name | None = None  # Airflow Connection with the push registry's credentials
+
+    @model_validator(mode="after")
+    def _does_something(self) -> "BakeSpec":
+        if not (self.copy_ or self.git or self.run):
+            raise ValueError("bake needs at least one of copy, git or run")
+        return self
+
+
 class ImageSpec(_Model):
     name: Name
     ref: str = Field(pattern=IMAGE_REF_PATTERN)
@@ -83,6 +122,40 @@ class ImageSpec(_Model):
     cuda: str | None = Field(None, pattern=r"^\d+\.\d+$")
     # The harness inside the image; case flags (--model=..., --batch_size=...) are appended.
     command: list[str] = Field(min_length=1)
+    # Airflow Connection (login, password, host[:port]) for the registry: secrets never live in this file.
+    credentials_conn_id: Name | None = None
+    # Refuse to pull (or bake) when Docker's data root has less free space than this (GB, 10^9 bytes).
+    min_free_gb: float | None = Field(None, gt=0)
+    bake: BakeSpec | None = None
+
+
+BYTES_PATTERN = r"^[0-9]+[bkmgBKMG]?$"
+ULIMITS = Literal["memlock", "stack", "nofile", "core", "nproc"]
+
+
+class MountSpec(_Model):
+    source: str = Field(pattern=r"^/[^\s]*$")
+    target: str = Field(pattern=r"^/[^\s]*$")
+    read_only: bool = True
+
+
+class ContainerSpec(_Model):
+    """How a case's container is started (docker run flags). GPU cases default to NGC's recommended flags."""
+
+    network_mode: Literal["none", "host"] = "none"
+    shm_size: str | None = Field(None, pattern=BYTES_PATTERN)
+    ipc_mode: Literal["host", "private", "shareable"] | None = None
+    # -1 means unlimited. NGC recommends memlock=-1 and stack=67108864 on GPU hosts.
+    ulimits: dict[ULIMITS, Annotated[int, Field(ge=-1)]] = {}
+    mem_limit: str | None = Field(None, pattern=BYTES_PATTERN)
+    cpus: float | None = Field(None, gt=0)
+    environment: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = {}
+    mounts: list[MountSpec] = []
+    # count: `--gpus N` (Docker picks); device_ids: the first N GPUs of the host by UUID, recorded on the row.
+    gpu_selection: Literal["count", "device_ids"] = "count"
+
+
+NGC_GPU_CONTAINER = ContainerSpec(shm_size="1g", ulimits={"memlock": -1, "stack": 67108864})
 
 
 class BenchmarkSpec(_Model):
@@ -99,6 +172,12 @@ class BenchmarkSpec(_Model):
     timeout_s: PositiveInt = 3600
     hosts: list[Name] | None = None
     extra_args: list[Annotated[str, Field(pattern=r"^--[A-Za-z0-9_]+=[A-Za-z0-9_.,:/-]*$")]] = []
+    container: ContainerSpec | None = None  # None: NGC's flags for GPU cases, plain defaults for CPU cases
+
+    def container_settings(self) -> ContainerSpec:
+        if self.container is not None:
+            return self.container
+        return NGC_GPU_CONTAINER if self.device == "gpu" else ContainerSpec()
 
     @model_validator(mode="after")
     def _cpu_needs_no_gpus(self) -> "BenchmarkSpec":

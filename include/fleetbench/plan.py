@@ -27,6 +27,7 @@ class Case:
     num_warmup_batches: int
     timeout_s: int
     command: list[str] = field(hash=False)
+    container: dict = field(default_factory=dict, hash=False)  # ContainerSpec as plain data
 
     @property
     def batch_size_global(self) -> int:
@@ -91,6 +92,7 @@ def expand_cases(cfg: FleetConfig, hosts: Iterable[str] | None = None, models: I
                                     num_warmup_batches=bench.num_warmup_batches,
                                     timeout_s=bench.timeout_s,
                                     command=harness_command(image.command, bench, model, batch_size, num_gpus, vu),
+                                    container=bench.container_settings().model_dump(mode="json"),
                                 )
                             )
     keys = [(c.host, c.case_key) for c in cases]

@@ -19,6 +19,7 @@ raise and fail the task.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from datetime import datetime, timezone
@@ -28,7 +29,7 @@ from typing import Any
 import requests
 from airflow.providers.docker.operators.docker import DockerOperator
 from docker.errors import APIError, NotFound
-from docker.types import DeviceRequest, LogConfig
+from docker.types import DeviceRequest, LogConfig, Ulimit
 
 STOP_GRACE_S = 10
 
@@ -56,7 +57,8 @@ class BenchmarkCaseOperator(DockerOperator):
     template_fields = tuple(DockerOperator.template_fields)
 
     def __init__(self, *, case: dict | None = None, timeout_s: int = 3600, log_dir: str | None = None, num_gpus: int = 0,
-                 gpu_device_ids: list[str] | None = None, **kwargs: Any) -> None:
+                 gpu_device_ids: list[str] | None = None, ulimit_map: dict[str, int] | None = None,
+                 cpu_limit: float | None = None, **kwargs: Any) -> None:
         kwargs.setdefault("auto_remove", "never")
         kwargs.setdefault("mount_tmp_dir", False)
         kwargs.setdefault("network_mode", "none")
@@ -67,10 +69,15 @@ class BenchmarkCaseOperator(DockerOperator):
         self.log_dir = log_dir
         self.num_gpus = num_gpus
         self.gpu_device_ids = gpu_device_ids
+        self.ulimit_map = ulimit_map or {}
+        self.cpu_limit = cpu_limit
+        self._killed = False
 
     # -- Airflow entry points -------------------------------------------------------------
     def execute(self, context: Any) -> dict:
         self._normalize_mounts()
+        # JSON-able settings from the plan -> docker SDK types (-1 = unlimited, soft = hard).
+        self.ulimits = [Ulimit(name=name, soft=value, hard=value) for name, value in self.ulimit_map.items()]
         if self.gpu_device_ids:
             self.device_requests = [DeviceRequest(device_ids=list(self.gpu_device_ids), capabilities=[["gpu"]])]
         elif self.num_gpus:
@@ -79,21 +86,43 @@ class BenchmarkCaseOperator(DockerOperator):
         return self.run_case()
 
     def on_kill(self) -> None:
+        """A task killed from the UI or CLI: stop and remove the container and record the case as killed."""
+        self._killed = True
         if self.container is not None:
             self.log.info("task killed: stopping and removing container %s", self.container["Id"][:12])
             self._remove(self.container["Id"], stop_first=True)
+        if self.case.get("case_key") and self.log_dir:
+            self._write_outcome({**self._blank_outcome(), "killed_by_airflow": True,
+                                 "error": "the task was killed from Airflow (UI or CLI) while the case ran",
+                                 "finished_at": datetime.now(timezone.utc).isoformat()})
 
     # -- the run loop ---------------------------------------------------------------------
-    def run_case(self) -> dict:
-        log_path = Path(self.log_dir) / f"{self.case['case_key']}.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        outcome: dict[str, Any] = {
+    def _paths(self) -> tuple[Path, Path]:
+        folder = Path(self.log_dir)
+        return folder / f"{self.case['case_key']}.log", folder / f"{self.case['case_key']}.outcome.json"
+
+    def _blank_outcome(self) -> dict[str, Any]:
+        log_path, _ = self._paths()
+        return {
             "host": self.case["host"], "case_key": self.case["case_key"], "image": self.image,
             "container_name": self.container_name, "command": list(self.command or []),
-            "exit_code": None, "oom_killed": False, "timed_out": False,
-            "start_error_class": None, "error": None, "log_path": str(log_path),
+            "gpu_device_ids": self.gpu_device_ids, "exit_code": None, "oom_killed": False, "timed_out": False,
+            "killed_by_airflow": False, "start_error_class": None, "error": None, "log_path": str(log_path),
             "started_at": None, "finished_at": None, "duration_s": None,
         }
+
+    def _write_outcome(self, outcome: dict) -> None:
+        """The outcome also goes to a file next to the log: collect reads it when the task died before returning."""
+        _, path = self._paths()
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(outcome, indent=1))
+        tmp.replace(path)
+
+    def run_case(self) -> dict:
+        log_path, outcome_path = self._paths()
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        outcome_path.unlink(missing_ok=True)  # an earlier try's outcome is not this try's
+        outcome = self._blank_outcome()
         t0 = datetime.now(timezone.utc)
         try:
             self.container = self._create_container()
@@ -108,6 +137,7 @@ class BenchmarkCaseOperator(DockerOperator):
                 self._remove(self.container["Id"], stop_first=False)
             outcome["started_at"] = outcome["finished_at"] = t0.isoformat()
             outcome["duration_s"] = 0.0
+            self._write_outcome(outcome)
             return outcome
 
         streamer = threading.Thread(target=self._stream_logs, args=(cid,), daemon=True)
@@ -120,6 +150,9 @@ class BenchmarkCaseOperator(DockerOperator):
                 outcome["timed_out"] = True
                 self.log.error("case %s passed its timeout of %d s: stopping the container", self.case["case_key"], self.timeout_s)
                 self.cli.stop(cid, timeout=STOP_GRACE_S)
+            if self._killed:
+                outcome["killed_by_airflow"] = True
+                outcome["error"] = "the task was killed from Airflow (UI or CLI) while the case ran"
             state = self.cli.inspect_container(cid)["State"]
             outcome["oom_killed"] = bool(state.get("OOMKilled"))
             if outcome["exit_code"] is None:
@@ -132,6 +165,7 @@ class BenchmarkCaseOperator(DockerOperator):
             streamer.join(timeout=5)
         finally:
             self._remove(cid, stop_first=True)
+        self._write_outcome(outcome)
         self.log.info("case %s: exit %s%s%s in %.1f s; log %s", self.case["case_key"], outcome["exit_code"],
                       ", OOM-killed" if outcome["oom_killed"] else "", ", timed out" if outcome["timed_out"] else "",
                       outcome["duration_s"] or 0.0, log_path)
@@ -150,6 +184,7 @@ class BenchmarkCaseOperator(DockerOperator):
                 network_mode=self.network_mode,
                 shm_size=self.shm_size,
                 cpu_shares=round(self.cpus * 1024),
+                nano_cpus=int(self.cpu_limit * 1e9) if self.cpu_limit else None,
                 mem_limit=self.mem_limit,
                 cap_add=self.cap_add,
                 privileged=self.privileged,

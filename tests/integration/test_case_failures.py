@@ -1,0 +1,166 @@
+"""Every way a case can end, produced for real on the local Docker engine: the outcome is classified,
+the log is kept, and no container is left behind."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from fleetbench.airflow.operators import BenchmarkCaseOperator
+from fleetbench.collect import measure
+
+pytestmark = pytest.mark.integration
+
+BASE = "fleetbench/base:bookworm"
+HARNESS = ["python3", "/opt/fleetbench/tf_cnn_benchmarks.py", "--model=trivial", "--batch_size=8",
+           "--num_batches=5", "--num_warmup_batches=1", "--device=cpu", "--num_gpus=1"]
+
+
+@pytest.fixture()
+def case_run(tmp_path, docker_api):
+    """Run one case through BenchmarkCaseOperator; afterwards assert no labelled container is left."""
+    token = uuid.uuid4().hex[:10]
+
+    def build(command, image=BASE, **kwargs) -> BenchmarkCaseOperator:
+        case_key = f"test.{kwargs.pop('case_key', 'case')}.{token}"
+        return BenchmarkCaseOperator(
+            task_id=f"run_{token}", image=image, command=command, container_name=f"fbtest-{token}-{case_key}",
+            labels={"org.fleetbench.managed": "true", "org.fleetbench.test": token},
+            case={"host": "localhost", "case_key": case_key}, log_dir=str(tmp_path), **kwargs)
+
+    def run(command, image=BASE, **kwargs):
+        op = build(command, image, **kwargs)
+        outcome = op.execute({})
+        fields, steps = measure({"command": command}, outcome)
+        return outcome, fields
+
+    run.build = build
+    yield run
+    left = docker_api.containers(all=True, filters={"label": f"org.fleetbench.test={token}"})
+    assert left == [], f"containers left behind: {[c['Names'] for c in left]}"
+
+
+def test_ok(case_run, smoke_image):
+    outcome, fields = case_run(HARNESS, image=smoke_image)
+    assert (fields["status"], fields["failure_class"], outcome["exit_code"]) == ("ok", None, 0)
+    assert fields["images_per_sec"] > 0
+    assert "total images/sec" in Path(outcome["log_path"]).read_text()
+    assert outcome["started_at"] < outcome["finished_at"]
+    saved = json.loads(Path(outcome["log_path"]).with_suffix(".outcome.json").read_text())
+    assert saved == outcome
+
+
+def test_oom_killed_by_memory_limit(case_run):
+    outcome, fields = case_run(["python3", "-c", "import numpy; a = numpy.ones(100_000_000); print(a.sum())"],
+                               mem_limit="64m")
+    assert outcome["oom_killed"] is True and outcome["exit_code"] == 137
+    assert fields["failure_class"] == "oom_killed"
+
+
+def test_core_dump(case_run):
+    outcome, fields = case_run(["sh", "-c", "python3 -c 'import os; os.abort()'"])
+    assert outcome["exit_code"] == 134
+    assert fields["failure_class"] == "core_dump"
+
+
+def test_killed_without_oom(case_run):
+    outcome, fields = case_run(["sh", "-c", "sleep 30 & pid=$!; kill -KILL $pid; wait $pid"])
+    assert (outcome["exit_code"], outcome["oom_killed"]) == (137, False)
+    assert fields["failure_class"] == "killed"
+
+
+def test_nonzero_exit_keeps_the_log(case_run):
+    outcome, fields = case_run(["sh", "-c", "echo 'harness: bad flag --frobnicate' >&2; exit 3"])
+    assert (fields["status"], fields["failure_class"], outcome["exit_code"]) == ("failed", "nonzero_exit", 3)
+    assert "bad flag --frobnicate" in fields["failure_detail"]
+    assert "bad flag --frobnicate" in Path(outcome["log_path"]).read_text()
+
+
+def test_framework_oom_in_the_log(case_run):
+    message = ("tensorflow.python.framework.errors_impl.ResourceExhaustedError: OOM when allocating tensor "
+               "with shape[64,512,28,28] and type float on /job:localhost/replica:0/task:0/device:GPU:0")
+    outcome, fields = case_run(["sh", "-c", f"echo 'Model:       vgg16'; echo '{message}' >&2; exit 1"])
+    assert fields["failure_class"] == "gpu_oom"
+    assert "OOM when allocating tensor" in fields["failure_detail"]
+
+
+def test_exit_zero_without_a_result(case_run):
+    outcome, fields = case_run(["sh", "-c", "echo 'Model: resnet50'; echo done"])
+    assert (outcome["exit_code"], fields["failure_class"]) == (0, "no_result")
+
+
+def test_timeout_stops_and_removes_the_container(case_run):
+    start = time.monotonic()
+    outcome, fields = case_run(["sleep", "60"], timeout_s=2)
+    assert time.monotonic() - start < 30
+    assert outcome["timed_out"] is True
+    assert fields["failure_class"] == "timeout"
+
+
+def test_gpu_request_on_an_engine_without_nvidia_runtime(case_run):
+    outcome, fields = case_run(["nvidia-smi", "-L"], num_gpus=1)
+    assert fields["failure_class"] == "no_gpu_runtime"
+    assert "could not select device driver" in outcome["error"]
+
+
+def test_missing_image(case_run):
+    outcome, fields = case_run(["true"], image=f"fleetbench/not-there:{uuid.uuid4().hex[:8]}")
+    assert fields["failure_class"] == "image_not_found"
+
+
+def test_container_config_refused(case_run):
+    # An open-files limit above the kernel's nr_open is refused at container start on every Linux host.
+    outcome, fields = case_run(["true"], ulimit_map={"nofile": 2**31})
+    assert fields["failure_class"] == "container_config"
+    assert "rlimit" in outcome["error"].lower() or "nofile" in outcome["error"].lower()
+
+
+def test_container_settings_reach_the_container(case_run):
+    script = ("ulimit -s; df -k /dev/shm | tail -n 1 | awk '{print $2}'; echo \"$BENCH_MODE\"; "
+              "cat /proc/self/cgroup >/dev/null; ls /harness")
+    outcome, fields = case_run(["sh", "-c", script], ulimit_map={"stack": 67108864}, shm_size="256m",
+                               environment={"BENCH_MODE": "nightly"}, cpu_limit=1.5,
+                               mounts=[{"source": str(Path(__file__).parent), "target": "/harness", "type": "bind", "read_only": True}])
+    lines = Path(outcome["log_path"]).read_text().split()
+    assert lines[0] == str(67108864 // 1024)  # ulimit -s prints KiB
+    assert lines[1] == str(256 * 1024)
+    assert lines[2] == "nightly"
+    assert Path(__file__).name in lines
+
+
+def test_retry_removes_the_container_of_an_earlier_try(case_run, docker_api):
+    op = case_run.build(["sh", "-c", "echo second try"])
+    stale = docker_api.create_container(BASE, ["true"], name=op.container_name, labels=op.labels)
+    outcome = op.execute({})
+    assert outcome["exit_code"] == 0
+    with pytest.raises(Exception):
+        docker_api.inspect_container(stale["Id"])
+
+
+def test_kill_from_airflow_stops_removes_and_records_killed(case_run, docker_api):
+    op = case_run.build(["sleep", "60"])
+    errors: list[BaseException] = []
+
+    def run():
+        try:
+            op.execute({})
+        except BaseException as exc:  # the killed task's run loop ends with an error: expected
+            errors.append(exc)
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not docker_api.containers(filters={"name": op.container_name}):
+        time.sleep(0.1)
+    assert docker_api.containers(filters={"name": op.container_name}), "the case container never started"
+    op.on_kill()
+    worker.join(30)
+    assert not worker.is_alive()
+    outcome = json.loads((Path(op.log_dir) / f"{op.case['case_key']}.outcome.json").read_text())
+    fields, _ = measure({"command": ["sleep"]}, outcome)
+    assert (fields["status"], fields["failure_class"]) == ("failed", "killed")
