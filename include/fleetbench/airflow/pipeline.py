@@ -154,11 +154,49 @@ def case_kwargs(plan: dict, validations: list[dict], prepared: list[dict]) -> li
             },
             "case": {"host": case["host"], "case_key": case["case_key"]},
             "num_gpus": case["num_gpus"],
+            "gpu_device_ids": _device_ids(case, v),
             "timeout_s": case["timeout_s"],
-            "log_dir": str(run_dir(run["dag_id"], run["run_id"]) / "hosts" / safe_name(case["host"]) / "cases"),
+            "log_dir": case_log_dir(run, case["host"]),
+            **container_kwargs(case.get("container") or {}),
         })
     log.info("%d of %d case(s) can run", len(out), len(plan["cases"]))
     return out
+
+
+def case_log_dir(run: dict, host: str) -> str:
+    return str(run_dir(run["dag_id"], run["run_id"]) / "hosts" / safe_name(host) / "cases")
+
+
+def container_kwargs(container: dict) -> dict:
+    """ContainerSpec (plain data) -> BenchmarkCaseOperator/DockerOperator arguments (still JSON-able)."""
+    return {
+        "network_mode": container.get("network_mode", "none"),
+        "shm_size": container.get("shm_size"),
+        "ipc_mode": container.get("ipc_mode"),
+        "ulimit_map": container.get("ulimits") or {},
+        "mem_limit": container.get("mem_limit"),
+        "cpu_limit": container.get("cpus"),
+        "environment": container.get("environment") or {},
+        "mounts": [{"source": m["source"], "target": m["target"], "type": "bind", "read_only": m.get("read_only", True)}
+                   for m in container.get("mounts") or []],
+    }
+
+
+def _device_ids(case: dict, validation: dict) -> list[str] | None:
+    """With gpu_selection device_ids: the host's first N GPUs by UUID (index when the UUID is unknown)."""
+    if case["num_gpus"] == 0 or (case.get("container") or {}).get("gpu_selection") != "device_ids":
+        return None
+    gpus = sorted(validation["facts"].get("gpus") or [], key=lambda g: g["index"])[: case["num_gpus"]]
+    return [g.get("uuid") or str(g["index"]) for g in gpus] or None
+
+
+def _outcome_from_file(run: dict, case: dict) -> dict | None:
+    """The outcome a case's task wrote next to its log (e.g. when it was killed before returning)."""
+    path = Path(case_log_dir(run, case["host"])) / f"{case['case_key']}.outcome.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 # -- collect ----------------------------------------------------------------------------------
@@ -179,10 +217,10 @@ def collect(plan: dict, validations: list[dict], prepared: list[dict], outcomes:
             fields, steps = not_run(SKIPPED, "host_unfit", f"host {case['host']} is unfit: {v['reasons']}"), []
         elif img.get("failure_class"):
             fields, steps = not_run(FAILED, img["failure_class"], img.get("error") or "image not prepared"), []
-        elif key not in done:
-            fields, steps = not_run(FAILED, "task_failed", "the case's task failed or was killed before reporting (see its task log)"), []
+        elif key in done or (outcome := _outcome_from_file(run, case)) is not None:
+            fields, steps = measure(case, done.get(key) or outcome)
         else:
-            fields, steps = measure(case, done[key])
+            fields, steps = not_run(FAILED, "task_failed", "the case's task failed before reporting (see its task log)"), []
         facts = HostFacts.from_dict(v["facts"]) if v else HostFacts()
         rows.append({
             "dag_id": run["dag_id"], "run_id": run["run_id"], "logical_date": run.get("logical_date"),
