@@ -1,9 +1,13 @@
 """fleet_benchmark: validate hosts -> pull and pin images -> run each case in a container -> collect -> store.
 
 Wiring only; every step is a function in `fleetbench.airflow.pipeline`. The fleet config
-(`include/config/fleet.yaml`, or `FLEETBENCH_CONFIG`) is read here only for the schedule and
-timeouts; a config error shows up as this file's import error with the field that is wrong.
-Cases are dynamically mapped from the run's plan, so parse time does not grow with the fleet.
+(`include/config/fleet.yaml`, or `FLEETBENCH_CONFIG`) is read here for the schedule, the timeouts
+and the host names; a config error shows up as this file's import error with the field that is wrong.
+
+Each host gets a lane: `host_<name>.cases` picks the host's runnable cases and
+`host_<name>.run_case` runs them, dynamically mapped, in the host's own pool (`fleetbench_<name>`,
+one slot: one benchmark at a time per host, different hosts in parallel). Pools are created with
+`fleetbench pools export > pools.json && airflow pools import pools.json` (see README).
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pendulum
-from airflow.sdk import DAG, TriggerRule, get_current_context, task
+from airflow.sdk import DAG, TaskGroup, TriggerRule, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException
 
 from fleetbench.airflow import pipeline
@@ -64,13 +68,14 @@ with DAG(
         get_current_context()["host_name"] = host["name"]
         return pipeline.prepare_host_images(host, items(validations))
 
-    @task(retries=0)
-    def schedule_cases(the_plan: dict, validations: list[dict], prepared: list[dict]) -> list[dict]:
-        return pipeline.case_kwargs(the_plan, items(validations), items(prepared))
+    @task(task_id="cases", retries=0)
+    def host_cases(the_plan: dict, validations: list[dict], prepared: list[dict], host: str) -> list[dict]:
+        return pipeline.case_kwargs(the_plan, items(validations), items(prepared), host=host)
 
     @task(trigger_rule=TriggerRule.ALL_DONE, retries=0)
-    def collect(the_plan: dict, validations: list[dict], prepared: list[dict], outcomes: list[dict]) -> dict:
-        return pipeline.collect(the_plan, items(validations), items(prepared), items(outcomes))
+    def collect(the_plan: dict, validations: list[dict], prepared: list[dict], outcomes: list) -> dict:
+        return pipeline.collect(the_plan, items(validations), items(prepared),
+                                [o for lane in outcomes for o in items(lane)])
 
     @task(trigger_rule=TriggerRule.ALL_DONE)
     def store(the_plan: dict, validations: list[dict], collected: dict) -> dict:
@@ -85,13 +90,17 @@ with DAG(
     hosts = fleet_hosts(p)
     validations = validate_host.partial(the_plan=p).expand(host=hosts)
     prepared = prepare_image.partial(validations=validations).expand(host=hosts)
-    kwargs = schedule_cases(p, validations, prepared)
-    outcomes = BenchmarkCaseOperator.partial(
-        task_id="run_case",
-        execution_timeout=timedelta(seconds=LONGEST_CASE_S + 300),
-        map_index_template="{{ task.case['host'] }}/{{ task.case['case_key'] }}",
-    ).expand_kwargs(kwargs)
-    collected = collect(p, validations, prepared, outcomes.output)
+    outcomes = []
+    for host in CONFIG.hosts:
+        with TaskGroup(group_id=f"host_{host.name}", tooltip=f"cases on {host.name}"):
+            runs = BenchmarkCaseOperator.partial(
+                task_id="run_case",
+                pool=pipeline.pool_name(host.name),
+                execution_timeout=timedelta(seconds=LONGEST_CASE_S + 300),
+                map_index_template="{{ task.case['case_key'] }}",
+            ).expand_kwargs(host_cases(p, validations, prepared, host.name))
+        outcomes.append(runs.output)
+    collected = collect(p, validations, prepared, outcomes)
     stored = store(p, validations, collected)
     check_fleet(validations, stored)
 

@@ -43,7 +43,10 @@ def test_fleet_benchmark_shape(no_services):
     assert {"fleetbench", "benchmark"} <= set(dag.tags)
     assert dag.default_args["retries"] >= 1
     ids = set(dag.task_ids)
-    assert {"plan", "validate_host", "prepare_image", "run_case", "collect", "store", "watcher"} <= ids
+    assert {"plan", "validate_host", "prepare_image", "host_localhost.cases", "host_localhost.run_case",
+            "collect", "store", "watcher"} <= ids
+    # One lane per host, in the host's single-slot pool: one benchmark at a time per host.
+    assert dag.get_task("host_localhost.run_case").pool == "fleetbench_localhost"
     # The watcher sees every other task, so any failure fails the run.
     watcher = dag.get_task("watcher")
     assert watcher.trigger_rule == "one_failed"

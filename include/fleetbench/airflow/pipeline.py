@@ -84,20 +84,22 @@ def runner_for(host: dict):
 
 
 def validate_host(host: dict, run: dict) -> dict:
-    """Gather the host's facts into the run's artifact folder and judge them against the host's needs."""
-    folder = run_dir(run["dag_id"], run["run_id"]) / "hosts" / safe_name(host["name"]) / "facts"
-    try:
-        gather(runner_for(host), folder)
-        facts = facts_from_dir(folder)
-    except Exception as exc:  # an unreachable host is a verdict, not a crash
-        log.exception("gathering facts on %s failed", host["name"])
-        facts = HostFacts(unknown={"host": f"unreachable: {exc}"})
-    needs = HostNeeds(gpus=host["needs"]["gpus"], image_cuda=host["needs"]["image_cuda"])
-    checks = evaluate(facts, needs)
-    if "host" in facts.unknown:
-        from fleetbench.hosts.rules import Check
+    """Gather the host's facts into the run's artifact folder and judge them against the host's needs.
 
-        checks = [Check("reachable", "fail", facts.unknown["host"])] + checks
+    When the host's cases need GPUs, a GPU smoke container runs too (`gpu_smoke_image`, else the
+    host's first benchmark image). An unreachable host is a verdict (`reachable: fail`), not a crash.
+    """
+    folder = run_dir(run["dag_id"], run["run_id"]) / "hosts" / safe_name(host["name"]) / "facts"
+    needs = HostNeeds(gpus=host["needs"]["gpus"], image_cuda=host["needs"]["image_cuda"],
+                      min_free_bytes=int(host.get("min_free_gb", 2.0) * 1024**3))
+    smoke_image = (host.get("gpu_smoke_image") or next((i["ref"] for i in host.get("images", [])), None)) if needs.gpus else None
+    try:
+        gather(runner_for(host), folder, gpu_smoke_image=smoke_image)
+        facts = facts_from_dir(folder)
+    except Exception as exc:  # e.g. the artifact folder cannot be written: still a verdict, with the reason
+        log.exception("gathering facts on %s failed", host["name"])
+        facts = HostFacts(unreachable=f"facts could not be gathered: {exc}")
+    checks = evaluate(facts, needs)
     result = {
         "host": host["name"], "verdict": verdict(checks), "reasons": reasons(checks),
         "checks": [c.to_dict() for c in checks], "facts": facts.to_dict(), "facts_dir": str(folder),
@@ -108,27 +110,65 @@ def validate_host(host: dict, run: dict) -> dict:
 
 
 # -- prepare image ----------------------------------------------------------------------------
+def registry_auth(conn_id: str | None) -> dict | None:
+    """A Docker `auth_config` from an Airflow Connection (login, password, host[:port]); never logged."""
+    if not conn_id:
+        return None
+    from airflow.sdk import BaseHook
+
+    conn = BaseHook.get_connection(conn_id)
+    server = f"{conn.host}:{conn.port}" if conn.host and conn.port else conn.host
+    return {"username": conn.login, "password": conn.password, **({"serveraddress": server} if server else {})}
+
+
 def prepare_host_images(host: dict, validations: list[dict]) -> dict:
-    """Pull and pin every image the host's cases need (on the host's own engine)."""
+    """Check disk, pull, pin and (if configured) bake every image the host's cases need, on the host's own engine.
+
+    Each image's result is `fleetbench.images.PreparedImage` as a dict: cases run its `pinned_ref`
+    (the pulled digest, or the baked image's id); `digest` stays the pulled image's registry digest.
+    """
     validation = _by_host(validations).get(host["name"])
     if validation is None or validation["verdict"] == "unfit":
         return {"host": host["name"], "images": {}, "skipped": True}
     import docker
 
-    from fleetbench.images import prepare_image
+    from fleetbench.config import ImageSpec
+    from fleetbench.images import PreparedImage, prepare
 
+    free_hint = (validation.get("facts") or {}).get("docker_root_free_bytes")
     api = docker.APIClient(base_url=host["docker_url"], version="auto", timeout=600)
+    images = {}
     try:
-        images = {img["name"]: prepare_image(api, img["name"], img["ref"], img["pull_policy"]).to_dict()
-                  for img in host["images"]}
+        for img in host["images"]:
+            spec = ImageSpec.model_validate(img)
+            try:
+                auth = registry_auth(spec.credentials_conn_id)
+                push_auth = registry_auth(spec.bake.push_conn_id) if spec.bake else None
+            except Exception as exc:  # a missing or broken connection is a named failure, not a crash
+                images[spec.name] = PreparedImage(spec.name, spec.ref, failure_class="registry_auth",
+                                                  error=f"registry credentials: {exc}").to_dict()
+                continue
+            images[spec.name] = prepare(api, spec, auth_config=auth, push_auth_config=push_auth,
+                                        free_bytes_hint=free_hint).to_dict()
     finally:
         api.close()
     return {"host": host["name"], "images": images, "skipped": False}
 
 
 # -- run cases --------------------------------------------------------------------------------
-def case_kwargs(plan: dict, validations: list[dict], prepared: list[dict]) -> list[dict]:
-    """Per-case arguments for the mapped BenchmarkCaseOperator: only cases whose host and image are ready."""
+def pool_name(host: str) -> str:
+    """The Airflow pool of a host's lane: one slot, so one benchmark at a time on the host's GPUs."""
+    return f"fleetbench_{safe_name(host)}"
+
+
+def pools(cfg: FleetConfig) -> dict:
+    """`airflow pools import` JSON for every host of a fleet config."""
+    return {pool_name(h.name): {"slots": 1, "description": f"fleetbench: one benchmark at a time on {h.name}",
+                                "include_deferred": False} for h in cfg.hosts}
+
+
+def case_kwargs(plan: dict, validations: list[dict], prepared: list[dict], host: str | None = None) -> list[dict]:
+    """Per-case arguments for a host lane's mapped BenchmarkCaseOperator: only cases whose host and image are ready."""
     run = plan["run"]
     verdicts = _by_host(validations)
     images = {p["host"]: p["images"] for p in prepared if p}
@@ -136,6 +176,8 @@ def case_kwargs(plan: dict, validations: list[dict], prepared: list[dict]) -> li
     token = run_token(run["dag_id"], run["run_id"])
     out = []
     for case in plan["cases"]:
+        if host is not None and case["host"] != host:
+            continue
         v = verdicts.get(case["host"])
         img = images.get(case["host"], {}).get(case["image"])
         if v is None or v["verdict"] == "unfit" or img is None or img.get("failure_class"):
@@ -159,7 +201,7 @@ def case_kwargs(plan: dict, validations: list[dict], prepared: list[dict]) -> li
             "log_dir": case_log_dir(run, case["host"]),
             **container_kwargs(case.get("container") or {}),
         })
-    log.info("%d of %d case(s) can run", len(out), len(plan["cases"]))
+    log.info("%d case(s) can run%s", len(out), f" on {host}" if host else "")
     return out
 
 

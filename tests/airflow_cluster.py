@@ -1,0 +1,165 @@
+"""A real Airflow deployment for tests: api-server, scheduler and dag-processor as local processes
+with the LocalExecutor, on a fresh PostgreSQL metadata database. Unlike `dags test`, it honours
+pools, schedules, backfills and parallelism.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from sqlalchemy import create_engine, text
+
+ROOT = Path(__file__).resolve().parents[1]
+AIRFLOW = str(Path(sys.executable).parent / "airflow")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalAirflow:
+    def __init__(self, home: Path, pg_url: str, env: dict[str, str] | None = None, parallelism: int = 8):
+        self.home = home
+        self.pg_url = pg_url
+        self.db = f"fb_airflow_{uuid.uuid4().hex[:10]}"
+        self.port = free_port()
+        self.procs: list[subprocess.Popen] = []
+        base = pg_url.rsplit("/", 1)[0]
+        self.env = {
+            **os.environ,
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
+            "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__PARALLELISM": str(parallelism),
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"{base}/{self.db}",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{self.port}/execution/",
+            "AIRFLOW__API__PORT": str(self.port),
+            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(16),
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
+            "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+            **(env or {}),
+        }
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def __enter__(self) -> "LocalAirflow":
+        self.home.mkdir(parents=True, exist_ok=True)
+        admin = create_engine(self.pg_url, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{self.db}"'))
+        admin.dispose()
+        self.cli("db", "migrate")
+        try:
+            self._start("api-server", "api-server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1")
+            self._start("scheduler", "scheduler")
+            self._start("dag-processor", "dag-processor")
+            self._wait_api()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+        admin = create_engine(self.pg_url, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{self.db}" WITH (FORCE)'))
+        admin.dispose()
+
+    def _start(self, name: str, *args: str) -> None:
+        log = open(self.home / f"{name}.log", "w")
+        self.procs.append(subprocess.Popen([AIRFLOW, *args], env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                           start_new_session=True))
+
+    def _wait_api(self, timeout: float = 120) -> None:
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for proc in self.procs:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"an Airflow process exited early; logs in {self.home}:\n{self.logs()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/api/v2/monitor/health", timeout=2):
+                    return
+            except OSError:
+                time.sleep(1)
+        raise TimeoutError(f"api-server did not answer in {timeout} s:\n{self.logs()}")
+
+    def logs(self, tail: int = 3000) -> str:
+        return "\n".join(f"== {p.name}\n{p.read_text()[-tail:]}" for p in sorted(self.home.glob("*.log")))
+
+    # -- commands -------------------------------------------------------------------------------
+    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        proc = subprocess.run([AIRFLOW, *args], env=self.env, capture_output=True, text=True, timeout=300)
+        if check and proc.returncode != 0:
+            raise RuntimeError(f"airflow {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+        return proc
+
+    def metadata(self):
+        return create_engine(self.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+
+    def wait_for_dag(self, dag_id: str, timeout: float = 120) -> None:
+        """Until the dag-processor has serialized the DAG (the scheduler only runs serialized DAGs)."""
+        engine = self.metadata()
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                with engine.connect() as conn:
+                    found = conn.execute(text("select count(*) from serialized_dag where dag_id = :d"), {"d": dag_id}).scalar()
+                if found:
+                    return
+                time.sleep(1)
+        finally:
+            engine.dispose()
+        raise TimeoutError(f"{dag_id} was not parsed in {timeout} s:\n{self.logs()}")
+
+    def runs(self, dag_id: str) -> list[dict]:
+        engine = self.metadata()
+        try:
+            with engine.connect() as conn:
+                rows = conn.execute(text("select run_id, state, run_type, logical_date from dag_run where dag_id = :d "
+                                         "order by logical_date"), {"d": dag_id}).all()
+        finally:
+            engine.dispose()
+        return [dict(r._mapping) for r in rows]
+
+    def wait_for_runs(self, dag_id: str, count: int, timeout: float = 600) -> list[dict]:
+        """Until `count` runs of the DAG exist and all are finished."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            runs = self.runs(dag_id)
+            if len(runs) >= count and all(r["state"] in ("success", "failed") for r in runs):
+                return runs
+            time.sleep(2)
+        raise TimeoutError(f"runs of {dag_id} did not finish in {timeout} s: {self.runs(dag_id)}\n{self.logs()}")
+
+    def trigger(self, dag_id: str, conf: dict | None = None, run_id: str | None = None) -> None:
+        args = ["dags", "trigger", dag_id]
+        if conf is not None:
+            args += ["--conf", json.dumps(conf)]
+        if run_id:
+            args += ["--run-id", run_id]
+        self.cli(*args)
