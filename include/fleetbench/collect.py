@@ -5,10 +5,12 @@ Pure functions over plain data; the only I/O is reading the saved log file.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 from pathlib import Path
 
 from fleetbench.parsing import ParsedLog, parse_log
+from fleetbench.telemetry import parse_report
 
 # Row statuses.
 OK, FAILED, SKIPPED = "ok", "failed", "skipped"
@@ -56,7 +58,8 @@ def classify(outcome: dict, parsed: ParsedLog | None, log_text: str) -> tuple[st
 
 
 def _last_line(text: str) -> str:
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    """The harness's last words (the telemetry wrapper's report line is not the harness's)."""
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip() and not ln.startswith("FLEETBENCH_TELEMETRY ")]
     return lines[-1][:300] if lines else ""
 
 
@@ -83,6 +86,7 @@ def measure(case: dict, outcome: dict) -> tuple[dict, list[dict]]:
         "log_path": outcome.get("log_path"),
         "command": outcome.get("command") or case.get("command"),
     }
+    fields.update(telemetry_fields(parse_report(text)))
     steps = [
         {"step": s.step, "images_per_sec": s.images_per_sec, "plusminus": s.plusminus, "jitter": s.jitter, "loss": s.loss}
         for s in (parsed.steps if parsed else [])
@@ -90,9 +94,26 @@ def measure(case: dict, outcome: dict) -> tuple[dict, list[dict]]:
     return fields, steps
 
 
+def telemetry_fields(report: dict | None) -> dict:
+    """Energy, power and GPU memory from the telemetry wrapper's report (measured), or nothing (none)."""
+    if not report or not report.get("nvml"):
+        return {"energy_source": "none", "energy_j": None, "mean_power_w": None, "peak_gpu_mem_mib": None,
+                "mean_gpu_util_pct": None, "telemetry_json": json.dumps(report) if report else None}
+    gpus = report.get("gpus") or []
+    utils = [g["mean_util_pct"] for g in gpus if g.get("mean_util_pct") is not None]
+    return {
+        "energy_source": report.get("energy_source") or "none",
+        "energy_j": report.get("energy_j"),
+        "mean_power_w": report.get("mean_power_w"),
+        "peak_gpu_mem_mib": report.get("peak_mem_used_mib"),
+        "mean_gpu_util_pct": round(sum(utils) / len(utils), 3) if utils else None,
+        "telemetry_json": json.dumps(report),
+    }
+
+
 def not_run(status: str, failure_class: str | None, detail: str) -> dict:
     """Fields for a case that never ran (host unfit, image missing, task failed)."""
     now = datetime.now(timezone.utc).isoformat()
     return {"status": status, "failure_class": failure_class, "failure_detail": detail[:500], "images_per_sec": None,
             "step_count": 0, "exit_code": None, "started_at": None, "finished_at": now, "duration_s": None,
-            "log_path": None, "command": None}
+            "log_path": None, "command": None, **telemetry_fields(None)}

@@ -28,6 +28,7 @@ class Case:
     timeout_s: int
     command: list[str] = field(hash=False)
     container: dict = field(default_factory=dict, hash=False)  # ContainerSpec as plain data
+    telemetry_period_s: float = 0.5
 
     @property
     def batch_size_global(self) -> int:
@@ -93,6 +94,7 @@ def expand_cases(cfg: FleetConfig, hosts: Iterable[str] | None = None, models: I
                                     timeout_s=bench.timeout_s,
                                     command=harness_command(image.command, bench, model, batch_size, num_gpus, vu),
                                     container=bench.container_settings().model_dump(mode="json"),
+                                    telemetry_period_s=bench.telemetry_period_s,
                                 )
                             )
     keys = [(c.host, c.case_key) for c in cases]

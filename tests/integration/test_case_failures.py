@@ -164,3 +164,24 @@ def test_kill_from_airflow_stops_removes_and_records_killed(case_run, docker_api
     outcome = json.loads((Path(op.log_dir) / f"{op.case['case_key']}.outcome.json").read_text())
     fields, _ = measure({"command": ["sleep"]}, outcome)
     assert (fields["status"], fields["failure_class"]) == ("failed", "killed")
+
+
+def test_telemetry_wrapper_passes_everything_through(case_run, smoke_image):
+    outcome, fields = case_run(HARNESS, image=smoke_image, telemetry_period_s=0.2)
+    log = Path(outcome["log_path"]).read_text()
+    assert (fields["status"], outcome["exit_code"]) == ("ok", 0)
+    assert fields["images_per_sec"] > 0
+    assert outcome["command"] == HARNESS  # the row keeps the harness command, not the wrapper's
+    report = json.loads(fields["telemetry_json"])
+    assert report["nvml"] is False and "pynvml" not in report["reason"]  # the shipped pynvml imported; no driver
+    assert fields["energy_source"] == "none" and fields["energy_j"] is None
+    assert log.rstrip().splitlines()[-1].startswith("FLEETBENCH_TELEMETRY ")
+
+
+def test_telemetry_wrapper_keeps_crash_and_timeout_classes(case_run):
+    outcome, fields = case_run(["python3", "-c", "import os; os.abort()"], telemetry_period_s=0.5)
+    assert (outcome["exit_code"], fields["failure_class"]) == (134, "core_dump")
+    start = time.monotonic()
+    outcome, fields = case_run(["sleep", "60"], telemetry_period_s=0.5, timeout_s=2, case_key="slow")
+    assert fields["failure_class"] == "timeout"
+    assert time.monotonic() - start < 9  # SIGTERM reached the child through the wrapper: no 10 s kill grace

@@ -59,3 +59,14 @@ def test_measure_reads_the_saved_log(tmp_path):
 def test_measure_without_a_log_is_no_result(tmp_path):
     fields, steps = measure({"command": ["x"]}, outcome(log_path=str(tmp_path / "missing.log")))
     assert (fields["status"], fields["failure_class"], steps) == ("failed", "no_result", [])
+
+
+def test_measured_telemetry_becomes_row_fields(tmp_path):
+    report = {"nvml": True, "energy_source": "measured", "energy_j": 12000.0, "mean_power_w": 300.0,
+              "peak_mem_used_mib": 30512.0, "gpus": [{"mean_util_pct": 97.0}, {"mean_util_pct": 95.0}]}
+    log = tmp_path / "case.log"
+    log.write_text(OK_LOG + "FLEETBENCH_TELEMETRY " + __import__("json").dumps(report) + "\n")
+    fields, _ = measure({"command": ["x"]}, outcome(log_path=str(log)))
+    assert fields["status"] == "ok"
+    assert (fields["energy_source"], fields["energy_j"], fields["mean_power_w"]) == ("measured", 12000.0, 300.0)
+    assert (fields["peak_gpu_mem_mib"], fields["mean_gpu_util_pct"]) == (30512.0, 96.0)

@@ -31,6 +31,8 @@ from airflow.providers.docker.operators.docker import DockerOperator
 from docker.errors import APIError, NotFound
 from docker.types import DeviceRequest, LogConfig, Ulimit
 
+from fleetbench import telemetry
+
 STOP_GRACE_S = 10
 
 
@@ -58,7 +60,7 @@ class BenchmarkCaseOperator(DockerOperator):
 
     def __init__(self, *, case: dict | None = None, timeout_s: int = 3600, log_dir: str | None = None, num_gpus: int = 0,
                  gpu_device_ids: list[str] | None = None, ulimit_map: dict[str, int] | None = None,
-                 cpu_limit: float | None = None, **kwargs: Any) -> None:
+                 cpu_limit: float | None = None, telemetry_period_s: float = 0, **kwargs: Any) -> None:
         kwargs.setdefault("auto_remove", "never")
         kwargs.setdefault("mount_tmp_dir", False)
         kwargs.setdefault("network_mode", "none")
@@ -71,6 +73,7 @@ class BenchmarkCaseOperator(DockerOperator):
         self.gpu_device_ids = gpu_device_ids
         self.ulimit_map = ulimit_map or {}
         self.cpu_limit = cpu_limit
+        self.telemetry_period_s = telemetry_period_s
         self._killed = False
 
     # -- Airflow entry points -------------------------------------------------------------
@@ -127,6 +130,8 @@ class BenchmarkCaseOperator(DockerOperator):
         try:
             self.container = self._create_container()
             cid = self.container["Id"]
+            if self.telemetry_period_s:
+                self.cli.put_archive(cid, "/", telemetry.bundle())
             self.cli.start(cid)
         except APIError as exc:
             outcome["start_error_class"] = start_error_class(exc)
@@ -174,8 +179,11 @@ class BenchmarkCaseOperator(DockerOperator):
     # -- pieces -----------------------------------------------------------------------------
     def _create_container(self) -> dict:
         log_config = {k: v for k, v in (("max-size", self.log_opts_max_size), ("max-file", self.log_opts_max_file)) if v is not None}
+        command = self.format_command(self.command)
+        if self.telemetry_period_s:  # the wrapper runs the harness as its child and passes everything through
+            command = telemetry.wrap_command(list(command), self.telemetry_period_s)
         return self.cli.create_container(
-            command=self.format_command(self.command),
+            command=command,
             name=self.container_name,
             environment={**self.environment, **self._private_environment},
             host_config=self.cli.create_host_config(

@@ -198,6 +198,7 @@ def case_kwargs(plan: dict, validations: list[dict], prepared: list[dict], host:
             "num_gpus": case["num_gpus"],
             "gpu_device_ids": _device_ids(case, v),
             "timeout_s": case["timeout_s"],
+            "telemetry_period_s": case.get("telemetry_period_s", 0),
             "log_dir": case_log_dir(run, case["host"]),
             **container_kwargs(case.get("container") or {}),
         })
@@ -273,7 +274,7 @@ def collect(plan: dict, validations: list[dict], prepared: list[dict], outcomes:
             "num_batches": case["num_batches"], "image_name": case["image"],
             "image_ref": img.get("ref"), "image_digest": img.get("digest"),
             "driver_version": facts.driver_version, "cuda_driver_version": facts.cuda_driver_version,
-            "gpu_model": facts.gpu_model, "energy_source": "none", "energy_j": None,
+            "gpu_model": facts.gpu_model,
             **fields,
         })
         step_rows += [{"dag_id": run["dag_id"], "run_id": run["run_id"], "host": case["host"],

@@ -1,0 +1,259 @@
+"""GPU telemetry around a benchmark command: `python3 wrapper.py [--period 0.5] -- CMD ARGS...`.
+
+Runs inside the benchmark container, so it is one stdlib-only file (Python >= 3.6). It starts the
+command as a child, passes its output and exit code through unchanged, forwards SIGTERM/SIGINT to
+it, samples every visible GPU through NVML every `period` seconds (power, utilisation, memory used,
+SM clock, temperature; energy from NVML's total-energy counter where the GPU has one, else the
+trapezoid integral of power), and prints one final line:
+
+    FLEETBENCH_TELEMETRY {"nvml": true, "energy_source": "measured", "gpus": [...], ...}
+
+Without NVML (no driver, CPU hosts) the line says `"nvml": false` and why. All NVML calls go
+through one small seam (`NvmlSource`); tests drive the sampler with a fake source.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+MARKER = "FLEETBENCH_TELEMETRY "
+# nvidia-ml-py's pynvml shipped next to this file; the image's own pynvml, if any, comes first.
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "fallback"))
+
+
+class NvmlUnavailable(Exception):
+    """NVML cannot be used here (no library, no driver): telemetry says so and the benchmark runs anyway."""
+
+
+class NvmlSource:
+    """The seam: everything fleetbench asks NVML. One instance per process."""
+
+    def __init__(self):
+        try:
+            import pynvml  # nvidia-ml-py's module (the image's own, else the copy mounted next to this file)
+        except ImportError as exc:
+            raise NvmlUnavailable(f"pynvml not importable: {exc}") from None
+        self.nv = pynvml
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            raise NvmlUnavailable(f"nvmlInit failed: {exc}") from None
+        self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+
+    def devices(self) -> list[dict]:
+        out = []
+        for i, h in enumerate(self.handles):
+            name = self.nv.nvmlDeviceGetName(h)
+            uuid = self.nv.nvmlDeviceGetUUID(h)
+            out.append({"index": i, "name": name.decode() if isinstance(name, bytes) else name,
+                        "uuid": uuid.decode() if isinstance(uuid, bytes) else uuid})
+        return out
+
+    def _try(self, fn, *args):
+        try:
+            return fn(*args)
+        except self.nv.NVMLError:  # NotSupported on this GPU, or a transient error: leave the value out
+            return None
+
+    def sample(self, index: int) -> dict:
+        h, nv = self.handles[index], self.nv
+        power = self._try(nv.nvmlDeviceGetPowerUsage, h)
+        util = self._try(nv.nvmlDeviceGetUtilizationRates, h)
+        mem = self._try(nv.nvmlDeviceGetMemoryInfo, h)
+        return {
+            "power_w": power / 1000.0 if power is not None else None,
+            "util_pct": float(util.gpu) if util is not None else None,
+            "mem_used_mib": mem.used / 2**20 if mem is not None else None,
+            "sm_clock_mhz": self._try(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM),
+            "temp_c": self._try(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU),
+        }
+
+    def energy_mj(self, index: int):
+        """Total energy since the driver loaded (mJ), Volta and newer; None where unsupported."""
+        return self._try(self.nv.nvmlDeviceGetTotalEnergyConsumption, self.handles[index])
+
+    def close(self) -> None:
+        self._try(self.nv.nvmlShutdown)
+
+
+class GpuTrack:
+    """Running statistics of one GPU: no sample list is kept, so memory stays flat on long runs."""
+
+    FIELDS = ("power_w", "util_pct", "mem_used_mib", "sm_clock_mhz", "temp_c")
+
+    def __init__(self, device: dict, energy_start_mj):
+        self.device = device
+        self.energy_start_mj = energy_start_mj
+        self.energy_end_mj = None
+        self.n = 0
+        self.sums = dict.fromkeys(self.FIELDS, 0.0)
+        self.counts = dict.fromkeys(self.FIELDS, 0)
+        self.peaks = dict.fromkeys(self.FIELDS)
+        self.trapezoid_j = 0.0
+        self._last = None  # (t, power_w)
+
+    def add(self, t: float, sample: dict) -> None:
+        self.n += 1
+        for key in self.FIELDS:
+            value = sample.get(key)
+            if value is None:
+                continue
+            self.sums[key] += value
+            self.counts[key] += 1
+            if self.peaks[key] is None or value > self.peaks[key]:
+                self.peaks[key] = value
+        power = sample.get("power_w")
+        if power is not None:
+            if self._last is not None:
+                t0, p0 = self._last
+                self.trapezoid_j += (t - t0) * (p0 + power) / 2.0
+            self._last = (t, power)
+
+    def summary(self) -> dict:
+        mean = {k: (self.sums[k] / self.counts[k] if self.counts[k] else None) for k in self.FIELDS}
+        counter_ok = self.energy_start_mj is not None and self.energy_end_mj is not None and self.energy_end_mj >= self.energy_start_mj
+        return {
+            **self.device,
+            "samples": self.n,
+            "mean_power_w": _round(mean["power_w"]),
+            "peak_power_w": _round(self.peaks["power_w"]),
+            "mean_util_pct": _round(mean["util_pct"]),
+            "peak_mem_used_mib": _round(self.peaks["mem_used_mib"]),
+            "mean_sm_clock_mhz": _round(mean["sm_clock_mhz"]),
+            "max_temp_c": self.peaks["temp_c"],
+            "energy_j": _round((self.energy_end_mj - self.energy_start_mj) / 1000.0) if counter_ok else _round(self.trapezoid_j) if self.counts["power_w"] >= 2 else None,
+            "energy_method": "counter" if counter_ok else "trapezoid" if self.counts["power_w"] >= 2 else None,
+        }
+
+
+def _round(value, digits: int = 3):
+    return None if value is None else round(value, digits)
+
+
+class Sampler:
+    """Samples every GPU of `source` every `period_s` seconds on a background thread."""
+
+    def __init__(self, source, period_s: float = 0.5, clock=time.monotonic):
+        self.source = source
+        self.period_s = period_s
+        self.clock = clock
+        self.tracks = [GpuTrack(d, source.energy_mj(d["index"])) for d in source.devices()]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="fleetbench-telemetry", daemon=True)
+        self.started = self.stopped = None
+        self.cpu_s = 0.0
+
+    def sample_once(self) -> None:
+        t = self.clock()
+        for track in self.tracks:
+            track.add(t, self.source.sample(track.device["index"]))
+
+    def _loop(self) -> None:
+        cpu0 = time.thread_time()
+        next_t = self.clock()
+        while not self._stop.is_set():
+            self.sample_once()
+            next_t += self.period_s
+            self._stop.wait(max(0.0, next_t - self.clock()))
+        self.cpu_s = time.thread_time() - cpu0
+
+    def start(self) -> "Sampler":
+        self.started = self.clock()
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._thread.join()
+        self.sample_once()  # the last point closes the power integral at the command's end
+        self.stopped = self.clock()
+        for track in self.tracks:
+            track.energy_end_mj = self.source.energy_mj(track.device["index"])
+        return self.summary()
+
+    def summary(self) -> dict:
+        gpus = [t.summary() for t in self.tracks]
+        energies = [g["energy_j"] for g in gpus]
+        now = self.clock()
+        wall = (now if self.stopped is None else self.stopped) - (now if self.started is None else self.started)
+        return {
+            "nvml": True,
+            "energy_source": "measured" if gpus and all(e is not None for e in energies) else "none",
+            "period_s": self.period_s,
+            "duration_s": _round(wall),
+            "energy_j": _round(sum(energies)) if gpus and all(e is not None for e in energies) else None,
+            "mean_power_w": _round(sum(g["mean_power_w"] or 0.0 for g in gpus)) if gpus else None,
+            "peak_mem_used_mib": _round(max((g["peak_mem_used_mib"] or 0.0) for g in gpus)) if gpus else None,
+            "sampler_cpu_s": _round(self.cpu_s, 4),
+            "gpus": gpus,
+        }
+
+
+def run(command: list[str], period_s: float, source_factory=NvmlSource) -> int:
+    """Run `command` under telemetry; returns its exit code (128 + signal when a signal ended it)."""
+    try:
+        source = source_factory()
+        sampler = Sampler(source, period_s).start()
+        unavailable = None
+    except NvmlUnavailable as exc:
+        source = sampler = None
+        unavailable = str(exc)
+    try:
+        child = subprocess.Popen(command)
+    except OSError as exc:
+        print(f"fleetbench telemetry: cannot start {command[0]!r}: {exc}", file=sys.stderr, flush=True)
+        code = 127
+        child = None
+    if child is not None:
+        def forward(signum, _frame):
+            if child.poll() is None:
+                child.send_signal(signum)
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, forward)
+        code = child.wait()
+        code = 128 - code if code < 0 else code
+    if sampler is not None:
+        report = sampler.stop()
+        source.close()
+    else:
+        report = {"nvml": False, "reason": unavailable, "energy_source": "none", "gpus": []}
+    sys.stdout.flush()
+    print(MARKER + json.dumps(report, separators=(",", ":")), flush=True)
+    return code
+
+
+def parse_report(text: str):
+    """The last telemetry line of a log, as a dict (None when there is none or it is cut)."""
+    for line in reversed(text.splitlines()):
+        at = line.find(MARKER)
+        if at >= 0:
+            try:
+                return json.loads(line[at + len(MARKER):])
+            except ValueError:
+                return None
+    return None
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    period = float(os.environ.get("FLEETBENCH_TELEMETRY_PERIOD", "0.5"))
+    if argv[:1] == ["--period"] and len(argv) >= 2:
+        period = float(argv[1])
+        argv = argv[2:]
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv or period <= 0:
+        print("usage: wrapper.py [--period SECONDS] -- COMMAND [ARGS...]", file=sys.stderr)
+        return 2
+    return run(argv, period)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

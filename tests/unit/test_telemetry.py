@@ -1,0 +1,147 @@
+"""The telemetry sampler through its NVML seam, with a fake GPU source (no NVML on this machine)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from fleetbench.telemetry import parse_report, wrap_command
+from fleetbench.telemetry import wrapper as tw
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+class FakeGpus:
+    """Two GPUs: GPU 0 has an energy counter (Volta+), GPU 1 has none (older: NotSupported)."""
+
+    def __init__(self, clock, powers=(100.0, 300.0)):
+        self.clock = clock
+        self.powers = powers
+        self.closed = False
+
+    def devices(self):
+        return [{"index": 0, "name": "NVIDIA A100-SXM4-40GB", "uuid": "GPU-0"},
+                {"index": 1, "name": "Tesla P100", "uuid": "GPU-1"}]
+
+    def sample(self, index):
+        t = self.clock()
+        power = self.powers[0] + (self.powers[1] - self.powers[0]) * min(t / 10.0, 1.0)  # ramps over 10 s
+        return {"power_w": power, "util_pct": 50.0 + index, "mem_used_mib": 1000.0 * (1 + t), "sm_clock_mhz": 1410,
+                "temp_c": 40 + int(t)}
+
+    def energy_mj(self, index):
+        if index == 1:
+            return None
+        t = self.clock()  # exact integral of the ramp, in mJ
+        return 1000.0 * (self.powers[0] * t + (self.powers[1] - self.powers[0]) * t * t / 20.0)
+
+    def close(self):
+        self.closed = True
+
+
+def test_energy_from_counter_and_from_trapezoid():
+    clock = FakeClock()
+    sampler = tw.Sampler(FakeGpus(clock), period_s=0.5, clock=clock)
+    sampler.started = 0.0
+    for i in range(21):  # 0 .. 10 s every 0.5 s
+        clock.t = i * 0.5
+        sampler.sample_once()
+    sampler.stopped = clock.t
+    for track in sampler.tracks:
+        track.energy_end_mj = sampler.source.energy_mj(track.device["index"])
+    report = sampler.summary()
+    gpu0, gpu1 = report["gpus"]
+    # The ramp 100 W -> 300 W over 10 s is 2000 J exactly; the trapezoid of a linear ramp is exact too.
+    assert (gpu0["energy_method"], gpu0["energy_j"]) == ("counter", 2000.0)
+    assert (gpu1["energy_method"], gpu1["energy_j"]) == ("trapezoid", 2000.0)
+    assert gpu0["mean_power_w"] == 200.0 and gpu0["peak_power_w"] == 300.0
+    assert gpu0["peak_mem_used_mib"] == 11000.0 and gpu0["max_temp_c"] == 50
+    assert gpu1["mean_util_pct"] == 51.0 and gpu0["samples"] == 21
+    assert report["energy_source"] == "measured" and report["energy_j"] == 4000.0
+    assert report["mean_power_w"] == 400.0 and report["duration_s"] == 10.0
+
+
+def test_missing_values_are_left_out_not_zeroed():
+    clock = FakeClock()
+
+    class Partial(FakeGpus):
+        def sample(self, index):
+            return {"power_w": None, "util_pct": None, "mem_used_mib": 5.0, "sm_clock_mhz": None, "temp_c": None}
+
+        def energy_mj(self, index):
+            return None
+
+    sampler = tw.Sampler(Partial(clock), period_s=0.5, clock=clock)
+    sampler.sample_once()
+    report = sampler.summary()
+    assert report["energy_source"] == "none" and report["energy_j"] is None
+    assert report["gpus"][0]["mean_power_w"] is None and report["gpus"][0]["energy_method"] is None
+
+
+def test_sampler_thread_samples_at_its_period():
+    clock_source = FakeGpus(lambda: 0.0)
+    sampler = tw.Sampler(clock_source, period_s=0.05).start()
+    import time
+
+    time.sleep(0.5)
+    report = sampler.stop()
+    assert 6 <= report["gpus"][0]["samples"] <= 14  # ~10 periods plus the closing sample
+    assert report["sampler_cpu_s"] < 0.25
+
+
+def test_run_passes_output_and_exit_code_through(capfd):
+    clock = FakeClock()
+    code = tw.run([sys.executable, "-c", "print('bench says hi'); raise SystemExit(3)"], 0.05,
+                  source_factory=lambda: FakeGpus(clock))
+    out = capfd.readouterr().out
+    assert code == 3
+    assert out.splitlines()[0] == "bench says hi"
+    report = parse_report(out)
+    assert report["nvml"] is True and len(report["gpus"]) == 2
+
+
+def test_without_nvml_it_says_why(capfd):
+    def unavailable():
+        raise tw.NvmlUnavailable("nvmlInit failed: NVML Shared Library Not Found")
+
+    code = tw.run([sys.executable, "-c", "pass"], 0.5, source_factory=unavailable)
+    report = parse_report(capfd.readouterr().out)
+    assert code == 0
+    assert report == {"nvml": False, "reason": "nvmlInit failed: NVML Shared Library Not Found",
+                      "energy_source": "none", "gpus": []}
+
+
+def test_real_nvml_source_fails_cleanly_on_this_machine():
+    """No GPU driver here: the real seam raises NvmlUnavailable (on a GPU machine it opens the GPUs)."""
+    try:
+        source = tw.NvmlSource()
+    except tw.NvmlUnavailable as exc:
+        assert "nvmlInit failed" in str(exc) or "pynvml" in str(exc)
+    else:  # a machine with a driver
+        assert source.devices()
+        source.close()
+
+
+def test_signal_death_becomes_128_plus_signal(capfd):
+    code = tw.run([sys.executable, "-c", "import os; os.abort()"], 0.5,
+                  source_factory=lambda: (_ for _ in ()).throw(tw.NvmlUnavailable("none")))
+    assert code == 134
+
+
+def test_cli_usage_and_report_parsing():
+    proc = subprocess.run([sys.executable, tw.__file__], capture_output=True, text=True)
+    assert proc.returncode == 2 and "usage" in proc.stderr
+    assert parse_report("noise\nFLEETBENCH_TELEMETRY {\"nvml\": false}\n") == {"nvml": False}
+    assert parse_report("FLEETBENCH_TELEMETRY {cut") is None and parse_report("") is None
+    assert wrap_command(["python3", "b.py"], 0.5) == ["python3", "/opt/fleetbench-telemetry/wrapper.py", "--period", "0.5",
+                                                      "--", "python3", "b.py"]
+    json.dumps(parse_report('x FLEETBENCH_TELEMETRY {"a": 1}'))
