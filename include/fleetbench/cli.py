@@ -4,6 +4,7 @@
     fleetbench results [--format table|json|csv] [--run-id ID] [--dag-id ID]
     fleetbench parse [--format auto|tf_cnn_benchmarks|horovod_synthetic] FILE...
     fleetbench host-check (--facts DIR | --local [--docker-url URL]) [--image-cuda X.Y] [--gpus N]
+    fleetbench pools export [--config FILE]
     fleetbench db upgrade
 
 User mistakes end with a one-line message naming what is wrong and exit code 2, never a traceback.
@@ -107,30 +108,58 @@ def _parse(args: argparse.Namespace) -> int:
 
 
 def _host_check(args: argparse.Namespace) -> int:
+    import contextlib
     import os
+    import re
     import tempfile
 
-    from fleetbench.hosts import HostNeeds, LocalRunner, facts_from_dir, gather, host_check
+    from fleetbench.hosts import HostNeeds, LocalRunner, facts_from_dir, gather, gpu_smoke_probe, has_probe_outputs, host_check
 
-    if args.image_cuda is not None and not all(p.isdigit() for p in args.image_cuda.split(".")):
+    if args.image_cuda is not None and not re.fullmatch(r"\d+\.\d+", args.image_cuda):
         raise UsageError(f"--image-cuda must look like 12.1, got {args.image_cuda!r}")
     if args.gpus < 0:
         raise UsageError(f"--gpus must be >= 0, got {args.gpus}")
+    if args.min_free_gb < 0:
+        raise UsageError(f"--min-free-gb must be >= 0, got {args.min_free_gb}")
+    if args.gpu_smoke_image is not None:
+        if args.facts:
+            raise UsageError("--gpu-smoke-image runs a container: use it with --local or --ssh, not --facts")
+        try:
+            gpu_smoke_probe(args.gpu_smoke_image)
+        except ValueError as exc:
+            raise UsageError(f"--gpu-smoke-image: {exc}") from None
     if args.facts:
         folder = Path(args.facts)
         if not folder.is_dir():
             raise UsageError(f"--facts {args.facts}: not a folder")
+        if not has_probe_outputs(folder):
+            raise UsageError(f"--facts {args.facts}: no probe outputs in it (uname-r.txt, nvidia-smi.txt, docker-info.json, ...)")
     else:
         folder = Path(args.save or tempfile.mkdtemp(prefix="fleetbench-facts-"))
         if args.local:
             env = {**os.environ, **({"DOCKER_HOST": args.docker_url} if args.docker_url else {})}
-            gather(LocalRunner(env=env), folder)
+            runner = LocalRunner(env=env)
         else:
             from fleetbench.hosts.ssh import SSHRunner
 
-            gather(SSHRunner(args.ssh), folder)
-    result = host_check(facts_from_dir(folder), HostNeeds(gpus=args.gpus, image_cuda=args.image_cuda))
-    print(json.dumps(result, indent=2))
+            runner = SSHRunner(args.ssh)
+        with contextlib.redirect_stdout(sys.stderr):  # the SSH provider logs to stdout, which is for the JSON
+            gather(runner, folder, gpu_smoke_image=args.gpu_smoke_image)
+    needs = HostNeeds(gpus=args.gpus, image_cuda=args.image_cuda, min_free_bytes=int(args.min_free_gb * 1024**3))
+    print(json.dumps(host_check(facts_from_dir(folder), needs), indent=2))
+    return 0
+
+
+def _pools_export(args: argparse.Namespace) -> int:
+    from fleetbench.airflow.pipeline import pools
+    from fleetbench.config import ConfigError, load_config
+    from fleetbench.paths import default_config_path
+
+    try:
+        cfg = load_config(args.config or default_config_path())
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    print(json.dumps(pools(cfg), indent=2))
     return 0
 
 
@@ -174,7 +203,15 @@ def build_parser() -> argparse.ArgumentParser:
     hc.add_argument("--save", help="keep the probe outputs in this folder")
     hc.add_argument("--image-cuda", help="CUDA version the image needs, e.g. 12.1")
     hc.add_argument("--gpus", type=int, default=0, help="GPUs the host's cases need")
+    hc.add_argument("--min-free-gb", type=float, default=2.0, help="free space Docker's data root must have")
+    hc.add_argument("--gpu-smoke-image", metavar="IMAGE",
+                    help="with --local/--ssh: run `docker run --rm --gpus all IMAGE nvidia-smi -L`")
     hc.set_defaults(func=_host_check)
+
+    pools_cmd = sub.add_parser("pools", help="Airflow pools of the fleet").add_subparsers(dest="pools_command", required=True)
+    export = pools_cmd.add_parser("export", help="print `airflow pools import` JSON: one single-slot pool per host")
+    export.add_argument("--config", help="fleet config (default: FLEETBENCH_CONFIG or include/config/fleet.yaml)")
+    export.set_defaults(func=_pools_export)
 
     db = sub.add_parser("db", help="warehouse maintenance").add_subparsers(dest="db_command", required=True)
     up = db.add_parser("upgrade", help="migrate the warehouse schema")

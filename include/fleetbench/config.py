@@ -74,6 +74,10 @@ class HostSpec(_Model):
     docker_url: str = Field("unix:///var/run/docker.sock", pattern=DOCKER_URL_PATTERN)
     price_per_gpu_hour: float | None = Field(None, ge=0)
     tags: list[Name] = []
+    # Host validation: free space Docker's data root must have, and the image of the GPU smoke
+    # container (`docker run --gpus all IMAGE nvidia-smi -L`; default: the host's first benchmark image).
+    min_free_gb: float = Field(2.0, ge=0)
+    gpu_smoke_image: str | None = Field(None, pattern=IMAGE_REF_PATTERN)
 
 
 # Paths for the bake step: a project path under include/ (copied from), an absolute container path (copied to).
@@ -173,6 +177,8 @@ class BenchmarkSpec(_Model):
     hosts: list[Name] | None = None
     extra_args: list[Annotated[str, Field(pattern=r"^--[A-Za-z0-9_]+=[A-Za-z0-9_.,:/-]*$")]] = []
     container: ContainerSpec | None = None  # None: NGC's flags for GPU cases, plain defaults for CPU cases
+    # GPU sampling period of the in-container telemetry wrapper (needs python3 in the image); 0 turns it off.
+    telemetry_period_s: float = Field(0.5, ge=0, le=60)
 
     def container_settings(self) -> ContainerSpec:
         if self.container is not None:
