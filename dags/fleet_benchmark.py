@@ -15,12 +15,13 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pendulum
-from airflow.sdk import DAG, TaskGroup, TriggerRule, get_current_context, task
+from airflow.sdk import DAG, Param, TaskGroup, TriggerRule, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException
 
 from fleetbench.airflow import pipeline
 from fleetbench.airflow.operators import BenchmarkCaseOperator
 from fleetbench.config import load_config
+from fleetbench.params import param_specs
 from fleetbench.paths import default_config_path
 
 CONFIG = load_config(default_config_path())
@@ -42,6 +43,8 @@ with DAG(
     tags=["fleetbench", "benchmark"],
     default_args={"retries": 1, "retry_delay": timedelta(seconds=15)},
     doc_md=__doc__,
+    params={name: Param(spec["default"], title=spec["title"], description=spec["description"], **spec["schema"])
+            for name, spec in param_specs(CONFIG).items()},
 ) as dag:
 
     @task(retries=0)
@@ -52,7 +55,7 @@ with DAG(
         run = {"dag_id": dag_run.dag_id, "run_id": dag_run.run_id,
                "logical_date": logical_date.isoformat() if logical_date else None,
                "run_type": str(getattr(dag_run.run_type, "value", dag_run.run_type))}
-        return pipeline.make_plan(run)
+        return pipeline.make_plan(run, params=dict(ctx["params"]))
 
     @task(retries=0)
     def fleet_hosts(the_plan: dict) -> list[dict]:
@@ -62,6 +65,11 @@ with DAG(
     def validate_host(host: dict, the_plan: dict) -> dict:
         get_current_context()["host_name"] = host["name"]
         return pipeline.validate_host(host, the_plan["run"])
+
+    @task.short_circuit(retries=0)
+    def proceed(the_plan: dict, validations: list[dict]) -> bool:
+        """A dry run ends here: plan and host verdicts logged, nothing pulled, run or stored."""
+        return pipeline.proceed(the_plan, items(validations))
 
     @task(map_index_template="{{ host_name }}")
     def prepare_image(host: dict, validations: list[dict]) -> dict:
@@ -89,7 +97,9 @@ with DAG(
     p = plan()
     hosts = fleet_hosts(p)
     validations = validate_host.partial(the_plan=p).expand(host=hosts)
+    go = proceed(p, validations)
     prepared = prepare_image.partial(validations=validations).expand(host=hosts)
+    go >> prepared
     outcomes = []
     for host in CONFIG.hosts:
         with TaskGroup(group_id=f"host_{host.name}", tooltip=f"cases on {host.name}"):

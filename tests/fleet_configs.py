@@ -28,14 +28,14 @@ def write_config(path: Path, config: dict) -> Path:
     return path
 
 
-def run_fleet_dag(monkeypatch, config_path: Path):
+def run_fleet_dag(monkeypatch, config_path: Path, run_conf: dict | None = None):
     """Parse dags/ with `config_path` as the fleet config and run fleet_benchmark once with dag.test()."""
     monkeypatch.setenv("FLEETBENCH_CONFIG", str(config_path))
     from airflow.dag_processing.dagbag import DagBag
 
     bag = DagBag(dag_folder=str(Path(__file__).resolve().parents[1] / "dags"))
     assert not bag.import_errors, bag.import_errors
-    return bag.get_dag("fleet_benchmark").test()
+    return bag.get_dag("fleet_benchmark").test(run_conf=run_conf)
 
 
 def containers_of(docker_api, run_id: str) -> list[dict]:

@@ -42,10 +42,15 @@ def run_token(dag_id: str, run_id: str) -> str:
 
 
 # -- plan -------------------------------------------------------------------------------------
-def make_plan(run: dict, config_path: str | None = None) -> dict:
-    """Read the fleet config and expand the run's cases. `run` holds dag_id, run_id, logical_date, run_type."""
+def make_plan(run: dict, config_path: str | None = None, params: dict | None = None) -> dict:
+    """Read the fleet config, apply the run's parameters, expand the cases.
+
+    `run` holds dag_id, run_id, logical_date, run_type. The plan is logged as a table (what a dry run shows).
+    """
+    from fleetbench.params import apply_params
+
     path = Path(config_path or default_config_path())
-    cfg = load_config(path)
+    cfg = apply_params(load_config(path), params)
     cases = expand_cases(cfg)
     if not cases:
         raise ValueError(f"{path}: the plan has no cases (check benchmarks[*].hosts)")
@@ -61,13 +66,34 @@ def make_plan(run: dict, config_path: str | None = None) -> dict:
             "needs": {"gpus": max(c.num_gpus for c in host_cases), "image_cuda": max(cudas, key=_vkey) if cudas else None},
             "images": [cfg.image(n).model_dump(mode="json") for n in image_names],
         })
-    log.info("plan: %d case(s) on %d host(s) from %s", len(cases), len(hosts), path)
+    log.info("plan: %d case(s) on %d host(s) from %s%s\n%s", len(cases), len(hosts), path,
+             " (dry run: nothing will be pulled, run or stored)" if (params or {}).get("dry_run") else "",
+             plan_table([c.to_dict() for c in cases]))
     return {
         "run": {**run, "fleet": cfg.fleet.name, "config_digest": cfg.digest(), "config_path": str(path),
-                "started_at": datetime.now(timezone.utc).isoformat(), "fleetbench_version": __version__},
+                "started_at": datetime.now(timezone.utc).isoformat(), "fleetbench_version": __version__,
+                "dry_run": bool((params or {}).get("dry_run")), "params": params or {}},
         "hosts": hosts,
         "cases": [c.to_dict() for c in cases],
     }
+
+
+def plan_table(cases: list[dict]) -> str:
+    head = ("host", "case_key", "image", "command")
+    rows = [head] + [(c["host"], c["case_key"], c["image"], " ".join(c["command"])) for c in cases]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(r[:3], widths)) + "  " + r[3] for r in rows)
+
+
+def proceed(plan: dict, validations: list[dict]) -> bool:
+    """False for a dry run: log the verdicts and stop before anything is pulled or run."""
+    if not plan["run"].get("dry_run"):
+        return True
+    for v in validations:
+        if v:
+            log.info("dry run: host %s is %s%s", v["host"], v["verdict"], f" ({v['reasons']})" if v["reasons"] else "")
+    log.info("dry run: %d case(s) planned; stopping here", len(plan["cases"]))
+    return False
 
 
 def _vkey(version: str) -> tuple[int, ...]:

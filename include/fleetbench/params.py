@@ -1,0 +1,94 @@
+"""Trigger parameters of fleet_benchmark: their JSON schema (for Airflow's trigger form, checked at
+trigger time) and how they narrow or override the fleet config for one run.
+
+Nothing from a parameter reaches a command line unless it passes the schema here (enums of the
+config's host and model names, strict patterns) and then the fleet config's own validation again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleetbench.config import IMAGE_REF_PATTERN, NAME_PATTERN, ConfigError, FleetConfig, parse_config
+
+DEFAULTS: dict[str, Any] = {
+    "hosts": [], "models": [], "batch_sizes": [], "num_gpus": [], "image": None, "num_batches": None, "dry_run": False,
+}
+
+
+def param_specs(cfg: FleetConfig) -> dict[str, dict]:
+    """name -> {default, schema, title, description}; the DAG wraps each in `airflow.sdk.Param`."""
+    hosts = [h.name for h in cfg.hosts]
+    models = sorted({m for b in cfg.benchmarks for m in b.models})
+    return {
+        "hosts": {"default": [], "title": "Hosts", "description": "Run only these hosts (empty: every host).",
+                  "schema": {"type": "array", "uniqueItems": True,
+                             "items": {"type": "string", "pattern": NAME_PATTERN, "enum": hosts}}},
+        "models": {"default": [], "title": "Models", "description": "Run only these models (empty: every model).",
+                   "schema": {"type": "array", "uniqueItems": True,
+                              "items": {"type": "string", "pattern": NAME_PATTERN, "enum": models}}},
+        "batch_sizes": {"default": [], "title": "Batch sizes per device",
+                        "description": "Run these batch sizes instead of the configured ones (empty: as configured).",
+                        "schema": {"type": "array", "uniqueItems": True, "items": {"type": "integer", "minimum": 1, "maximum": 65536}}},
+        "num_gpus": {"default": [], "title": "GPU counts",
+                     "description": "Run GPU benchmarks with these GPU counts (empty: as configured).",
+                     "schema": {"type": "array", "uniqueItems": True, "items": {"type": "integer", "minimum": 1, "maximum": 64}}},
+        "image": {"default": None, "title": "Image override",
+                  "description": "Run every benchmark with this image reference instead of the configured one.",
+                  "schema": {"type": ["null", "string"], "pattern": IMAGE_REF_PATTERN, "maxLength": 500}},
+        "num_batches": {"default": None, "title": "Number of batches",
+                        "description": "Override num_batches for every benchmark.",
+                        "schema": {"type": ["null", "integer"], "minimum": 1, "maximum": 1000000}},
+        "dry_run": {"default": False, "title": "Dry run",
+                    "description": "Validate the hosts and print the plan; pull and run nothing, store nothing.",
+                    "schema": {"type": "boolean"}},
+    }
+
+
+def apply_params(cfg: FleetConfig, params: dict | None, source: str = "params") -> FleetConfig:
+    """The fleet config narrowed and overridden by a run's parameters, validated again as a whole.
+
+    Raises ConfigError naming the parameter and the value (unknown host or model, bad values).
+    """
+    params = {**DEFAULTS, **{k: v for k, v in (params or {}).items() if v is not None or k in ("image", "num_batches")}}
+    unknown = sorted(set(params) - set(DEFAULTS))
+    errors = [f"{name}: unknown parameter" for name in unknown]
+    known_hosts = {h.name for h in cfg.hosts}
+    known_models = {m for b in cfg.benchmarks for m in b.models}
+    for name, known, what in (("hosts", known_hosts, "host"), ("models", known_models, "model")):
+        for i, value in enumerate(params[name] or []):
+            if value not in known:
+                errors.append(f"{name}[{i}]: unknown {what} {value!r} (known: {', '.join(sorted(known))})")
+    if errors:
+        raise ConfigError(source, errors)
+
+    data = cfg.model_dump(mode="json", by_alias=True, exclude_none=True)
+    if params["hosts"]:
+        data["hosts"] = [h for h in data["hosts"] if h["name"] in params["hosts"]]
+    benchmarks = []
+    for bench in data["benchmarks"]:
+        if bench.get("hosts") is not None:
+            bench["hosts"] = [h for h in bench["hosts"] if h in {x["name"] for x in data["hosts"]}]
+            if not bench["hosts"]:
+                continue
+        if params["models"]:
+            bench["models"] = [m for m in bench["models"] if m in params["models"]]
+            if not bench["models"]:
+                continue
+        if params["batch_sizes"]:
+            bench["batch_sizes"] = list(params["batch_sizes"])
+        if params["num_gpus"] and bench.get("device", "gpu") == "gpu":
+            bench["num_gpus"] = list(params["num_gpus"])
+        if params["num_batches"] is not None:
+            bench["num_batches"] = params["num_batches"]
+        benchmarks.append(bench)
+    if not benchmarks:
+        raise ConfigError(source, ["no benchmark is left after applying hosts and models"])
+    data["benchmarks"] = benchmarks
+    if params["image"]:
+        for image in data["images"]:
+            image["ref"] = params["image"]
+    try:
+        return parse_config(data, source)
+    except ConfigError as exc:
+        raise ConfigError(source, [f"after applying the run's parameters: {e}" for e in exc.errors]) from None

@@ -1,0 +1,75 @@
+"""Trigger parameters: the schema Airflow checks at trigger time, and how they narrow the config."""
+
+from __future__ import annotations
+
+import jsonschema
+import pytest
+
+from fleetbench.config import ConfigError, parse_config
+from fleetbench.params import apply_params, param_specs
+from fleetbench.plan import expand_cases
+
+
+def cfg():
+    return parse_config({
+        "hosts": [{"name": "gpu-01"}, {"name": "gpu-02"}],
+        "images": [{"name": "tf1", "ref": "nvcr.io/nvidia/tensorflow:23.03-tf1-py3", "command": ["python", "tf_cnn_benchmarks.py"]}],
+        "benchmarks": [{"name": "cnn", "image": "tf1", "models": ["resnet50", "vgg16"], "batch_sizes": [32, 64],
+                        "num_gpus": [1, 2]},
+                       {"name": "cpu", "image": "tf1", "device": "cpu", "models": ["trivial"], "batch_sizes": [8],
+                        "num_gpus": [0], "hosts": ["gpu-02"]}],
+    })
+
+
+def validate(params: dict) -> None:
+    """What Airflow does with the trigger form's values (jsonschema on each Param)."""
+    for name, spec in param_specs(cfg()).items():
+        jsonschema.validate(params.get(name, spec["default"]), spec["schema"])
+
+
+def test_defaults_validate_and_change_nothing():
+    validate({})
+    assert expand_cases(apply_params(cfg(), {})) == expand_cases(cfg())
+
+
+@pytest.mark.parametrize("params", [
+    {"models": ["resnet50; rm -rf /"]},
+    {"models": ["inception3"]},           # not in the config
+    {"hosts": ["gpu-99"]},
+    {"hosts": ["$(reboot)"]},
+    {"batch_sizes": [0]},
+    {"batch_sizes": ["64"]},
+    {"num_gpus": [0]},
+    {"image": "evil image; rm"},
+    {"num_batches": -5},
+    {"dry_run": "yes"},
+])
+def test_bad_values_are_refused_at_trigger_time(params):
+    with pytest.raises(jsonschema.ValidationError):
+        validate(params)
+
+
+def test_unknown_names_are_refused_again_at_run_time():
+    with pytest.raises(ConfigError) as info:
+        apply_params(cfg(), {"models": ["resnet50", "resnet50; rm -rf /"], "hosts": ["gpu-99"]})
+    assert info.value.errors == [
+        "hosts[0]: unknown host 'gpu-99' (known: gpu-01, gpu-02)",
+        "models[1]: unknown model 'resnet50; rm -rf /' (known: resnet50, trivial, vgg16)"]
+    with pytest.raises(ConfigError, match="after applying the run's parameters: images\\[0\\].ref: must match"):
+        apply_params(cfg(), {"image": "bad ref; rm"})
+
+
+def test_subset_and_overrides():
+    narrowed = apply_params(cfg(), {"hosts": ["gpu-01"], "models": ["vgg16"], "batch_sizes": [128],
+                                    "num_gpus": [4], "num_batches": 20, "image": "127.0.0.1:5000/tf:new"})
+    cases = expand_cases(narrowed)
+    assert [(c.host, c.case_key) for c in cases] == [("gpu-01", "cnn.vgg16.bs128.g4.parameter_server")]
+    assert "--num_batches=20" in cases[0].command
+    assert narrowed.images[0].ref == "127.0.0.1:5000/tf:new"
+
+
+def test_benchmarks_emptied_by_the_subset_drop_out():
+    cases = expand_cases(apply_params(cfg(), {"hosts": ["gpu-02"], "models": ["trivial"]}))
+    assert [(c.host, c.model, c.num_gpus) for c in cases] == [("gpu-02", "trivial", 0)]
+    with pytest.raises(ConfigError, match="no benchmark is left"):
+        apply_params(cfg(), {"hosts": ["gpu-01"], "models": ["trivial"]})
