@@ -32,6 +32,7 @@ services:
 test-services: services
 	@bash scripts/ensure-postgres.sh
 	@bash scripts/ensure-sshd.sh
+	@bash scripts/ensure-registry-auth.sh
 
 images: services
 	@bash include/images/cpu-smoke/build.sh

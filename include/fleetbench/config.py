@@ -43,6 +43,8 @@ class FleetSettings(_Model):
     name: Name = "fleet"
     timezone: str = "UTC"
     schedule: str | None = "0 2 * * *"
+    # Grid carbon intensity (gCO2e per kWh) for the optional carbon metric; None: no carbon figures.
+    carbon_g_per_kwh: float | None = Field(None, ge=0)
 
     @field_validator("timezone")
     @classmethod

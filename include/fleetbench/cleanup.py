@@ -1,0 +1,209 @@
+"""Maintenance: remove stopped containers and superseded baked images that fleetbench created.
+
+"Labelled `org.fleetbench.managed=true`" is not enough to tell: labels are inherited. Every image
+built from fleetbench's base or smoke image carries that label, and so does every container
+started from one, whoever started it. So the rules look for marks only fleetbench sets:
+
+- a container is fleetbench's when it has a *creator mark* that it did not inherit from its image:
+  `org.fleetbench.run_id` (benchmark cases) or a non-empty `org.fleetbench.bake.step` (bake setup
+  containers), with a value different from the image's label of that name. Only stopped ones
+  (created, exited, dead) older than the container age limit are removed.
+- an image is a fleetbench bake when it has kind=baked, its bake.inputs label, and one of its tags
+  is the deterministic bake tag `[registry/]fleetbench/<name>:<...>-<inputs[:12]>` (an image built
+  FROM a baked image inherits the labels, not the tag). Per image name, the one tagged
+  `fleetbench/<name>:current` (else the newest) is kept; the others are *superseded* and removed
+  when older than the image age limit and not used by any container.
+
+`scope` narrows everything to objects carrying all the given labels (one DAG's, one test's).
+The decisions are pure functions over the engine's listings (`plan_cleanup`), so they are tested
+without an engine; `clean_engine` gathers the listings and removes.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+
+import docker
+from docker.errors import APIError, NotFound
+
+log = logging.getLogger(__name__)
+
+LABEL = "org.fleetbench"
+CREATOR_MARKS = (f"{LABEL}.run_id", f"{LABEL}.bake.step")
+STOPPED = ("created", "exited", "dead")
+
+
+@dataclass
+class CleanupReport:
+    removed_containers: list[dict] = field(default_factory=list)  # {id, name, reason}
+    removed_images: list[dict] = field(default_factory=list)  # {id, tags, reason}
+    kept: list[dict] = field(default_factory=list)  # fleetbench objects left in place, with the reason
+    errors: list[str] = field(default_factory=list)
+    dry_run: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _labels(obj: dict | None) -> dict:
+    return (obj or {}).get("Labels") or {}
+
+
+def in_scope(labels: dict, scope: dict[str, str] | None) -> bool:
+    return all(labels.get(k) == v for k, v in (scope or {}).items())
+
+
+def created_by_fleetbench(container_labels: dict, image_labels: dict) -> bool:
+    """True when the container carries a creator mark it did not inherit from its image."""
+    if container_labels.get(f"{LABEL}.managed") != "true":
+        return False
+    return any(container_labels.get(k) and container_labels.get(k) != image_labels.get(k) for k in CREATOR_MARKS)
+
+
+def bake_tag_of(image: dict) -> str | None:
+    """The image's deterministic bake tag, when it is a fleetbench bake (see module doc)."""
+    labels = _labels(image)
+    name, inputs = labels.get(f"{LABEL}.image"), labels.get(f"{LABEL}.bake.inputs")
+    if labels.get(f"{LABEL}.kind") != "baked" or labels.get(f"{LABEL}.managed") != "true" or not name or not inputs:
+        return None
+    pattern = re.compile(rf"^(.+/)?fleetbench/{re.escape(name.lower())}:.+-{re.escape(inputs[:12])}$")
+    return next((t for t in image.get("RepoTags") or [] if pattern.match(t)), None)
+
+
+def plan_cleanup(containers: list[dict], images: list[dict], now: float, container_max_age_s: float,
+                 image_max_age_s: float, scope: dict[str, str] | None = None) -> tuple[list[dict], list[dict], list[dict]]:
+    """Decide what to remove. Pure: takes listings, returns (containers, images, kept) with reasons.
+
+    `containers`: dicts with Id, Names, State, Labels, ImageID, ImageLabels (the image's labels, added
+    by the caller) and Age (seconds since it stopped, or since it was created if it never ran).
+    `images`: the engine's image list entries (Id, RepoTags, Labels, Created).
+    """
+    remove_c, remove_i, kept = [], [], []
+    for c in containers:
+        if not in_scope(_labels(c), scope) or not created_by_fleetbench(_labels(c), c.get("ImageLabels") or {}):
+            continue
+        name = (c.get("Names") or ["?"])[0].lstrip("/")
+        if c.get("State") not in STOPPED:
+            kept.append({"id": c["Id"], "name": name, "reason": f"container is {c.get('State')}"})
+        elif c["Age"] < container_max_age_s:
+            kept.append({"id": c["Id"], "name": name, "reason": f"stopped {c['Age']:.0f} s ago, younger than {container_max_age_s:.0f} s"})
+        else:
+            remove_c.append({"id": c["Id"], "name": name, "reason": f"stopped fleetbench container, {c['Age']:.0f} s old"})
+    removed = {c["id"] for c in remove_c}
+    in_use = {c.get("ImageID"): (c.get("Names") or ["?"])[0].lstrip("/") for c in containers if c["Id"] not in removed}
+
+    baked: dict[str, list[dict]] = {}
+    for img in images:
+        if bake_tag_of(img) and in_scope(_labels(img), scope):
+            baked.setdefault(_labels(img)[f"{LABEL}.image"].lower(), []).append(img)
+    for name, group in baked.items():
+        current_tag = f"fleetbench/{name}:current"
+        current = next((i for i in group if current_tag in (i.get("RepoTags") or [])), None)
+        current = current or max(group, key=lambda i: i.get("Created", 0))
+        for img in group:
+            tags = sorted(img.get("RepoTags") or [])
+            age = now - img.get("Created", now)
+            if img is current:
+                kept.append({"id": img["Id"], "tags": tags, "reason": f"current bake of {name}"})
+            elif img["Id"] in in_use:
+                kept.append({"id": img["Id"], "tags": tags, "reason": f"superseded but used by container {in_use[img['Id']]}"})
+            elif age < image_max_age_s:
+                kept.append({"id": img["Id"], "tags": tags, "reason": f"superseded {age:.0f} s old, younger than {image_max_age_s:.0f} s"})
+            else:
+                remove_i.append({"id": img["Id"], "tags": tags, "reason": f"superseded bake of {name}, {age:.0f} s old"})
+    return remove_c, remove_i, kept
+
+
+def _age_s(api: docker.APIClient, c: dict, now: float) -> float:
+    state = api.inspect_container(c["Id"]).get("State") or {}
+    finished = state.get("FinishedAt") or ""
+    if finished and not finished.startswith("0001-"):
+        head, _, frac = finished.rstrip("Z").partition(".")
+        stamp = datetime.fromisoformat(head + "+00:00").timestamp()
+        return now - stamp
+    return now - c.get("Created", now)
+
+
+def clean_engine(api: docker.APIClient, container_max_age_s: float = 24 * 3600, image_max_age_s: float = 7 * 24 * 3600,
+                 scope: dict[str, str] | None = None, dry_run: bool = False, now: float | None = None) -> CleanupReport:
+    """Remove stopped fleetbench containers and superseded baked images on one engine (see module doc)."""
+    now = time.time() if now is None else now
+    report = CleanupReport(dry_run=dry_run)
+    listed = api.containers(all=True)
+    image_labels: dict[str, dict] = {}
+    containers = []
+    for c in listed:
+        if _labels(c).get(f"{LABEL}.managed") == "true":
+            if c["ImageID"] not in image_labels:
+                try:
+                    image_labels[c["ImageID"]] = (api.inspect_image(c["ImageID"]).get("Config") or {}).get("Labels") or {}
+                except NotFound:
+                    image_labels[c["ImageID"]] = {}
+            c = {**c, "ImageLabels": image_labels[c["ImageID"]], "Age": _age_s(api, c, now)}
+        containers.append(c)
+    images = api.images(filters={"label": [f"{LABEL}.kind=baked"]})
+    remove_c, remove_i, report.kept = plan_cleanup(containers, images, now, container_max_age_s, image_max_age_s, scope)
+    for c in remove_c:
+        log.info("%sremove container %s (%s): %s", "would " if dry_run else "", c["name"], c["id"][:12], c["reason"])
+        if not dry_run:
+            try:
+                api.remove_container(c["id"], v=True)
+                report.removed_containers.append(c)
+            except NotFound:
+                pass
+            except APIError as exc:
+                report.errors.append(f"container {c['name']}: {exc.explanation or exc}")
+        else:
+            report.removed_containers.append(c)
+    for img in remove_i:
+        log.info("%sremove image %s (%s): %s", "would " if dry_run else "", ", ".join(img["tags"]), img["id"][:19], img["reason"])
+        if dry_run:
+            report.removed_images.append(img)
+            continue
+        try:
+            for tag in img["tags"]:  # untag one by one (no force): the last untag deletes the image
+                api.remove_image(tag)
+            try:
+                api.remove_image(img["id"])
+            except NotFound:
+                pass
+            except APIError as exc:
+                if "dependent child images" not in str(exc):
+                    raise
+                img = {**img, "reason": img["reason"] + "; untagged, its layers stay while child images use them"}
+            report.removed_images.append(img)
+        except APIError as exc:  # e.g. a child image or a container created meanwhile
+            report.errors.append(f"image {img['id'][:19]}: {exc.explanation or exc}")
+    for k in report.kept:
+        log.info("keep %s: %s", k.get("name") or ", ".join(k.get("tags", [])) or k["id"][:19], k["reason"])
+    for e in report.errors:
+        log.warning("cleanup: %s", e)
+    return report
+
+
+def clean_url(docker_url: str, container_max_age_h: float, image_max_age_h: float, scope: dict[str, str] | None = None,
+              dry_run: bool = False) -> dict:
+    """`clean_engine` on the engine at `docker_url`, with ages in hours; returns the report as a dict."""
+    api = docker.APIClient(base_url=docker_url, version="auto", timeout=120)
+    try:
+        report = clean_engine(api, container_max_age_h * 3600, image_max_age_h * 3600, scope=scope, dry_run=dry_run)
+    finally:
+        api.close()
+    return {"docker_url": docker_url, **report.to_dict()}
+
+
+def engines_of(config_path: str | None = None) -> list[dict]:
+    """The distinct Docker engines of the fleet config: [{hosts: [...], docker_url}]."""
+    from fleetbench.config import load_config
+    from fleetbench.paths import default_config_path
+
+    cfg = load_config(config_path or default_config_path())
+    engines: dict[str, list[str]] = {}
+    for host in cfg.hosts:
+        engines.setdefault(host.docker_url, []).append(host.name)
+    return [{"docker_url": url, "hosts": names} for url, names in engines.items()]
+

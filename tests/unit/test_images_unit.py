@@ -1,0 +1,202 @@
+"""Pure parts of image preparation, baking and cleanup: error naming, pull progress, bake identity,
+the bake config, and the cleanup rules. No engine needed; inputs are the engine's real messages and
+listings (recorded from Docker 20.10 and docker-registry on this machine)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from docker.errors import APIError, NotFound
+
+from fleetbench.bake import BakeError, baked_tag, inputs_hash, resolve_src, tree_hash
+from fleetbench.cleanup import bake_tag_of, created_by_fleetbench, plan_cleanup
+from fleetbench.config import ConfigError, parse_config
+from fleetbench.images import PreparedImage, PullProgress, _repository, check_disk, classify_pull_error, ref_tag
+
+# What the engine said, verbatim (docker-py wraps the daemon's message in an APIError or NotFound).
+ENGINE_ERRORS = [
+    (NotFound, 'manifest for 127.0.0.1:5000/fleetbench/cpu-smoke:nope not found: manifest unknown: manifest unknown', "image_not_found"),
+    (APIError, 'Get "http://127.0.0.1:57809/v2/": dial tcp 127.0.0.1:57809: connect: connection refused', "registry_unreachable"),
+    (APIError, 'Head "http://127.0.0.1:5001/v2/fleetbench/cpu-smoke/manifests/latest": no basic auth credentials', "registry_auth"),
+    (APIError, "unauthorized: authentication required", "registry_auth"),
+    (APIError, "pull access denied for nope, repository does not exist or may require 'docker login'", "image_not_found"),
+    (APIError, "write /var/lib/docker/tmp/GetImageBlob123: no space left on device", "insufficient_disk"),
+    (APIError, "received unexpected HTTP status: 503 Service Unavailable", "registry_unreachable"),
+    (APIError, "something nobody has seen before", "pull_failed"),
+]
+
+
+@pytest.mark.parametrize("cls, message, expected", ENGINE_ERRORS, ids=[e[2] + str(i) for i, e in enumerate(ENGINE_ERRORS)])
+def test_engine_errors_get_their_names(cls, message, expected):
+    assert classify_pull_error(cls(message)) == expected
+
+
+@pytest.mark.parametrize("ref, repo, tag", [
+    ("127.0.0.1:5000/fleetbench/cpu-smoke:latest", "127.0.0.1:5000/fleetbench/cpu-smoke", "latest"),
+    ("127.0.0.1:5000/fleetbench/cpu-smoke", "127.0.0.1:5000/fleetbench/cpu-smoke", None),
+    ("nvcr.io/nvidia/tensorflow:23.03-tf1-py3", "nvcr.io/nvidia/tensorflow", "23.03-tf1-py3"),
+    ("a/b:1.0@sha256:" + "a" * 64, "a/b", "1.0"),
+])
+def test_repository_and_tag_of_a_reference(ref, repo, tag):
+    assert (_repository(ref), ref_tag(ref)) == (repo, tag)
+
+
+# A real pull stream (one cached layer, one 3 MB layer), one "Downloading" event per chunk in reality.
+PULL_EVENTS = [
+    {"status": "Pulling from fleetbench/probe-cap", "id": "t"},
+    {"status": "Already exists", "progressDetail": {}, "id": "ded2691ed5d4"},
+    {"status": "Pulling fs layer", "progressDetail": {}, "id": "374fc532e4cc"},
+    *[{"status": "Downloading", "progressDetail": {"current": c, "total": 3001131}, "id": "374fc532e4cc"}
+      for c in range(36412, 3001131, 36412)],
+    {"status": "Verifying Checksum", "progressDetail": {}, "id": "374fc532e4cc"},
+    {"status": "Download complete", "progressDetail": {}, "id": "374fc532e4cc"},
+    *[{"status": "Extracting", "progressDetail": {"current": c, "total": 3001131}, "id": "374fc532e4cc"}
+      for c in range(32768, 3001131, 32768)],
+    {"status": "Pull complete", "progressDetail": {}, "id": "374fc532e4cc"},
+    {"status": "Digest: sha256:1c76ce37f3ba27c425f4df11ef188d2c14aa8631660819520eb7cbe929d2a4ff"},
+    {"status": "Status: Downloaded newer image for 127.0.0.1:5000/fleetbench/probe-cap:t"},
+]
+
+
+def test_pull_progress_logs_layers_and_bytes_not_chunks_and_records_the_digest():
+    ticks = iter(range(0, 10_000, 1))  # one "second" per clock read
+    progress = PullProgress("r", every_s=20, clock=lambda: next(ticks))
+    lines = [line for e in PULL_EVENTS for line in progress.feed(e)]
+    assert len(PULL_EVENTS) > 150 and len(lines) < 20
+    assert "layer ded2691ed5d4: Already exists" in lines
+    assert "layer 374fc532e4cc: Pull complete" in lines
+    byte_lines = [line for line in lines if "MB downloaded" in line]
+    assert 1 <= len(byte_lines) <= 5, byte_lines
+    assert progress.digest == "sha256:1c76ce37f3ba27c425f4df11ef188d2c14aa8631660819520eb7cbe929d2a4ff"
+    assert progress.summary().startswith("2 layer(s): 1 pulled, 1 already present; 3.0 MB downloaded")
+
+
+def test_pull_progress_raises_the_engines_error_event():
+    with pytest.raises(APIError, match="unauthorized"):
+        PullProgress("r").feed({"errorDetail": {"message": "unauthorized: authentication required"},
+                                "error": "unauthorized: authentication required"})
+
+
+def test_disk_check_refuses_with_the_numbers():
+    result = PreparedImage("tf1", "nvcr.io/nvidia/tensorflow:23.03-tf1-py3")
+    assert not check_disk(result, 40, 12 * 10**9, "pulling")
+    assert result.failure_class == "insufficient_disk"
+    assert "only 12.0 GB free" in result.error and "min_free_gb=40" in result.error and "refused before pulling" in result.error
+    assert check_disk(PreparedImage("a", "b"), 40, 41 * 10**9, "pulling")
+    assert check_disk(PreparedImage("a", "b"), 40, None, "pulling")  # unknown: warned, not refused
+    assert check_disk(PreparedImage("a", "b"), None, 1, "pulling")
+
+
+# -- bake identity ----------------------------------------------------------------------------
+def test_inputs_hash_is_deterministic_and_covers_every_input():
+    base = dict(base_digest="sha256:" + "1" * 64, copies=[{"dest": "/opt/h", "sha256": "ab"}],
+                git={"url": "https://x/y.git", "branch": "b", "dest": "/w", "revision": "c" * 40}, run=["sh", "-c", "true"], network="none")
+    h = inputs_hash(**base)
+    assert h == inputs_hash(**base) and len(h) == 64
+    for key, other in [("base_digest", "sha256:" + "2" * 64), ("copies", [{"dest": "/opt/h", "sha256": "ac"}]),
+                       ("git", {**base["git"], "revision": "d" * 40}), ("run", ["true"]), ("network", "host")]:
+        assert inputs_hash(**{**base, key: other}) != h, key
+
+
+def test_baked_tag_is_base_tag_plus_short_hash():
+    h = "0123456789ab" + "f" * 52
+    assert baked_tag("nvcr.io/nvidia/tensorflow:23.03-tf1-py3", h) == "23.03-tf1-py3-0123456789ab"
+    assert baked_tag("127.0.0.1:5000/x@sha256:" + "9" * 64, h) == "999999999999-0123456789ab"
+    assert baked_tag("127.0.0.1:5000/x", h) == "latest-0123456789ab"
+
+
+def test_tree_hash_sees_content_and_exec_bit(tmp_path):
+    (tmp_path / "h").mkdir()
+    f = tmp_path / "h" / "run.py"
+    f.write_text("print(1)\n")
+    first = tree_hash(tmp_path / "h")
+    assert tree_hash(tmp_path / "h") == first
+    os.chmod(f, 0o755)
+    assert tree_hash(tmp_path / "h") != first
+    f.write_text("print(2)\n")
+    assert tree_hash(tmp_path / "h") != first
+
+
+def test_copy_sources_must_stay_under_include(tmp_path):
+    (tmp_path / "include").mkdir()
+    (tmp_path / "secret").write_text("x")
+    (tmp_path / "include" / "link").symlink_to(tmp_path / "secret")
+    with pytest.raises(BakeError, match="outside"):
+        resolve_src("include/link", tmp_path)
+    with pytest.raises(BakeError, match="does not exist"):
+        resolve_src("include/nope", tmp_path)
+
+
+def _config(bake: dict) -> dict:
+    return {"hosts": [{"name": "h"}],
+            "images": [{"name": "tf1", "ref": "nvcr.io/nvidia/tensorflow:23.03-tf1-py3", "command": ["python"], "bake": bake}],
+            "benchmarks": [{"name": "b", "image": "tf1", "models": ["resnet50"], "batch_sizes": [64]}]}
+
+
+def test_bake_config_loads_and_names_bad_fields():
+    cfg = parse_config(_config({"git": {"url": "https://github.com/tensorflow/benchmarks.git", "branch": "cnn_tf_v1.15_compatible",
+                                        "dest": "/workspace/benchmarks"},
+                                "copy": [{"src": "include/images/cpu-smoke", "dest": "/opt/smoke"}], "push_to": "127.0.0.1:5000"}))
+    assert cfg.images[0].bake.copy_[0].dest == "/opt/smoke"
+    assert cfg.images[0].model_dump(mode="json")["bake"]["copy"][0]["src"] == "include/images/cpu-smoke"
+    with pytest.raises(ConfigError) as info:
+        parse_config(_config({"copy": [{"src": "include/../../etc", "dest": "opt"}], "git": {"url": "-uhttps://x", "branch": "--upload-pack=x", "dest": "/w"}}))
+    fields = sorted(e.split(":")[0] for e in info.value.errors)
+    assert fields == ["images[0].bake.copy[0].dest", "images[0].bake.copy[0].src", "images[0].bake.git.branch", "images[0].bake.git.url"]
+    with pytest.raises(ConfigError, match="bake needs at least one of copy, git or run"):
+        parse_config(_config({}))
+
+
+# -- cleanup rules ----------------------------------------------------------------------------
+SMOKE_LABELS = {"org.fleetbench.managed": "true", "org.fleetbench.kind": "benchmark"}
+
+
+def test_inherited_fleetbench_labels_do_not_make_a_container_fleetbenchs():
+    case = {**SMOKE_LABELS, "org.fleetbench.run_id": "manual__1", "org.fleetbench.case_key": "k"}
+    assert created_by_fleetbench(case, SMOKE_LABELS)
+    assert not created_by_fleetbench({**SMOKE_LABELS, "other": "1"}, SMOKE_LABELS)  # someone's `docker run` of our image
+    baked = {**SMOKE_LABELS, "org.fleetbench.bake.step": ""}
+    assert not created_by_fleetbench(baked, baked)  # a container of a baked image
+    assert created_by_fleetbench({**baked, "org.fleetbench.bake.step": "abc"}, baked)  # a setup container
+    committed = {**SMOKE_LABELS, "org.fleetbench.run_id": "manual__1"}  # someone committed a case container
+    assert not created_by_fleetbench(committed, committed)
+
+
+def _baked(iid: str, name: str, inputs: str, created: int, tags: list[str], **labels) -> dict:
+    return {"Id": iid, "Created": created, "RepoTags": tags,
+            "Labels": {"org.fleetbench.managed": "true", "org.fleetbench.kind": "baked", "org.fleetbench.image": name,
+                       "org.fleetbench.bake.inputs": inputs, **labels}}
+
+
+def test_cleanup_plan_removes_only_old_superseded_bakes_and_stopped_fleetbench_containers():
+    now = 1_000_000
+    old = _baked("sha256:old", "TF1", "a" * 64, now - 9000, ["fleetbench/tf1:23.03-aaaaaaaaaaaa", "reg:5000/fleetbench/tf1:23.03-aaaaaaaaaaaa"])
+    current = _baked("sha256:cur", "TF1", "b" * 64, now - 99000, ["fleetbench/tf1:23.03-bbbbbbbbbbbb", "fleetbench/tf1:current"])
+    young = _baked("sha256:young", "TF1", "c" * 64, now - 10, ["fleetbench/tf1:23.03-cccccccccccc"])
+    used = _baked("sha256:used", "TF1", "d" * 64, now - 9000, ["fleetbench/tf1:23.03-dddddddddddd"])
+    child = _baked("sha256:child", "TF1", "a" * 64, now - 9000, ["someone/derived:1"])  # FROM a bake: labels, not the tag
+    assert bake_tag_of(old) == "fleetbench/tf1:23.03-aaaaaaaaaaaa" and bake_tag_of(child) is None
+    containers = [
+        {"Id": "c1", "Names": ["/fb-case"], "State": "exited", "Age": 7200, "ImageID": "sha256:x",
+         "Labels": {**SMOKE_LABELS, "org.fleetbench.run_id": "r"}, "ImageLabels": SMOKE_LABELS},
+        {"Id": "c2", "Names": ["/fb-running"], "State": "running", "Age": 7200, "ImageID": "sha256:x",
+         "Labels": {**SMOKE_LABELS, "org.fleetbench.run_id": "r"}, "ImageLabels": SMOKE_LABELS},
+        {"Id": "c3", "Names": ["/fb-fresh"], "State": "exited", "Age": 5, "ImageID": "sha256:x",
+         "Labels": {**SMOKE_LABELS, "org.fleetbench.run_id": "r"}, "ImageLabels": SMOKE_LABELS},
+        {"Id": "c4", "Names": ["/users"], "State": "exited", "Age": 7200, "ImageID": "sha256:used",
+         "Labels": SMOKE_LABELS, "ImageLabels": SMOKE_LABELS},
+    ]
+    rc, ri, kept = plan_cleanup(containers, [old, current, young, used, child], now, container_max_age_s=3600, image_max_age_s=3600)
+    assert [c["id"] for c in rc] == ["c1"]
+    assert [i["id"] for i in ri] == ["sha256:old"]
+    assert ri[0]["tags"] == sorted(old["RepoTags"])
+    reasons = {k["id"]: k["reason"] for k in kept}
+    assert reasons["sha256:cur"] == "current bake of tf1"
+    assert "used by container users" in reasons["sha256:used"]
+    assert "younger than" in reasons["sha256:young"] and "younger than" in reasons["c3"]
+    assert reasons["c2"] == "container is running"
+    assert "c4" not in reasons and "sha256:child" not in reasons  # not fleetbench's: not even listed
+    # scope narrows to labelled objects
+    rc, ri, _ = plan_cleanup(containers, [old, current], now, 3600, 3600, scope={"org.fleetbench.run_id": "other"})
+    assert rc == [] and ri == []
