@@ -1,13 +1,32 @@
-"""The warehouse's write contract, run against SQLite (unit) and PostgreSQL (integration)."""
+"""The warehouse's contract, run against SQLite (unit) and PostgreSQL (integration): writes, schema, migrations."""
 
 from __future__ import annotations
 
-import pytest
-from sqlalchemy import func, select
+import json
+import random
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
 
-from fleetbench.warehouse import fetch_results, latest_run_id, store_run, upgrade
-from fleetbench.warehouse.schema import benchmark_results, runs, steps
-from warehouse_rows import result_row, run_row, step_rows
+import pytest
+from sqlalchemy import MetaData, Table, func, inspect, select
+from sqlalchemy.exc import IntegrityError
+
+from fleetbench.warehouse import (MIGRATIONS, _alembic, _dt, current_revision, downgrade, fetch_capacity_features,
+                                  fetch_results, get_engine, latest_run_id, store_run, upgrade)
+from fleetbench.warehouse.schema import benchmark_results, regressions, runs, steps
+from warehouse_rows import DERIVED, result_row, run_row, step_rows
+
+HEAD = "0003"
+NEW_RESULT_COLUMNS = set(DERIVED)  # the derived-metric columns revision 0003 adds
+REGRESSION_COLUMNS = {  # name: nullable, as the regression detector expects them
+    "id": False, "dag_id": False, "run_id": False, "host": False, "case_key": False, "metric": False, "direction": False,
+    "baseline_value": False, "value": False, "delta_pct": False, "z_score": True, "p_value": True, "baseline_n": False,
+    "baseline_window": False, "changes": True, "severity": False, "detected_at": False,
+}
+CAPACITY_COLUMNS = ["dag_id", "run_id", "logical_date", "host", "case_key", "model", "batch_size_per_device", "num_gpus",
+                    "precision", "gpu_model", "peak_gpu_mem_mib", "mean_power_w", "energy_source", "mean_gpu_util_pct",
+                    "images_per_sec", "status", "failure_class", "gpu_oom"]
 
 
 def count(engine, table, **where) -> int:
@@ -18,17 +37,24 @@ def count(engine, table, **where) -> int:
         return conn.execute(query).scalar()
 
 
+# -- writes ---------------------------------------------------------------------------------------
 def check_store_and_rerun_replaces(engine):
     upgrade(engine)
     upgrade(engine)  # idempotent
-    store_run(engine, run_row(), [], [result_row("a"), result_row("b")], step_rows("a", 3) + step_rows("b", 3))
+    store_run(engine, run_row(), [], [result_row("a", **DERIVED), result_row("b")], step_rows("a", 3) + step_rows("b", 3))
     assert count(engine, benchmark_results) == 2 and count(engine, steps) == 6
+    rows = {r["case_key"]: r for r in fetch_results(engine, run_id="r1")}
+    for column, value in DERIVED.items():  # the derived metrics round-trip
+        assert rows["a"][column] == (pytest.approx(value) if isinstance(value, float) else value), column
+    assert all(rows["b"][c] is None for c in NEW_RESULT_COLUMNS)
     # A retry of the same run writes new numbers and fewer steps: replaced, not duplicated.
-    store_run(engine, run_row(), [], [result_row("a", ips=200.0), result_row("b")], step_rows("a", 2) + step_rows("b", 3))
+    store_run(engine, run_row(), [], [result_row("a", ips=200.0, **{**DERIVED, "speedup_efficiency": 0.8, "cost_usd": 0.5}),
+                                      result_row("b")], step_rows("a", 2) + step_rows("b", 3))
     assert count(engine, benchmark_results) == 2 and count(engine, runs) == 1
     assert count(engine, steps, case_key="a") == 2
     rows = {r["case_key"]: r for r in fetch_results(engine, run_id="r1")}
     assert rows["a"]["images_per_sec"] == 200.0
+    assert (rows["a"]["speedup_efficiency"], rows["a"]["cost_usd"]) == (0.8, 0.5)
     assert rows["a"]["started_at"] == "2026-12-01T02:00:05+00:00"
     assert rows["a"]["command"] == '["python", "x.py"]'
     # Another run adds rows; the latest run is found.
@@ -46,3 +72,221 @@ def check_failed_write_leaves_nothing(engine):
     assert count(engine, benchmark_results, run_id="r9") == 0
     assert count(engine, steps, run_id="r9") == 0
     assert count(engine, runs, run_id="r9") == 0
+
+
+def check_capacity_features(engine):
+    upgrade(engine)
+    store_run(engine, run_row("r1"), [], [
+        result_row("cnn.resnet50.bs64.g1.replicated", precision="fp32", peak_gpu_mem_mib=30210.0, mean_power_w=310.5,
+                   energy_source="measured", mean_gpu_util_pct=97.5),
+        result_row("cnn.resnet50.bs512.g1.replicated", status="failed", ips=None, batch_size_per_device=512,
+                   precision="fp32", peak_gpu_mem_mib=40536.0),
+        result_row("cnn.resnet50.bs64.g2.replicated", host="ghost", status="skipped", ips=None, failure_class="host_unfit"),
+    ])
+    rows = fetch_capacity_features(engine)
+    assert [list(r) for r in rows[:1]] == [CAPACITY_COLUMNS]
+    by_batch = {r["batch_size_per_device"]: r for r in rows}
+    assert set(by_batch) == {64, 512}  # the skipped case never ran: not a capacity sample
+    ok, oom = by_batch[64], by_batch[512]
+    assert (ok["model"], ok["num_gpus"], ok["precision"], ok["gpu_model"]) == ("resnet50", 1, "fp32", "NVIDIA A100-SXM4-40GB")
+    assert (ok["peak_gpu_mem_mib"], ok["mean_power_w"], ok["mean_gpu_util_pct"], ok["images_per_sec"]) == (30210.0, 310.5, 97.5, 100.0)
+    assert (ok["status"], ok["failure_class"], ok["gpu_oom"], ok["energy_source"]) == ("ok", None, 0, "measured")
+    assert (oom["status"], oom["failure_class"], oom["gpu_oom"], oom["peak_gpu_mem_mib"]) == ("failed", "gpu_oom", 1, 40536.0)
+    assert [r["batch_size_per_device"] for r in fetch_capacity_features(engine, model="resnet50")] == [512, 64]
+    assert fetch_capacity_features(engine, model="vgg16") == []
+
+
+def regression(**over) -> dict:
+    row = {"dag_id": "fleet_benchmark", "run_id": "r2", "host": "h1", "case_key": "a", "metric": "images_per_sec",
+           "direction": "higher", "baseline_value": 100.0, "value": 90.0, "delta_pct": -10.0, "z_score": -4.2,
+           "p_value": 0.001, "baseline_n": 5, "baseline_window": json.dumps(["r1", "r0"]),
+           "changes": json.dumps({"driver_version": ["535.104.05", "550.54.15"]}), "severity": "major",
+           "detected_at": datetime(2026, 12, 2, 3, 0, tzinfo=timezone.utc)}
+    row.update(over)
+    return row
+
+
+def check_regressions_table(engine):
+    upgrade(engine)
+    cols = {c["name"]: c["nullable"] for c in inspect(engine).get_columns("regressions")}
+    assert cols == REGRESSION_COLUMNS
+    uniques = [u["column_names"] for u in inspect(engine).get_unique_constraints("regressions")]
+    assert ["dag_id", "run_id", "host", "case_key", "metric"] in uniques
+    with engine.begin() as conn:
+        conn.execute(regressions.insert(), [regression(), regression(metric="step_cv", direction="lower", z_score=None,
+                                                                     p_value=None, changes=None)])
+    for bad in (regression(),  # the same (run, host, case, metric) twice
+                regression(metric="cost_usd", direction="sideways"),
+                regression(metric="energy_kwh", baseline_value=None)):
+        with pytest.raises(IntegrityError):
+            with engine.begin() as conn:
+                conn.execute(regressions.insert(), [bad])
+    with engine.connect() as conn:
+        stored = conn.execute(select(regressions).order_by(regressions.c.metric)).mappings().all()
+    assert [(r["metric"], r["direction"], r["z_score"]) for r in stored] == [("images_per_sec", "higher", -4.2),
+                                                                            ("step_cv", "lower", None)]
+    assert json.loads(stored[0]["baseline_window"]) == ["r1", "r0"]
+
+
+# -- migrations -----------------------------------------------------------------------------------
+def check_migrate_empty_database(engine):
+    assert current_revision(engine) is None
+    upgrade(engine)
+    assert current_revision(engine) == HEAD
+    insp = inspect(engine)
+    assert {"runs", "host_facts", "benchmark_results", "steps", "regressions", "alembic_version"} <= set(insp.get_table_names())
+    assert "capacity_features" in insp.get_view_names()
+    assert NEW_RESULT_COLUMNS <= {c["name"] for c in insp.get_columns("benchmark_results")}
+    assert {"ix_benchmark_results_host_case_time", "ix_benchmark_results_logical_date", "ix_benchmark_results_case_time"} <= {
+        i["name"] for i in insp.get_indexes("benchmark_results")}
+    assert "ix_regressions_host_case_time" in {i["name"] for i in insp.get_indexes("regressions")}
+    # The schema module and the migrations agree on every table's columns.
+    for table in (runs, steps, benchmark_results, regressions):
+        assert {c["name"] for c in insp.get_columns(table.name)} == {c.name for c in table.columns}, table.name
+
+
+def _insert(engine, table_name: str, rows: list[dict]) -> None:
+    """Insert through the table as the database has it now (an older revision than the schema module's)."""
+    with engine.begin() as conn:
+        table = Table(table_name, MetaData(), autoload_with=conn)
+        for r in rows:  # one by one: the rows have different columns
+            conn.execute(table.insert(), {k: (_dt(v) if k.endswith(("_at", "_date")) else json.dumps(v) if isinstance(v, list) else v)
+                                          for k, v in r.items() if k in table.c})
+
+
+def check_migrate_from_previous_revision(engine):
+    upgrade(engine, "0002")
+    assert current_revision(engine) == "0002"
+    _insert(engine, "runs", [run_row("r1")])
+    _insert(engine, "benchmark_results", [
+        result_row("a", energy_source="measured", energy_j=7200.0, mean_power_w=120.0, peak_gpu_mem_mib=1000.0),
+        result_row("b", status="failed", ips=None)])
+    _insert(engine, "steps", step_rows("a", 3))
+
+    upgrade(engine)
+    assert current_revision(engine) == HEAD
+    rows = {r["case_key"]: r for r in fetch_results(engine, run_id="r1")}
+    assert set(rows) == {"a", "b"} and count(engine, steps) == 3
+    a, b = rows["a"], rows["b"]
+    assert (a["images_per_sec"], a["energy_j"], a["mean_power_w"], a["command"]) == (100.0, 7200.0, 120.0, '["python", "x.py"]')
+    # Backfilled from what the row had: 7200 J / 3.6e6 = 0.002 kWh; 100 batches x 64 images / 100 images/s = 64 s.
+    assert a["energy_kwh"] == pytest.approx(0.002) and a["time_for_batches_s"] == pytest.approx(64.0)
+    assert b["energy_kwh"] is None and b["time_for_batches_s"] is None  # nothing to backfill from
+    assert all(a[c] is None for c in NEW_RESULT_COLUMNS - {"energy_kwh", "time_for_batches_s"})
+    assert len(fetch_capacity_features(engine)) == 2
+    # The migrated table takes new writes: a rerun of the old run replaces its row.
+    store_run(engine, run_row("r1"), [], [result_row("a", ips=110.0, **DERIVED)], step_rows("a", 2))
+    assert count(engine, benchmark_results) == 2 and count(engine, steps, case_key="a") == 2
+    assert fetch_results(engine, run_id="r1")[0]["speedup_efficiency"] == 1.0
+
+    downgrade(engine, "0002")
+    insp = inspect(engine)
+    assert current_revision(engine) == "0002"
+    assert "regressions" not in insp.get_table_names() and "capacity_features" not in insp.get_view_names()
+    assert not NEW_RESULT_COLUMNS & {c["name"] for c in insp.get_columns("benchmark_results")}
+    assert count(engine, benchmark_results) == 2 and count(engine, steps) == 2  # rows survive the downgrade
+    upgrade(engine)
+    assert current_revision(engine) == HEAD
+    downgrade(engine, "base")
+    assert set(inspect(engine).get_table_names()) == {"alembic_version"} and current_revision(engine) is None
+
+
+def check_failed_migration_rolls_back(engine):
+    """A migration that fails half-way leaves the previous revision as it was (transactional DDL)."""
+    upgrade(engine, "0002")
+    with engine.begin() as conn:
+        conn.exec_driver_sql("CREATE TABLE regressions (x INTEGER)")  # 0003 creates it after altering benchmark_results
+    with pytest.raises(Exception, match="regressions"):
+        upgrade(engine)
+    assert current_revision(engine) == "0002"
+    assert not NEW_RESULT_COLUMNS & {c["name"] for c in inspect(engine).get_columns("benchmark_results")}
+    with engine.begin() as conn:
+        conn.exec_driver_sql("DROP TABLE regressions")
+    upgrade(engine)
+    assert current_revision(engine) == HEAD
+
+
+def check_later_batch_alter_keeps_the_view(engine, tmp_path: Path):
+    """A later revision that rebuilds benchmark_results (SQLite batch mode) works with capacity_features in place."""
+    scripts = tmp_path / "migrations"
+    shutil.copytree(MIGRATIONS, scripts, ignore=shutil.ignore_patterns("__pycache__"))
+    (scripts / "versions" / "0099_rebuild.py").write_text(
+        'import sqlalchemy as sa\nfrom alembic import op\n\nrevision = "0099"\ndown_revision = "0003"\n'
+        'branch_labels = None\ndepends_on = None\n\n\ndef upgrade():\n'
+        '    with op.batch_alter_table("benchmark_results", recreate="always") as batch:\n'
+        '        batch.add_column(sa.Column("later_metric", sa.Float))\n\n\ndef downgrade():\n'
+        '    with op.batch_alter_table("benchmark_results", recreate="always") as batch:\n'
+        '        batch.drop_column("later_metric")\n')
+    from alembic import command
+
+    upgrade(engine)
+    store_run(engine, run_row("r1"), [], [result_row("a")])
+    _alembic(engine, command.upgrade, "0099", scripts)
+    assert current_revision(engine) == "0099"
+    assert [r["case_key"] for r in fetch_capacity_features(engine)] == ["a"]
+    assert "later_metric" in {c["name"] for c in inspect(engine).get_columns("benchmark_results")}
+    _alembic(engine, command.downgrade, "0003", scripts)
+    assert [r["case_key"] for r in fetch_capacity_features(engine)] == ["a"]
+
+
+# -- concurrent writers ---------------------------------------------------------------------------
+KEYS = [f"cnn.m{i:02d}.bs64.g1.replicated" for i in range(60)]
+WRITER_KEYS = (KEYS[:45], KEYS[15:])  # 30 keys overlap
+WRITER_STEPS = (3, 5)  # each writer writes its own number of steps per case, valued 1000 x writer + step
+
+
+def concurrent_writer(url: str, writer: int, rounds: int, barrier) -> None:
+    """One writer process: migrate, then per round wait for the other writer and upsert its keys of run `r<round>`."""
+    engine = get_engine(url)
+    try:
+        barrier.wait(timeout=60)
+        upgrade(engine)  # both at once on a fresh database
+        rng = random.Random(writer)
+        for rnd in range(rounds):
+            keys = list(WRITER_KEYS[writer])
+            rng.shuffle(keys)
+            results = [result_row(k, run_id=f"r{rnd}", ips=float(1000 * writer + rnd)) for k in keys]
+            step = [s for k in keys for s in step_rows(k, WRITER_STEPS[writer], run_id=f"r{rnd}", base=1000.0 * writer)]
+            barrier.wait(timeout=60)
+            store_run(engine, run_row(f"r{rnd}"), [], results, step)
+    finally:
+        engine.dispose()
+
+
+def check_concurrent_writers(url: str, rounds: int = 6) -> None:
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(2)
+    procs = [ctx.Process(target=concurrent_writer, args=(url, w, rounds, barrier)) for w in (0, 1)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=240)
+    assert [p.exitcode for p in procs] == [0, 0], "a writer failed (its traceback is in the captured stderr)"
+
+    engine = get_engine(url)
+    try:
+        with engine.connect() as conn:
+            per_key = conn.execute(select(benchmark_results.c.run_id, benchmark_results.c.case_key, func.count())
+                                   .group_by(benchmark_results.c.run_id, benchmark_results.c.case_key)).all()
+            written = conn.execute(select(benchmark_results.c.run_id, benchmark_results.c.case_key,
+                                          benchmark_results.c.images_per_sec)).all()
+            step_sets = conn.execute(select(steps.c.run_id, steps.c.case_key, func.count(), func.min(steps.c.images_per_sec),
+                                            func.max(steps.c.images_per_sec))
+                                     .group_by(steps.c.run_id, steps.c.case_key)).all()
+        # Exactly one row per key, for every key either writer wrote, in every round.
+        assert len(per_key) == rounds * len(KEYS) and {n for *_, n in per_key} == {1}
+        assert count(engine, runs) == rounds
+        # Each case's result row and its steps come from one writer (the one that wrote it last):
+        # steps valued 1000 x writer + step, 3 of them from writer 0, 5 from writer 1.
+        writer_of = {(run, key): int(ips // 1000) for run, key, ips in written}
+        assert len(step_sets) == len(writer_of)
+        for run, key, n, low, high in step_sets:
+            w = writer_of[(run, key)]
+            assert (n, low, high) == (WRITER_STEPS[w], 1000.0 * w + 1, 1000.0 * w + WRITER_STEPS[w]), (run, key)
+        # Keys only one writer has are that writer's; the overlap went to one or the other.
+        assert {writer_of[(f"r{r}", k)] for r in range(rounds) for k in KEYS[:15]} == {0}
+        assert {writer_of[(f"r{r}", k)] for r in range(rounds) for k in KEYS[45:]} == {1}
+    finally:
+        engine.dispose()

@@ -8,24 +8,30 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from fleetbench.warehouse import get_engine
-from warehouse_contract import check_failed_write_leaves_nothing, check_store_and_rerun_replaces
+from warehouse_contract import (check_capacity_features, check_concurrent_writers, check_failed_write_leaves_nothing,
+                                check_regressions_table, check_store_and_rerun_replaces)
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture()
-def pg_engine(pg_url):
-    """A fresh database per test, dropped afterwards."""
+def pg_database(pg_url):
+    """A fresh database per test (its URL), dropped afterwards."""
     name = f"fb_test_{uuid.uuid4().hex[:10]}"
     admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
-    engine = get_engine(pg_url.rsplit("/", 1)[0] + "/" + name)
-    yield engine
-    engine.dispose()
+    yield pg_url.rsplit("/", 1)[0] + "/" + name
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
     admin.dispose()
+
+
+@pytest.fixture()
+def pg_engine(pg_database):
+    engine = get_engine(pg_database)
+    yield engine
+    engine.dispose()
 
 
 def test_store_and_rerun_replaces(pg_engine):
@@ -34,3 +40,17 @@ def test_store_and_rerun_replaces(pg_engine):
 
 def test_failed_write_leaves_nothing(pg_engine):
     check_failed_write_leaves_nothing(pg_engine)
+
+
+def test_capacity_features_view(pg_engine):
+    check_capacity_features(pg_engine)
+
+
+def test_regressions_table(pg_engine):
+    check_regressions_table(pg_engine)
+
+
+def test_two_processes_writing_overlapping_keys_leave_one_row_per_key(pg_database):
+    """Two writer processes migrate a fresh database at once, then upsert 45 keys each (30 shared) into
+    the same run, ten rounds: no write fails, one row per key, each case's steps from one writer."""
+    check_concurrent_writers(pg_database, rounds=10)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from sqlalchemy import inspect
 
 from fleetbench.warehouse import get_engine, upgrade, warehouse_url
-from warehouse_contract import check_failed_write_leaves_nothing, check_store_and_rerun_replaces
+from warehouse_contract import (check_capacity_features, check_failed_write_leaves_nothing, check_regressions_table,
+                                check_store_and_rerun_replaces)
 
 
 def test_default_url_is_sqlite_in_data_dir(data_dir):
@@ -19,8 +20,8 @@ def test_migration_creates_tables_and_indexes(tmp_path):
     engine = get_engine(f"sqlite:///{tmp_path}/w.db")
     upgrade(engine)
     insp = inspect(engine)
-    assert {"runs", "host_facts", "benchmark_results", "steps", "alembic_version"} <= set(insp.get_table_names())
-    assert {"ix_benchmark_results_host_case_time", "ix_benchmark_results_logical_date"} <= {
+    assert {"runs", "host_facts", "benchmark_results", "steps", "regressions", "alembic_version"} <= set(insp.get_table_names())
+    assert {"ix_benchmark_results_host_case_time", "ix_benchmark_results_logical_date", "ix_benchmark_results_case_time"} <= {
         i["name"] for i in insp.get_indexes("benchmark_results")}
 
 
@@ -30,3 +31,11 @@ def test_store_and_rerun_replaces(tmp_path):
 
 def test_failed_write_leaves_nothing(tmp_path):
     check_failed_write_leaves_nothing(get_engine(f"sqlite:///{tmp_path}/w.db"))
+
+
+def test_capacity_features_view(tmp_path):
+    check_capacity_features(get_engine(f"sqlite:///{tmp_path}/w.db"))
+
+
+def test_regressions_table(tmp_path):
+    check_regressions_table(get_engine(f"sqlite:///{tmp_path}/w.db"))

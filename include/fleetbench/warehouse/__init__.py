@@ -2,27 +2,39 @@
 
 `FLEETBENCH_WAREHOUSE_URL` picks the database. Writes are idempotent and atomic: one run's rows
 are upserted in one transaction keyed by (dag_id, run_id, host, case_key), so a retry or rerun
-replaces its own rows and a failure mid-write leaves nothing partial.
+replaces its own rows and a failure mid-write leaves nothing partial. Writers that race on the same
+keys (a task retried while its first try still writes) serialise on the run's row; rows are written
+in key order, and a transaction the database aborts to break a deadlock is retried whole.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, and_, create_engine, delete, event, select, tuple_
+from sqlalchemy import Engine, and_, create_engine, delete, event, select, text, tuple_
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DBAPIError
 
 from fleetbench.paths import data_dir
-from fleetbench.warehouse.schema import (HOST_KEY, RESULT_COLUMNS, RESULT_KEY, RUN_KEY, STEP_KEY, benchmark_results,
-                                         host_facts, runs, steps)
+from fleetbench.warehouse.schema import (CAPACITY_FEATURES_VIEW, HOST_KEY, RESULT_COLUMNS, RESULT_KEY, RUN_KEY, STEP_KEY,
+                                         benchmark_results, host_facts, runs, steps)
+
+log = logging.getLogger(__name__)
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+# pg_advisory_xact_lock key that serialises concurrent `upgrade` calls on one PostgreSQL database.
+_MIGRATION_LOCK = 0x66_6C_65_65_74  # "fleet"
+# SQLSTATEs of transactions PostgreSQL aborted to break a deadlock or a serialisation conflict.
+_RETRY_SQLSTATES = {"40P01", "40001"}
+WRITE_ATTEMPTS = 4
 
 
 def warehouse_url() -> str:
@@ -50,13 +62,41 @@ def get_engine(url: str | None = None) -> Engine:
     return create_engine(url, pool_pre_ping=True)
 
 
-def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Apply Alembic migrations (`fleetbench db upgrade`); the DAG calls this before its first write."""
+def _alembic(engine: Engine, action, revision: str, script_location: Path = MIGRATIONS) -> None:
     cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.set_main_option("script_location", str(script_location))
     with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":  # two first writers at once: the second waits, then finds head
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATION_LOCK})
+        elif conn.dialect.name == "sqlite":
+            # pysqlite opens a transaction only before INSERT/UPDATE/DELETE, so DDL would autocommit
+            # statement by statement; an explicit one makes a migration all or nothing. IMMEDIATE:
+            # the write lock up front, so two first writers take turns instead of failing.
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
         cfg.attributes["connection"] = conn
-        command.upgrade(cfg, revision)
+        action(cfg, revision)
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Apply Alembic migrations (`fleetbench db upgrade`); the DAG calls this before its first write.
+
+    One transaction (PostgreSQL and SQLite both have transactional DDL): a failed migration leaves
+    the previous revision. Concurrent callers on PostgreSQL take turns.
+    """
+    _alembic(engine, command.upgrade, revision)
+
+
+def downgrade(engine: Engine, revision: str) -> None:
+    """Revert migrations down to `revision` ("base" removes everything)."""
+    _alembic(engine, command.downgrade, revision)
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The revision the database is at (None before the first migration)."""
+    from alembic.runtime.migration import MigrationContext
+
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
 
 
 def _dt(value: Any) -> datetime | None:
@@ -97,17 +137,42 @@ def store_run(engine: Engine, run: dict, hosts: Iterable[dict], results: Iterabl
             row["command"] = json.dumps(row["command"])
         row["stored_at"] = now
         result_rows.append(row)
-    step_rows = list(step_rows)
-    with engine.begin() as conn:
-        _upsert(conn, runs, [run_row], RUN_KEY)
-        _upsert(conn, host_facts, host_rows, HOST_KEY)
-        _upsert(conn, benchmark_results, result_rows, RESULT_KEY)
-        # Steps of the cases written now are replaced as a whole: stale steps from an earlier try go.
-        keys = {tuple(r[k] for k in RESULT_KEY) for r in result_rows}
-        if keys:
-            conn.execute(delete(steps).where(tuple_(*[steps.c[k] for k in RESULT_KEY]).in_(list(keys))))
-        _upsert(conn, steps, step_rows, STEP_KEY)
-    return len(result_rows)
+    # Key order everywhere: two writers of overlapping keys lock rows in the same order.
+    host_rows.sort(key=lambda r: _key(r, HOST_KEY))
+    result_rows.sort(key=lambda r: _key(r, RESULT_KEY))
+    step_rows = sorted(step_rows, key=lambda r: _key(r, STEP_KEY))
+    keys = sorted({tuple(r[k] for k in RESULT_KEY) for r in result_rows}, key=lambda k: tuple(map(str, k)))
+    for attempt in range(1, WRITE_ATTEMPTS + 1):
+        try:
+            with engine.begin() as conn:
+                # The run's row first: concurrent writers of one run queue here, so each case's
+                # result and steps end up from one writer.
+                _upsert(conn, runs, [run_row], RUN_KEY)
+                _upsert(conn, host_facts, host_rows, HOST_KEY)
+                _upsert(conn, benchmark_results, result_rows, RESULT_KEY)
+                # Steps of the cases written now are replaced as a whole: stale steps from an earlier try go.
+                if keys:
+                    conn.execute(delete(steps).where(tuple_(*[steps.c[k] for k in RESULT_KEY]).in_(keys)))
+                _upsert(conn, steps, step_rows, STEP_KEY)
+            return len(result_rows)
+        except DBAPIError as exc:
+            if attempt == WRITE_ATTEMPTS or not _retryable(exc):
+                raise
+            log.warning("warehouse write of run %s aborted (%s), retrying (%d/%d)", run_row.get("run_id"),
+                        str(exc.orig).splitlines()[0] if exc.orig else exc, attempt, WRITE_ATTEMPTS - 1)
+            time.sleep(0.05 * 2 ** attempt)
+    raise AssertionError("unreachable")
+
+
+def _key(row: dict, key: tuple[str, ...]) -> tuple:
+    return tuple("" if row.get(k) is None else str(row.get(k)) for k in key)
+
+
+def _retryable(exc: DBAPIError) -> bool:
+    """A deadlock or serialisation abort (PostgreSQL), or a SQLite writer that found the database locked."""
+    if getattr(exc.orig, "pgcode", None) in _RETRY_SQLSTATES:
+        return True
+    return "database is locked" in str(exc.orig or "")
 
 
 def fetch_results(engine: Engine, run_id: str | None = None, dag_id: str | None = None) -> list[dict]:
@@ -137,3 +202,11 @@ def latest_run_id(engine: Engine, dag_id: str | None = None) -> str | None:
         query = query.where(runs.c.dag_id == dag_id)
     with engine.connect() as conn:
         return conn.execute(query).scalar()
+
+
+def fetch_capacity_features(engine: Engine, model: str | None = None) -> list[dict]:
+    """Rows of the `capacity_features` view (task features next to resource features), optionally one model's."""
+    sql = f"SELECT * FROM {CAPACITY_FEATURES_VIEW}" + (" WHERE model = :model" if model else "")
+    sql += " ORDER BY host, case_key, run_id"
+    with engine.connect() as conn:
+        return [dict(r._mapping) for r in conn.execute(text(sql), {"model": model} if model else {})]

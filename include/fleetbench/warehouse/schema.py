@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import (Boolean, Column, DateTime, Float, Index, Integer, MetaData, String, Table, Text,
+from sqlalchemy import (Boolean, CheckConstraint, Column, DateTime, Float, Index, Integer, MetaData, String, Table, Text,
                         UniqueConstraint)
 
 metadata = MetaData()
@@ -87,9 +87,29 @@ benchmark_results = Table(
     Column("peak_gpu_mem_mib", Float),
     Column("mean_gpu_util_pct", Float),
     Column("telemetry_json", Text),
+    # Derived metrics (fleetbench.metrics.derive; revision 0003).
+    Column("precision", String(10)),
+    Column("gpu_catalog_name", String(100)),
+    Column("time_for_batches_s", Float),
+    Column("accuracy_top1", Float),
+    Column("time_to_accuracy_s", Float),
+    Column("step_median_images_per_sec", Float),
+    Column("step_spread_images_per_sec", Float),
+    Column("step_cv", Float),
+    Column("speedup_efficiency", Float),
+    Column("speedup_baseline_case_key", String(250)),
+    Column("price_per_gpu_hour", Float),
+    Column("price_source", String(20)),
+    Column("cost_usd", Float),
+    Column("cost_per_million_images_usd", Float),
+    Column("energy_kwh", Float),
+    Column("images_per_joule", Float),
+    Column("carbon_g_per_kwh", Float),
+    Column("carbon_g", Float),
     UniqueConstraint(*RESULT_KEY, name="uq_benchmark_results_key"),
     Index("ix_benchmark_results_host_case_time", "host", "case_key", "started_at"),
     Index("ix_benchmark_results_logical_date", "logical_date"),
+    Index("ix_benchmark_results_case_time", "case_key", "started_at"),
 )
 
 steps = Table(
@@ -104,5 +124,35 @@ steps = Table(
     Column("jitter", Float),
     Column("loss", Float),
 )
+
+# Regressions found by comparing a run against its baseline (one row per run, host, case and metric).
+REGRESSION_KEY = ("dag_id", "run_id", "host", "case_key", "metric")
+
+regressions = Table(
+    "regressions", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("dag_id", String(250), nullable=False),
+    Column("run_id", String(250), nullable=False),
+    Column("host", String(100), nullable=False),
+    Column("case_key", String(250), nullable=False),
+    Column("metric", String(50), nullable=False),
+    Column("direction", String(10), nullable=False),  # "higher" | "lower": which way is better
+    Column("baseline_value", Float, nullable=False),
+    Column("value", Float, nullable=False),
+    Column("delta_pct", Float, nullable=False),
+    Column("z_score", Float, nullable=True),
+    Column("p_value", Float, nullable=True),
+    Column("baseline_n", Integer, nullable=False),
+    Column("baseline_window", Text, nullable=False),  # JSON list of the baseline's run ids
+    Column("changes", Text),  # JSON: what differed from the baseline (driver, digest, clocks)
+    Column("severity", String(20), nullable=False),
+    Column("detected_at", DateTime(timezone=True), nullable=False),
+    UniqueConstraint(*REGRESSION_KEY, name="uq_regressions_key"),
+    CheckConstraint("direction IN ('higher', 'lower')", name="ck_regressions_direction"),
+    Index("ix_regressions_host_case_time", "host", "case_key", "detected_at"),
+)
+
+# Views (created by migrations with plain SQL, not part of `metadata`).
+CAPACITY_FEATURES_VIEW = "capacity_features"
 
 RESULT_COLUMNS = [c.name for c in benchmark_results.columns if c.name != "id"]

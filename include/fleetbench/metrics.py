@@ -1,0 +1,470 @@
+"""Derived metrics: the runbook's five, as pure functions over a measurement, plus `derive` for a run's rows.
+
+1. Training time: the case's wall time (`duration_s`, measured around the container); the time the
+   N measured batches took, `time_for_batches_s`; the time to a target accuracy when the harness
+   reports accuracy (`time_to_accuracy_s`).
+2. Throughput: total images/sec (the harness's own figure, `images_per_sec`); the median, spread
+   and coefficient of variation of the per-step images/sec printed after warm-up.
+3. Speedup efficiency: N-GPU throughput / (N x 1-GPU throughput) of the same host, model, batch
+   per device, precision and run, matched automatically.
+4. Cost: price per GPU-hour (the host's `price_per_gpu_hour`, else the GPU catalog's default) x
+   GPUs x hours; cost per million images at the measured throughput.
+5. Power and energy: mean W, J, kWh, images per joule, measured by the telemetry wrapper or
+   estimated from the catalog's TDP (`energy_source = "estimated"`), or none; optional carbon
+   from the fleet's `carbon_g_per_kwh`.
+
+Everything here is a pure function except three loaders at the edge: `load_catalog` (the GPU
+catalog, `include/config/gpu_catalog.yaml` or `FLEETBENCH_GPU_CATALOG`) and `settings_from_plan`
+(the fleet config file named in a run's plan). A function that lacks an input returns None rather
+than guessing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import statistics
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+from typing import Any, Iterable, Literal, Mapping, Sequence
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from fleetbench.paths import PROJECT_ROOT
+
+log = logging.getLogger(__name__)
+
+SECONDS_PER_HOUR = 3600.0
+JOULES_PER_KWH = 3.6e6
+
+# energy_source values on a result row.
+MEASURED, ESTIMATED, NONE = "measured", "estimated", "none"
+
+
+def _positive(x: float | None) -> bool:
+    return x is not None and math.isfinite(x) and x > 0
+
+
+# -- 1. training time ---------------------------------------------------------------------------
+def time_for_batches_s(num_batches: int | None, batch_size_global: int | None, images_per_sec: float | None) -> float | None:
+    """Seconds the N measured batches took: t = N x B_global / X.
+
+    tf_cnn_benchmarks computes its ``total images/sec`` X as N x B_global / t over the measured
+    (post-warm-up) loop, so t follows back from it. Example: 100 batches of 64 images at
+    292.85 images/sec took 100 x 64 / 292.85 = 21.854 s.
+    """
+    if not (num_batches and batch_size_global and _positive(images_per_sec)):
+        return None
+    return num_batches * batch_size_global / images_per_sec
+
+
+def time_to_accuracy_s(points: Iterable[tuple[float, float]], target: float | None) -> float | None:
+    """The first elapsed time at which the reported accuracy reached the target: min{t : acc(t) >= target}.
+
+    `points` are (elapsed seconds, accuracy) pairs as the harness reports them; tf_cnn_benchmarks
+    reports one final accuracy (``Accuracy @ 1``), so there t is the case's wall time when the final
+    accuracy reached the target, else None (the target was not reached).
+    """
+    if target is None:
+        return None
+    hits = [t for t, acc in points if t is not None and acc is not None and acc >= target]
+    return min(hits) if hits else None
+
+
+# -- 2. throughput ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StepStats:
+    """Spread of the per-step throughput samples.
+
+    n: samples used; median; mean; stdev: sample standard deviation (n - 1 in the denominator);
+    spread: max - min; cv: coefficient of variation, stdev / mean (0 for a single sample).
+    """
+
+    n: int
+    median: float
+    mean: float
+    stdev: float
+    spread: float
+    cv: float
+
+
+def step_stats(values: Sequence[float | None], warmup_steps: int = 0) -> StepStats | None:
+    """Median, spread (max - min) and coefficient of variation (s / mean) of the step samples after warm-up.
+
+    The first `warmup_steps` samples are dropped. tf_cnn_benchmarks (and the CPU smoke harness) run
+    `--num_warmup_batches` before they print step 1, so their printed steps are all after warm-up
+    and `warmup_steps` is 0. Their step value is the mean images/sec since step 1, so the spread
+    of these samples shows the drift of the running mean, not the jitter of single batches.
+    None when no sample is left.
+    """
+    xs = [float(v) for v in values[warmup_steps:] if v is not None and math.isfinite(v)]
+    if not xs:
+        return None
+    mean = statistics.fmean(xs)
+    stdev = statistics.stdev(xs) if len(xs) > 1 else 0.0
+    return StepStats(n=len(xs), median=statistics.median(xs), mean=mean, stdev=stdev,
+                     spread=max(xs) - min(xs), cv=stdev / mean if mean else 0.0)
+
+
+# -- 3. speedup efficiency ----------------------------------------------------------------------
+def speedup_efficiency(images_per_sec: float | None, num_gpus: int | None, one_gpu_images_per_sec: float | None) -> float | None:
+    """E = X_N / (N x X_1): 1.0 is linear scaling, 0.5 means half of the added GPUs' worth is lost."""
+    if not (num_gpus and num_gpus > 0 and _positive(images_per_sec) and _positive(one_gpu_images_per_sec)):
+        return None
+    return images_per_sec / (num_gpus * one_gpu_images_per_sec)
+
+
+# What makes two cases comparable for speedup: everything but the GPU count.
+SPEEDUP_MATCH = ("dag_id", "run_id", "host", "benchmark", "image_name", "model", "batch_size_per_device",
+                 "precision", "variable_update", "device")
+
+
+def match_speedup(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], tuple[float, str]]:
+    """{(host, case_key): (efficiency, the 1-GPU case_key it was computed against)} for every ok GPU row
+    whose run has an ok 1-GPU row with the same `SPEEDUP_MATCH` fields (the 1-GPU row itself gets 1.0)."""
+    ok = [r for r in rows if r.get("status") == "ok" and (r.get("num_gpus") or 0) >= 1 and _positive(r.get("images_per_sec"))]
+    baselines = {tuple(r.get(k) for k in SPEEDUP_MATCH): r for r in ok if r["num_gpus"] == 1}
+    out = {}
+    for r in ok:
+        base = baselines.get(tuple(r.get(k) for k in SPEEDUP_MATCH))
+        if base is None:
+            continue
+        eff = speedup_efficiency(r["images_per_sec"], r["num_gpus"], base["images_per_sec"])
+        if eff is not None:
+            out[(r["host"], r["case_key"])] = (eff, base["case_key"])
+    return out
+
+
+_FP16_FLAG = re.compile(r"^--(use_fp16|auto_mixed_precision)(?:=(.*))?$")
+_FALSE = {"false", "0", "no", "off", "f", "n"}
+
+
+def precision_of(command: Sequence[str] | str | None) -> str | None:
+    """'fp16' when the tf_cnn_benchmarks command line turns on `--use_fp16` or `--auto_mixed_precision`,
+    else 'fp32' (the harness's default); None without a command. Accepts a list or its JSON text."""
+    if command is None:
+        return None
+    if isinstance(command, str):
+        try:
+            command = json.loads(command)
+        except ValueError:
+            command = command.split()
+    if not isinstance(command, (list, tuple)):
+        return None
+    for arg in command:
+        m = _FP16_FLAG.match(str(arg))
+        if m and (m.group(2) is None or m.group(2).strip().lower() not in _FALSE):
+            return "fp16"
+    return "fp32"
+
+
+# -- 4. cost ------------------------------------------------------------------------------------
+def gpu_hour_price(host_price: float | None, catalog_price: float | None) -> tuple[float | None, str | None]:
+    """(price per GPU-hour, where it came from): the host's configured price wins, else the catalog's default."""
+    if host_price is not None:
+        return float(host_price), "host"
+    if catalog_price is not None:
+        return float(catalog_price), "catalog"
+    return None, None
+
+
+def cost_usd(price_per_gpu_hour: float | None, num_gpus: int | None, duration_s: float | None) -> float | None:
+    """What the case cost: C = P x N x t / 3600 (P USD per GPU-hour, N GPUs, t seconds of wall time)."""
+    if price_per_gpu_hour is None or not num_gpus or duration_s is None or duration_s < 0:
+        return None
+    return price_per_gpu_hour * num_gpus * duration_s / SECONDS_PER_HOUR
+
+
+def cost_per_million_images_usd(price_per_gpu_hour: float | None, num_gpus: int | None, images_per_sec: float | None) -> float | None:
+    """What a million images cost at the measured throughput: P x N / (3600 x X) x 10^6.
+
+    Startup and warm-up are not in it (they are in `cost_usd`), so it compares hosts and GPU
+    counts at steady state.
+    """
+    if price_per_gpu_hour is None or not num_gpus or not _positive(images_per_sec):
+        return None
+    return price_per_gpu_hour * num_gpus / (SECONDS_PER_HOUR * images_per_sec) * 1e6
+
+
+# -- 5. power and energy ------------------------------------------------------------------------
+def estimated_power_w(tdp_w: float | None, num_gpus: int | None, utilisation: float = 1.0) -> float | None:
+    """Utilisation model of board power: P = N x TDP x u, u in [0, 1].
+
+    u is the measured mean GPU utilisation when the telemetry had one (NVML without power readings),
+    else 1.0: a training benchmark keeps its GPUs busy, and the board's TDP is its power ceiling, so
+    the estimate is an upper bound.
+    """
+    if not num_gpus or not _positive(tdp_w):
+        return None
+    u = min(max(utilisation, 0.0), 1.0)
+    return num_gpus * tdp_w * u
+
+
+def energy_j(mean_power_w: float | None, duration_s: float | None) -> float | None:
+    """E = P x t (W x s = J)."""
+    if mean_power_w is None or duration_s is None or duration_s < 0:
+        return None
+    return mean_power_w * duration_s
+
+
+def kwh(joules: float | None) -> float | None:
+    """kWh = J / 3.6e6."""
+    return None if joules is None else joules / JOULES_PER_KWH
+
+
+def images_per_joule(images_per_sec: float | None, mean_power_w: float | None) -> float | None:
+    """Images per joule at the measured throughput: X / P ((images/s) / (J/s))."""
+    if not (_positive(images_per_sec) and _positive(mean_power_w)):
+        return None
+    return images_per_sec / mean_power_w
+
+
+def carbon_g(energy_kwh: float | None, g_per_kwh: float | None) -> float | None:
+    """gCO2e = kWh x grid intensity (gCO2e/kWh)."""
+    if energy_kwh is None or g_per_kwh is None:
+        return None
+    return energy_kwh * g_per_kwh
+
+
+# -- the GPU catalog ----------------------------------------------------------------------------
+NUMERIC_FIELDS = ("memory_gib", "tdp_w", "price_per_gpu_hour_usd")
+Numeric = Literal["memory_gib", "tdp_w", "price_per_gpu_hour_usd"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CatalogSource(_Frozen):
+    url: str = Field(pattern=r"^https?://\S+$")
+    via: str | None = Field(None, pattern=r"^https?://\S+$")
+    read_on: date
+    supports: list[Numeric] = Field(min_length=1)
+    says: str = Field(min_length=1)
+
+
+class Unsourced(_Frozen):
+    field: Numeric
+    note: str = Field(min_length=1)
+
+
+class GpuModel(_Frozen):
+    """One catalog entry (see the header of include/config/gpu_catalog.yaml)."""
+
+    name: str = Field(min_length=1)
+    patterns: list[str] = Field(min_length=1)
+    memory_gib: float = Field(gt=0)
+    tdp_w: float = Field(gt=0)
+    price_per_gpu_hour_usd: float | None = Field(None, ge=0)
+    sources: list[CatalogSource] = Field(min_length=1)
+    unsourced: list[Unsourced] = []
+
+    @field_validator("patterns")
+    @classmethod
+    def _regexes(cls, patterns: list[str]) -> list[str]:
+        for p in patterns:
+            try:
+                re.compile(p)
+            except re.error as exc:
+                raise ValueError(f"not a regular expression: {p!r} ({exc})") from None
+        return patterns
+
+    @model_validator(mode="after")
+    def _every_number_has_a_source(self) -> "GpuModel":
+        backed = {f for s in self.sources for f in s.supports} | {u.field for u in self.unsourced}
+        missing = [f for f in NUMERIC_FIELDS if getattr(self, f) is not None and f not in backed]
+        if missing:
+            raise ValueError(f"no source and not marked unsourced: {', '.join(missing)}")
+        return self
+
+    def matches(self, gpu_name: str) -> bool:
+        name = normalise_gpu_name(gpu_name)
+        return any(re.fullmatch(p, name, re.IGNORECASE) for p in self.patterns)
+
+
+def normalise_gpu_name(name: str) -> str:
+    """'NVIDIA  A100-SXM4-40GB ' -> 'A100-SXM4-40GB': whitespace collapsed, a leading 'NVIDIA ' dropped."""
+    name = " ".join(name.split())
+    return name[7:] if name.lower().startswith("nvidia ") else name
+
+
+class GpuCatalog(_Frozen):
+    gpus: list[GpuModel] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> "GpuCatalog":
+        names = [g.name for g in self.gpus]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate names: {', '.join(dupes)}")
+        return self
+
+    def lookup(self, gpu_model: str | None) -> GpuModel | None:
+        """The first entry matching the host's GPU name; None for no GPU, an unknown model or a mix
+        of models (`HostFacts.gpu_model` joins several names with ', ')."""
+        if not gpu_model or "," in gpu_model:
+            return None
+        return next((g for g in self.gpus if g.matches(gpu_model)), None)
+
+
+def catalog_path() -> Path:
+    """`FLEETBENCH_GPU_CATALOG`, else include/config/gpu_catalog.yaml."""
+    return Path(os.environ.get("FLEETBENCH_GPU_CATALOG") or PROJECT_ROOT / "include" / "config" / "gpu_catalog.yaml")
+
+
+def parse_catalog(data: Any, source: str = "<catalog>") -> GpuCatalog:
+    """Validate catalog data; errors name the field (`gpus[3].tdp_w: must be > 0, got -1`)."""
+    from fleetbench.config import ConfigError, format_validation_error
+
+    if not isinstance(data, dict):
+        raise ConfigError(source, ["(top level): must be a mapping with a gpus list"])
+    try:
+        return GpuCatalog.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(source, format_validation_error(exc)) from None
+
+
+def load_catalog(path: str | Path | None = None) -> GpuCatalog:
+    """Read and validate the GPU catalog (`catalog_path()` by default); raises `ConfigError` naming the field."""
+    from fleetbench.config import ConfigError
+
+    path = Path(path) if path is not None else catalog_path()
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(str(path), [f"cannot read file: {exc.strerror or exc}"]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(path), [f"invalid YAML: {exc}"]) from None
+    return parse_catalog(data, str(path))
+
+
+def load_catalog_or_none(path: str | Path | None = None) -> GpuCatalog | None:
+    """`load_catalog`, but a missing or broken catalog is logged and gives None: results are stored
+    without catalog-based figures (TDP estimates, default prices) rather than not at all."""
+    from fleetbench.config import ConfigError
+
+    try:
+        return load_catalog(path)
+    except ConfigError as exc:
+        log.error("GPU catalog not used: %s", exc)
+        return None
+
+
+# -- settings and derive ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MetricSettings:
+    """What `derive` needs from the fleet config: host prices, the grid's carbon intensity, an accuracy target."""
+
+    host_prices: Mapping[str, float | None] = field(default_factory=dict)
+    carbon_g_per_kwh: float | None = None
+    target_accuracy_top1: float | None = None
+
+    @classmethod
+    def from_config(cls, cfg) -> "MetricSettings":
+        """From a `fleetbench.config.FleetConfig`."""
+        return cls(host_prices={h.name: h.price_per_gpu_hour for h in cfg.hosts},
+                   carbon_g_per_kwh=cfg.fleet.carbon_g_per_kwh)
+
+
+def settings_from_plan(plan: Mapping[str, Any]) -> MetricSettings:
+    """Host prices from the run's plan; the fleet settings (carbon) from the config file the plan was made
+    from, used only while that file still has the plan's digest (an edited file is not this run's config)."""
+    prices = {h["name"]: h.get("price_per_gpu_hour") for h in plan.get("hosts", [])}
+    run = plan.get("run", {})
+    carbon = None
+    if run.get("config_path"):
+        from fleetbench.config import ConfigError, load_config
+
+        try:
+            cfg = load_config(run["config_path"])
+        except ConfigError as exc:
+            log.warning("metrics: fleet settings not read (%s); no carbon figures", exc)
+        else:
+            if cfg.digest() == run.get("config_digest"):
+                carbon = cfg.fleet.carbon_g_per_kwh
+            else:
+                log.warning("metrics: %s changed since the plan was made; no carbon figures", run["config_path"])
+    return MetricSettings(host_prices=prices, carbon_g_per_kwh=carbon)
+
+
+DERIVED_COLUMNS = (
+    "precision", "gpu_catalog_name", "time_for_batches_s", "time_to_accuracy_s",
+    "step_median_images_per_sec", "step_spread_images_per_sec", "step_cv",
+    "speedup_efficiency", "speedup_baseline_case_key",
+    "price_per_gpu_hour", "price_source", "cost_usd", "cost_per_million_images_usd",
+    "energy_kwh", "images_per_joule", "carbon_g_per_kwh", "carbon_g",
+)
+"""Result columns `derive` fills (besides energy_source, energy_j and mean_power_w for estimates)."""
+
+
+def derive(rows: Sequence[Mapping[str, Any]], steps: Iterable[Mapping[str, Any]], catalog: GpuCatalog | None,
+           config: MetricSettings | None) -> list[dict]:
+    """A run's result rows with every derived metric filled in (new dicts; the input is not changed).
+
+    `steps` are the run's step rows (host, case_key, step, images_per_sec); `catalog` may be None
+    (no TDP or default price then); `config` the fleet's `MetricSettings`. Energy: a row the
+    telemetry wrapper measured keeps its numbers; a GPU case that ran without a measurement gets
+    N x TDP x u over its wall time, flagged `energy_source = "estimated"`; CPU cases and cases
+    that never ran get `energy_source = "none"`.
+    """
+    config = config or MetricSettings()
+    by_case: dict[tuple, list[Mapping[str, Any]]] = {}
+    for s in steps:
+        by_case.setdefault((s["host"], s["case_key"]), []).append(s)
+
+    out = [dict(r) for r in rows]
+    for r in out:
+        if r.get("precision") is None:
+            r["precision"] = precision_of(r.get("command"))
+    speedups = match_speedup(out)
+
+    for r in out:
+        gpus = r.get("num_gpus") or 0
+        ips = r.get("images_per_sec")
+        duration = r.get("duration_s")
+        gpu = catalog.lookup(r.get("gpu_model")) if catalog is not None and gpus > 0 else None
+        r["gpu_catalog_name"] = gpu.name if gpu else None
+
+        # 1. training time
+        r["time_for_batches_s"] = time_for_batches_s(r.get("num_batches"), r.get("batch_size_global"), ips)
+        accuracy = r.get("accuracy_top1")
+        r["time_to_accuracy_s"] = time_to_accuracy_s([(duration, accuracy)], config.target_accuracy_top1)
+
+        # 2. throughput of the steps
+        samples = [s.get("images_per_sec") for s in sorted(by_case.get((r.get("host"), r.get("case_key")), []),
+                                                           key=lambda s: s["step"])]
+        stats = step_stats(samples)
+        r["step_median_images_per_sec"] = stats.median if stats else None
+        r["step_spread_images_per_sec"] = stats.spread if stats else None
+        r["step_cv"] = stats.cv if stats else None
+
+        # 3. speedup
+        eff, base = speedups.get((r.get("host"), r.get("case_key")), (None, None))
+        r["speedup_efficiency"], r["speedup_baseline_case_key"] = eff, base
+
+        # 4. cost
+        price, price_source = (gpu_hour_price(config.host_prices.get(r.get("host")), gpu.price_per_gpu_hour_usd if gpu else None)
+                               if gpus > 0 else (None, None))
+        r["price_per_gpu_hour"], r["price_source"] = price, price_source
+        r["cost_usd"] = cost_usd(price, gpus, duration)
+        r["cost_per_million_images_usd"] = cost_per_million_images_usd(price, gpus, ips)
+
+        # 5. power and energy
+        if r.get("energy_source") == MEASURED and r.get("energy_j") is not None:
+            pass
+        elif gpus > 0 and duration is not None and gpu is not None:
+            util = r.get("mean_gpu_util_pct")
+            power = estimated_power_w(gpu.tdp_w, gpus, util / 100.0 if util is not None else 1.0)
+            r["mean_power_w"], r["energy_j"], r["energy_source"] = power, energy_j(power, duration), ESTIMATED
+        else:
+            r["energy_source"], r["energy_j"] = NONE, None
+        r["energy_kwh"] = kwh(r.get("energy_j"))
+        r["images_per_joule"] = images_per_joule(ips, r.get("mean_power_w")) if r["energy_source"] != NONE else None
+        r["carbon_g_per_kwh"] = config.carbon_g_per_kwh if r["energy_kwh"] is not None else None
+        r["carbon_g"] = carbon_g(r["energy_kwh"], config.carbon_g_per_kwh)
+    return out

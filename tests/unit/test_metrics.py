@@ -1,0 +1,382 @@
+"""Derived metrics against hand-worked numbers, from real Lambda logs where the numbers come from a log.
+
+Real logs: /work/shared/fixtures/real-logs (see SOURCES.md there) and tests/fixtures/logs
+(tfcnn_resnet50_2gpu_lambda-2080ti-tf115.log, see SOURCES.md there). The arithmetic behind every
+expected number is written next to it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fleetbench.metrics import (ESTIMATED, MEASURED, NONE, MetricSettings, carbon_g, cost_per_million_images_usd, cost_usd,
+                                derive, energy_j, estimated_power_w, gpu_hour_price, images_per_joule, kwh, load_catalog,
+                                match_speedup, precision_of, settings_from_plan, speedup_efficiency, step_stats,
+                                time_for_batches_s, time_to_accuracy_s)
+from fleetbench.parsing import parse_log
+
+ROOT = Path(__file__).resolve().parents[2]
+REAL_LOGS = ROOT.parent / "shared" / "fixtures" / "real-logs"
+OUR_LOGS = ROOT / "tests" / "fixtures" / "logs"
+RESNET_1GPU_2080TI = REAL_LOGS / "tfcnn_resnet50_1gpu_lambda-2080ti-tf115.log"
+RESNET_2GPU_2080TI = OUR_LOGS / "tfcnn_resnet50_2gpu_lambda-2080ti-tf115.log"
+RESNET_8GPU_V100 = REAL_LOGS / "tfcnn_resnet50_8gpu_lambda-v100-fp16.log"
+
+
+def parsed(path: Path):
+    return parse_log(path.read_text(encoding="utf-8"), "tf_cnn_benchmarks")
+
+
+def step_values(path: Path) -> list[float]:
+    return [s.images_per_sec for s in parsed(path).steps]
+
+
+# -- 1. training time ---------------------------------------------------------------------------
+def test_time_for_batches_from_real_logs():
+    one, two = parsed(RESNET_1GPU_2080TI), parsed(RESNET_2GPU_2080TI)
+    # 1 GPU: 100 batches x 64 images / 292.85 images/s = 6400 / 292.85 = 21.8542 s
+    assert time_for_batches_s(100, one.batch_size_global, one.total_images_per_sec) == pytest.approx(21.8542, abs=1e-4)
+    # 2 GPUs: 100 x 128 / 530.29 = 12800 / 530.29 = 24.1377 s
+    assert time_for_batches_s(100, two.batch_size_global, two.total_images_per_sec) == pytest.approx(24.1377, abs=1e-4)
+    # The log's own clock agrees: step 1 at unix 1593716179, step 100 at 1593716200 (21 s, whole seconds).
+    assert 21 <= time_for_batches_s(100, 64, 292.85) <= 22
+
+
+@pytest.mark.parametrize("args", [(None, 64, 292.85), (100, None, 292.85), (100, 64, None), (100, 64, 0.0), (0, 64, 1.0)])
+def test_time_for_batches_needs_every_input(args):
+    assert time_for_batches_s(*args) is None
+
+
+def test_time_to_accuracy():
+    # Accuracy reported at 30 s (0.61), 60 s (0.74), 90 s (0.76): the target 0.75 is first reached at 90 s,
+    # 0.70 at 60 s; 0.80 never.
+    points = [(30.0, 0.61), (60.0, 0.74), (90.0, 0.76)]
+    assert time_to_accuracy_s(points, 0.75) == 90.0
+    assert time_to_accuracy_s(points, 0.70) == 60.0
+    assert time_to_accuracy_s(points, 0.80) is None
+    assert time_to_accuracy_s(points, None) is None
+    # tf_cnn_benchmarks' eval fixture reports one final "Accuracy @ 1 = 0.7500": reached at the case's wall time.
+    final = parse_log((OUR_LOGS / "tf_cnn_eval_accuracy_real_data.log").read_text(), "tf_cnn_benchmarks").accuracy_top1
+    assert final == 0.75
+    assert time_to_accuracy_s([(42.0, final)], 0.75) == 42.0
+    assert time_to_accuracy_s([(42.0, None)], 0.75) is None
+
+
+# -- 2. throughput ------------------------------------------------------------------------------
+def test_step_stats_of_the_1gpu_2080ti_log():
+    values = step_values(RESNET_1GPU_2080TI)
+    assert values == [295.2, 294.8, 294.3, 294.0, 293.9, 293.8, 293.8, 293.4, 293.4, 293.3, 293.1]
+    stats = step_stats(values)
+    # sorted: 293.1 293.3 293.4 293.4 293.8 [293.8] 293.9 294.0 294.3 294.8 295.2 -> median (6th of 11) 293.8
+    # sum 3233.0 -> mean 3233.0 / 11 = 293.90909
+    # squared deviations from the mean sum to 4.189091 -> s^2 = 4.189091 / 10, s = 0.647232
+    # cv = 0.647232 / 293.90909 = 0.0022021; spread = 295.2 - 293.1 = 2.1
+    assert stats.n == 11
+    assert stats.median == pytest.approx(293.8)
+    assert stats.mean == pytest.approx(293.90909, abs=1e-5)
+    assert stats.stdev == pytest.approx(0.647232, abs=1e-6)
+    assert stats.cv == pytest.approx(0.0022021, abs=1e-7)
+    assert stats.spread == pytest.approx(2.1)
+
+
+def test_step_stats_of_the_2gpu_2080ti_log():
+    values = step_values(RESNET_2GPU_2080TI)
+    assert values == [541.4, 539.9, 539.9, 539.1, 538.9, 538.5, 537.7, 535.8, 533.6, 532.0, 530.6]
+    stats = step_stats(values)
+    # sorted: 530.6 532.0 533.6 535.8 537.7 [538.5] 538.9 539.1 539.9 539.9 541.4 -> median 538.5
+    # sum 5907.4 -> mean 537.03636; squared deviations sum to 125.885455 -> s = sqrt(12.5885455) = 3.548034
+    # cv = 3.548034 / 537.03636 = 0.0066067; spread = 541.4 - 530.6 = 10.8
+    assert stats.median == pytest.approx(538.5)
+    assert stats.stdev == pytest.approx(3.548034, abs=1e-6)
+    assert stats.cv == pytest.approx(0.0066067, abs=1e-7)
+    assert stats.spread == pytest.approx(10.8)
+
+
+def test_step_stats_drops_warm_up_samples():
+    # Without the first sample (a warm-up 50.0): 98, 100, 102 -> median 100, mean 100,
+    # s = sqrt((4 + 0 + 4) / 2) = 2, cv = 0.02, spread 4.
+    stats = step_stats([50.0, 98.0, 100.0, 102.0], warmup_steps=1)
+    assert (stats.n, stats.median, stats.mean, stats.stdev, stats.spread) == (3, 100.0, 100.0, 2.0, 4.0)
+    assert stats.cv == pytest.approx(0.02)
+    single = step_stats([7.0])
+    assert (single.n, single.median, single.stdev, single.cv, single.spread) == (1, 7.0, 0.0, 0.0, 0.0)
+    assert step_stats([]) is None
+    assert step_stats([5.0], warmup_steps=1) is None
+
+
+# -- 3. speedup efficiency ----------------------------------------------------------------------
+def test_speedup_efficiency_formula():
+    # 4 GPUs at 1000 images/s against 1 GPU at 300: 1000 / (4 x 300) = 0.8333
+    assert speedup_efficiency(1000.0, 4, 300.0) == pytest.approx(0.833333, abs=1e-6)
+    assert speedup_efficiency(300.0, 1, 300.0) == 1.0
+    assert speedup_efficiency(None, 4, 300.0) is None
+    assert speedup_efficiency(1000.0, 0, 300.0) is None
+    assert speedup_efficiency(1000.0, 4, 0.0) is None
+
+
+def lambda_row(path: Path, host: str, **over) -> dict:
+    """A result row as fleetbench.airflow.pipeline.collect builds it, with the numbers a real log gives."""
+    log = parsed(path)
+    gpus = log.num_gpus
+    row = {
+        "dag_id": "fleet_benchmark", "run_id": "r1", "host": host,
+        "case_key": f"cnn.{log.model}.bs{log.batch_size_per_device}.g{gpus}.{log.variable_update}",
+        "benchmark": "cnn", "model": log.model, "batch_size_per_device": log.batch_size_per_device,
+        "batch_size_global": log.batch_size_global, "num_gpus": gpus, "variable_update": log.variable_update,
+        "device": "gpu", "num_batches": 100, "image_name": "tf1", "status": log.status,
+        "images_per_sec": log.total_images_per_sec, "step_count": log.step_count, "duration_s": 60.0,
+        "command": ["python", "tf_cnn_benchmarks.py", f"--model={log.model}", f"--num_gpus={gpus}"],
+        "gpu_model": None, "energy_source": "none", "energy_j": None, "mean_power_w": None, "mean_gpu_util_pct": None,
+    }
+    row.update(over)
+    return row
+
+
+def step_rows_of(path: Path, row: dict) -> list[dict]:
+    return [{"dag_id": row["dag_id"], "run_id": row["run_id"], "host": row["host"], "case_key": row["case_key"],
+             "step": s.step, "images_per_sec": s.images_per_sec} for s in parsed(path).steps]
+
+
+def test_speedup_is_matched_across_the_runs_rows_from_real_logs():
+    one = lambda_row(RESNET_1GPU_2080TI, "lambda-2080ti", precision="fp32")
+    two = lambda_row(RESNET_2GPU_2080TI, "lambda-2080ti", precision="fp32")
+    # The V100 8-GPU log: batch 384 per device and fp16 (its Lambda folder says so), on another host;
+    # no 1-GPU run of that host, model, batch and precision: no efficiency.
+    eight = lambda_row(RESNET_8GPU_V100, "lambda-v100", precision="fp16")
+    matched = match_speedup([one, two, eight])
+    # 530.29 / (2 x 292.85) = 530.29 / 585.70 = 0.905395
+    assert matched[("lambda-2080ti", two["case_key"])] == (pytest.approx(0.905395, abs=1e-6), one["case_key"])
+    assert matched[("lambda-2080ti", one["case_key"])] == (1.0, one["case_key"])
+    assert ("lambda-v100", eight["case_key"]) not in matched
+
+
+def test_speedup_needs_the_same_host_batch_and_precision():
+    one = lambda_row(RESNET_1GPU_2080TI, "lambda-2080ti", precision="fp32")
+    two = lambda_row(RESNET_2GPU_2080TI, "lambda-2080ti", precision="fp32")
+    for field, value in (("host", "other-host"), ("precision", "fp16"), ("batch_size_per_device", 128),
+                         ("run_id", "r2"), ("variable_update", "parameter_server")):
+        assert ("lambda-2080ti" if field != "host" else "other-host", two["case_key"]) not in match_speedup(
+            [one, {**two, field: value}]), field
+    failed_baseline = {**one, "status": "failed", "images_per_sec": None}
+    assert ("lambda-2080ti", two["case_key"]) not in match_speedup([failed_baseline, two])
+
+
+@pytest.mark.parametrize("command, expected", [
+    (["python", "tf_cnn_benchmarks.py", "--model=resnet50"], "fp32"),
+    (["python", "tf_cnn_benchmarks.py", "--use_fp16"], "fp16"),
+    (["python", "tf_cnn_benchmarks.py", "--use_fp16=True"], "fp16"),
+    (["python", "tf_cnn_benchmarks.py", "--use_fp16=false"], "fp32"),
+    (["python", "tf_cnn_benchmarks.py", "--auto_mixed_precision=True"], "fp16"),
+    ('["python", "x.py", "--use_fp16=1"]', "fp16"),  # as the warehouse stores it (JSON text)
+    (None, None),
+])
+def test_precision_of_the_command_line(command, expected):
+    assert precision_of(command) == expected
+
+
+# -- 4. cost ------------------------------------------------------------------------------------
+def test_cost_formulas():
+    # fleet.gpu-example.yaml's gpu-a100-01 costs 2.9 USD per GPU-hour: 8 GPUs for 90 s
+    # = 2.9 x 8 x 90 / 3600 = 0.58 USD
+    assert cost_usd(2.9, 8, 90.0) == pytest.approx(0.58)
+    # at the V100 log's 4676.54 images/s a million images cost 2.9 x 8 / (3600 x 4676.54) x 1e6
+    # = 23.2 / 16835544 x 1e6 = 1.378037 USD
+    assert cost_per_million_images_usd(2.9, 8, 4676.54) == pytest.approx(1.378037, abs=1e-6)
+    assert cost_usd(None, 8, 90.0) is None and cost_usd(2.9, 0, 90.0) is None and cost_usd(2.9, 8, None) is None
+    assert cost_per_million_images_usd(2.9, 8, 0.0) is None
+
+
+def test_host_price_wins_over_the_catalog():
+    assert gpu_hour_price(2.9, 1.99) == (2.9, "host")
+    assert gpu_hour_price(None, 1.99) == (1.99, "catalog")
+    assert gpu_hour_price(0.0, 1.99) == (0.0, "host")  # an owned host can cost nothing per hour
+    assert gpu_hour_price(None, None) == (None, None)
+
+
+# -- 5. power and energy ------------------------------------------------------------------------
+def test_energy_formulas():
+    # 8 V100 SXM3 at the catalog's 350 W each, fully busy: 8 x 350 x 1.0 = 2800 W
+    assert estimated_power_w(350, 8) == 2800.0
+    # 60 % utilisation: 8 x 350 x 0.6 = 1680 W; the model clamps u to [0, 1]
+    assert estimated_power_w(350, 8, 0.6) == pytest.approx(1680.0)
+    assert estimated_power_w(350, 8, 1.7) == 2800.0
+    assert estimated_power_w(350, 0) is None and estimated_power_w(None, 8) is None
+    # 2800 W for 90 s = 252000 J = 252000 / 3.6e6 kWh = 0.07 kWh
+    assert energy_j(2800.0, 90.0) == 252000.0
+    assert kwh(252000.0) == pytest.approx(0.07)
+    # 4676.54 images/s at 2800 W = 4676.54 / 2800 = 1.670193 images per joule
+    assert images_per_joule(4676.54, 2800.0) == pytest.approx(1.670193, abs=1e-6)
+    # 0.07 kWh on a 400 gCO2e/kWh grid = 28 g
+    assert carbon_g(0.07, 400.0) == pytest.approx(28.0)
+    assert carbon_g(0.07, None) is None and kwh(None) is None and images_per_joule(100.0, 0.0) is None
+
+
+# -- derive: every metric on a run's rows -------------------------------------------------------
+def run_rows() -> tuple[list[dict], list[dict]]:
+    one = lambda_row(RESNET_1GPU_2080TI, "lambda-2080ti", gpu_model="GeForce RTX 2080 Ti", duration_s=60.0,
+                     energy_source="measured", energy_j=12000.0, mean_power_w=200.0, mean_gpu_util_pct=97.0)
+    two = lambda_row(RESNET_2GPU_2080TI, "lambda-2080ti", gpu_model="GeForce RTX 2080 Ti", duration_s=75.0)
+    v100 = lambda_row(RESNET_8GPU_V100, "lambda-v100", gpu_model="Tesla V100-SXM3-32GB", duration_s=90.0,
+                      mean_gpu_util_pct=60.0, command=["python", "tf_cnn_benchmarks.py", "--use_fp16=True"])
+    cpu = {**lambda_row(RESNET_1GPU_2080TI, "localhost", duration_s=5.0), "case_key": "smoke.trivial.bs8.g0.parameter_server",
+           "num_gpus": 0, "device": "cpu", "model": "trivial"}
+    skipped = {**lambda_row(RESNET_1GPU_2080TI, "ghost", gpu_model=None, duration_s=None), "status": "skipped",
+               "images_per_sec": None, "failure_class": "host_unfit", "command": None}
+    steps = step_rows_of(RESNET_1GPU_2080TI, one) + step_rows_of(RESNET_2GPU_2080TI, two)
+    return [one, two, v100, cpu, skipped], steps
+
+
+def test_derive_fills_every_metric():
+    rows, steps = run_rows()
+    before = json.dumps(rows, sort_keys=True)
+    settings = MetricSettings(host_prices={"lambda-2080ti": 0.35, "lambda-v100": None}, carbon_g_per_kwh=400.0)
+    one, two, v100, cpu, skipped = derive(rows, steps, load_catalog(), settings)
+    assert json.dumps(rows, sort_keys=True) == before  # the input rows are not changed
+
+    # 1-GPU 2080 Ti: measured energy stays; 12000 J = 0.0033333 kWh; 292.85 images/s / 200 W = 1.46425 images/J;
+    # carbon 0.0033333 kWh x 400 = 1.33333 g; host price 0.35 x 1 GPU x 60 s / 3600 = 0.0058333 USD
+    assert (one["energy_source"], one["energy_j"], one["mean_power_w"]) == (MEASURED, 12000.0, 200.0)
+    assert one["energy_kwh"] == pytest.approx(0.0033333, abs=1e-7)
+    assert one["images_per_joule"] == pytest.approx(1.46425)
+    assert one["carbon_g"] == pytest.approx(1.33333, abs=1e-5) and one["carbon_g_per_kwh"] == 400.0
+    assert (one["price_per_gpu_hour"], one["price_source"]) == (0.35, "host")
+    assert one["cost_usd"] == pytest.approx(0.0058333, abs=1e-7)
+    assert one["time_for_batches_s"] == pytest.approx(21.8542, abs=1e-4)
+    assert one["step_median_images_per_sec"] == pytest.approx(293.8) and one["step_cv"] == pytest.approx(0.0022021, abs=1e-7)
+    assert one["step_spread_images_per_sec"] == pytest.approx(2.1)
+    assert (one["speedup_efficiency"], one["precision"], one["gpu_catalog_name"]) == (1.0, "fp32", "GeForce RTX 2080 Ti")
+
+    # 2-GPU 2080 Ti: not measured -> estimated from the catalog's 260 W: 2 x 260 x 1.0 = 520 W,
+    # x 75 s = 39000 J = 0.0108333 kWh; 530.29 / 520 = 1.019788 images/J; carbon 0.0108333 x 400 = 4.33333 g
+    assert (two["energy_source"], two["mean_power_w"], two["energy_j"]) == (ESTIMATED, 520.0, 39000.0)
+    assert two["energy_kwh"] == pytest.approx(0.0108333, abs=1e-7)
+    assert two["images_per_joule"] == pytest.approx(1.019788, abs=1e-6)
+    assert two["carbon_g"] == pytest.approx(4.33333, abs=1e-5)
+    # speedup 530.29 / (2 x 292.85) = 0.905395 against the 1-GPU case
+    assert two["speedup_efficiency"] == pytest.approx(0.905395, abs=1e-6)
+    assert two["speedup_baseline_case_key"] == one["case_key"]
+    # cost 0.35 x 2 x 75 / 3600 = 0.0145833 USD; a million images: 0.7 / (3600 x 530.29) x 1e6 = 0.366676 USD
+    assert two["cost_usd"] == pytest.approx(0.0145833, abs=1e-7)
+    assert two["cost_per_million_images_usd"] == pytest.approx(0.366676, abs=1e-6)
+    assert two["step_median_images_per_sec"] == pytest.approx(538.5)
+
+    # 8x V100 SXM3, fp16, no host price and no catalog price: no cost; energy estimated with the
+    # measured 60 % utilisation: 8 x 350 x 0.6 = 1680 W x 90 s = 151200 J = 0.042 kWh; no steps given
+    assert v100["precision"] == "fp16" and v100["gpu_catalog_name"] == "V100 SXM3 32GB"
+    assert (v100["price_per_gpu_hour"], v100["cost_usd"], v100["cost_per_million_images_usd"]) == (None, None, None)
+    assert (v100["energy_source"], v100["mean_power_w"]) == (ESTIMATED, pytest.approx(1680.0))
+    assert v100["energy_j"] == pytest.approx(151200.0) and v100["energy_kwh"] == pytest.approx(0.042)
+    assert v100["speedup_efficiency"] is None and v100["step_median_images_per_sec"] is None
+
+    # A CPU case: no GPU, so no GPU-hour cost and no energy; a skipped case has nothing to derive.
+    assert (cpu["energy_source"], cpu["energy_j"], cpu["cost_usd"], cpu["speedup_efficiency"]) == (NONE, None, None, None)
+    assert cpu["time_for_batches_s"] == pytest.approx(21.8542, abs=1e-4)
+    assert (skipped["energy_source"], skipped["time_for_batches_s"], skipped["precision"], skipped["carbon_g"]) == (
+        NONE, None, None, None)
+
+
+def test_derive_takes_the_price_from_the_catalog_when_the_host_has_none():
+    row = lambda_row(RESNET_8GPU_V100, "a100-host", gpu_model="NVIDIA A100-SXM4-40GB", duration_s=90.0,
+                     images_per_sec=7796.86)
+    (out,) = derive([row], [], load_catalog(), MetricSettings())
+    # catalog: A100 SXM4 40GB at 1.99 USD/GPU-h -> 1.99 x 8 x 90 / 3600 = 0.398 USD;
+    # a million images at 7796.86 images/s: 1.99 x 8 / (3600 x 7796.86) x 1e6 = 0.567180 USD
+    assert (out["price_per_gpu_hour"], out["price_source"]) == (1.99, "catalog")
+    assert out["cost_usd"] == pytest.approx(0.398)
+    assert out["cost_per_million_images_usd"] == pytest.approx(0.567180, abs=1e-6)
+    # 8 x 400 W (catalog TDP) x 90 s = 288000 J = 0.08 kWh; no carbon factor configured
+    assert out["energy_kwh"] == pytest.approx(0.08) and out["carbon_g"] is None
+
+
+def test_derive_without_a_catalog_estimates_nothing():
+    rows, steps = run_rows()
+    two = derive(rows, steps, None, None)[1]
+    assert (two["energy_source"], two["energy_j"], two["gpu_catalog_name"], two["price_source"]) == (NONE, None, None, None)
+    assert two["speedup_efficiency"] == pytest.approx(0.905395, abs=1e-6)  # needs no catalog
+
+
+# -- settings from the run's plan ---------------------------------------------------------------
+def gpu_fleet(carbon: float | None) -> dict:
+    return {
+        "fleet": {"name": "lab", "carbon_g_per_kwh": carbon},
+        "hosts": [{"name": "a100", "price_per_gpu_hour": 2.9}, {"name": "rtx"}],
+        "images": [{"name": "tf1", "ref": "nvcr.io/nvidia/tensorflow:23.03-tf1-py3", "cuda": "12.1",
+                    "command": ["python", "/workspace/tf_cnn_benchmarks.py"]}],
+        "benchmarks": [{"name": "cnn", "image": "tf1", "models": ["resnet50"], "batch_sizes": [64], "num_gpus": [1, 2],
+                        "variable_update": ["replicated"]}],
+    }
+
+
+def test_settings_from_the_plan(tmp_path):
+    from fleetbench.airflow.pipeline import make_plan
+    from fleetbench.config import load_config
+
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump(gpu_fleet(436.0)))
+    plan = make_plan({"dag_id": "fleet_benchmark", "run_id": "r1"}, str(path))
+    settings = settings_from_plan(plan)
+    assert settings.host_prices == {"a100": 2.9, "rtx": None}
+    assert settings.carbon_g_per_kwh == 436.0
+    assert MetricSettings.from_config(load_config(path)) == MetricSettings(
+        host_prices={"a100": 2.9, "rtx": None}, carbon_g_per_kwh=436.0)
+    # The file edited after the plan was made is not this run's config: no carbon figures.
+    path.write_text(yaml.safe_dump(gpu_fleet(100.0)))
+    assert settings_from_plan(plan).carbon_g_per_kwh is None
+    path.unlink()
+    assert settings_from_plan(plan) == MetricSettings(host_prices={"a100": 2.9, "rtx": None})
+
+
+def test_carbon_intensity_is_validated():
+    from fleetbench.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError) as err:
+        parse_config(gpu_fleet(-5.0))
+    assert "fleet.carbon_g_per_kwh: must be >= 0.0, got -5.0" in str(err.value)
+    assert parse_config(gpu_fleet(None)).fleet.carbon_g_per_kwh is None
+
+
+# -- the pipeline stores derived metrics ----------------------------------------------------------
+def test_store_writes_derived_metrics_for_every_row(data_dir, tmp_path):
+    """collect() -> store() on the two real 2080 Ti logs: the warehouse rows carry the derived metrics."""
+    from fleetbench.airflow.pipeline import collect, make_plan, store
+    from fleetbench.hosts import Gpu, HostFacts
+    from fleetbench.warehouse import fetch_results, get_engine
+
+    fleet = gpu_fleet(400.0)
+    fleet["hosts"] = [{"name": "lambda-2080ti", "price_per_gpu_hour": 0.35}]
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump(fleet))
+    plan = make_plan({"dag_id": "fleet_benchmark", "run_id": "manual__1", "logical_date": "2026-12-02T02:00:00+00:00"},
+                     str(path))
+    facts = HostFacts(driver_version="440.64", cuda_driver_version="10.2",
+                      gpus=[Gpu(i, "GeForce RTX 2080 Ti", None, 11019) for i in range(2)])
+    validations = [{"host": "lambda-2080ti", "verdict": "ready", "reasons": "", "checks": [], "facts": facts.to_dict()}]
+    prepared = [{"host": "lambda-2080ti", "images": {"tf1": {"ref": "nvcr.io/nvidia/tensorflow:23.03-tf1-py3",
+                                                            "digest": "sha256:" + "b" * 64, "pinned_ref": "x"}}}]
+    logs = {1: RESNET_1GPU_2080TI, 2: RESNET_2GPU_2080TI}
+    durations = {1: 60.0, 2: 75.0}
+    outcomes = [{"host": c["host"], "case_key": c["case_key"], "exit_code": 0, "log_path": str(logs[c["num_gpus"]]),
+                 "duration_s": durations[c["num_gpus"]], "started_at": "2026-12-02T02:01:00+00:00",
+                 "finished_at": "2026-12-02T02:02:15+00:00", "command": c["command"]} for c in plan["cases"]]
+
+    collected = collect(plan, validations, prepared, outcomes)
+    assert store(plan, validations, collected)["ok"] == 2
+
+    rows = {r["num_gpus"]: r for r in fetch_results(get_engine(), run_id="manual__1")}
+    one, two = rows[1], rows[2]
+    assert (one["precision"], one["gpu_catalog_name"], one["speedup_efficiency"]) == ("fp32", "GeForce RTX 2080 Ti", 1.0)
+    # 530.29 / (2 x 292.85) = 0.905395, matched to the 1-GPU case of the same run
+    assert two["speedup_efficiency"] == pytest.approx(0.905395, abs=1e-6)
+    assert two["speedup_baseline_case_key"] == one["case_key"] == "cnn.resnet50.bs64.g1.replicated"
+    # steps: median 538.5, cv 0.0066067 (see test_step_stats_of_the_2gpu_2080ti_log)
+    assert two["step_median_images_per_sec"] == pytest.approx(538.5) and two["step_cv"] == pytest.approx(0.0066067, abs=1e-7)
+    # the host's price: 0.35 x 2 x 75 / 3600 = 0.0145833 USD
+    assert (two["price_source"], two["cost_usd"]) == ("host", pytest.approx(0.0145833, abs=1e-7))
+    # no telemetry in Lambda's logs: estimated, 2 x 260 W x 75 s = 39000 J; 0.0108333 kWh x 400 g/kWh = 4.33333 g
+    assert (two["energy_source"], two["energy_j"]) == ("estimated", 39000.0)
+    assert two["carbon_g"] == pytest.approx(4.33333, abs=1e-5) and two["carbon_g_per_kwh"] == 400.0
+    assert one["time_for_batches_s"] == pytest.approx(21.8542, abs=1e-4)
