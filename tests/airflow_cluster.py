@@ -146,11 +146,11 @@ class LocalAirflow:
             engine.dispose()
         return [dict(r._mapping) for r in rows]
 
-    def wait_for_runs(self, dag_id: str, count: int, timeout: float = 600) -> list[dict]:
-        """Until `count` runs of the DAG exist and all are finished."""
+    def wait_for_runs(self, dag_id: str, count: int, timeout: float = 600, run_type: str | None = None) -> list[dict]:
+        """Until `count` runs of the DAG (of `run_type`, if given) exist and all are finished."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            runs = self.runs(dag_id)
+            runs = [r for r in self.runs(dag_id) if run_type is None or r["run_type"] == run_type]
             if len(runs) >= count and all(r["state"] in ("success", "failed") for r in runs):
                 return runs
             time.sleep(2)
