@@ -156,6 +156,20 @@ class LocalAirflow:
             time.sleep(2)
         raise TimeoutError(f"runs of {dag_id} did not finish in {timeout} s: {self.runs(dag_id)}\n{self.logs()}")
 
+    def wait_for_backfills(self, timeout: float = 120) -> None:
+        """Until the scheduler has marked every backfill completed (only one may run per DAG)."""
+        engine = self.metadata()
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline:
+                with engine.connect() as conn:
+                    if not conn.execute(text("select count(*) from backfill where completed_at is null")).scalar():
+                        return
+                time.sleep(1)
+        finally:
+            engine.dispose()
+        raise TimeoutError(f"a backfill did not complete in {timeout} s")
+
     def trigger(self, dag_id: str, conf: dict | None = None, run_id: str | None = None) -> None:
         args = ["dags", "trigger", dag_id]
         if conf is not None:
