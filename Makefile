@@ -43,6 +43,9 @@ run: venv images
 test: venv images test-services
 	@bash scripts/test.sh
 
+bench: venv images test-services
+	@$(PY) bench/run.py $(BENCH_ARGS)
+
 test-unit: venv
 	@$(VENV)/bin/pytest -q tests/unit
 
