@@ -91,3 +91,12 @@ def pg_url() -> str:
     finally:
         engine.dispose()
     return PG_URL
+
+
+@pytest.fixture()
+def pg_database(pg_url):
+    """The URL of a fresh PostgreSQL database, dropped after the test."""
+    from pg_databases import fresh_database
+
+    with fresh_database(pg_url) as url:
+        yield url

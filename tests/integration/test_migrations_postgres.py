@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
-from sqlalchemy import create_engine, text
 
 from fleetbench.warehouse import get_engine
 from warehouse_contract import (check_failed_migration_rolls_back, check_migrate_empty_database,
@@ -15,17 +12,10 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture()
-def pg_engine(pg_url):
-    name = f"fb_test_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    engine = get_engine(pg_url.rsplit("/", 1)[0] + "/" + name)
+def pg_engine(pg_database):
+    engine = get_engine(pg_database)
     yield engine
     engine.dispose()
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-    admin.dispose()
 
 
 def test_migrate_empty_database(pg_engine):

@@ -2,29 +2,13 @@
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
-from sqlalchemy import create_engine, text
 
 from fleetbench.warehouse import get_engine
 from warehouse_contract import (check_capacity_features, check_concurrent_writers, check_failed_write_leaves_nothing,
                                 check_regressions_table, check_store_and_rerun_replaces)
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture()
-def pg_database(pg_url):
-    """A fresh database per test (its URL), dropped afterwards."""
-    name = f"fb_test_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    yield pg_url.rsplit("/", 1)[0] + "/" + name
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-    admin.dispose()
 
 
 @pytest.fixture()

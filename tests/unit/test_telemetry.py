@@ -6,8 +6,6 @@ import json
 import subprocess
 import sys
 
-import pytest
-
 from fleetbench.telemetry import parse_report, wrap_command
 from fleetbench.telemetry import wrapper as tw
 
