@@ -5,12 +5,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: help run test test-unit bench venv services test-services images airflow-init clean
+.PHONY: help run test test-unit bench venv services test-services images airflow-init clean fleet-celery
 
 help:
 	@echo "make run    - run fleet_benchmark once on the embedded default (local Docker, CPU smoke image) and print results"
 	@echo "make test   - start what the tests need and run the test suite"
 	@echo "make bench  - measure fleetbench itself"
+	@echo "make fleet-celery - the CeleryExecutor deployment as local processes (two workers, REST API)"
 	@echo "make clean  - remove .venv, .airflow and .data"
 
 $(VENV)/.installed: requirements.txt pyproject.toml
@@ -33,12 +34,19 @@ test-services: services
 	@bash scripts/ensure-postgres.sh
 	@bash scripts/ensure-sshd.sh
 	@bash scripts/ensure-registry-auth.sh
+	@bash scripts/ensure-redis.sh
+	@bash scripts/ensure-browser.sh
 
 images: services
 	@bash include/images/cpu-smoke/build.sh
 
 run: venv images
 	@bash scripts/run.sh
+
+# The distributed setup without containers: PostgreSQL, Redis, api-server, scheduler, dag-processor and
+# two Celery workers on different queues as local processes; fleet_benchmark triggered over the REST API.
+fleet-celery: venv images test-services
+	@bash scripts/test.sh -q tests/integration/test_celery_fleet.py tests/unit/test_compose_file.py
 
 test: venv images test-services
 	@bash scripts/test.sh

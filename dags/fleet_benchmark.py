@@ -1,4 +1,4 @@
-"""fleet_benchmark: validate hosts -> pull and pin images -> run each case in a container -> collect -> store.
+"""fleet_benchmark: validate hosts -> pull and pin images -> run each case in a container -> collect -> store -> compare.
 
 Wiring only; every step is a function in `fleetbench.airflow.pipeline`. The fleet config
 (`include/config/fleet.yaml`, or `FLEETBENCH_CONFIG`) is read here for the schedule, the timeouts
@@ -8,6 +8,11 @@ Each host gets a lane: `host_<name>.cases` picks the host's runnable cases and
 `host_<name>.run_case` runs them, dynamically mapped, in the host's own pool (`fleetbench_<name>`,
 one slot: one benchmark at a time per host, different hosts in parallel). Pools are created with
 `fleetbench pools export > pools.json && airflow pools import pools.json` (see README).
+
+With the CeleryExecutor, a host with a `queue` (a Celery worker on the GPU host itself, README
+"Deploying at fleet scale") is validated, prepared and run in its lane on that queue
+(`host_<name>.validate_host` -> `host_<name>.prepare_image` -> `host_<name>.run_case`); the
+top-level `validate_host` / `prepare_image` map over the other hosts, on the default queue.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pendulum
-from airflow.sdk import DAG, Param, TaskGroup, TriggerRule, get_current_context, task
+from airflow.sdk import DAG, Asset, Param, TaskGroup, TriggerRule, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException
 
 from fleetbench.airflow import pipeline
@@ -31,7 +36,17 @@ def items(seq) -> list:
     """All items of a mapped task's results in one request (iterating probes past the end, one call per item)."""
     return list(seq[:])
 
+
+def with_lanes(mapped, lanes: list) -> list:
+    """A top-level mapped task's results (central hosts) and the same step's results from the own-queue lanes."""
+    return [*items(mapped), *lanes]
+
 LONGEST_CASE_S = max(b.timeout_s for b in CONFIG.benchmarks)
+# The trigger form's schemas in JSON Schema draft-07 (same keywords, same meaning): every task carries
+# the DAG's params, and serializing them re-checks each schema against its meta-schema, which is ~3x
+# slower for the default 2020-12 one (README "Deploying at fleet scale": 14 s -> 5 s at 1,000 hosts).
+PARAM_SCHEMA_DIALECT = {"$schema": "http://json-schema.org/draft-07/schema#"}
+WAREHOUSE = Asset(name=pipeline.WAREHOUSE_ASSET_NAME, uri=pipeline.WAREHOUSE_ASSET_URI)
 
 with DAG(
     dag_id="fleet_benchmark",
@@ -40,10 +55,14 @@ with DAG(
     start_date=pendulum.datetime(2026, 1, 1, tz=CONFIG.fleet.timezone),
     catchup=False,
     max_active_runs=1,
+    # every host's lane may run at once (Airflow's default is 16 tasks per DAG: 16 hosts in parallel);
+    # [core] parallelism and the workers' slots still cap it (README "Deploying at fleet scale")
+    max_active_tasks=max(16, 2 * len(CONFIG.hosts)),
     tags=["fleetbench", "benchmark"],
     default_args={"retries": 1, "retry_delay": timedelta(seconds=15)},
     doc_md=__doc__,
-    params={name: Param(spec["default"], title=spec["title"], description=spec["description"], **spec["schema"])
+    params={name: Param(spec["default"], title=spec["title"], description=spec["description"],
+                        **PARAM_SCHEMA_DIALECT, **spec["schema"])
             for name, spec in param_specs(CONFIG).items()},
 ) as dag:
 
@@ -59,14 +78,14 @@ with DAG(
 
     @task(retries=0)
     def fleet_hosts(the_plan: dict) -> list[dict]:
-        return the_plan["hosts"]
+        return pipeline.central_hosts(the_plan)  # hosts with their own queue are validated in their lane
 
     @task(retries=0, map_index_template="{{ host_name }}")
     def validate_host(host: dict, the_plan: dict) -> dict:
         get_current_context()["host_name"] = host["name"]
         return pipeline.validate_host(host, the_plan["run"])
 
-    @task.short_circuit(retries=0)
+    @task.short_circuit(retries=0, trigger_rule=TriggerRule.NONE_FAILED)  # no central host: validate_host is skipped
     def proceed(the_plan: dict, validations: list[dict]) -> bool:
         """A dry run ends here: plan and host verdicts logged, nothing pulled, run or stored."""
         return pipeline.proceed(the_plan, items(validations))
@@ -76,23 +95,46 @@ with DAG(
         get_current_context()["host_name"] = host["name"]
         return pipeline.prepare_host_images(host, items(validations))
 
+    @task(task_id="validate_host", retries=0)
+    def validate_in_lane(the_plan: dict, host: str) -> dict | None:
+        planned = pipeline.planned_host(the_plan, host)
+        return pipeline.validate_host(planned, the_plan["run"]) if planned else None
+
+    @task(task_id="prepare_image")
+    def prepare_in_lane(the_plan: dict, validation: dict | None, host: str) -> dict | None:
+        planned = pipeline.planned_host(the_plan, host)
+        return pipeline.prepare_host_images(planned, [validation]) if planned else None
+
     @task(task_id="cases", retries=0)
     def host_cases(the_plan: dict, validations: list[dict], prepared: list[dict], host: str) -> list[dict]:
         return pipeline.case_kwargs(the_plan, items(validations), items(prepared), host=host)
 
     @task(trigger_rule=TriggerRule.ALL_DONE, retries=0)
-    def collect(the_plan: dict, validations: list[dict], prepared: list[dict], outcomes: list) -> dict:
-        return pipeline.collect(the_plan, items(validations), items(prepared),
+    def collect(the_plan: dict, validations: list[dict], prepared: list[dict], outcomes: list,
+                lane_validations: list, lane_prepared: list) -> dict:
+        return pipeline.collect(the_plan, with_lanes(validations, lane_validations), with_lanes(prepared, lane_prepared),
                                 [o for lane in outcomes for o in items(lane)])
 
     @task(trigger_rule=TriggerRule.ALL_DONE)
-    def store(the_plan: dict, validations: list[dict], collected: dict) -> dict:
-        return pipeline.store(the_plan, items(validations), collected)
+    def store(the_plan: dict, validations: list[dict], collected: dict, lane_validations: list) -> dict:
+        return pipeline.store(the_plan, with_lanes(validations, lane_validations), collected)
 
     @task(retries=0)
-    def check_fleet(validations: list[dict], stored: dict) -> dict:
-        pipeline.check_fleet(items(validations))
-        return stored
+    def compare(the_plan: dict, stored: dict) -> dict:
+        """Each stored (host, case) against its baseline: regressions stored, logged, mailed if configured."""
+        return pipeline.detect_regressions(the_plan, stored)
+
+    @task(trigger_rule=TriggerRule.ALL_DONE, outlets=[WAREHOUSE])
+    def report(the_plan: dict, stored: dict) -> dict:
+        """HTML report with plots in <data dir>/reports/; marks the warehouse asset updated (also when compare failed)."""
+        summary = pipeline.write_report(the_plan, stored)
+        get_current_context()["outlet_events"][WAREHOUSE].extra = summary
+        return summary
+
+    @task(retries=0, trigger_rule=TriggerRule.NONE_FAILED)  # no central host: validate_host is skipped
+    def check_fleet(validations: list[dict], stored: dict, regressions: dict, lane_validations: list) -> dict:
+        pipeline.check_fleet(with_lanes(validations, lane_validations))
+        return {**stored, "regressions": regressions}  # the run's summary
 
     p = plan()
     hosts = fleet_hosts(p)
@@ -100,19 +142,32 @@ with DAG(
     go = proceed(p, validations)
     prepared = prepare_image.partial(validations=validations).expand(host=hosts)
     go >> prepared
-    outcomes = []
+    outcomes, lane_validations, lane_prepared = [], [], []
     for host in CONFIG.hosts:
         with TaskGroup(group_id=f"host_{host.name}", tooltip=f"cases on {host.name}"):
+            on_host = {"queue": host.queue} if host.queue else {}  # Celery: the worker on the GPU host
+            if host.queue:  # its engine is the worker's local socket: validate and pull there too
+                lane_v = validate_in_lane.override(**on_host)(p, host.name)
+                lane_p = prepare_in_lane.override(**on_host)(p, lane_v, host.name)
+                go >> lane_p
+                lane_validations.append(lane_v)
+                lane_prepared.append(lane_p)
+                cases = host_cases(p, [lane_v], [lane_p], host.name)
+            else:
+                cases = host_cases(p, validations, prepared, host.name)
             runs = BenchmarkCaseOperator.partial(
                 task_id="run_case",
                 pool=pipeline.pool_name(host.name),
                 execution_timeout=timedelta(seconds=LONGEST_CASE_S + 300),
                 map_index_template="{{ task.case['case_key'] }}",
-            ).expand_kwargs(host_cases(p, validations, prepared, host.name))
+                **on_host,
+            ).expand_kwargs(cases)
         outcomes.append(runs.output)
-    collected = collect(p, validations, prepared, outcomes)
-    stored = store(p, validations, collected)
-    check_fleet(validations, stored)
+    collected = collect(p, validations, prepared, outcomes, lane_validations, lane_prepared)
+    stored = store(p, validations, collected, lane_validations)
+    regressions = compare(p, stored)
+    check_fleet(validations, stored, regressions, lane_validations)
+    regressions >> report(p, stored)
 
     @task(trigger_rule=TriggerRule.ONE_FAILED, retries=0)
     def watcher() -> None:

@@ -5,6 +5,8 @@
     fleetbench parse [--format auto|tf_cnn_benchmarks|horovod_synthetic] FILE...
     fleetbench host-check (--facts DIR | --local [--docker-url URL]) [--image-cuda X.Y] [--gpus N]
     fleetbench pools export [--config FILE]
+    fleetbench compare --before DRIVER_OR_DATE --after DRIVER_OR_DATE [--host H] [--format table|json]
+    fleetbench report [--since DATE] [--until DATE] [--host H] [--model M] [--dag-id ID] [--out DIR]
     fleetbench db upgrade
 
 User mistakes end with a one-line message naming what is wrong and exit code 2, never a traceback.
@@ -66,7 +68,7 @@ def format_table(rows: list[dict]) -> str:
 def _results(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
-    from fleetbench.warehouse import fetch_results, get_engine, latest_run_id, warehouse_url
+    from fleetbench.warehouse import fetch_results, get_engine, latest_run_id, warehouse_display_url
 
     engine = get_engine()
     try:
@@ -75,7 +77,7 @@ def _results(args: argparse.Namespace) -> int:
             run_id = latest_run_id(engine, args.dag_id)
         rows = fetch_results(engine, run_id=run_id, dag_id=args.dag_id) if (run_id or args.all) else []
     except SQLAlchemyError as exc:
-        raise UsageError(f"cannot read the warehouse at {warehouse_url()}: {str(exc).splitlines()[0]} "
+        raise UsageError(f"cannot read the warehouse at {warehouse_display_url()}: {str(exc).splitlines()[0]} "
                          "(run the DAG once, or `fleetbench db upgrade`)") from None
     finally:
         engine.dispose()
@@ -164,12 +166,81 @@ def _pools_export(args: argparse.Namespace) -> int:
 
 
 def _db_upgrade(args: argparse.Namespace) -> int:
-    from fleetbench.warehouse import get_engine, upgrade, warehouse_url
+    from fleetbench.warehouse import get_engine, upgrade, warehouse_display_url
 
     engine = get_engine()
     upgrade(engine, args.revision)
     engine.dispose()
-    print(f"warehouse at {warehouse_url()} is at revision {args.revision}")
+    print(f"warehouse at {warehouse_display_url()} is at revision {args.revision}")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from fleetbench.config import ConfigError, RegressionSettings, load_config
+    from fleetbench.paths import default_config_path
+    from fleetbench.regression import NoResults, compare, format_compare
+    from fleetbench.warehouse import get_engine, warehouse_display_url
+
+    try:
+        settings = load_config(args.config or default_config_path()).fleet.regressions
+    except ConfigError as exc:
+        if args.config:
+            raise UsageError(str(exc)) from None
+        settings = RegressionSettings()
+    engine = get_engine()
+    try:
+        rows = compare(engine, args.before, args.after, host=args.host, dag_id=args.dag_id, settings=settings)
+    except NoResults as exc:
+        raise UsageError(str(exc)) from None
+    except ValueError as exc:
+        raise UsageError(f"--before/--after: {exc}") from None
+    except SQLAlchemyError as exc:
+        raise UsageError(f"cannot read the warehouse at {warehouse_display_url()}: {str(exc).splitlines()[0]} "
+                         "(run the DAG once, or `fleetbench db upgrade`)") from None
+    finally:
+        engine.dispose()
+    if args.format == "json":
+        json.dump(rows, sys.stdout, indent=2, default=str)
+        print()
+    elif not rows:
+        print(f"no host and case has ok results both for {args.before} and for {args.after}")
+    else:
+        print(f"before: {args.before}   after: {args.after}" + (f"   host: {args.host}" if args.host else ""))
+        print(format_compare(rows))
+        worse = sum(1 for r in rows if r["verdict"] == "regression")
+        better = sum(1 for r in rows if r["verdict"] == "improvement")
+        print(f"{len(rows)} case(s): {worse} regression(s), {better} improvement(s)")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from fleetbench.report import FilterError, default_report_dir, parse_filters, write_report
+    from fleetbench.warehouse import warehouse_display_url
+
+    try:
+        filters = parse_filters(since=args.since, until=args.until, host=args.host, model=args.model, dag_id=args.dag_id)
+    except FilterError as exc:
+        raise UsageError(f"--{exc.field.replace('_', '-')}: {exc.message}") from None
+    out = Path(args.out) if args.out else default_report_dir()
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: exists and is not a folder")
+    try:
+        written = write_report(out, filters)
+    except SQLAlchemyError as exc:
+        url = warehouse_display_url()
+        raise UsageError(f"cannot read the warehouse at {url}: {str(exc).splitlines()[0]}") from None
+    except OSError as exc:
+        raise UsageError(f"--out {out}: cannot write the report: {exc}") from None
+    s = written["summary"]
+    print(written["html"])
+    print(f"{s['results']} result(s) of {s['runs']} run(s) on {s['hosts']} host(s); {len(written['pngs'])} plot(s) "
+          f"as PNG next to it, the data in {Path(written['json']).name}")
+    for note in written["notes"]:
+        print(f"note: {note}")
     return 0
 
 
@@ -213,6 +284,36 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--config", help="fleet config (default: FLEETBENCH_CONFIG or include/config/fleet.yaml)")
     export.set_defaults(func=_pools_export)
 
+    cmp = sub.add_parser(
+        "compare", help="throughput, energy and cost of each host and case before and after a driver change or a date",
+        description="Compare ok results per host and case. BEFORE and AFTER are each a driver version (matched exactly "
+                    "against the results' driver_version, e.g. 535.104.05) or a date YYYY-MM-DD (results whose "
+                    "logical date falls on that day, UTC). Significance: robust z of the after side's median "
+                    "images/sec against the before side's runs (needs fleet.regressions.min_history runs before), "
+                    "else a Mann-Whitney test of the step samples; p is the Mann-Whitney p-value.")
+    cmp.add_argument("--before", required=True, metavar="DRIVER_OR_DATE", help="driver version or YYYY-MM-DD")
+    cmp.add_argument("--after", required=True, metavar="DRIVER_OR_DATE", help="driver version or YYYY-MM-DD")
+    cmp.add_argument("--host", help="only this host")
+    cmp.add_argument("--dag-id", help="only results of this DAG")
+    cmp.add_argument("--format", choices=["table", "json"], default="table")
+    cmp.add_argument("--config", help="fleet config with the regression settings (default: FLEETBENCH_CONFIG or "
+                                      "include/config/fleet.yaml; built-in defaults when that cannot be read)")
+    cmp.set_defaults(func=_compare)
+
+    rep = sub.add_parser(
+        "report", help="write an HTML report (with PNG plots) of the warehouse's results",
+        description="Throughput per model and host over time (driver changes marked), scaling efficiency per GPU "
+                    "count, images per joule and cost per million images per GPU model, the latest run's failures "
+                    "by class and the open regressions, as one self-contained HTML file plus PNGs and JSON. "
+                    "DATE is YYYY-MM-DD (whole UTC days, both ends included) or an ISO date-time.")
+    rep.add_argument("--since", metavar="DATE", help="first day (default: the 30 days ending with the newest result)")
+    rep.add_argument("--until", metavar="DATE", help="last day (default: no end)")
+    rep.add_argument("--host", help="only this host")
+    rep.add_argument("--model", help="only this model")
+    rep.add_argument("--dag-id", help="only results of this DAG")
+    rep.add_argument("--out", metavar="DIR", help="folder to write into (default: $FLEETBENCH_DATA_DIR/reports)")
+    rep.set_defaults(func=_report)
+
     db = sub.add_parser("db", help="warehouse maintenance").add_subparsers(dest="db_command", required=True)
     up = db.add_parser("upgrade", help="migrate the warehouse schema")
     up.add_argument("--revision", default="head")
@@ -225,6 +326,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except UsageError as exc:
+        print(f"fleetbench {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # e.g. WarehouseURLError: a setting the user gave, not a bug
+        from fleetbench.warehouse import WarehouseURLError
+
+        if not isinstance(exc, WarehouseURLError):
+            raise
         print(f"fleetbench {args.command}: {exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:

@@ -39,12 +39,47 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+EMAIL_PATTERN = r"^[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*$"
+Email = Annotated[str, Field(pattern=EMAIL_PATTERN)]
+
+
+class RegressionSettings(_Model):
+    """How each run is compared with its baseline (`fleetbench.regression`; the statistics are in its docstrings)."""
+
+    window: int = Field(7, ge=1, le=365)  # baseline: the last N ok results of the same host, case and image digest
+    min_history: int = Field(3, ge=2)  # fewer earlier results than this: no verdict ("insufficient history")
+    z_threshold: float = Field(3.5, gt=0)  # robust z (median and MAD of the baseline) in the bad direction
+    min_effect_pct: float = Field(3.0, ge=0)  # and at least this change against the baseline's median
+    major_effect_pct: float = Field(10.0, gt=0)  # severity "major" from this change on, else "minor"
+    scale_floor_pct: float = Field(0.5, ge=0)  # the robust scale is at least this % of the median
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "RegressionSettings":
+        if self.min_history > self.window:
+            raise ValueError(f"min_history ({self.min_history}) must be <= window ({self.window})")
+        if self.major_effect_pct < self.min_effect_pct:
+            raise ValueError(f"major_effect_pct ({self.major_effect_pct}) must be >= min_effect_pct ({self.min_effect_pct})")
+        return self
+
+
+class NotifySettings(_Model):
+    """Where regressions are mailed (`fleetbench.notify`); the SMTP server and its secrets live in the Airflow Connection."""
+
+    smtp_conn_id: Name
+    to: list[Email] = Field(min_length=1)
+    from_email: Email | None = None  # default: the connection's `from_email` extra
+    min_severity: Literal["minor", "major"] = "minor"
+
+
 class FleetSettings(_Model):
     name: Name = "fleet"
     timezone: str = "UTC"
     schedule: str | None = "0 2 * * *"
     # Grid carbon intensity (gCO2e per kWh) for the optional carbon metric; None: no carbon figures.
     carbon_g_per_kwh: float | None = Field(None, ge=0)
+    # Regression detection after each run, and who hears about it (None: findings are stored and logged only).
+    regressions: RegressionSettings = RegressionSettings()
+    notify: NotifySettings | None = None
 
     @field_validator("timezone")
     @classmethod
@@ -80,6 +115,19 @@ class HostSpec(_Model):
     # container (`docker run --gpus all IMAGE nvidia-smi -L`; default: the host's first benchmark image).
     min_free_gb: float = Field(2.0, ge=0)
     gpu_smoke_image: str | None = Field(None, pattern=IMAGE_REF_PATTERN)
+    # Fleet topology with the CeleryExecutor (README "Deploying at fleet scale"):
+    # (a) central workers drive the host's engine over TLS: docker_url tcp://host:2376 and an Airflow
+    #     Connection with the CA, client certificate and key (extra: ca_cert, client_cert, client_key);
+    # (b) a Celery worker on the host listens on `queue`: the host's validation, image preparation and
+    #     cases run there, on its local socket. None: the default queue (central workers).
+    queue: Name | None = None
+    docker_tls_conn_id: Name | None = None
+
+    @model_validator(mode="after")
+    def _tls_needs_tcp(self) -> "HostSpec":
+        if self.docker_tls_conn_id and not self.docker_url.startswith("tcp://"):
+            raise ValueError(f"docker_tls_conn_id needs a tcp:// docker_url (TLS), got {self.docker_url!r}")
+        return self
 
 
 # Paths for the bake step: a project path under include/ (copied from), an absolute container path (copied to).

@@ -372,24 +372,10 @@ class MetricSettings:
 
 
 def settings_from_plan(plan: Mapping[str, Any]) -> MetricSettings:
-    """Host prices from the run's plan; the fleet settings (carbon) from the config file the plan was made
-    from, used only while that file still has the plan's digest (an edited file is not this run's config)."""
+    """Host prices and the fleet settings (carbon intensity) the run was planned with."""
     prices = {h["name"]: h.get("price_per_gpu_hour") for h in plan.get("hosts", [])}
-    run = plan.get("run", {})
-    carbon = None
-    if run.get("config_path"):
-        from fleetbench.config import ConfigError, load_config
-
-        try:
-            cfg = load_config(run["config_path"])
-        except ConfigError as exc:
-            log.warning("metrics: fleet settings not read (%s); no carbon figures", exc)
-        else:
-            if cfg.digest() == run.get("config_digest"):
-                carbon = cfg.fleet.carbon_g_per_kwh
-            else:
-                log.warning("metrics: %s changed since the plan was made; no carbon figures", run["config_path"])
-    return MetricSettings(host_prices=prices, carbon_g_per_kwh=carbon)
+    fleet = plan.get("run", {}).get("fleet_settings") or {}
+    return MetricSettings(host_prices=prices, carbon_g_per_kwh=fleet.get("carbon_g_per_kwh"))
 
 
 DERIVED_COLUMNS = (

@@ -323,11 +323,11 @@ def test_settings_from_the_plan(tmp_path):
     assert settings.carbon_g_per_kwh == 436.0
     assert MetricSettings.from_config(load_config(path)) == MetricSettings(
         host_prices={"a100": 2.9, "rtx": None}, carbon_g_per_kwh=436.0)
-    # The file edited after the plan was made is not this run's config: no carbon figures.
+    # The plan carries its settings: editing or removing the file afterwards does not change this run's figures.
     path.write_text(yaml.safe_dump(gpu_fleet(100.0)))
-    assert settings_from_plan(plan).carbon_g_per_kwh is None
+    assert settings_from_plan(plan).carbon_g_per_kwh == 436.0
     path.unlink()
-    assert settings_from_plan(plan) == MetricSettings(host_prices={"a100": 2.9, "rtx": None})
+    assert settings_from_plan(plan) == MetricSettings(host_prices={"a100": 2.9, "rtx": None}, carbon_g_per_kwh=436.0)
 
 
 def test_carbon_intensity_is_validated():

@@ -23,15 +23,18 @@ import json
 import threading
 import time
 from datetime import datetime, timezone
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import requests
 from airflow.providers.docker.operators.docker import DockerOperator
+from docker import APIClient
 from docker.errors import APIError, NotFound
 from docker.types import DeviceRequest, LogConfig, Ulimit
 
 from fleetbench import telemetry
+from fleetbench.airflow.pipeline import docker_api_client, docker_tls_files
 
 STOP_GRACE_S = 10
 
@@ -60,7 +63,8 @@ class BenchmarkCaseOperator(DockerOperator):
 
     def __init__(self, *, case: dict | None = None, timeout_s: int = 3600, log_dir: str | None = None, num_gpus: int = 0,
                  gpu_device_ids: list[str] | None = None, ulimit_map: dict[str, int] | None = None,
-                 cpu_limit: float | None = None, telemetry_period_s: float = 0, **kwargs: Any) -> None:
+                 cpu_limit: float | None = None, telemetry_period_s: float = 0, docker_tls_conn_id: str | None = None,
+                 **kwargs: Any) -> None:
         kwargs.setdefault("auto_remove", "never")
         kwargs.setdefault("mount_tmp_dir", False)
         kwargs.setdefault("network_mode", "none")
@@ -74,6 +78,9 @@ class BenchmarkCaseOperator(DockerOperator):
         self.ulimit_map = ulimit_map or {}
         self.cpu_limit = cpu_limit
         self.telemetry_period_s = telemetry_period_s
+        # A remote engine over TLS (tcp://host:2376): the Airflow Connection with CA, client cert and key.
+        self.docker_tls_conn_id = docker_tls_conn_id
+        self._tls: dict | None = None
         self._killed = False
 
     # -- Airflow entry points -------------------------------------------------------------
@@ -85,8 +92,17 @@ class BenchmarkCaseOperator(DockerOperator):
             self.device_requests = [DeviceRequest(device_ids=list(self.gpu_device_ids), capabilities=[["gpu"]])]
         elif self.num_gpus:
             self.device_requests = [DeviceRequest(count=self.num_gpus, capabilities=[["gpu"]])]
-        self._remove_stale_container()
-        return self.run_case()
+        # TLS: the connection's certificates as files for as long as the case runs; `cli` uses them.
+        with docker_tls_files(self.docker_tls_conn_id) as self._tls:
+            self._remove_stale_container()
+            return self.run_case()
+
+    @cached_property
+    def cli(self) -> APIClient:
+        """The engine's client: DockerOperator's hook, or over TLS one with the Airflow Connection's certificates."""
+        if not self._tls:
+            return self.hook.api_client
+        return docker_api_client(self.docker_url, self._tls, timeout=self.timeout, version=self.api_version)
 
     def on_kill(self) -> None:
         """A task killed from the UI or CLI: stop and remove the container and record the case as killed."""
@@ -169,7 +185,8 @@ class BenchmarkCaseOperator(DockerOperator):
             log_path.write_bytes(self.cli.logs(cid, stdout=True, stderr=True))
             streamer.join(timeout=5)
         finally:
-            self._remove(cid, stop_first=True)
+            # An exited container needs no stop (one API round trip less per case); anything else is stopped first.
+            self._remove(cid, stop_first=outcome["finished_at"] is None)
         self._write_outcome(outcome)
         self.log.info("case %s: exit %s%s%s in %.1f s; log %s", self.case["case_key"], outcome["exit_code"],
                       ", OOM-killed" if outcome["oom_killed"] else "", ", timed out" if outcome["timed_out"] else "",

@@ -7,11 +7,16 @@ of Airflow's context makes every step testable on its own.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import os
 import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -72,7 +77,8 @@ def make_plan(run: dict, config_path: str | None = None, params: dict | None = N
     return {
         "run": {**run, "fleet": cfg.fleet.name, "config_digest": cfg.digest(), "config_path": str(path),
                 "started_at": datetime.now(timezone.utc).isoformat(), "fleetbench_version": __version__,
-                "dry_run": bool((params or {}).get("dry_run")), "params": params or {}},
+                "dry_run": bool((params or {}).get("dry_run")), "params": params or {},
+                "fleet_settings": cfg.fleet.model_dump(mode="json")},
         "hosts": hosts,
         "cases": [c.to_dict() for c in cases],
     }
@@ -83,6 +89,17 @@ def plan_table(cases: list[dict]) -> str:
     rows = [head] + [(c["host"], c["case_key"], c["image"], " ".join(c["command"])) for c in cases]
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(r[:3], widths)) + "  " + r[3] for r in rows)
+
+
+def central_hosts(plan: dict) -> list[dict]:
+    """The planned hosts whose validation and image preparation run on the default queue (central workers):
+    those without a `queue` of their own (fleet topology a, or a single machine)."""
+    return [h for h in plan["hosts"] if not h.get("queue")]
+
+
+def planned_host(plan: dict, name: str) -> dict | None:
+    """The host as planned for this run; None when the run has no case on it (e.g. a `hosts` parameter)."""
+    return next((h for h in plan["hosts"] if h["name"] == name), None)
 
 
 def proceed(plan: dict, validations: list[dict]) -> bool:
@@ -100,10 +117,111 @@ def _vkey(version: str) -> tuple[int, ...]:
     return tuple(int(p) for p in version.split("."))
 
 
+# -- Docker engines over TLS (fleet topology a: central workers, remote engines) -------------
+TLS_FILES = {"ca_cert": "ca.pem", "client_cert": "cert.pem", "client_key": "key.pem"}  # DOCKER_CERT_PATH layout
+
+
+@contextmanager
+def docker_tls_files(conn_id: str | None) -> Iterator[dict | None]:
+    """The CA, client certificate and key of the Airflow Connection `conn_id` as files, while the block runs.
+
+    The connection's extra holds `ca_cert`, `client_cert` and `client_key`, each a PEM string or the
+    path of a PEM file on the worker, and optionally `verify` (default true: the engine's certificate
+    must be signed by `ca_cert` and name the host of `docker_url`). They are copied into a private
+    temporary folder (0700, files 0600) named like Docker's DOCKER_CERT_PATH (ca.pem, cert.pem,
+    key.pem), so docker-py and the docker CLI use the same files; the folder is removed afterwards.
+    Yields None without a conn_id, else {"cert_path", "ca_cert", "client_cert", "client_key", "verify"}.
+    A missing connection or field raises ValueError naming the connection and the field, never a value.
+    """
+    if not conn_id:
+        yield None
+        return
+    from airflow.sdk import BaseHook
+
+    extra = BaseHook.get_connection(conn_id).extra_dejson
+    missing = [k for k in TLS_FILES if not extra.get(k)]
+    if missing:
+        raise ValueError(f"Airflow connection {conn_id!r} lacks {', '.join(missing)} in its extra "
+                         f"(PEM text or a file path each) for a TLS Docker engine")
+    folder = Path(tempfile.mkdtemp(prefix="fleetbench-tls-"))  # mkdtemp: mode 0700
+    try:
+        for key, name in TLS_FILES.items():
+            value = str(extra[key])
+            if "-----BEGIN" in value:
+                if key == "client_key":
+                    _mask(value)
+                pem = value
+            else:
+                try:
+                    pem = Path(value).read_text()
+                except OSError as exc:
+                    raise ValueError(f"Airflow connection {conn_id!r}: {key} file cannot be read: "
+                                     f"{exc.strerror or exc}") from None
+            path = folder / name
+            path.touch(mode=0o600)
+            path.write_text(pem if pem.endswith("\n") else pem + "\n")
+        verify = str(extra.get("verify", True)).lower() not in ("false", "0", "no", "off")
+        yield {"cert_path": str(folder), "verify": verify, **{k: str(folder / n) for k, n in TLS_FILES.items()}}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def docker_tls_config(tls: dict | None):
+    """docker-py's TLSConfig for the files of `docker_tls_files` (False without TLS: plain socket or tcp)."""
+    if not tls:
+        return False
+    from docker.tls import TLSConfig
+
+    return TLSConfig(client_cert=(tls["client_cert"], tls["client_key"]), ca_cert=tls["ca_cert"], verify=tls["verify"])
+
+
+def docker_api_client(docker_url: str, tls: dict | None, timeout: int = 600, version: str | None = "auto"):
+    """docker-py's APIClient for a host's engine: its URL as is, or over TLS with the files of `docker_tls_files`.
+
+    Over TLS the client ignores REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE and proxy variables: requests lets
+    them override the session's `verify`, so the engine's private CA would be replaced by the system
+    bundle on workers that set them ("self-signed certificate in certificate chain").
+    """
+    import docker
+
+    if not tls:
+        return docker.APIClient(base_url=docker_url, version=version or "auto", timeout=timeout)
+    return _engine_tls_client()(base_url=docker_url, version=version or "auto", timeout=timeout, tls=docker_tls_config(tls))
+
+
+@functools.cache
+def _engine_tls_client():
+    import docker
+
+    class EngineTLSClient(docker.APIClient):
+        trust_env = property(lambda self: False, lambda self, value: None)  # requests.Session sets True in __init__
+
+    return EngineTLSClient
+
+
+def docker_cli_env(docker_url: str, tls: dict | None) -> dict[str, str]:
+    """Environment for the docker CLI (host probes) talking to `docker_url`, over TLS when `tls` is set."""
+    env = {"DOCKER_HOST": docker_url}
+    if tls:
+        env["DOCKER_CERT_PATH"] = tls["cert_path"]
+        env["DOCKER_TLS_VERIFY" if tls["verify"] else "DOCKER_TLS"] = "1"
+    return env
+
+
+def _mask(secret: str) -> None:
+    """Keep a secret out of task logs (best effort outside a task)."""
+    try:
+        from airflow.sdk.log import mask_secret
+
+        mask_secret(secret)
+    except Exception:  # noqa: BLE001 - masking must never break the step
+        pass
+
+
 # -- validate host ----------------------------------------------------------------------------
-def runner_for(host: dict):
+def runner_for(host: dict, tls: dict | None = None):
     if host.get("connection", "local") == "local":
-        return LocalRunner(env={**os.environ, "DOCKER_HOST": host["docker_url"]})
+        return LocalRunner(env={**os.environ, **docker_cli_env(host["docker_url"], tls)})
     from fleetbench.hosts.ssh import SSHRunner  # imports the SSH provider only when a fleet uses it
 
     return SSHRunner(host["connection"])
@@ -119,8 +237,10 @@ def validate_host(host: dict, run: dict) -> dict:
     needs = HostNeeds(gpus=host["needs"]["gpus"], image_cuda=host["needs"]["image_cuda"],
                       min_free_bytes=int(host.get("min_free_gb", 2.0) * 1024**3))
     smoke_image = (host.get("gpu_smoke_image") or next((i["ref"] for i in host.get("images", [])), None)) if needs.gpus else None
+    local = host.get("connection", "local") == "local"  # over SSH, docker runs on the host itself
     try:
-        gather(runner_for(host), folder, gpu_smoke_image=smoke_image)
+        with docker_tls_files(host.get("docker_tls_conn_id") if local else None) as tls:
+            gather(runner_for(host, tls), folder, gpu_smoke_image=smoke_image)
         facts = facts_from_dir(folder)
     except Exception as exc:  # e.g. the artifact folder cannot be written: still a verdict, with the reason
         log.exception("gathering facts on %s failed", host["name"])
@@ -156,15 +276,22 @@ def prepare_host_images(host: dict, validations: list[dict]) -> dict:
     validation = _by_host(validations).get(host["name"])
     if validation is None or validation["verdict"] == "unfit":
         return {"host": host["name"], "images": {}, "skipped": True}
-    import docker
-
     from fleetbench.config import ImageSpec
     from fleetbench.images import PreparedImage, prepare
 
     free_hint = (validation.get("facts") or {}).get("docker_root_free_bytes")
-    api = docker.APIClient(base_url=host["docker_url"], version="auto", timeout=600)
     images = {}
-    try:
+    with ExitStack() as stack:
+        try:
+            tls = stack.enter_context(docker_tls_files(host.get("docker_tls_conn_id")))
+        except Exception as exc:  # a missing or incomplete TLS connection: the engine cannot be reached
+            log.error("host %s: no TLS client configuration for %s: %s", host["name"], host["docker_url"], exc)
+            return {"host": host["name"], "skipped": False, "images": {
+                img["name"]: PreparedImage(img["name"], img["ref"], failure_class="docker_unreachable",
+                                           error=f"TLS client configuration: {exc}").to_dict()
+                for img in host["images"]}}
+        api = docker_api_client(host["docker_url"], tls, timeout=600)
+        stack.callback(api.close)
         for img in host["images"]:
             spec = ImageSpec.model_validate(img)
             try:
@@ -176,8 +303,6 @@ def prepare_host_images(host: dict, validations: list[dict]) -> dict:
                 continue
             images[spec.name] = prepare(api, spec, auth_config=auth, push_auth_config=push_auth,
                                         free_bytes_hint=free_hint).to_dict()
-    finally:
-        api.close()
     return {"host": host["name"], "images": images, "skipped": False}
 
 
@@ -213,6 +338,7 @@ def case_kwargs(plan: dict, validations: list[dict], prepared: list[dict], host:
             "command": case["command"],
             "container_name": safe_name(f"fb-{token}-{case['host']}-{case['case_key']}"),
             "docker_url": hosts[case["host"]]["docker_url"],
+            "docker_tls_conn_id": hosts[case["host"]].get("docker_tls_conn_id"),
             "labels": {
                 f"{LABEL_PREFIX}.managed": "true",
                 f"{LABEL_PREFIX}.dag_id": run["dag_id"],
@@ -310,10 +436,12 @@ def collect(plan: dict, validations: list[dict], prepared: list[dict], outcomes:
 
 # -- store ------------------------------------------------------------------------------------
 def store(plan: dict, validations: list[dict], collected: dict) -> dict:
+    from fleetbench.metrics import derive, load_catalog_or_none, settings_from_plan
     from fleetbench.warehouse import get_engine, store_run, upgrade
 
     run = plan["run"]
-    rows = collected["rows"]
+    # Derived metrics (training time, step spread, speedup, cost, energy) on every row before it is written.
+    rows = derive(collected["rows"], collected["steps"], load_catalog_or_none(), settings_from_plan(plan))
     counts = {s: sum(1 for r in rows if r["status"] == s) for s in (OK, FAILED, SKIPPED)}
     run_row = {
         "dag_id": run["dag_id"], "run_id": run["run_id"], "logical_date": run.get("logical_date"),
@@ -342,6 +470,80 @@ def store(plan: dict, validations: list[dict], collected: dict) -> dict:
         engine.dispose()
     log.info("stored %d result row(s) for run %s: %s", written, run["run_id"], counts)
     return {**counts, "total": len(rows), "run_id": run["run_id"]}
+
+
+# -- compare ----------------------------------------------------------------------------------
+SUMMARY_FINDINGS = 50  # findings listed in the compare task's return value (XCom); all are stored and logged
+
+
+def fleet_settings(plan: dict):
+    """The `fleet` section of the config the run was planned with (carried in the plan, not re-read)."""
+    from fleetbench.config import FleetSettings
+
+    return FleetSettings.model_validate(plan["run"].get("fleet_settings") or {})
+
+
+def detect_regressions(plan: dict, stored: dict) -> dict:
+    """Compare each stored (host, case) of the run with its baseline (`fleetbench.regression`): store the
+    findings in `regressions` (replacing an earlier detection of the run), log them, mail them when
+    `fleet.notify` is set. Returns a small summary for the run (counts and the first findings)."""
+    from fleetbench.notify import notify
+    from fleetbench.regression import assess_run, store_findings
+    from fleetbench.warehouse import get_engine
+
+    run = plan["run"]
+    if stored.get("run_id") not in (None, run["run_id"]):
+        raise ValueError(f"stored rows of run {stored['run_id']!r}, not of {run['run_id']!r}")
+    fleet = fleet_settings(plan)
+    engine = get_engine()
+    try:
+        result = assess_run(engine, run["dag_id"], run["run_id"], fleet.regressions)
+        store_findings(engine, run["dag_id"], run["run_id"], result.findings)
+    finally:
+        engine.dispose()
+    log.info("compared %d case(s) with their baseline; %d without enough history; %d regression(s), %d improvement(s)",
+             result.checked, len(result.insufficient_history), len(result.findings), len(result.improvements))
+    for imp in result.improvements:
+        log.info("improvement: %s %s: %s %+.1f %%", imp["host"], imp["case_key"], imp["metric"], imp["delta_pct"])
+    sent = notify(result.findings, fleet.notify, run)
+    return {
+        "run_id": run["run_id"], "checked": result.checked, "insufficient_history": len(result.insufficient_history),
+        "regressions": len(result.findings), "major": sum(1 for f in result.findings if f["severity"] == "major"),
+        "improvements": len(result.improvements), "mailed": sent["mailed"],
+        "findings": [{k: (round(f[k], 3) if isinstance(f[k], float) else f[k])
+                      for k in ("host", "case_key", "metric", "baseline_value", "value", "delta_pct", "z_score", "severity")}
+                     | {"changed": sorted(f["changes"])} for f in result.findings[:SUMMARY_FINDINGS]],
+    }
+
+
+# -- report -----------------------------------------------------------------------------------
+# The Airflow Asset the report task updates: other DAGs can be scheduled on new results.
+WAREHOUSE_ASSET_NAME = "fleetbench_warehouse"
+WAREHOUSE_ASSET_URI = "x-fleetbench://warehouse/benchmark_results"
+
+
+def write_report(plan: dict, stored: dict | None) -> dict:
+    """Write the fleet's report (`fleetbench.report.write_report`: HTML, PNGs, JSON; this DAG's results
+    of the last 30 days with results) into `<FLEETBENCH_DATA_DIR>/reports/` once the run's rows are stored.
+    Returns where it is and the run's counts: the extra of the `fleetbench_warehouse` asset event.
+
+    A report that cannot be written fails this task, never the rows: they are stored (and compared)
+    before it runs. It fails (after its retry) rather than logging and going on, because a report that
+    silently stops updating misleads the people who read it; the watcher then fails the run, and
+    clearing the `report` task alone writes it again. The asset event is emitted only with a report,
+    so a DAG that reacts to it finds the report in place.
+    """
+    from fleetbench.report import parse_filters
+    from fleetbench.report import write_report as write
+
+    run = plan["run"]
+    if not stored or stored.get("run_id") != run["run_id"]:
+        raise RuntimeError(f"the rows of run {run['run_id']} were not stored, so there is nothing new to report")
+    written = write(filters=parse_filters(dag_id=run["dag_id"]))
+    log.info("report of %d result(s) of %d run(s) written to %s (%d plot(s))", written["summary"]["results"],
+             written["summary"]["runs"], written["html"], len(written["pngs"]))
+    return {"dag_id": run["dag_id"], "run_id": run["run_id"], "report": written["html"], "state": written["state"],
+            **{k: stored.get(k) for k in ("total", OK, FAILED, SKIPPED)}}
 
 
 def check_fleet(validations: list[dict]) -> None:

@@ -1,12 +1,15 @@
 """Rules over host facts: named checks (pass | warn | fail | unknown) and a verdict (ready | degraded | unfit).
 
-Pure functions: the same facts and needs always give the same verdict.
+Pure functions: the same facts and needs always give the same checks and verdict. Each check's
+detail is one line a person can act on. GPU checks run only when the host's cases need GPUs, so a
+CPU-only host without a driver is ready.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from fleetbench.hosts import facts as F
 from fleetbench.hosts.facts import HostFacts
 
 # Minimum Linux driver per CUDA toolkit (NVIDIA CUDA Toolkit release notes, Table 3).
@@ -24,8 +27,11 @@ CUDA_MIN_DRIVER: dict[str, str] = {
 CUDA11_MINOR_COMPAT = "450.80.02"
 # Data-center forward-compatibility branches (with the cuda-compat package): runs, but is a warning.
 FORWARD_COMPAT_BRANCHES = {"450": "450.51", "470": "470.57", "510": "510.47", "515": "515.65", "525": "525.85"}
+# Forward compatibility is for data-center GPUs only; these names are consumer boards.
+CONSUMER_GPU_MARKERS = ("GeForce", "TITAN")
 MIN_KERNEL = (3, 10)
 MIN_DOCKER = (19, 3)
+GIB = 1024**3
 
 
 @dataclass(frozen=True)
@@ -42,7 +48,7 @@ class Check:
 class HostNeeds:
     gpus: int = 0
     image_cuda: str | None = None
-    min_free_bytes: int = 2 * 1024**3
+    min_free_bytes: int = 2 * GIB
 
 
 def version_tuple(text: str | None) -> tuple[int, ...] | None:
@@ -71,80 +77,143 @@ def min_driver_for_cuda(cuda: str) -> str | None:
     return best
 
 
-def check_driver_for_cuda(driver: str | None, cuda: str) -> Check:
+def check_driver_for_cuda(driver: str | None, cuda: str, gpu_names: list[str] | None = None,
+                          cuda_driver_version: str | None = None) -> Check:
+    """Is the driver new enough for the image's CUDA version (NVIDIA's minimum-driver table)?
+
+    An older driver on a data-center forward-compatibility branch (R450, R470, R510, R515, R525)
+    runs the image only with the cuda-compat package: a warning. Forward compatibility does not
+    exist on GeForce/TITAN boards, so there it is a failure. Without a driver version, the
+    "CUDA Version" the driver reports is compared instead.
+    """
     need = min_driver_for_cuda(cuda)
     have = version_tuple(driver)
     if need is None:
         return Check("driver_cuda", "unknown", f"no minimum driver known for CUDA {cuda}")
     if have is None:
+        reported = version_tuple(cuda_driver_version)
+        if reported is not None:
+            ok = reported[:2] >= version_tuple(cuda)[:2]
+            return Check("driver_cuda", "pass" if ok else "fail",
+                         f"the driver supports CUDA up to {cuda_driver_version}; the image needs CUDA {cuda}")
         return Check("driver_cuda", "unknown", f"driver version unknown; CUDA {cuda} needs >= {need}")
     if have >= version_tuple(need):
         return Check("driver_cuda", "pass", f"driver {driver} runs CUDA {cuda} (needs >= {need})")
     branch = str(have[0])
     floor = FORWARD_COMPAT_BRANCHES.get(branch)
     if floor and have >= version_tuple(floor):
-        return Check("driver_cuda", "warn", f"driver {driver} is older than {need} (CUDA {cuda}); runs only through data-center forward compatibility (R{branch} >= {floor}) with cuda-compat")
+        consumer = sorted({n for n in gpu_names or [] if any(m.lower() in n.lower() for m in CONSUMER_GPU_MARKERS)})
+        if consumer:
+            return Check("driver_cuda", "fail", f"driver {driver} is too old for CUDA {cuda} (needs >= {need}); forward "
+                                                f"compatibility is for data-center GPUs, not {', '.join(consumer)}")
+        return Check("driver_cuda", "warn", f"driver {driver} is older than {need} (CUDA {cuda}); runs only through "
+                                            f"data-center forward compatibility (R{branch} >= {floor}) with cuda-compat")
     return Check("driver_cuda", "fail", f"driver {driver} is too old for CUDA {cuda}: needs >= {need}")
 
 
-def evaluate(facts: HostFacts, needs: HostNeeds) -> list[Check]:
-    checks: list[Check] = []
+# -- one function per check ---------------------------------------------------------------------
+def check_reachable(facts: HostFacts) -> Check | None:
+    if facts.unreachable:
+        return Check("reachable", "fail", facts.unreachable)
+    if facts.runner:
+        return Check("reachable", "pass", f"probes ran ({facts.runner})")
+    return None  # a folder captured by hand: nothing known about how
+
+
+def check_kernel(facts: HostFacts) -> Check:
     kernel = version_tuple(facts.kernel)
     if kernel is None:
-        checks.append(Check("kernel", "unknown", facts.unknown.get("kernel", "kernel version unknown")))
-    elif kernel[:2] >= MIN_KERNEL:
-        checks.append(Check("kernel", "pass", f"kernel {facts.kernel}"))
-    else:
-        checks.append(Check("kernel", "fail", f"kernel {facts.kernel} is older than 3.10"))
+        return Check("kernel", "unknown", facts.unknown.get("kernel", "kernel version unknown"))
+    if kernel[:2] >= MIN_KERNEL:
+        return Check("kernel", "pass", f"kernel {facts.kernel}")
+    return Check("kernel", "fail", f"kernel {facts.kernel} is older than 3.10")
 
+
+def check_docker(facts: HostFacts, needs: HostNeeds) -> Check:
     docker = version_tuple(facts.docker_version)
     if docker is None:
         reason = facts.unknown.get("docker") or facts.unknown.get("docker_version") or "no answer"
-        checks.append(Check("docker", "fail", f"Docker engine not reachable: {reason}"))
-    elif docker[:2] >= MIN_DOCKER:
-        checks.append(Check("docker", "pass", f"Docker {facts.docker_version}"))
-    else:
-        status = "fail" if needs.gpus else "warn"
-        checks.append(Check("docker", status, f"Docker {facts.docker_version} is older than 19.03 (no GPU device requests)"))
+        if facts.docker_unreachable:
+            return Check("docker", "fail", f"Docker engine not reachable: {reason}")
+        return Check("docker", "unknown", f"Docker version unknown: {reason}")
+    if docker[:2] >= MIN_DOCKER:
+        return Check("docker", "pass", f"Docker {facts.docker_version}")
+    status = "fail" if needs.gpus else "warn"
+    return Check("docker", status, f"Docker {facts.docker_version} is older than 19.03 (no GPU device requests)")
 
-    if facts.docker_root_free_bytes is None:
-        checks.append(Check("disk", "unknown", facts.unknown.get("disk", "free space on Docker's data root unknown")))
-    elif facts.docker_root_free_bytes >= needs.min_free_bytes:
-        checks.append(Check("disk", "pass", f"{facts.docker_root_free_bytes / 1024**3:.1f} GiB free on Docker's data root"))
-    else:
-        checks.append(Check("disk", "fail", f"only {facts.docker_root_free_bytes / 1024**3:.1f} GiB free on Docker's data root, need {needs.min_free_bytes / 1024**3:.1f} GiB"))
 
+def check_disk(facts: HostFacts, needs: HostNeeds) -> Check:
+    free = facts.docker_root_free_bytes
+    if free is None:
+        return Check("disk", "unknown", facts.unknown.get("disk", "free space on Docker's data root unknown"))
+    if free >= needs.min_free_bytes:
+        return Check("disk", "pass", f"{free / GIB:.1f} GiB free on Docker's data root")
+    return Check("disk", "fail", f"only {free / GIB:.1f} GiB free on Docker's data root, need {needs.min_free_bytes / GIB:.1f} GiB")
+
+
+def check_nvidia_driver(facts: HostFacts) -> Check:
+    """Is an NVIDIA kernel driver loaded? (A version mismatch is a separate check.)"""
+    if facts.driver_state == F.MISMATCH:
+        loaded = facts.kernel_module_version or "unknown version"
+        return Check("nvidia_driver", "pass", f"NVIDIA kernel module {loaded} loaded")
+    if facts.driver_state:
+        return Check("nvidia_driver", "fail", facts.driver_error or facts.driver_state)
+    if facts.driver_version:
+        return Check("nvidia_driver", "pass", f"NVIDIA driver {facts.driver_version}")
+    if "gpus" in facts.unknown:
+        return Check("nvidia_driver", "unknown", f"NVIDIA driver unknown ({facts.unknown['gpus']})")
+    return Check("nvidia_driver", "fail", "no NVIDIA driver")
+
+
+def check_driver_library(facts: HostFacts) -> Check:
+    """Driver upgraded without a reboot: nvidia-smi says "Failed to initialize NVML: Driver/library version mismatch"."""
+    if facts.driver_state == F.MISMATCH:
+        parts = [f"kernel module {facts.kernel_module_version}" if facts.kernel_module_version else None,
+                 f"NVML library {facts.nvml_library_version}" if facts.nvml_library_version else None]
+        versions = ", ".join(p for p in parts if p)
+        return Check("driver_library", "fail", f"{facts.driver_error}{f' ({versions})' if versions else ''}")
+    if facts.driver_version and not facts.driver_state:
+        return Check("driver_library", "pass", "NVML library and kernel module agree")
+    return Check("driver_library", "unknown", "not known (nvidia-smi did not run)")
+
+
+def check_nvidia_runtime(facts: HostFacts) -> Check:
+    if facts.nvidia_runtime:
+        return Check("nvidia_runtime", "pass", "nvidia runtime registered in Docker")
+    if facts.cdi_spec_dirs:
+        return Check("nvidia_runtime", "pass", f"CDI available ({', '.join(facts.cdi_spec_dirs)})")
+    if facts.nvidia_runtime is None:
+        return Check("nvidia_runtime", "unknown", "Docker runtimes unknown")
+    return Check("nvidia_runtime", "fail", "no NVIDIA runtime registered in Docker and no CDI: install the NVIDIA Container Toolkit")
+
+
+def check_gpu_smoke(facts: HostFacts) -> Check:
+    if facts.gpu_smoke is None:
+        return Check("gpu_smoke", "unknown", "GPU smoke container not run (gpu-smoke.txt not captured; give a smoke image)")
+    return Check("gpu_smoke", facts.gpu_smoke, facts.gpu_smoke_detail or "")
+
+
+def check_gpu_count(facts: HostFacts, needs: HostNeeds) -> Check:
+    if facts.gpus is None:
+        return Check("gpu_count", "unknown", f"GPU list unknown; cases need {needs.gpus}")
+    have = len(facts.gpus)
+    if have >= needs.gpus:
+        return Check("gpu_count", "pass", f"{have} GPU(s): {facts.gpu_model}; cases need {needs.gpus}")
+    return Check("gpu_count", "fail", f"{have} GPU(s), cases need {needs.gpus}")
+
+
+def evaluate(facts: HostFacts, needs: HostNeeds) -> list[Check]:
+    reachable = check_reachable(facts)
+    if facts.unreachable:
+        return [reachable]
+    checks = [c for c in (reachable, check_kernel(facts), check_docker(facts, needs), check_disk(facts, needs)) if c]
     if needs.gpus == 0:
         return checks
-
-    if facts.driver_error:
-        checks.append(Check("nvidia_driver", "fail", facts.driver_error))
-    elif facts.driver_version:
-        checks.append(Check("nvidia_driver", "pass", f"NVIDIA driver {facts.driver_version}"))
-    elif "gpus" in facts.unknown:
-        checks.append(Check("nvidia_driver", "fail", f"no NVIDIA driver ({facts.unknown['gpus']})"))
-    else:
-        checks.append(Check("nvidia_driver", "fail", "no NVIDIA driver"))
-
+    checks += [check_nvidia_driver(facts), check_driver_library(facts)]
     if needs.image_cuda:
-        checks.append(check_driver_for_cuda(facts.driver_version, needs.image_cuda))
-
-    if facts.nvidia_runtime:
-        checks.append(Check("nvidia_runtime", "pass", "nvidia runtime registered in Docker"))
-    elif facts.cdi_spec_dirs:
-        checks.append(Check("nvidia_runtime", "pass", f"CDI available ({', '.join(facts.cdi_spec_dirs)})"))
-    elif facts.nvidia_runtime is None:
-        checks.append(Check("nvidia_runtime", "unknown", "Docker runtimes unknown"))
-    else:
-        checks.append(Check("nvidia_runtime", "fail", "no NVIDIA runtime registered in Docker and no CDI: install the NVIDIA Container Toolkit"))
-
-    have = len(facts.gpus or [])
-    if facts.gpus is None:
-        checks.append(Check("gpu_count", "unknown", f"GPU list unknown; cases need {needs.gpus}"))
-    elif have >= needs.gpus:
-        checks.append(Check("gpu_count", "pass", f"{have} GPU(s): {facts.gpu_model}; cases need {needs.gpus}"))
-    else:
-        checks.append(Check("gpu_count", "fail", f"{have} GPU(s), cases need {needs.gpus}"))
+        names = [g.name for g in facts.gpus or []]
+        checks.append(check_driver_for_cuda(facts.driver_version, needs.image_cuda, names, facts.cuda_driver_version))
+    checks += [check_nvidia_runtime(facts), check_gpu_smoke(facts), check_gpu_count(facts, needs)]
     return checks
 
 

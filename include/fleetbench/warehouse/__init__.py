@@ -46,8 +46,41 @@ def warehouse_url() -> str:
     return f"sqlite:///{path}"
 
 
+class WarehouseURLError(ValueError):
+    """FLEETBENCH_WAREHOUSE_URL (or a given URL) is not a database fleetbench can open."""
+
+
+def warehouse_display_url(url: str | None = None) -> str:
+    """The warehouse URL for messages and logs: the password is never shown."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url or warehouse_url()).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<unparsable URL>"
+
+
+def _normalise(url: str) -> str:
+    """A plain `postgresql://` URL uses psycopg2 (what requirements.txt installs)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise WarehouseURLError(f"FLEETBENCH_WAREHOUSE_URL: not a database URL: {warehouse_display_url(url)} "
+                                "(e.g. sqlite:////path/warehouse.db or postgresql://user:password@host/db)") from None
+    if parsed.drivername == "postgresql":
+        parsed = parsed.set(drivername="postgresql+psycopg2")
+    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
+        raise WarehouseURLError(f"FLEETBENCH_WAREHOUSE_URL: {parsed.get_backend_name()} is not supported "
+                                "(SQLite or PostgreSQL)")
+    return parsed.render_as_string(hide_password=False)
+
+
 def get_engine(url: str | None = None) -> Engine:
-    url = url or warehouse_url()
+    url = _normalise(url or warehouse_url())
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": 30})
 
@@ -59,7 +92,10 @@ def get_engine(url: str | None = None) -> Engine:
             cur.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    try:
+        return create_engine(url, pool_pre_ping=True)
+    except ImportError as exc:
+        raise WarehouseURLError(f"FLEETBENCH_WAREHOUSE_URL {warehouse_display_url(url)}: driver not installed ({exc})") from None
 
 
 def _alembic(engine: Engine, action, revision: str, script_location: Path = MIGRATIONS) -> None:

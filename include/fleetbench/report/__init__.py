@@ -1,0 +1,80 @@
+"""Results for people: the warehouse as an HTML report with plots (`fleetbench report`, the DAG's
+`report` task) and as a view in the Airflow UI (`fleetbench.report.web`, loaded by
+`plugins/fleetbench_plugin.py`). All three read through `queries.build_report`.
+
+    queries.py  the warehouse queries (set-based SQL), each returning plain data; filters and their validation
+    plots.py    plot specs from that data, drawn as inline SVG and as PNG files (matplotlib)
+    render.py   the self-contained HTML page
+    web.py      the FastAPI app of the UI view
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from fleetbench.report.queries import Filters, FilterError, build_report, parse_filters
+
+__all__ = ["Filters", "FilterError", "build_report", "parse_filters", "write_report", "default_report_dir"]
+
+HTML_NAME, JSON_NAME, PNG_PREFIX = "report.html", "report.json", "plot-"
+
+
+def default_report_dir() -> Path:
+    """`<FLEETBENCH_DATA_DIR>/reports` (default `.data/reports`)."""
+    from fleetbench.paths import data_dir
+
+    return data_dir() / "reports"
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write next to the target, then rename: a reader sees the old file or the new one, never half of one."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_report(out_dir: str | Path | None = None, filters: Filters | None = None, engine=None) -> dict:
+    """Write report.html (self-contained), report.json (the same data) and one PNG per plot into `out_dir`.
+
+    PNGs of plots the new report no longer has (`plot-*.png` only) are removed, so the folder always
+    holds one consistent report. Returns the paths written, the report's state and its summary.
+    """
+    from fleetbench.report.plots import charts as make_charts
+    from fleetbench.report.plots import to_png
+    from fleetbench.report.render import render_html
+    from fleetbench.warehouse import get_engine
+
+    out = Path(out_dir) if out_dir else default_report_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    own_engine = engine is None
+    engine = engine or get_engine()
+    try:
+        report = build_report(engine, filters)
+    finally:
+        if own_engine:
+            engine.dispose()
+    charts = make_charts(report)
+    pngs = {}
+    for chart in charts:
+        name = f"{PNG_PREFIX}{chart.id}.png"
+        tmp = out / f".{name}.tmp.png"
+        to_png(chart, tmp)
+        os.replace(tmp, out / name)
+        pngs[chart.id] = name
+    for old in out.glob(f"{PNG_PREFIX}*.png"):
+        if old.name not in pngs.values():
+            old.unlink(missing_ok=True)
+    _write_atomic(out / JSON_NAME, json.dumps(report, indent=2, default=str).encode())
+    _write_atomic(out / HTML_NAME, render_html(report, charts, png=pngs).encode())
+    return {"html": str(out / HTML_NAME), "json": str(out / JSON_NAME), "pngs": [str(out / p) for p in pngs.values()],
+            "state": report["state"], "summary": report["summary"], "window": report["window"],
+            "notes": report["notes"]}

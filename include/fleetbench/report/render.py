@@ -1,0 +1,198 @@
+"""The report as one self-contained HTML page: inline CSS, plots as inline SVG, no scripts, no
+external references (it opens from a file, a mail attachment or inside the Airflow UI alike).
+
+Tables carry their numbers twice: as text for people and, on numeric cells, the exact value in
+`data-value` (plus the column in `data-col`) for machines, e.g. the browser test.
+"""
+
+from __future__ import annotations
+
+from html import escape
+from typing import Any, Iterable, Sequence
+
+from fleetbench.report.plots import Chart, fmt, to_svg
+from fleetbench.report.queries import DEFAULT_DAYS, EMPTY, NO_MATCH, NO_TABLES, OUTDATED
+
+CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;margin:0;padding:16px 24px;color:#1d1d1f;background:#fafafa}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
+.meta{color:#555;font-size:12px}.notes{background:#fff8e1;border:1px solid #f0d58a;padding:8px 12px;margin:12px 0;font-size:13px}
+.notes li{margin:2px 0}.cards{display:flex;gap:12px;flex-wrap:wrap;margin:12px 0}
+.card{background:#fff;border:1px solid #ddd;border-radius:6px;padding:8px 14px;min-width:90px}
+.card b{display:block;font-size:20px}.card span{font-size:12px;color:#555}
+table.data{border-collapse:collapse;background:#fff;font-size:12px;margin:6px 0 10px}
+table.data th,table.data td{border:1px solid #ddd;padding:3px 8px;text-align:left;white-space:nowrap}
+table.data th{background:#f0f0f0}table.data td.num{text-align:right;font-variant-numeric:tabular-nums}
+tr.bad td{background:#fdecea}.sev-major{color:#b00020;font-weight:bold}.sev-minor{color:#a15c00}
+.plots{display:flex;flex-wrap:wrap;gap:12px}.plots svg{border:1px solid #ddd;max-width:100%;height:auto}
+.empty{color:#666;font-style:italic;font-size:13px}form.filters{background:#fff;border:1px solid #ddd;padding:8px 12px;
+display:flex;gap:12px;align-items:end;flex-wrap:wrap;font-size:13px}form.filters label{display:flex;flex-direction:column;gap:2px}
+.error{background:#fdecea;border:1px solid #e0a0a0;padding:8px 12px;margin:12px 0;font-size:14px}a{color:#2a5db0}
+"""
+
+
+def _v(value: Any, kind: str = "num") -> str:
+    """Cell text: numbers short, percentages signed, dates as YYYY-MM-DD HH:MM, None as an en dash."""
+    if value is None:
+        return "–"
+    if kind == "pct":
+        return f"{value:+.1f} %"
+    if kind == "date":
+        return str(value)[:16].replace("T", " ")
+    if kind == "int":
+        return str(int(value))
+    if kind == "num":
+        return f"{value:.4g}" if abs(value) < 1 else f"{value:,.2f}"
+    return str(value)
+
+
+def table(table_id: str, columns: Sequence[tuple[str, str, str]], rows: Iterable[dict], *,
+          row_class=None, empty: str = "nothing to show") -> str:
+    """A data table. columns: (header, key, kind) with kind num|int|pct|date|text|html."""
+    rows = list(rows)
+    if not rows:
+        return f'<p class="empty" id="{table_id}-empty">{escape(empty)}</p>'
+    head = "".join(f"<th>{escape(h)}</th>" for h, _, _ in columns)
+    body = []
+    for r in rows:
+        cls = row_class(r) if row_class else ""
+        cells = []
+        for _, key, kind in columns:
+            value = r.get(key)
+            if kind == "html":
+                cells.append(f'<td data-col="{key}">{value}</td>')
+            elif kind in ("num", "int", "pct") and value is not None:
+                cells.append(f'<td class="num" data-col="{key}" data-value="{float(value)!r}">{escape(_v(value, kind))}</td>')
+            else:
+                cells.append(f'<td data-col="{key}">{escape(_v(value, kind))}</td>')
+        body.append(f'<tr{f" class={cls!r}" if cls else ""}>{"".join(cells)}</tr>')
+    return (f'<table class="data" id="{table_id}"><thead><tr>{head}</tr></thead>'
+            f'<tbody>{"".join(body)}</tbody></table>')
+
+
+def _plots(charts: Sequence[Chart], prefix: str, png: dict[str, str] | None) -> str:
+    chosen = [c for c in charts if c.id.startswith(prefix)]
+    if not chosen:
+        return ""
+    items = []
+    for c in chosen:
+        link = f'<div class="meta"><a href="{escape(png[c.id])}">{escape(png[c.id])}</a></div>' if png and c.id in png else ""
+        items.append(f"<figure style=\"margin:0\">{to_svg(c)}{link}</figure>")
+    return f'<div class="plots">{"".join(items)}</div>'
+
+
+def _filters_form(report: dict, values: dict[str, str]) -> str:
+    def select(name: str, options: list[str], label: str) -> str:
+        current = values.get(name) or ""
+        opts = ['<option value="">all</option>'] + [
+            f'<option value="{escape(o)}"{" selected" if o == current else ""}>{escape(o)}</option>' for o in options]
+        if current and current not in options:
+            opts.append(f'<option value="{escape(current)}" selected>{escape(current)}</option>')
+        return f'<label>{label}<select name="{name}">{"".join(opts)}</select></label>'
+
+    opts = report["options"]
+    dates = "".join(f'<label>{label}<input type="date" name="{name}" value="{escape((values.get(name) or "")[:10])}"></label>'
+                    for name, label in (("since", "from"), ("until", "to")))
+    return (f'<form class="filters" method="get" action="" id="filters">{select("host", opts["hosts"], "host")}'
+            f'{select("model", opts["models"], "model")}{dates}'
+            f'{select("dag_id", opts["dag_ids"], "DAG") if len(opts["dag_ids"]) > 1 else ""}'
+            f'<button type="submit">Apply</button><a href="?">reset</a></form>')
+
+
+def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str, str] | None = None,
+                png: dict[str, str] | None = None, error: str | None = None, title: str = "fleetbench report") -> str:
+    """The page. `form_values`: show the filter form (the UI view) with these values; `png`: chart id ->
+    file name of its PNG (the file report); `error`: a message shown above everything (bad filters)."""
+    s = report["summary"]
+    w = report["window"]
+    meta = [f"generated {report['generated_at']}"]
+    if report["warehouse"]:
+        meta.append(f"from {report['warehouse']}")
+    if w["since"]:
+        meta.append(f"results from {_v(w['since'], 'date')}" + (f" to before {_v(w['until'], 'date')}" if w["until"] else "")
+                    + (f" (the last {DEFAULT_DAYS} days with results)" if w["defaulted"] else ""))
+    meta += [f"{k} = {v}" for k, v in report["filters"].items() if v is not None and k in ("host", "model", "dag_id")]
+    parts = [f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
+             f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style></head><body>',
+             f"<h1>{escape(title)}</h1>",
+             f'<div class="meta" id="meta" data-state="{report["state"]}">{escape(" · ".join(meta))}</div>']
+    if form_values is not None:
+        parts.append(_filters_form(report, form_values))
+    if error:
+        parts.append(f'<div class="error" id="error">{escape(error)}</div>')
+    if report["notes"]:
+        parts.append('<ul class="notes" id="notes">' + "".join(f"<li>{escape(n)}</li>" for n in report["notes"]) + "</ul>")
+    if error or report["state"] in (NO_TABLES, OUTDATED, EMPTY, NO_MATCH):
+        parts.append("</body></html>")
+        return "".join(parts)
+
+    parts.append('<div class="cards" id="summary">' + "".join(
+        f'<div class="card" data-col="{k}" data-value="{s[k]}"><b>{s[k]}</b><span>{label}</span></div>'
+        for k, label in (("runs", "runs"), ("results", "results"), ("ok", "ok"), ("failed", "failed"),
+                         ("skipped", "skipped"), ("hosts", "hosts"))) + "</div>")
+
+    parts.append("<h2>Hosts</h2>")
+    parts.append(table("hosts-table", [("host", "host", "text"), ("runs", "runs", "int"), ("ok", "ok", "int"),
+                                       ("failed", "failed", "int"), ("skipped", "skipped", "int"),
+                                       ("last result", "last_seen", "date"), ("last ok", "last_ok", "date"),
+                                       ("GPU model", "gpu_model", "text"), ("drivers seen", "drivers", "int")],
+                       report["hosts"], row_class=lambda r: "bad" if r["ok"] == 0 else ""))
+
+    parts.append("<h2>Throughput per model and host</h2>")
+    if report["throughput"]:
+        parts.append('<p class="meta">ok results only; dashed red lines mark nights on which a host reported a new driver.</p>')
+    parts.append(_plots(charts, "throughput-", png))
+    parts.append(table("throughput-table", [
+        ("model", "model", "text"), ("host", "host", "text"), ("case", "case_key", "text"), ("GPUs", "num_gpus", "int"),
+        ("batch/GPU", "batch_size_per_device", "int"), ("nights", "n", "int"), ("latest images/sec", "latest", "num"),
+        ("previous", "previous", "num"), ("change", "change_pct", "pct"), ("min", "min", "num"), ("max", "max", "num"),
+        ("driver", "latest_driver", "text"), ("latest night", "latest_date", "date")],
+        report["throughput"], empty="No ok results with a throughput in this range."))
+    if report["driver_changes"]:
+        parts.append("<h2>Driver changes</h2>")
+        parts.append(table("driver-changes-table", [("night", "logical_date", "date"), ("host", "host", "text"),
+                                                    ("from", "from", "text"), ("to", "to", "text"), ("run", "run_id", "text")],
+                           report["driver_changes"]))
+
+    parts.append("<h2>Scaling efficiency per GPU count</h2>")
+    parts.append('<p class="meta">N-GPU images/sec ÷ (N × 1-GPU images/sec) of the same host, model, batch and run; 1.0 is linear.</p>')
+    parts.append(_plots(charts, "scaling", png))
+    parts.append(table("scaling-table", [("model", "model", "text"), ("GPUs", "num_gpus", "int"), ("cases", "n", "int"),
+                                         ("hosts", "hosts", "int"), ("mean", "mean", "num"), ("min", "min", "num"),
+                                         ("max", "max", "num")],
+                       report["scaling"], empty="No GPU cases with a 1-GPU counterpart in this range (CPU cases do not scale)."))
+
+    parts.append("<h2>Energy and cost per GPU model</h2>")
+    parts.append(_plots(charts, "images-per-joule", png) + _plots(charts, "cost-per-million", png))
+    parts.append(table("efficiency-table", [("GPU model", "gpu", "text"), ("model", "model", "text"), ("cases", "n", "int"),
+                                            ("images/J (mean)", "images_per_joule", "num"),
+                                            ("USD per 10⁶ images (mean)", "cost_per_million_images_usd", "num"),
+                                            ("energy measured", "measured", "int"), ("energy estimated", "estimated", "int")],
+                       report["efficiency"],
+                       empty="No energy or cost figures in this range (CPU cases, and GPUs without a price or TDP, have none)."))
+
+    run = report["latest_run"]
+    parts.append("<h2>Latest run: failures by class</h2>")
+    if run:
+        parts.append(f'<p class="meta" id="latest-run" data-run-id="{escape(run["run_id"])}">run {escape(run["run_id"])} '
+                     f'({escape(run["dag_id"])}, {_v(run["logical_date"], "date")}): {run["total"]} case(s), {run["ok"]} ok, '
+                     f'{run["failed"]} failed, {run["skipped"]} skipped</p>')
+    parts.append(_plots(charts, "failures", png))
+    rows = [{**f, "hosts_text": ", ".join(f"{h} ×{n}" for h, n in sorted(f["hosts"].items()))} for f in report["failures"]]
+    parts.append(table("failures-table", [("failure class", "failure_class", "text"), ("status", "status", "text"),
+                                          ("cases", "count", "int"), ("hosts", "hosts_text", "text")],
+                       rows, empty="No failed or skipped case in the latest run."))
+
+    parts.append("<h2>Open regressions</h2>")
+    regs = [{**r, "case": r["case_key"],
+             "sev_html": f'<span class="sev-{escape(r["severity"])}">{escape(r["severity"])}</span>',
+             "changes_text": "; ".join(f"{k} {v.get('before')} → {v.get('after')}" if isinstance(v, dict) else f"{k} {v}"
+                                       for k, v in (r["changes"] or {}).items()) or "–"} for r in report["regressions"]]
+    parts.append(table("regressions-table", [
+        ("severity", "sev_html", "html"), ("host", "host", "text"), ("case", "case", "text"), ("metric", "metric", "text"),
+        ("baseline", "baseline_value", "num"), ("value", "value", "num"), ("change", "delta_pct", "pct"),
+        ("z", "z_score", "num"), ("night", "logical_date", "date"), ("what changed", "changes_text", "text")],
+        regs, empty="No open regressions."))
+    parts.append("</body></html>")
+    return "".join(parts)
+

@@ -1,0 +1,211 @@
+"""Fleet scale: the two topologies of README "Deploying at fleet scale", and the distributed setup itself.
+
+(a) central workers drive a remote Docker engine over TLS: here the local engine behind a mutual-TLS
+    proxy (`celery_cluster.DockerTLSProxy`), the client certificate from an Airflow Connection;
+(b) a Celery worker on the GPU host listens on the host's own queue and uses its local socket.
+
+The last test is the docker-compose deployment without containers: PostgreSQL, Redis, api-server,
+scheduler, dag-processor and two Celery workers on different queues, as local processes; the run
+is triggered and watched through the REST API.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from celery_cluster import CeleryAirflow, DockerTLSProxy, RedisServer, make_tls_material, tls_connection_json
+from fleet_configs import containers_of, run_fleet_dag, smoke_config, write_config
+
+DAGS = Path(__file__).resolve().parents[2] / "dags"
+TLS_CONN = "fb_docker_tls"
+OWN_QUEUE = "fleet-gpu-b"
+LANE_ON_HOST = {"validate_host", "prepare_image", "run_case"}  # what a topology (b) host's own worker runs
+
+
+def two_topologies(image: str, tls_url: str, **kwargs) -> dict:
+    return smoke_config(image, hosts=[
+        {"name": "central-tls", "connection": "local", "docker_url": tls_url, "docker_tls_conn_id": TLS_CONN},
+        {"name": "gpu-b", "connection": "local", "queue": OWN_QUEUE},
+    ], **kwargs)
+
+
+@pytest.fixture()
+def certs(tmp_path):
+    return make_tls_material(tmp_path / "tls")
+
+
+@pytest.fixture()
+def tls_engine(certs, docker_api):
+    with DockerTLSProxy(certs) as proxy:
+        yield proxy
+
+
+# -- config and DAG shape (no services) -------------------------------------------------------
+def test_topology_fields_are_checked_with_the_field_path():
+    from fleetbench.config import ConfigError, parse_config
+
+    base = {"images": [{"name": "i", "ref": "127.0.0.1:5000/x:1", "command": ["python3"]}],
+            "benchmarks": [{"name": "b", "image": "i", "models": ["m"], "batch_sizes": [1]}]}
+    with pytest.raises(ConfigError) as info:
+        parse_config({**base, "hosts": [{"name": "h", "docker_tls_conn_id": "certs"}]})
+    assert "hosts[0]: docker_tls_conn_id needs a tcp:// docker_url" in str(info.value)
+    with pytest.raises(ConfigError) as info:
+        parse_config({**base, "hosts": [{"name": "h", "queue": "gpu b; rm"}]})
+    assert "hosts[0].queue: must match" in str(info.value)
+    host = parse_config({**base, "hosts": [{"name": "h", "docker_url": "tcp://gpu-7:2376", "docker_tls_conn_id": "c",
+                                             "queue": "gpu-7"}]}).hosts[0]
+    assert (host.queue, host.docker_tls_conn_id) == ("gpu-7", "c")
+
+
+def test_own_queue_hosts_are_validated_prepared_and_run_on_their_queue(tmp_path, monkeypatch):
+    cfg = two_topologies("127.0.0.1:5000/fleetbench/cpu-smoke:latest", "tcp://127.0.0.1:2376")
+    monkeypatch.setenv("FLEETBENCH_CONFIG", str(write_config(tmp_path / "fleet.yaml", cfg)))
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(DAGS))
+    assert not bag.import_errors, bag.import_errors
+    queues = {t.task_id: t.queue for t in bag.dags["fleet_benchmark"].tasks}
+    assert {tid: q for tid, q in queues.items() if q != "default"} == {
+        f"host_gpu-b.{step}": OWN_QUEUE for step in LANE_ON_HOST}
+    # topology (a): validated and prepared by the top-level mapped tasks, run by central workers
+    assert "host_central-tls.validate_host" not in queues and queues["host_central-tls.run_case"] == "default"
+
+
+# -- topology (a): TLS -----------------------------------------------------------------------
+@pytest.mark.integration
+def test_tls_engine_is_reached_only_with_the_connection_certificates(certs, tls_engine, smoke_image, data_dir,
+                                                                      monkeypatch, caplog):
+    from fleetbench.airflow import pipeline
+    from fleetbench.config import ImageSpec
+
+    monkeypatch.setenv("AIRFLOW_CONN_FB_DOCKER_TLS", tls_connection_json(certs))  # PEM text in the extra
+    monkeypatch.setenv("AIRFLOW_CONN_FB_DOCKER_TLS_FILES", tls_connection_json(certs, inline=False))  # file paths
+    monkeypatch.setenv("AIRFLOW_CONN_FB_DOCKER_TLS_ROGUE", tls_connection_json(certs, client="rogue"))
+    monkeypatch.setenv("AIRFLOW_CONN_FB_DOCKER_TLS_HALF", json.dumps({"conn_type": "docker", "extra": {
+        "ca_cert": certs["ca_cert"].read_text()}}))
+    run = {"dag_id": "tls", "run_id": f"tls-{uuid.uuid4().hex[:8]}"}
+    image = ImageSpec(name="smoke", ref=smoke_image, command=["true"]).model_dump(mode="json")
+
+    def host(conn_id):
+        return {"name": "remote", "connection": "local", "docker_url": tls_engine.url, "docker_tls_conn_id": conn_id,
+                "needs": {"gpus": 0, "image_cuda": None}, "images": [image]}
+
+    for conn_id in ("fb_docker_tls", "fb_docker_tls_files"):
+        verdict = pipeline.validate_host(host(conn_id), run)
+        assert verdict["verdict"] == "ready", verdict
+        assert verdict["facts"]["docker_version"]  # the docker CLI got through, with DOCKER_CERT_PATH
+        prepared = pipeline.prepare_host_images(host(conn_id), [verdict])["images"]["smoke"]
+        assert prepared["failure_class"] is None and prepared["pinned_ref"].startswith(smoke_image.rsplit(":", 1)[0] + "@sha256:")
+    assert set(tls_engine.clients) == {"fleetbench-central-worker"}
+
+    for conn_id in (None, "fb_docker_tls_rogue"):  # plain HTTP to a TLS port; a certificate of another CA
+        verdict = pipeline.validate_host(host(conn_id), run)
+        assert verdict["verdict"] == "unfit" and "Docker engine not reachable" in verdict["reasons"], verdict
+    half = pipeline.validate_host(host("fb_docker_tls_half"), run)
+    assert half["verdict"] == "unfit" and "lacks client_cert, client_key" in half["reasons"]
+    ready = {"host": "remote", "verdict": "ready", "facts": {}}
+    failed = pipeline.prepare_host_images(host("fb_docker_tls_half"), [ready])["images"]["smoke"]
+    assert failed["failure_class"] == "docker_unreachable" and "fb_docker_tls_half" in failed["error"]
+    key = certs["client_key"].read_text().splitlines()[1]
+    assert key not in caplog.text and key not in json.dumps([verdict, half, failed])
+
+
+@pytest.mark.integration
+@pytest.mark.dagrun
+def test_both_topologies_with_dag_test(airflow_db, data_dir, certs, tls_engine, smoke_image, docker_api, tmp_path,
+                                       monkeypatch):
+    """The whole DAG in one process (queues are not honoured by dag.test): a TLS engine and an own-queue host."""
+    monkeypatch.setenv("AIRFLOW_CONN_FB_DOCKER_TLS", tls_connection_json(certs))
+    config = write_config(tmp_path / "fleet.yaml", two_topologies(smoke_image, tls_engine.url, models=("trivial",),
+                                                                  batch_sizes=(8, 16), num_batches=5))
+    dag_run = run_fleet_dag(monkeypatch, config)
+    assert dag_run.state == "success"
+    from fleetbench.warehouse import fetch_results, get_engine
+
+    rows = fetch_results(get_engine(), run_id=dag_run.run_id)
+    assert sorted((r["host"], r["batch_size_per_device"], r["status"]) for r in rows) == [
+        ("central-tls", 8, "ok"), ("central-tls", 16, "ok"), ("gpu-b", 8, "ok"), ("gpu-b", 16, "ok")]
+    assert tls_engine.clients  # the TLS host's validation, pull and cases went through the TLS engine
+    assert containers_of(docker_api, dag_run.run_id) == []
+
+    # A run on the own-queue host only: the top-level validate_host/prepare_image map over no host (skipped);
+    # the run still validates, runs, stores and checks the fleet.
+    subset = run_fleet_dag(monkeypatch, config, run_conf={"hosts": ["gpu-b"]})
+    assert subset.state == "success"
+    states = {ti.task_id: ti.state for ti in subset.get_task_instances()}
+    assert states["validate_host"] == states["prepare_image"] == "skipped"
+    assert states["host_gpu-b.run_case"] == states["store"] == states["check_fleet"] == "success"
+    assert [(r["host"], r["status"]) for r in fetch_results(get_engine(), run_id=subset.run_id)] == [
+        ("gpu-b", "ok"), ("gpu-b", "ok")]
+
+
+# -- the distributed setup: CeleryExecutor, two workers, REST API ---------------------------------
+@pytest.mark.integration
+@pytest.mark.scheduler
+def test_celery_workers_run_each_host_on_its_own_queue(tmp_path, pg_url, certs, tls_engine, smoke_image, docker_api):
+    cfg = two_topologies(smoke_image, tls_engine.url, models=("trivial", "lenet"), batch_sizes=(8,), num_batches=10)
+    cfg["fleet"]["schedule"] = None  # only the run this test triggers
+    config = write_config(tmp_path / "fleet.yaml", cfg)
+    from fleetbench.airflow.pipeline import pools
+
+    admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
+    warehouse_db = f"fb_wh_{uuid.uuid4().hex[:10]}"
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{warehouse_db}"'))
+    warehouse = f"{pg_url.rsplit('/', 1)[0]}/{warehouse_db}"
+    env = {"FLEETBENCH_CONFIG": str(config), "FLEETBENCH_WAREHOUSE_URL": warehouse,
+           # one machine: both workers see the same artifact folder, as a shared volume would give them
+           "FLEETBENCH_DATA_DIR": str(tmp_path / "data")}
+    run_id = "celery-fleet"
+    try:
+        with RedisServer(tmp_path / "redis") as redis, \
+                CeleryAirflow(tmp_path / "airflow", pg_url, redis.url, env=env,
+                              workers={"central": ["default"], "gpu-b": [OWN_QUEUE]}) as airflow:
+            for name, pool in pools(parse(config)).items():
+                airflow.api("POST", "/api/v2/pools", {"name": name, **pool})
+            conn = json.loads(tls_connection_json(certs))
+            airflow.api("POST", "/api/v2/connections", {"connection_id": TLS_CONN, "conn_type": conn["conn_type"],
+                                                        "extra": json.dumps(conn["extra"])})
+            airflow.wait_for_dag("fleet_benchmark")
+            airflow.trigger_api("fleet_benchmark", run_id)
+            run = airflow.wait_for_run_api("fleet_benchmark", run_id, timeout=600)
+            tis = airflow.task_instances_api("fleet_benchmark", run_id)
+            assert run["state"] == "success", airflow.logs()
+        assert airflow.stopped() and redis.proc.poll() is not None  # everything shut down
+
+        ran = [ti for ti in tis if ti["state"] in ("success", "failed")]
+        on_host = [ti for ti in ran if ti["task_id"].startswith("host_gpu-b.") and ti["task_id"].split(".")[1] in LANE_ON_HOST]
+        assert sorted({ti["task_id"] for ti in on_host}) == sorted(f"host_gpu-b.{s}" for s in LANE_ON_HOST)
+        assert {(ti["queue"], ti["hostname"]) for ti in on_host} == {(OWN_QUEUE, "gpu-b")}, on_host
+        central = [ti for ti in ran if ti not in on_host]
+        assert {(ti["queue"], ti["hostname"]) for ti in central} == {("default", "central")}, central
+        cases = {host: sorted(ti["rendered_map_index"] for ti in ran if ti["task_id"] == f"host_{host}.run_case")
+                 for host in ("central-tls", "gpu-b")}
+        assert cases["central-tls"] == cases["gpu-b"] and len(cases["gpu-b"]) == 2, cases
+        assert set(tls_engine.clients) == {"fleetbench-central-worker"}  # host central-tls went through TLS
+
+        from fleetbench.warehouse import fetch_results, get_engine
+
+        engine = get_engine(warehouse)
+        rows = fetch_results(engine, run_id=run_id)
+        engine.dispose()
+        digest = docker_api.inspect_distribution(smoke_image)["Descriptor"]["digest"]
+        assert sorted((r["host"], r["model"], r["status"]) for r in rows) == [
+            ("central-tls", "lenet", "ok"), ("central-tls", "trivial", "ok"), ("gpu-b", "lenet", "ok"), ("gpu-b", "trivial", "ok")]
+        assert all(r["images_per_sec"] > 0 and r["image_digest"] == digest for r in rows), rows
+        assert containers_of(docker_api, run_id) == []
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{warehouse_db}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def parse(config: Path):
+    from fleetbench.config import load_config
+
+    return load_config(config)

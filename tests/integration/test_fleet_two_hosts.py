@@ -1,0 +1,117 @@
+"""A fleet of two hosts, one local and one over SSH (the test sshd on this same machine), with one made unfit.
+
+The unfit host's cases become `skipped` rows carrying the reason; the other host's cases run for
+real; both hosts' facts and verdicts land in `host_facts`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from fleet_configs import containers_of, run_fleet_dag, smoke_config, write_config
+
+pytestmark = [pytest.mark.integration, pytest.mark.dagrun]
+
+SSHD_DIR = Path("/var/lib/fleetbench/sshd")
+SSHD_PORT = 2222
+
+
+def define_ssh_connection(monkeypatch, conn_id: str, port: int = SSHD_PORT) -> str:
+    host_key = " ".join((SSHD_DIR / "known_hosts").read_text().split()[1:3])
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({
+        "conn_type": "ssh", "host": "127.0.0.1", "port": port, "login": "root",
+        "extra": {"key_file": str(SSHD_DIR / "client_key"), "host_key": host_key, "no_host_key_check": False}}))
+    return conn_id
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture()
+def sshd(monkeypatch, tmp_path):
+    try:
+        socket.create_connection(("127.0.0.1", SSHD_PORT), timeout=2).close()
+    except OSError as exc:
+        pytest.fail(f"no sshd on 127.0.0.1:{SSHD_PORT} ({exc}); run `bash scripts/ensure-sshd.sh`")
+    (tmp_path / "home").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no personal known_hosts takes part
+
+
+def results_and_host_facts(run_id: str) -> tuple[dict, dict]:
+    from fleetbench.warehouse import fetch_results, get_engine
+
+    engine = get_engine()
+    rows = {r["host"]: r for r in fetch_results(engine, run_id=run_id)}
+    with engine.connect() as conn:
+        facts = {r.host: r for r in conn.execute(text("select * from host_facts where run_id = :r"), {"r": run_id})}
+    engine.dispose()
+    return rows, facts
+
+
+def test_unreachable_ssh_host_is_skipped_and_the_local_host_runs(airflow_db, data_dir, smoke_image, docker_api, sshd,
+                                                                 tmp_path, monkeypatch):
+    conn_id = define_ssh_connection(monkeypatch, "fleet_ssh_down", port=closed_port())
+    cfg = smoke_config(smoke_image, models=("trivial",), batch_sizes=(8,), hosts=[
+        {"name": "localhost", "connection": "local"},
+        {"name": "sshhost", "connection": conn_id, "docker_url": "unix:///var/run/docker.sock"}])
+    dag_run = run_fleet_dag(monkeypatch, write_config(tmp_path / "fleet.yaml", cfg))
+    assert dag_run.state == "success"
+
+    rows, facts = results_and_host_facts(dag_run.run_id)
+    assert (rows["localhost"]["status"], rows["localhost"]["failure_class"]) == ("ok", None)
+    assert rows["localhost"]["images_per_sec"] > 0
+    skipped = rows["sshhost"]
+    assert (skipped["status"], skipped["failure_class"]) == ("skipped", "host_unfit")
+    assert "reachable: unreachable: 127.0.0.1:" in skipped["failure_detail"]
+    assert "connection refused" in skipped["failure_detail"]
+
+    assert (facts["localhost"].verdict, facts["localhost"].kernel) == ("ready", os.uname().release)
+    assert facts["sshhost"].verdict == "unfit" and facts["sshhost"].kernel is None
+    assert json.loads(facts["sshhost"].checks_json) == [
+        {"name": "reachable", "status": "fail", "detail": json.loads(facts["sshhost"].facts_json)["unreachable"]}]
+    assert containers_of(docker_api, dag_run.run_id) == []
+
+
+def test_ssh_host_runs_its_cases_while_the_unfit_local_host_is_skipped(airflow_db, data_dir, smoke_image, docker_api,
+                                                                      sshd, tmp_path, monkeypatch):
+    conn_id = define_ssh_connection(monkeypatch, "fleet_ssh")
+    cfg = smoke_config(smoke_image, models=("trivial",), batch_sizes=(8, 16), hosts=[
+        {"name": "localhost", "connection": "local", "docker_url": "unix:///nonexistent/docker.sock"},
+        {"name": "sshhost", "connection": conn_id, "docker_url": "unix:///var/run/docker.sock"}])
+    dag_run = run_fleet_dag(monkeypatch, write_config(tmp_path / "fleet.yaml", cfg))
+    assert dag_run.state == "success"
+
+    from fleetbench.warehouse import fetch_results, get_engine
+
+    rows = fetch_results(get_engine(), run_id=dag_run.run_id)
+    by_host = {h: sorted((r["batch_size_per_device"], r["status"], r["failure_class"]) for r in rows if r["host"] == h)
+               for h in ("localhost", "sshhost")}
+    assert by_host == {"localhost": [(8, "skipped", "host_unfit"), (16, "skipped", "host_unfit")],
+                       "sshhost": [(8, "ok", None), (16, "ok", None)]}
+    assert all("Docker engine not reachable" in r["failure_detail"] for r in rows if r["host"] == "localhost")
+
+    _, facts = results_and_host_facts(dag_run.run_id)
+    ssh_facts = facts["sshhost"]
+    assert (ssh_facts.verdict, ssh_facts.kernel) == ("ready", os.uname().release)
+    assert ssh_facts.docker_version == docker_api.version()["Version"]
+    assert ssh_facts.gpu_count == 0 and ssh_facts.nvidia_runtime is not None and not ssh_facts.nvidia_runtime
+    checks = {c["name"]: c for c in json.loads(ssh_facts.checks_json)}
+    assert checks["reachable"] == {"name": "reachable", "status": "pass", "detail": "probes ran (ssh:fleet_ssh)"}
+    assert facts["localhost"].verdict == "unfit"
+
+    # the probe outputs were kept, one file per command, in the run's artifact folder
+    from fleetbench.airflow.pipeline import run_dir
+
+    folder = run_dir("fleet_benchmark", dag_run.run_id) / "hosts" / "sshhost" / "facts"
+    assert json.loads((folder / "probes.json").read_text())["runner"] == "ssh:fleet_ssh"
+    assert (folder / "uname-r.txt").read_text().strip() == os.uname().release
+    assert containers_of(docker_api, dag_run.run_id) == []

@@ -1,0 +1,188 @@
+"""Rules and verdicts over host facts: NVIDIA's driver/CUDA table edge cases, and verdicts of real captures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fleetbench.hosts import HostFacts, HostNeeds, evaluate, facts_from_dir, host_check, reasons, verdict
+from fleetbench.hosts.rules import Check, check_driver_for_cuda, min_driver_for_cuda, version_tuple
+
+HOSTS = Path(__file__).resolve().parents[1] / "fixtures" / "hosts"
+CONTRACT_FACTS = {"kernel", "driver_version", "cuda_driver_version", "gpus", "docker_version", "nvidia_runtime", "default_runtime"}
+
+
+def checks_of(folder: str, **needs) -> dict[str, Check]:
+    return {c.name: c for c in evaluate(facts_from_dir(HOSTS / folder), HostNeeds(**needs))}
+
+
+# -- NVIDIA's minimum driver per CUDA toolkit ----------------------------------------------------------
+@pytest.mark.parametrize("cuda, driver", [
+    ("11.0", "450.51.05"),
+    ("11.1", "450.80.02"), ("11.8", "450.80.02"),  # 11.x minor-version compatibility
+    ("12.0", "525.60.13"), ("12.1", "530.30.02"), ("12.2", "535.54.03"),
+    ("12.3", "535.54.03"),  # between rows: the next lower row
+    ("12.4", "550.54.14"), ("12.6", "550.54.14"), ("12.8", "570.26"), ("13.0", "580.65.06"),
+    ("10.2", None), ("x.y", None),
+])
+def test_min_driver_for_cuda(cuda, driver):
+    assert min_driver_for_cuda(cuda) == driver
+
+
+@pytest.mark.parametrize("driver, cuda, status", [
+    ("530.30.02", "12.1", "pass"),   # exactly the minimum
+    ("530.30.01", "12.1", "fail"),   # one patch level short, not on a forward-compatibility branch
+    ("525.60.13", "12.0", "pass"),
+    ("525.60.12", "12.0", "fail"),
+    ("450.80.02", "11.8", "pass"),   # minor-version compatibility
+    ("450.51.06", "11.8", "warn"),   # below minor-version compatibility, but R450 >= 450.51: forward compatibility
+    ("440.33.01", "11.0", "fail"),   # R440 is no forward-compatibility branch
+    ("418.87.01", "11.0", "fail"),
+    ("580.65.06", "13.0", "pass"),
+    ("570.172.08", "13.0", "fail"),
+])
+def test_driver_for_cuda_table(driver, cuda, status):
+    assert check_driver_for_cuda(driver, cuda).status == status
+
+
+@pytest.mark.parametrize("driver, gpus, status", [
+    ("525.85.12", ["NVIDIA A100-SXM4-40GB"], "warn"),      # R525 >= 525.85: forward compatibility on a data-center GPU
+    ("470.57.02", ["Tesla V100-SXM2-32GB"], "warn"),       # R470 >= 470.57
+    ("510.47.03", [], "warn"),                             # GPU unknown: forward compatibility may apply
+    ("525.85.12", ["NVIDIA GeForce RTX 3090"], "fail"),    # forward compatibility is not for consumer boards
+    ("525.85.12", ["NVIDIA TITAN RTX"], "fail"),
+    ("525.60.13", ["NVIDIA A100-SXM4-40GB"], "fail"),      # R525 but below the branch's 525.85
+    ("520.61.05", ["NVIDIA A100-SXM4-40GB"], "fail"),      # R520 is no forward-compatibility branch
+])
+def test_forward_compatibility_branches_for_cuda_12_1(driver, gpus, status):
+    check = check_driver_for_cuda(driver, "12.1", gpus)
+    assert check.status == status, check.detail
+
+
+def test_driver_cuda_falls_back_to_the_reported_cuda_version():
+    assert check_driver_for_cuda(None, "12.1", cuda_driver_version="12.2").status == "pass"
+    assert check_driver_for_cuda(None, "12.1", cuda_driver_version="12.0").status == "fail"
+    assert check_driver_for_cuda(None, "12.1").status == "unknown"
+
+
+def test_version_tuple():
+    assert version_tuple("20.10.24+dfsg1") == (20, 10, 24)
+    assert version_tuple("18.06.1-ce") == (18, 6, 1)
+    assert version_tuple("6.18.44-fc-v1045") == (6, 18, 44)
+    assert version_tuple("") is None and version_tuple("N/A") is None
+
+
+# -- verdicts of real captures --------------------------------------------------------------------------
+def test_this_vm_is_ready_for_cpu_cases():
+    checks = checks_of("local-vm-nogpu", gpus=0)
+    assert {n: c.status for n, c in checks.items()} == {"reachable": "pass", "kernel": "pass", "docker": "pass", "disk": "pass"}
+    assert verdict(list(checks.values())) == "ready" and reasons(list(checks.values())) == ""
+
+
+@pytest.mark.parametrize("folder", ["local-vm-nogpu", "ssh-vm-nogpu"])
+def test_this_vm_is_unfit_for_gpu_cases_no_nvidia_driver(folder):
+    checks = checks_of(folder, gpus=1, image_cuda="12.1")
+    assert checks["nvidia_driver"] == Check("nvidia_driver", "fail", "no NVIDIA driver: nvidia-smi not found")
+    assert checks["nvidia_runtime"].status == "fail"
+    assert checks["gpu_smoke"].status == "fail" and "[[gpu]]" in checks["gpu_smoke"].detail
+    assert checks["gpu_count"].detail == "0 GPU(s), cases need 1"
+    line = reasons(list(checks.values()))
+    assert verdict(list(checks.values())) == "unfit" and line.startswith("nvidia_driver: no NVIDIA driver")
+
+
+def test_h100_runs_cuda_13_but_not_two_gpu_cases():
+    one = checks_of("h100-590-cuda13.1", gpus=1, image_cuda="13.0")
+    assert one["driver_cuda"].status == "pass" and one["gpu_count"].status == "pass"
+    assert one["driver_library"].status == "pass"
+    # docker, disk, runtime and smoke were not captured: runs, but not "ready"
+    assert verdict(list(one.values())) == "degraded"
+    assert {n for n, c in one.items() if c.status == "unknown"} == {"docker", "disk", "nvidia_runtime", "gpu_smoke"}
+    two = checks_of("h100-590-cuda13.1", gpus=2, image_cuda="13.0")
+    assert two["gpu_count"] == Check("gpu_count", "fail", "1 GPU(s), cases need 2")
+
+
+def test_geforce_on_r525_cannot_use_forward_compatibility():
+    checks = checks_of("geforce-525-79col", gpus=1, image_cuda="12.1")
+    assert checks["driver_cuda"].status == "fail" and "data-center" in checks["driver_cuda"].detail
+    assert checks_of("geforce-525-79col", gpus=1, image_cuda="12.0")["driver_cuda"].status == "pass"
+
+
+def test_a10_on_r550_needs_a_newer_driver_for_cuda_12_8():
+    assert checks_of("a10-550-cuda12.4", gpus=1, image_cuda="12.4")["driver_cuda"].status == "pass"
+    assert checks_of("a10-550-cuda12.4", gpus=1, image_cuda="12.8")["driver_cuda"].detail == \
+        "driver 550.127.05 is too old for CUDA 12.8: needs >= 570.26"
+
+
+def test_driver_library_mismatch_is_its_own_failure():
+    checks = checks_of("mismatch-520-debian", gpus=1)
+    assert checks["nvidia_driver"] == Check("nvidia_driver", "pass", "NVIDIA kernel module 520.56.06 loaded")
+    assert checks["driver_library"].status == "fail"
+    assert "reboot" in checks["driver_library"].detail and "kernel module 520.56.06" in checks["driver_library"].detail
+    assert "NVML library 570.124" in checks_of("mismatch-570-nvml-library", gpus=1)["driver_library"].detail
+
+
+def test_driver_not_loaded():
+    checks = checks_of("driver-not-loaded-kernel-3.13", gpus=1)
+    assert checks["kernel"].status == "pass"  # 3.13 >= 3.10
+    assert checks["nvidia_driver"].status == "fail" and "couldn't communicate" in checks["nvidia_driver"].detail
+
+
+def test_smoke_failure_makes_a_driver_ready_host_unfit():
+    checks = checks_of("tesla-p4-530-no-toolkit", gpus=1, image_cuda="12.1")
+    assert checks["nvidia_driver"].status == "pass" and checks["driver_cuda"].status == "pass"
+    assert checks["gpu_smoke"].status == "fail"
+    assert verdict(list(checks.values())) == "unfit"
+
+
+def test_old_docker_fails_gpu_cases_and_warns_cpu_cases():
+    assert checks_of("docker-18.06-kata", gpus=1)["docker"].status == "fail"
+    assert checks_of("docker-18.06-kata", gpus=0)["docker"] == \
+        Check("docker", "warn", "Docker 18.06.1-ce is older than 19.03 (no GPU device requests)")
+    assert checks_of("docker-19.03-fedora", gpus=0)["docker"].status == "pass"
+
+
+def test_kernel_older_than_3_10_fails():
+    checks = evaluate(HostFacts(kernel="2.6.32-754.el6.x86_64", docker_version="19.03.15", docker_root_free_bytes=10**11),
+                      HostNeeds())
+    assert [c.status for c in checks] == ["fail", "pass", "pass"]
+
+
+def test_disk_needs():
+    facts = HostFacts(kernel="5.15.0", docker_version="24.0.7", docker_root_free_bytes=5 * 1024**3)
+    assert verdict(evaluate(facts, HostNeeds(min_free_bytes=4 * 1024**3))) == "ready"
+    failed = {c.name: c for c in evaluate(facts, HostNeeds(min_free_bytes=20 * 1024**3))}["disk"]
+    assert failed.detail == "only 5.0 GiB free on Docker's data root, need 20.0 GiB"
+
+
+def test_runtime_or_cdi():
+    facts = HostFacts(nvidia_runtime=False, cdi_spec_dirs=["/etc/cdi", "/var/run/cdi"])
+    checks = {c.name: c for c in evaluate(facts, HostNeeds(gpus=1))}
+    assert checks["nvidia_runtime"] == Check("nvidia_runtime", "pass", "CDI available (/etc/cdi, /var/run/cdi)")
+
+
+def test_unreachable_host_is_unfit_with_only_that_reason():
+    facts = HostFacts(unreachable="unreachable: 127.0.0.1:40123: connection refused", runner="ssh:x")
+    result = host_check(facts, HostNeeds(gpus=1))
+    assert result["verdict"] == "unfit"
+    assert result["checks"] == [{"name": "reachable", "status": "fail", "detail": "unreachable: 127.0.0.1:40123: connection refused"}]
+
+
+def test_verdict_order_and_reasons():
+    ok, warn, unknown, fail = (Check("a", "pass", "ok"), Check("b", "warn", "w"), Check("c", "unknown", "u"), Check("d", "fail", "f"))
+    assert verdict([ok]) == "ready"
+    assert verdict([ok, warn]) == verdict([ok, unknown]) == "degraded"
+    assert verdict([ok, warn, fail]) == "unfit"
+    assert reasons([ok, warn, fail]) == "d: f"
+    assert reasons([ok, warn, unknown]) == "b: w; c: u"
+
+
+@pytest.mark.parametrize("folder", sorted(p.name for p in HOSTS.iterdir() if p.is_dir()))
+def test_every_capture_gives_the_contract_and_one_line_details(folder):
+    result = host_check(facts_from_dir(HOSTS / folder), HostNeeds(gpus=1, image_cuda="12.1"))
+    assert result["verdict"] in ("ready", "degraded", "unfit")
+    assert set(result["facts"]) == CONTRACT_FACTS
+    for check in result["checks"]:
+        assert set(check) == {"name", "status", "detail"}
+        assert check["status"] in ("pass", "warn", "fail", "unknown")
+        assert check["detail"] and "\n" not in check["detail"], check

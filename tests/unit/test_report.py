@@ -1,0 +1,459 @@
+"""The report (fleetbench.report): queries on a SQLite warehouse, the HTML and its plots, the CLI, the
+view's FastAPI app, the DAG's report step. Expected numbers come from the warehouse rows
+(`fetch_results`), not from the report's own queries."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from datetime import datetime, timezone
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from browser.fleet_history import NEW_DRIVER, NIGHTS, OLD_DRIVER, nightly_rows, run_id, run_row, store_history
+from warehouse_rows import result_row
+from warehouse_rows import run_row as plain_run_row
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+class Page(HTMLParser):
+    """Tables (id -> rows of {data-col: (text, data-value)}), plots (id -> {series label: [data-value]}), notes."""
+
+    def __init__(self, html: str):
+        super().__init__()
+        self.tables: dict[str, list[dict]] = {}
+        self.plots: dict[str, dict[str, list[float]]] = {}
+        self.markers: dict[str, list[str]] = {}
+        self.notes: list[str] = []
+        self.empties: list[str] = []
+        self.tags: set[str] = set()
+        self.attrs_seen: list[dict] = []
+        self._table = self._row = self._cell = self._plot = self._series = None
+        self._text: list[str] = []
+        self._in_note = False
+        self.state = None
+        self.feed(html)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.tags.add(tag)
+        self.attrs_seen.append(a)
+        if tag == "div" and a.get("id") == "meta":
+            self.state = a.get("data-state")
+        if tag == "table" and "data" in (a.get("class") or ""):
+            self._table = self.tables.setdefault(a["id"], [])
+        elif tag == "tr" and self._table is not None and self._cell is None:
+            self._row = {}
+        elif tag == "td" and self._row is not None:
+            self._cell = (a.get("data-col"), float(a["data-value"]) if "data-value" in a else None)
+            self._text = []
+        elif tag == "svg" and "plot" in (a.get("class") or ""):
+            self._plot = self.plots.setdefault(a["id"].removeprefix("plot-"), {})
+            self.markers[a["id"].removeprefix("plot-")] = []
+        elif tag == "g" and self._plot is not None and a.get("class") == "series":
+            self._series = self._plot.setdefault(a["data-label"], [])
+        elif tag == "g" and self._plot is not None and a.get("class") == "marker":
+            self.markers[next(reversed(self.markers))].append(a["data-label"])
+        elif tag in ("circle", "rect") and self._series is not None and "data-value" in a:
+            self._series.append(float(a["data-value"]))
+        elif tag == "li":
+            self._in_note, self._text = True, []
+        elif tag == "p" and "empty" in (a.get("class") or ""):
+            self.empties.append(a.get("id"))
+
+    def handle_endtag(self, tag):
+        if tag == "td" and self._cell is not None:
+            col, value = self._cell
+            self._row[col] = ("".join(self._text).strip(), value)
+            self._cell = None
+        elif tag == "tr" and self._row is not None and self._table is not None:
+            if self._row:
+                self._table.append(self._row)
+            self._row = None
+        elif tag == "table":
+            self._table = None
+        elif tag == "g":
+            self._series = None
+        elif tag == "svg":
+            self._plot = None
+        elif tag == "li" and self._in_note:
+            self.notes.append("".join(self._text).strip())
+            self._in_note = False
+
+    def handle_data(self, data):
+        self._text.append(data)
+
+
+@pytest.fixture()
+def engine(data_dir):
+    from fleetbench.warehouse import get_engine
+
+    eng = get_engine()
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture()
+def history(engine):
+    store_history(engine)
+    return engine
+
+
+def report_of(engine, **filters):
+    from fleetbench.report import build_report, parse_filters
+
+    return build_report(engine, parse_filters(**filters))
+
+
+def written_page(tmp_path, engine, **filters) -> tuple[dict, Page]:
+    from fleetbench.report import parse_filters, write_report
+
+    written = write_report(tmp_path / "out", parse_filters(**filters), engine=engine)
+    return written, Page(Path(written["html"]).read_text())
+
+
+def ok_rows(engine, **where) -> list[dict]:
+    from fleetbench.warehouse import fetch_results
+
+    return [r for r in fetch_results(engine) if r["status"] == "ok" and all(r[k] == v for k, v in where.items())]
+
+
+# -- filters ---------------------------------------------------------------------------------------
+def test_filters_parse_iso_dates_as_whole_utc_days():
+    from fleetbench.report import parse_filters
+
+    f = parse_filters(since="2026-11-01", until="2026-11-03", host="gpu-a", model="resnet50", dag_id="fleet_benchmark")
+    assert f.since == datetime(2026, 11, 1, tzinfo=timezone.utc)
+    assert f.until == datetime(2026, 11, 4, tzinfo=timezone.utc)  # the whole last day
+    f = parse_filters(since="2026-11-01T02:00:00+01:00", until="2026-11-02T00:00:00")
+    assert f.since == datetime(2026, 11, 1, 1, tzinfo=timezone.utc)
+    assert f.until == datetime(2026, 11, 2, tzinfo=timezone.utc)
+    assert parse_filters(since="", host=" ", model=None) == parse_filters()  # empty form fields mean "all"
+
+
+@pytest.mark.parametrize("kwargs, field, text", [
+    ({"since": "yesterday"}, "since", "expected an ISO date"),
+    ({"since": "20261101"}, "since", "expected an ISO date"),
+    ({"until": "2026-02-30"}, "until", "not a valid date"),
+    ({"since": "2026-11-05", "until": "2026-11-01"}, "since", "is not before until"),
+    ({"host": "gpu-a; rm -rf /"}, "host", "is not a host name"),
+    ({"model": "../etc"}, "model", "is not a model name"),
+    ({"dag_id": "a b"}, "dag_id", "is not a DAG id"),
+])
+def test_bad_filters_name_the_field(kwargs, field, text):
+    from fleetbench.report import FilterError, parse_filters
+
+    with pytest.raises(FilterError) as exc:
+        parse_filters(**kwargs)
+    assert exc.value.field == field and text in str(exc.value)
+
+
+# -- empty and odd states --------------------------------------------------------------------------
+def test_warehouse_without_tables(engine, tmp_path):
+    written, page = written_page(tmp_path, engine)
+    assert written["state"] == page.state == "no_tables"
+    assert written["pngs"] == [] and page.plots == {} and page.tables == {}
+    assert any("No results yet" in n for n in page.notes)
+    from sqlalchemy import inspect
+
+    assert inspect(engine).get_table_names() == []  # reading never creates the schema
+
+
+def test_migrated_warehouse_without_results(engine, tmp_path):
+    from fleetbench.warehouse import upgrade
+
+    upgrade(engine)
+    written, page = written_page(tmp_path, engine)
+    assert page.state == "empty" and page.tables == {} and page.plots == {}
+    assert json.loads(Path(written["json"]).read_text())["summary"]["results"] == 0
+
+
+def test_one_run_only(engine, tmp_path):
+    from fleetbench.warehouse import store_run, upgrade
+
+    upgrade(engine)
+    rows = nightly_rows(0)
+    store_run(engine, run_row(0, rows), [], rows)
+    written, page = written_page(tmp_path, engine)
+    assert page.state == "ok"
+    assert any(n.startswith("Only one run so far") for n in page.notes)
+    # every series of the throughput plot is one point: that night's images/sec
+    resnet = page.plots["throughput-resnet50"]
+    expected = {f"{r['host']} · {r['case_key']}": [r["images_per_sec"]] for r in ok_rows(engine, model="resnet50")}
+    assert resnet == expected
+    assert page.markers["throughput-resnet50"] == []  # no driver change with one night
+    assert all(r["previous"] == ("–", None) and r["change_pct"] == ("–", None) for r in page.tables["throughput-table"])
+    assert "regressions-table-empty" in page.empties
+    assert Path(written["pngs"][0]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_host_with_only_failures(engine, tmp_path):
+    from fleetbench.warehouse import store_run, upgrade
+
+    upgrade(engine)
+    rows = [result_row("c1", host="sick", ips=None, status="failed", failure_class="gpu_oom"),
+            result_row("c2", host="sick", ips=None, status="failed", failure_class="nonzero_exit"),
+            result_row("c3", host="sick", ips=None, status="skipped", failure_class="host_unfit")]
+    store_run(engine, plain_run_row("r1"), [], rows)
+    written, page = written_page(tmp_path, engine)
+    assert page.state == "ok"
+    assert any(n.startswith("Host sick has no ok result") and "2 failed, 1 skipped" in n for n in page.notes)
+    assert [(r["host"][0], r["ok"][1], r["failed"][1], r["skipped"][1]) for r in page.tables["hosts-table"]] == [
+        ("sick", 0, 2, 1)]
+    assert "throughput-table-empty" in page.empties and not any(p.startswith("throughput") for p in page.plots)
+    failures = {r["failure_class"][0]: (r["status"][0], r["count"][1], r["hosts_text"][0]) for r in page.tables["failures-table"]}
+    assert failures == {"gpu_oom": ("failed", 1, "sick ×1"), "nonzero_exit": ("failed", 1, "sick ×1"),
+                        "host_unfit": ("skipped", 1, "sick ×1")}
+    assert sorted(page.plots["failures"]["cases"]) == [1.0, 1.0, 1.0]
+    assert [Path(p).name for p in written["pngs"]] == ["plot-failures.png"]
+
+
+# -- several nights with a driver change --------------------------------------------------------------
+def test_history_report_shows_the_warehouse_numbers(history, tmp_path):
+    written, page = written_page(tmp_path, history)
+    assert page.state == "ok"
+    all_rows = ok_rows(history)
+    # throughput table: the newest ok images/sec of every (host, case), and the previous night's
+    table = {(r["host"][0], r["case_key"][0]): r for r in page.tables["throughput-table"]}
+    by_case: dict[tuple, list[dict]] = {}
+    for r in sorted(all_rows, key=lambda r: r["logical_date"]):
+        by_case.setdefault((r["host"], r["case_key"]), []).append(r)
+    assert set(table) == set(by_case)
+    for key, rows in by_case.items():
+        assert table[key]["latest"][1] == rows[-1]["images_per_sec"]
+        assert table[key]["previous"][1] == rows[-2]["images_per_sec"]
+        assert table[key]["n"][1] == len(rows)
+        assert table[key]["latest_driver"][0] == rows[-1]["driver_version"]
+        assert table[key]["latest"][0] == f"{rows[-1]['images_per_sec']:,.2f}"
+    # the throughput plot: one series per host and case, every night's value in order
+    for model in ("resnet50", "vgg16"):
+        assert page.plots[f"throughput-{model}"] == {
+            f"{h} · {c}": [r["images_per_sec"] for r in rows] for (h, c), rows in by_case.items() if rows[0]["model"] == model}
+        assert page.markers[f"throughput-{model}"] == [f"gpu-a: driver {OLD_DRIVER} → {NEW_DRIVER}"]
+    # the driver change, on the night it happened
+    assert [(r["logical_date"][0], r["host"][0], r["from"][0], r["to"][0]) for r in page.tables["driver-changes-table"]] == [
+        ("2026-11-04 02:00", "gpu-a", OLD_DRIVER, NEW_DRIVER)]
+    # scaling efficiency per GPU count: the mean of the rows' speedup_efficiency (1-GPU rows are the reference)
+    scaling = {(r["model"][0], int(r["num_gpus"][1])): r["mean"][1] for r in page.tables["scaling-table"]}
+    expected = {}
+    for r in all_rows:
+        if r["num_gpus"] >= 2 and r["speedup_efficiency"] is not None:
+            expected.setdefault((r["model"], r["num_gpus"]), []).append(r["speedup_efficiency"])
+    assert scaling.keys() == expected.keys() == {("resnet50", 2), ("resnet50", 4)}
+    for k, v in expected.items():
+        assert scaling[k] == pytest.approx(statistics.fmean(v), rel=1e-12)
+    assert page.plots["scaling"] == {"resnet50": [pytest.approx(statistics.fmean(expected[("resnet50", 2)])),
+                                                  pytest.approx(statistics.fmean(expected[("resnet50", 4)]))]}
+    # images per joule and cost per million images per GPU model (catalog name) and model
+    eff = {(r["gpu"][0], r["model"][0]): r for r in page.tables["efficiency-table"]}
+    groups: dict[tuple, list[dict]] = {}
+    for r in all_rows:
+        groups.setdefault((r["gpu_catalog_name"], r["model"]), []).append(r)
+    assert eff.keys() == groups.keys()
+    for k, rows in groups.items():
+        assert eff[k]["images_per_joule"][1] == pytest.approx(statistics.fmean(r["images_per_joule"] for r in rows))
+        assert eff[k]["cost_per_million_images_usd"][1] == pytest.approx(
+            statistics.fmean(r["cost_per_million_images_usd"] for r in rows))
+        assert eff[k]["n"][1] == len(rows) and eff[k]["estimated"][1] == len(rows)
+    # the latest run's failures by class
+    failures = {r["failure_class"][0]: (r["count"][1], r["hosts_text"][0]) for r in page.tables["failures-table"]}
+    assert failures == {"gpu_oom": (1, "gpu-c ×1"), "nonzero_exit": (1, "gpu-c ×1"), "timeout": (1, "gpu-b ×1")}
+    # open regressions: night 5's 1-GPU finding; night 4's 2-GPU one recovered on night 5
+    regs = page.tables["regressions-table"]
+    assert [(r["host"][0], r["case"][0], r["metric"][0], r["logical_date"][0]) for r in regs] == [
+        ("gpu-a", "tf.resnet50.bs64.g1.replicated", "images_per_sec", "2026-11-05 02:00")]
+    assert regs[0]["value"][1] == pytest.approx(400.0 * 0.88 + 4) and regs[0]["baseline_value"][1] == 401.5
+    assert f"driver_version {OLD_DRIVER} → {NEW_DRIVER}" in regs[0]["changes_text"][0]
+    # the host with only failures
+    hosts = {r["host"][0]: r for r in page.tables["hosts-table"]}
+    assert hosts["gpu-c"]["ok"][1] == 0 and hosts["gpu-c"]["failed"][1] == 10
+    assert any(n.startswith("Host gpu-c has no ok result") for n in page.notes)
+    # files: one PNG per plot, the JSON with the same data
+    assert sorted(Path(p).name for p in written["pngs"]) == sorted(f"plot-{k}.png" for k in page.plots)
+    data = json.loads(Path(written["json"]).read_text())
+    assert data["summary"] == {"runs": 5, "results": 36, "ok": 25, "failed": 11, "skipped": 0, "hosts": 3, "models": 2,
+                               "first": NIGHTS[0].isoformat(), "last": NIGHTS[4].isoformat()}
+
+
+def test_report_is_self_contained(history, tmp_path):
+    _, page = written_page(tmp_path, history)
+    assert "script" not in page.tags and "link" not in page.tags and "img" not in page.tags
+    for attrs in page.attrs_seen:
+        for name in ("src", "href"):
+            value = attrs.get(name) or ""
+            assert not value.startswith(("http:", "https:", "//")), attrs
+
+
+def test_filters_narrow_every_section(history, tmp_path):
+    _, page = written_page(tmp_path, history, host="gpu-a", model="resnet50", since="2026-11-04")
+    assert {(r["host"][0], r["model"][0]) for r in page.tables["throughput-table"]} == {("gpu-a", "resnet50")}
+    assert set(page.plots) == {"throughput-resnet50", "scaling", "images-per-joule", "cost-per-million"}
+    assert all(len(v) == 2 for v in page.plots["throughput-resnet50"].values())  # nights 4 and 5
+    # the driver change on the window's first night is still found (the night before lies outside)
+    assert [r["logical_date"][0] for r in page.tables["driver-changes-table"]] == ["2026-11-04 02:00"]
+    assert "failures-table-empty" in page.empties  # gpu-a's resnet50 cases all ran
+    rep = report_of(history, until="2026-11-03")
+    assert rep["window"]["until"] == "2026-11-04T00:00:00+00:00"
+    assert rep["summary"]["runs"] == 3 and rep["driver_changes"] == [] and rep["regressions"] == []
+    assert rep["latest_run"]["run_id"] == run_id(2)
+    # as of night 4, night 4's findings were open (both of them)
+    rep = report_of(history, until="2026-11-04")
+    assert sorted(r["case_key"] for r in rep["regressions"]) == ["tf.resnet50.bs64.g1.replicated", "tf.resnet50.bs64.g2.replicated"]
+    rep = report_of(history, host="nobody")
+    assert rep["state"] == "no_match" and rep["hosts"] == []
+
+
+def test_default_window_is_the_last_30_days_with_results(history):
+    from fleetbench.warehouse import store_run
+
+    old = [result_row("old", run_id="r-old", host="gpu-a", logical_date="2026-09-01T02:00:00+00:00")]
+    store_run(history, {**run_row(0, old), "run_id": "r-old", "logical_date": "2026-09-01T02:00:00+00:00"}, [], old)
+    rep = report_of(history)
+    assert rep["window"] == {"since": "2026-10-07T00:00:00+00:00", "until": None, "defaulted": True}
+    assert rep["summary"]["runs"] == 5  # September's run is outside
+    assert report_of(history, since="2026-09-01")["summary"]["runs"] == 6
+
+
+def test_stale_pngs_are_removed(history, tmp_path):
+    from fleetbench.report import parse_filters, write_report
+
+    out = tmp_path / "out"
+    first = write_report(out, engine=history)
+    (out / "notes.txt").write_text("mine")
+    second = write_report(out, parse_filters(model="vgg16"), engine=history)
+    assert len(first["pngs"]) > len(second["pngs"])
+    assert sorted(p.name for p in out.glob("*.png")) == sorted(Path(p).name for p in second["pngs"])
+    assert (out / "notes.txt").read_text() == "mine"  # only its own files are touched
+    assert not list(out.glob(".*"))  # no temporary files left
+
+
+def test_warehouse_older_than_the_report(engine, tmp_path):
+    from fleetbench.warehouse import upgrade
+
+    upgrade(engine, "0002")  # before the derived metrics and the regressions table
+    written, page = written_page(tmp_path, engine)
+    assert page.state == "outdated" and page.tables == {}
+    assert any("fleetbench db upgrade" in n for n in page.notes)
+
+
+# -- CLI -------------------------------------------------------------------------------------------
+def test_cli_report_writes_files_and_exit_codes(history, data_dir, tmp_path, capsys):
+    from fleetbench.cli import main
+
+    assert main(["report", "--out", str(tmp_path / "r"), "--since", "2026-11-01", "--host", "gpu-a"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == str(tmp_path / "r" / "report.html")
+    assert "20 result(s) of 5 run(s) on 1 host(s)" in out
+    assert main(["report"]) == 0  # default folder: <data dir>/reports
+    assert (data_dir / "reports" / "report.html").is_file()
+    capsys.readouterr()
+
+    assert main(["report", "--since", "last-week"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fleetbench report: --since: expected an ISO date (YYYY-MM-DD)") and "last-week" in err
+    assert len(err.strip().splitlines()) == 1
+    assert main(["report", "--since", "2026-11-05", "--until", "2026-11-01"]) == 2
+    assert "--since: 2026-11-05 is not before until 2026-11-01" in capsys.readouterr().err
+    assert main(["report", "--dag-id", "no such"]) == 2
+    assert "--dag-id:" in capsys.readouterr().err
+    (tmp_path / "file").write_text("x")
+    assert main(["report", "--out", str(tmp_path / "file")]) == 2
+    assert "exists and is not a folder" in capsys.readouterr().err
+
+
+def test_cli_report_on_an_empty_warehouse_and_a_dead_one(data_dir, tmp_path, capsys, monkeypatch):
+    from fleetbench.cli import main
+
+    assert main(["report", "--out", str(tmp_path / "r")]) == 0
+    assert "note: No results yet" in capsys.readouterr().out
+    monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", "postgresql+psycopg2://u:s3cret@127.0.0.1:1/none")
+    assert main(["report", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read the warehouse at postgresql+psycopg2://u:***@127.0.0.1:1/none" in err and "s3cret" not in err
+
+
+# -- the view's app ------------------------------------------------------------------------------------
+@pytest.fixture()
+def client(history):
+    from fastapi.testclient import TestClient
+
+    from fleetbench.report.web import create_app
+
+    with TestClient(create_app(engine_factory=lambda: history)) as c:
+        yield c
+
+
+def test_view_shows_the_report_with_a_filter_form(client, history):
+    resp = client.get("/", params={"host": "gpu-a", "since": "2026-11-02"})
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/html")
+    page = Page(resp.text)
+    assert {r["host"][0] for r in page.tables["throughput-table"]} == {"gpu-a"}
+    assert '<form class="filters"' in resp.text and '<option value="gpu-a" selected>' in resp.text
+    assert 'value="2026-11-02"' in resp.text
+    assert "from the sqlite warehouse" in resp.text and "warehouse.db" not in resp.text  # no paths or hosts shown
+    data = client.get("/report.json", params={"host": "gpu-a"}).json()
+    assert data["filters"]["host"] == "gpu-a" and data["summary"]["results"] == 20
+
+
+@pytest.mark.parametrize("query, field", [
+    ("host=a;b", "host"), ("since=tomorrow", "since"), ("hots=gpu-a", "hots"), ("host=gpu-a&host=gpu-b", "host"),
+    ("until=2026-13-01", "until"), ("model=" + "m" * 300, "model"),
+])
+def test_view_refuses_bad_filters_with_400(client, query, field):
+    resp = client.get("/report.json?" + query)
+    assert resp.status_code == 400
+    assert resp.json()["field"] == field and resp.json()["detail"].startswith(f"bad filter: {field}:")
+    page = client.get("/?" + query)
+    assert page.status_code == 400 and f"Bad filter: {field}:" in page.text and '<form class="filters"' in page.text
+
+
+def test_view_answers_503_when_the_warehouse_is_down():
+    from fastapi.testclient import TestClient
+
+    from fleetbench.report.web import create_app
+    from fleetbench.warehouse import get_engine
+
+    app = create_app(engine_factory=lambda: get_engine("postgresql+psycopg2://u:s3cret@127.0.0.1:1/none"))
+    with TestClient(app) as c:
+        resp = c.get("/report.json")
+        assert resp.status_code == 503 and resp.json()["detail"].startswith("cannot read the warehouse (postgresql): ")
+        assert "s3cret" not in resp.text
+        page = c.get("/")
+        assert page.status_code == 503 and "cannot read the warehouse" in page.text
+
+
+def test_view_on_an_empty_warehouse(engine):
+    from fastapi.testclient import TestClient
+
+    from fleetbench.report.web import create_app
+
+    with TestClient(create_app(engine_factory=lambda: engine)) as c:
+        resp = c.get("/")
+    assert resp.status_code == 200 and Page(resp.text).state == "no_tables"
+
+
+# -- the DAG's report step --------------------------------------------------------------------------------
+def test_pipeline_report_writes_into_the_data_dir(history, data_dir):
+    from fleetbench.airflow.pipeline import write_report
+
+    plan = {"run": {"dag_id": "fleet_benchmark", "run_id": run_id(4)}}
+    stored = {"run_id": run_id(4), "total": 8, "ok": 5, "failed": 3, "skipped": 0}
+    summary = write_report(plan, stored)
+    assert summary == {"dag_id": "fleet_benchmark", "run_id": run_id(4), "report": str(data_dir / "reports" / "report.html"),
+                       "state": "ok", "total": 8, "ok": 5, "failed": 3, "skipped": 0}
+    assert json.dumps(summary)  # the asset event's extra must be JSON
+    with pytest.raises(RuntimeError, match="were not stored"):
+        write_report(plan, None)  # store failed: nothing new to report
+
+
+def test_dag_reports_after_compare_and_updates_the_warehouse_asset():
+    from airflow.dag_processing.dagbag import DagBag
+
+    dag = DagBag(dag_folder=str(Path(__file__).resolve().parents[2] / "dags")).dags["fleet_benchmark"]
+    task = dag.get_task("report")
+    assert {"store", "compare"} <= task.upstream_task_ids
+    assert task.trigger_rule == "all_done"  # a failed compare still gets a report of what is stored
+    assert [(o.name, o.uri) for o in task.outlets] == [("fleetbench_warehouse", "x-fleetbench://warehouse/benchmark_results")]
+    assert "report" in dag.get_task("watcher").upstream_task_ids
