@@ -137,6 +137,14 @@ class BenchmarkCaseOperator(DockerOperator):
         tmp.write_text(json.dumps(outcome, indent=1))
         tmp.replace(path)
 
+    def _finish(self, outcome: dict) -> None:
+        """Measure on this worker, where the log is (collect then needs no shared folder), and keep the outcome file."""
+        from fleetbench.collect import measure
+
+        fields, steps = measure({"command": outcome["command"]}, outcome)
+        outcome["measurement"] = {"fields": fields, "steps": steps}
+        self._write_outcome(outcome)
+
     def run_case(self) -> dict:
         log_path, outcome_path = self._paths()
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -158,7 +166,7 @@ class BenchmarkCaseOperator(DockerOperator):
                 self._remove(self.container["Id"], stop_first=False)
             outcome["started_at"] = outcome["finished_at"] = t0.isoformat()
             outcome["duration_s"] = 0.0
-            self._write_outcome(outcome)
+            self._finish(outcome)
             return outcome
 
         streamer = threading.Thread(target=self._stream_logs, args=(cid,), daemon=True)
@@ -187,7 +195,7 @@ class BenchmarkCaseOperator(DockerOperator):
         finally:
             # An exited container needs no stop (one API round trip less per case); anything else is stopped first.
             self._remove(cid, stop_first=outcome["finished_at"] is None)
-        self._write_outcome(outcome)
+        self._finish(outcome)
         self.log.info("case %s: exit %s%s%s in %.1f s; log %s", self.case["case_key"], outcome["exit_code"],
                       ", OOM-killed" if outcome["oom_killed"] else "", ", timed out" if outcome["timed_out"] else "",
                       outcome["duration_s"] or 0.0, log_path)
