@@ -85,6 +85,7 @@ def measure(case: dict, outcome: dict) -> tuple[dict, list[dict]]:
         "failure_class": failure_class,
         "failure_detail": detail,
         "images_per_sec": parsed.total_images_per_sec if parsed and status == OK else None,
+        "accuracy_top1": parsed.accuracy_top1 if parsed and status == OK else None,
         "step_count": parsed.step_count if parsed else 0,
         "exit_code": outcome.get("exit_code"),
         "started_at": outcome.get("started_at"),
@@ -122,5 +123,5 @@ def not_run(status: str, failure_class: str | None, detail: str) -> dict:
     """Fields for a case that never ran (host unfit, image missing, task failed)."""
     now = datetime.now(timezone.utc).isoformat()
     return {"status": status, "failure_class": failure_class, "failure_detail": detail[:500], "images_per_sec": None,
-            "step_count": 0, "exit_code": None, "started_at": None, "finished_at": now, "duration_s": None,
+            "accuracy_top1": None, "step_count": 0, "exit_code": None, "started_at": None, "finished_at": now, "duration_s": None,
             "log_path": None, "command": None, **telemetry_fields(None)}

@@ -77,6 +77,8 @@ class FleetSettings(_Model):
     schedule: str | None = "0 2 * * *"
     # Grid carbon intensity (gCO2e per kWh) for the optional carbon metric; None: no carbon figures.
     carbon_g_per_kwh: float | None = Field(None, ge=0)
+    # Time to accuracy: a case's wall time when its reported top-1 accuracy (eval runs) reaches this.
+    target_accuracy_top1: float | None = Field(None, gt=0, le=1)
     # Regression detection after each run, and who hears about it (None: findings are stored and logged only).
     regressions: RegressionSettings = RegressionSettings()
     notify: NotifySettings | None = None

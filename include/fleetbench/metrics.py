@@ -368,14 +368,15 @@ class MetricSettings:
     def from_config(cls, cfg) -> "MetricSettings":
         """From a `fleetbench.config.FleetConfig`."""
         return cls(host_prices={h.name: h.price_per_gpu_hour for h in cfg.hosts},
-                   carbon_g_per_kwh=cfg.fleet.carbon_g_per_kwh)
+                   carbon_g_per_kwh=cfg.fleet.carbon_g_per_kwh, target_accuracy_top1=cfg.fleet.target_accuracy_top1)
 
 
 def settings_from_plan(plan: Mapping[str, Any]) -> MetricSettings:
     """Host prices and the fleet settings (carbon intensity) the run was planned with."""
     prices = {h["name"]: h.get("price_per_gpu_hour") for h in plan.get("hosts", [])}
     fleet = plan.get("run", {}).get("fleet_settings") or {}
-    return MetricSettings(host_prices=prices, carbon_g_per_kwh=fleet.get("carbon_g_per_kwh"))
+    return MetricSettings(host_prices=prices, carbon_g_per_kwh=fleet.get("carbon_g_per_kwh"),
+                          target_accuracy_top1=fleet.get("target_accuracy_top1"))
 
 
 DERIVED_COLUMNS = (
