@@ -39,3 +39,11 @@ def test_capacity_features_view(tmp_path):
 
 def test_regressions_table(tmp_path):
     check_regressions_table(get_engine(f"sqlite:///{tmp_path}/w.db"))
+
+
+def test_rewrites_in_chunks_replace_all_their_steps(tmp_path, monkeypatch):
+    """Large nights delete stale steps in chunks (one IN list of 20,000 keys overflows PostgreSQL's parser)."""
+    import fleetbench.warehouse as warehouse
+
+    monkeypatch.setattr(warehouse, "DELETE_CHUNK", 1)
+    check_store_and_rerun_replaces(get_engine(f"sqlite:///{tmp_path}/w.db"))

@@ -29,6 +29,7 @@ from fleetbench.warehouse.schema import (CAPACITY_FEATURES_VIEW, HOST_KEY, RESUL
 
 log = logging.getLogger(__name__)
 
+DELETE_CHUNK = 1000  # keys per DELETE ... WHERE (..) IN (..) statement
 MIGRATIONS = Path(__file__).parent / "migrations"
 # pg_advisory_xact_lock key that serialises concurrent `upgrade` calls on one PostgreSQL database.
 _MIGRATION_LOCK = 0x66_6C_65_65_74  # "fleet"
@@ -149,7 +150,9 @@ def _upsert(conn, table, rows: list[dict], key: tuple[str, ...]) -> None:
     dialect = conn.dialect.name
     insert = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}.get(dialect)
     if insert is None:  # other databases: delete then insert, still inside the caller's transaction
-        conn.execute(delete(table).where(tuple_(*[table.c[k] for k in key]).in_([tuple(r[k] for k in key) for r in rows])))
+        keys = [tuple(r[k] for k in key) for r in rows]
+        for i in range(0, len(keys), DELETE_CHUNK):
+            conn.execute(delete(table).where(tuple_(*[table.c[k] for k in key]).in_(keys[i:i + DELETE_CHUNK])))
         conn.execute(table.insert(), rows)
         return
     stmt = insert(table)
@@ -187,8 +190,9 @@ def store_run(engine: Engine, run: dict, hosts: Iterable[dict], results: Iterabl
                 _upsert(conn, host_facts, host_rows, HOST_KEY)
                 _upsert(conn, benchmark_results, result_rows, RESULT_KEY)
                 # Steps of the cases written now are replaced as a whole: stale steps from an earlier try go.
-                if keys:
-                    conn.execute(delete(steps).where(tuple_(*[steps.c[k] for k in RESULT_KEY]).in_(keys)))
+                # In chunks: one IN list of 20,000 row-value tuples overflows PostgreSQL's parser stack.
+                for i in range(0, len(keys), DELETE_CHUNK):
+                    conn.execute(delete(steps).where(tuple_(*[steps.c[k] for k in RESULT_KEY]).in_(keys[i:i + DELETE_CHUNK])))
                 _upsert(conn, steps, step_rows, STEP_KEY)
             return len(result_rows)
         except DBAPIError as exc:
