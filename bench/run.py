@@ -238,41 +238,34 @@ def night_rows(night: int, n: int, hosts: int) -> tuple[dict, list[dict]]:
 
 
 def bench_warehouse(quick: bool) -> dict:
-    from sqlalchemy import create_engine, text
-
     from fleetbench.warehouse import get_engine, store_run, upgrade
+    from pg_databases import fresh_database
 
     per_night = 2000 if quick else 20000
     nights = 10 if quick else 365
     hosts = 100 if quick else 1000
     out = {"rows_per_night": per_night, "nights": nights}
     workdir = Path(tempfile.mkdtemp(prefix="fleetbench-wh-"))
-    dbname = f"fb_bench_{os.getpid()}"
-    admin = create_engine(PG_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{dbname}"'))
     try:
-        for label, url in (("sqlite", f"sqlite:///{workdir}/w.db"), ("postgresql", PG_URL.rsplit("/", 1)[0] + "/" + dbname)):
-            engine = get_engine(url)
-            upgrade(engine)
-            times = []
-            for night in range(nights):
-                run, rows = night_rows(night, per_night, hosts)
+        with fresh_database(PG_URL, prefix="fb_bench") as pg:
+            for label, url in (("sqlite", f"sqlite:///{workdir}/w.db"), ("postgresql", pg)):
+                engine = get_engine(url)
+                upgrade(engine)
+                times = []
+                for night in range(nights):
+                    run, rows = night_rows(night, per_night, hosts)
+                    start = time.monotonic()
+                    store_run(engine, run, [], rows)
+                    times.append(time.monotonic() - start)
+                run, rows = night_rows(nights - 1, per_night, hosts)
                 start = time.monotonic()
-                store_run(engine, run, [], rows)
-                times.append(time.monotonic() - start)
-            run, rows = night_rows(nights - 1, per_night, hosts)
-            start = time.monotonic()
-            store_run(engine, run, [], rows)  # a rerun of the last night: upsert over existing keys
-            rerun = time.monotonic() - start
-            out[label] = {"night_store_s_median": round(median(times), 3), "night_store_s_max": round(max(times), 3),
-                          "history_store_s": round(sum(times), 1), "rerun_night_s": round(rerun, 3),
-                          "queries_s": time_report_queries(engine)}
-            engine.dispose()
+                store_run(engine, run, [], rows)  # a rerun of the last night: upsert over existing keys
+                rerun = time.monotonic() - start
+                out[label] = {"night_store_s_median": round(median(times), 3), "night_store_s_max": round(max(times), 3),
+                              "history_store_s": round(sum(times), 1), "rerun_night_s": round(rerun, 3),
+                              "queries_s": time_report_queries(engine)}
+                engine.dispose()
     finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)'))
-        admin.dispose()
         shutil.rmtree(workdir, ignore_errors=True)
     return out
 

@@ -83,9 +83,10 @@ class LocalAirflow:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(10)
+        from pg_databases import drop_database
+
         admin = create_engine(self.pg_url, isolation_level="AUTOCOMMIT")
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{self.db}" WITH (FORCE)'))
+        drop_database(admin, self.db)
         admin.dispose()
 
     def _start(self, name: str, *args: str) -> None:

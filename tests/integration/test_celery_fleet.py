@@ -200,8 +200,9 @@ def test_celery_workers_run_each_host_on_its_own_queue(tmp_path, pg_url, certs, 
         assert all(r["images_per_sec"] > 0 and r["image_digest"] == digest for r in rows), rows
         assert containers_of(docker_api, run_id) == []
     finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{warehouse_db}" WITH (FORCE)'))
+        from pg_databases import drop_database
+
+        drop_database(admin, warehouse_db)
         admin.dispose()
 
 

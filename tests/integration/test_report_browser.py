@@ -19,7 +19,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-import uuid
 from pathlib import Path
 
 import pytest
@@ -72,22 +71,16 @@ def cells(seen: dict, table: str, key: str, value: str) -> dict:
 # -- a PostgreSQL warehouse with five nights of history ---------------------------------------------------
 @pytest.fixture(scope="module")
 def pg_warehouse(pg_url):
-    from sqlalchemy import create_engine, text
 
     from fleetbench.warehouse import get_engine
 
-    name = f"fb_report_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = f"{pg_url.rsplit('/', 1)[0]}/{name}"
-    engine = get_engine(url)
-    store_history(engine)
-    yield url, engine
-    engine.dispose()
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+    from pg_databases import fresh_database
+
+    with fresh_database(pg_url, prefix="fb_report") as url:
+        engine = get_engine(url)
+        store_history(engine)
+        yield url, engine
+        engine.dispose()
 
 
 def expected_throughput(engine) -> dict[tuple[str, str], list[dict]]:
