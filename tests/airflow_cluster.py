@@ -171,6 +171,13 @@ class LocalAirflow:
             engine.dispose()
         raise TimeoutError(f"a backfill did not complete in {timeout} s")
 
+    def import_pools(self, config_path: Path) -> None:
+        """One single-slot pool per host of the fleet config, as the README tells operators to create them."""
+        pools = self.home / "pools.json"
+        pools.write_text(subprocess.run([str(Path(sys.executable).parent / "fleetbench"), "pools", "export", "--config",
+                                         str(config_path)], capture_output=True, text=True, check=True).stdout)
+        self.cli("pools", "import", str(pools))
+
     def trigger(self, dag_id: str, conf: dict | None = None, run_id: str | None = None) -> None:
         args = ["dags", "trigger", dag_id]
         if conf is not None:

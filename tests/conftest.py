@@ -100,3 +100,13 @@ def pg_database(pg_url):
 
     with fresh_database(pg_url) as url:
         yield url
+
+
+@pytest.fixture()
+def pg_engine(pg_database):
+    """A fleetbench warehouse engine on a fresh PostgreSQL database (not migrated)."""
+    from fleetbench.warehouse import get_engine
+
+    engine = get_engine(pg_database)
+    yield engine
+    engine.dispose()

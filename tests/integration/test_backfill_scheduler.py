@@ -4,9 +4,6 @@ rows and adds none."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from sqlalchemy import text
@@ -15,7 +12,6 @@ from airflow_cluster import LocalAirflow
 from fleet_configs import smoke_config, write_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.scheduler]
-FLEETBENCH = str(Path(sys.executable).parent / "fleetbench")
 
 
 def rows_by_night(engine):
@@ -32,14 +28,11 @@ def test_backfill_three_nights_then_rerun_one(tmp_path, pg_url, smoke_image, doc
     warehouse = f"sqlite:///{tmp_path}/warehouse.db"
     env = {"FLEETBENCH_CONFIG": str(config), "FLEETBENCH_WAREHOUSE_URL": warehouse,
            "FLEETBENCH_DATA_DIR": str(tmp_path / "data")}
-    pools = tmp_path / "pools.json"
-    pools.write_text(subprocess.run([FLEETBENCH, "pools", "export", "--config", str(config)],
-                                    capture_output=True, text=True, check=True).stdout)
     from fleetbench.warehouse import get_engine
 
     engine = get_engine(warehouse)
     with LocalAirflow(tmp_path / "airflow", pg_url, env=env) as airflow:
-        airflow.cli("pools", "import", str(pools))
+        airflow.import_pools(config)
         airflow.wait_for_dag("fleet_benchmark")
         airflow.cli("backfill", "create", "--dag-id", "fleet_benchmark", "--from-date", "2026-11-01T00:00:00",
                     "--to-date", "2026-11-03T12:00:00", "--reprocess-behavior", "failed")

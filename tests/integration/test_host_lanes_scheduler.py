@@ -3,10 +3,7 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 
@@ -14,7 +11,6 @@ from airflow_cluster import LocalAirflow
 from fleet_configs import smoke_config, write_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.scheduler]
-FLEETBENCH = str(Path(sys.executable).parent / "fleetbench")
 
 
 def intervals(rows):
@@ -29,12 +25,9 @@ def test_cases_on_one_host_never_overlap_and_hosts_run_in_parallel(tmp_path, pg_
     warehouse = f"sqlite:///{tmp_path}/warehouse.db"
     env = {"FLEETBENCH_CONFIG": str(config), "FLEETBENCH_WAREHOUSE_URL": warehouse,
            "FLEETBENCH_DATA_DIR": str(tmp_path / "data")}
-    pools = tmp_path / "pools.json"
-    pools.write_text(subprocess.run([FLEETBENCH, "pools", "export", "--config", str(config)],
-                                    capture_output=True, text=True, check=True).stdout)
 
     with LocalAirflow(tmp_path / "airflow", pg_url, env=env) as airflow:
-        airflow.cli("pools", "import", str(pools))
+        airflow.import_pools(config)
         listed = airflow.cli("pools", "list", "-o", "plain").stdout
         assert "fleetbench_lane-a" in listed and "fleetbench_lane-b" in listed
         airflow.wait_for_dag("fleet_benchmark")

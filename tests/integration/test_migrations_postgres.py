@@ -4,18 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from fleetbench.warehouse import get_engine
 from warehouse_contract import (check_failed_migration_rolls_back, check_migrate_empty_database,
                                 check_migrate_from_previous_revision)
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture()
-def pg_engine(pg_database):
-    engine = get_engine(pg_database)
-    yield engine
-    engine.dispose()
 
 
 def test_migrate_empty_database(pg_engine):

@@ -4,18 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from fleetbench.warehouse import get_engine
 from warehouse_contract import (check_capacity_features, check_concurrent_writers, check_failed_write_leaves_nothing,
                                 check_regressions_table, check_store_and_rerun_replaces)
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture()
-def pg_engine(pg_database):
-    engine = get_engine(pg_database)
-    yield engine
-    engine.dispose()
 
 
 def test_store_and_rerun_replaces(pg_engine):
