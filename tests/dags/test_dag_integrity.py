@@ -44,13 +44,17 @@ def test_fleet_benchmark_shape(no_services):
     assert dag.default_args["retries"] >= 1
     ids = set(dag.task_ids)
     assert {"plan", "validate_host", "prepare_image", "host_localhost.cases", "host_localhost.run_case",
-            "collect", "store", "watcher"} <= ids
+            "collect", "store", "outcome"} <= ids
     # One lane per host, in the host's single-slot pool: one benchmark at a time per host.
     assert dag.get_task("host_localhost.run_case").pool == "fleetbench_localhost"
-    # The watcher sees every other task, so any failure fails the run.
-    watcher = dag.get_task("watcher")
-    assert watcher.trigger_rule == "one_failed"
-    assert set(watcher.upstream_task_ids) == ids - {"watcher"}
+    assert dag.get_task("host_localhost.run_case").task_group.group_id == "host_localhost"
+    # `outcome` is the run's only leaf and runs whatever happened, so a failed task anywhere fails the run.
+    assert [t.task_id for t in dag.leaves] == ["outcome"]
+    assert dag.get_task("outcome").trigger_rule == "all_done"
+    assert dag.get_task("outcome").get_flat_relative_ids(upstream=True) == ids - {"outcome"}
+    # The trigger form's params live on the DAG (every task's run merges them); no task carries a copy.
+    assert {"hosts", "models", "batch_sizes", "num_gpus", "image", "num_batches", "dry_run"} <= set(dag.params)
+    assert all(not t.params for t in dag.tasks)
     # collect and store run whatever happened to the cases: nothing planned is dropped.
     assert dag.get_task("collect").trigger_rule == "all_done"
     assert dag.get_task("store").trigger_rule == "all_done"
@@ -65,3 +69,24 @@ def test_bad_config_is_the_dag_import_error_with_the_field_path(tmp_path, monkey
     errors = "\n".join(bag.import_errors.values())
     assert "benchmarks[0].batch_sizes[1]: must be > 0, got -1" in errors
     assert str(tmp_path / "fleet.yaml") in errors
+
+
+def test_a_large_fleet_has_the_same_lanes_without_task_groups(tmp_path, monkeypatch, no_services):
+    """Past MAX_GROUPED_LANES hosts the lanes are plain tasks (faster to parse) with the same ids and pools."""
+    hosts = [{"name": f"gpu-{i:03d}", "connection": "local"} for i in range(101)]
+    cfg = {"hosts": hosts,
+           "images": [{"name": "i", "ref": "127.0.0.1:5000/x:1", "command": ["python3"]}],
+           "benchmarks": [{"name": "b", "image": "i", "models": ["resnet50"], "batch_sizes": [32]}]}
+    monkeypatch.setenv("FLEETBENCH_CONFIG", str(write_config(tmp_path / "fleet.yaml", cfg)))
+    bag = load_bag()
+    assert bag.import_errors == {}
+    dag = bag.dags["fleet_benchmark"]
+    for host in ("gpu-000", "gpu-100"):
+        cases, run = dag.get_task(f"host_{host}.cases"), dag.get_task(f"host_{host}.run_case")
+        assert run.pool == f"fleetbench_{host}"
+        assert cases.task_group.is_root and run.task_group.is_root
+        assert set(run.upstream_task_ids) == {cases.task_id}
+        assert cases.host == host
+    assert set(dag.task_group.children) == set(dag.task_ids)  # no groups at all
+    assert len(dag.tasks) == 2 * 101 + len([t for t in dag.task_ids if not t.startswith("host_")])
+    assert [t.task_id for t in dag.leaves] == ["outcome"]

@@ -529,7 +529,7 @@ def write_report(plan: dict, stored: dict | None) -> dict:
 
     A report that cannot be written fails this task, never the rows: they are stored (and compared)
     before it runs. It fails (after its retry) rather than logging and going on, because a report that
-    silently stops updating misleads the people who read it; the watcher then fails the run, and
+    silently stops updating misleads the people who read it; `outcome` then fails the run, and
     clearing the `report` task alone writes it again. The asset event is emitted only with a report,
     so a DAG that reacts to it finds the report in place.
     """
@@ -556,3 +556,24 @@ def check_fleet(validations: list[dict]) -> None:
 
 def _by_host(items: list[dict]) -> dict[str, dict]:
     return {i["host"]: i for i in items if i}
+
+
+FAILED_TASK_STATES = ("failed", "upstream_failed")
+
+
+def failed_tasks(ti, dag_id: str, run_id: str) -> list[str]:
+    """`task_id` (`task_id_<map index>` for a mapped one) of each task of the run that failed or whose upstream did."""
+    states = ti.get_task_states(dag_id=dag_id, run_ids=[run_id]).get(run_id, {})
+    return sorted(t for t, state in states.items() if state in FAILED_TASK_STATES)
+
+
+def fail_if_tasks_failed(ti, dag_id: str, run_id: str) -> None:
+    """Fail (no retry) naming the run's failed tasks; their cases are recorded with a failure class all the same."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    failed = failed_tasks(ti, dag_id, run_id)
+    if failed:
+        shown = ", ".join(failed[:20]) + (f" and {len(failed) - 20} more" if len(failed) > 20 else "")
+        raise AirflowFailException(f"{len(failed)} task(s) of this run failed: {shown}; "
+                                   "their cases are recorded in the warehouse with the failure class")
+    log.info("no task of run %s failed", run_id)
