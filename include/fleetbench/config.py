@@ -233,6 +233,7 @@ class BenchmarkSpec(_Model):
     extra_args: list[Annotated[str, Field(pattern=r"^--[A-Za-z0-9_]+=[A-Za-z0-9_.,:/-]*$")]] = []
     container: ContainerSpec | None = None  # None: NGC's flags for GPU cases, plain defaults for CPU cases
     # GPU sampling period of the in-container telemetry wrapper (needs python3 in the image); 0 turns it off.
+    # CPU benchmarks (device: cpu) run without it: there is no GPU to sample.
     telemetry_period_s: float = Field(0.5, ge=0, le=60)
 
     def container_settings(self) -> ContainerSpec:

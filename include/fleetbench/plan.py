@@ -94,7 +94,8 @@ def expand_cases(cfg: FleetConfig, hosts: Iterable[str] | None = None, models: I
                                     timeout_s=bench.timeout_s,
                                     command=harness_command(image.command, bench, model, batch_size, num_gpus, vu),
                                     container=bench.container_settings().model_dump(mode="json"),
-                                    telemetry_period_s=bench.telemetry_period_s,
+                                    # GPU telemetry has nothing to sample in a CPU benchmark: no wrapper there
+                                    telemetry_period_s=bench.telemetry_period_s if bench.device == "gpu" else 0,
                                 )
                             )
     keys = [(c.host, c.case_key) for c in cases]

@@ -49,3 +49,10 @@ def test_host_and_model_filters():
     assert {c.host for c in expand_cases(cfg)} == {"b"}
     assert {c.model for c in expand_cases(parse_config(config()), models=["vgg16"])} == {"vgg16"}
     assert expand_cases(parse_config(config()), hosts=["zzz"]) == []
+
+
+def test_gpu_cases_keep_their_telemetry_period_and_cpu_cases_run_without_the_wrapper():
+    gpu = expand_cases(parse_config(config(telemetry_period_s=0.2)))
+    assert {c.telemetry_period_s for c in gpu} == {0.2}
+    cpu = expand_cases(parse_config(config(device="cpu", num_gpus=[0], telemetry_period_s=0.2)))
+    assert {c.telemetry_period_s for c in cpu} == {0}
