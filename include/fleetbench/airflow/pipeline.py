@@ -21,15 +21,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from fleetbench import __version__
-from fleetbench.collect import FAILED, OK, SKIPPED, measure, not_run
 from fleetbench.config import FleetConfig, load_config
-from fleetbench.hosts import HostFacts, HostNeeds, LocalRunner, evaluate, facts_from_dir, gather, reasons, verdict
 from fleetbench.paths import artifacts_dir, default_config_path
 from fleetbench.plan import expand_cases
 
 log = logging.getLogger(__name__)
 
 LABEL_PREFIX = "org.fleetbench"
+# Case statuses (fleetbench.collect's). Host checks and log parsing are imported where they run, not when
+# the DAG file is parsed: the dag-processor re-parses it every few minutes.
+OK, FAILED, SKIPPED = "ok", "failed", "skipped"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -220,6 +221,8 @@ def _mask(secret: str) -> None:
 
 # -- validate host ----------------------------------------------------------------------------
 def runner_for(host: dict, tls: dict | None = None):
+    from fleetbench.hosts import LocalRunner
+
     if host.get("connection", "local") == "local":
         return LocalRunner(env={**os.environ, **docker_cli_env(host["docker_url"], tls)})
     from fleetbench.hosts.ssh import SSHRunner  # imports the SSH provider only when a fleet uses it
@@ -233,6 +236,8 @@ def validate_host(host: dict, run: dict) -> dict:
     When the host's cases need GPUs, a GPU smoke container runs too (`gpu_smoke_image`, else the
     host's first benchmark image). An unreachable host is a verdict (`reachable: fail`), not a crash.
     """
+    from fleetbench.hosts import HostFacts, HostNeeds, evaluate, facts_from_dir, gather, reasons, verdict
+
     folder = run_dir(run["dag_id"], run["run_id"]) / "hosts" / safe_name(host["name"]) / "facts"
     needs = HostNeeds(gpus=host["needs"]["gpus"], image_cuda=host["needs"]["image_cuda"],
                       min_free_bytes=int(host.get("min_free_gb", 2.0) * 1024**3))
@@ -397,6 +402,9 @@ def _outcome_from_file(run: dict, case: dict) -> dict | None:
 # -- collect ----------------------------------------------------------------------------------
 def collect(plan: dict, validations: list[dict], prepared: list[dict], outcomes: list[dict]) -> dict:
     """One classified row per planned case: measured, failed, or skipped with the reason. Nothing is dropped."""
+    from fleetbench.collect import measure, not_run
+    from fleetbench.hosts import HostFacts
+
     run = plan["run"]
     verdicts = _by_host(validations)
     images = {p["host"]: p["images"] for p in prepared if p}
@@ -436,6 +444,7 @@ def collect(plan: dict, validations: list[dict], prepared: list[dict], outcomes:
 
 # -- store ------------------------------------------------------------------------------------
 def store(plan: dict, validations: list[dict], collected: dict) -> dict:
+    from fleetbench.hosts import HostFacts
     from fleetbench.metrics import derive, load_catalog_or_none, settings_from_plan
     from fleetbench.warehouse import get_engine, store_run, upgrade
 
