@@ -4,20 +4,18 @@ from __future__ import annotations
 
 import json
 import random
-import shutil
 from datetime import datetime, timezone
-from pathlib import Path
 
 import pytest
 from sqlalchemy import MetaData, Table, func, inspect, select
 from sqlalchemy.exc import IntegrityError
 
-from fleetbench.warehouse import (MIGRATIONS, _alembic, _dt, current_revision, downgrade, fetch_capacity_features,
-                                  fetch_results, get_engine, latest_run_id, store_run, upgrade)
+from fleetbench.warehouse import (_dt, current_revision, downgrade, fetch_capacity_features, fetch_results, get_engine,
+                                  latest_run_id, store_run, upgrade)
 from fleetbench.warehouse.schema import benchmark_results, regressions, runs, steps
 from warehouse_rows import DERIVED, result_row, run_row, step_rows
 
-HEAD = "0003"
+HEAD = "0004"  # 0004: the report's rollups
 NEW_RESULT_COLUMNS = set(DERIVED)  # the derived-metric columns revision 0003 adds
 REGRESSION_COLUMNS = {  # name: nullable, as the regression detector expects them
     "id": False, "dag_id": False, "run_id": False, "host": False, "case_key": False, "metric": False, "direction": False,
@@ -204,29 +202,6 @@ def check_failed_migration_rolls_back(engine):
         conn.exec_driver_sql("DROP TABLE regressions")
     upgrade(engine)
     assert current_revision(engine) == HEAD
-
-
-def check_later_batch_alter_keeps_the_view(engine, tmp_path: Path):
-    """A later revision that rebuilds benchmark_results (SQLite batch mode) works with capacity_features in place."""
-    scripts = tmp_path / "migrations"
-    shutil.copytree(MIGRATIONS, scripts, ignore=shutil.ignore_patterns("__pycache__"))
-    (scripts / "versions" / "0099_rebuild.py").write_text(
-        'import sqlalchemy as sa\nfrom alembic import op\n\nrevision = "0099"\ndown_revision = "0003"\n'
-        'branch_labels = None\ndepends_on = None\n\n\ndef upgrade():\n'
-        '    with op.batch_alter_table("benchmark_results", recreate="always") as batch:\n'
-        '        batch.add_column(sa.Column("later_metric", sa.Float))\n\n\ndef downgrade():\n'
-        '    with op.batch_alter_table("benchmark_results", recreate="always") as batch:\n'
-        '        batch.drop_column("later_metric")\n')
-    from alembic import command
-
-    upgrade(engine)
-    store_run(engine, run_row("r1"), [], [result_row("a")])
-    _alembic(engine, command.upgrade, "0099", scripts)
-    assert current_revision(engine) == "0099"
-    assert [r["case_key"] for r in fetch_capacity_features(engine)] == ["a"]
-    assert "later_metric" in {c["name"] for c in inspect(engine).get_columns("benchmark_results")}
-    _alembic(engine, command.downgrade, "0003", scripts)
-    assert [r["case_key"] for r in fetch_capacity_features(engine)] == ["a"]
 
 
 # -- concurrent writers ---------------------------------------------------------------------------

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from fleetbench.warehouse import get_engine
-from warehouse_contract import (check_failed_migration_rolls_back, check_later_batch_alter_keeps_the_view,
-                                check_migrate_empty_database, check_migrate_from_previous_revision)
+import shutil
+
+from fleetbench.warehouse import MIGRATIONS, get_engine
+from warehouse_contract import (HEAD, check_failed_migration_rolls_back, check_migrate_empty_database,
+                                check_migrate_from_previous_revision)
 
 
 def engine_at(tmp_path):
@@ -23,8 +25,40 @@ def test_failed_migration_rolls_back(tmp_path):
     check_failed_migration_rolls_back(engine_at(tmp_path))
 
 
-def test_later_batch_alter_keeps_the_view(tmp_path):
-    check_later_batch_alter_keeps_the_view(engine_at(tmp_path), tmp_path)
+def test_later_batch_alter_keeps_the_view_and_the_rollups(tmp_path):
+    """A later revision that rebuilds benchmark_results (SQLite batch mode) works with capacity_features and
+    the rollups in place, and store_run keeps the rollups in step afterwards."""
+    from alembic import command
+
+    from fleetbench.warehouse import _alembic, current_revision, fetch_capacity_features, store_run, upgrade
+    from sqlalchemy import inspect
+    from test_warehouse_rollups import check_rollups_match_results, nightly, run_of
+    from warehouse_rows import result_row, run_row
+
+    engine = engine_at(tmp_path)
+    scripts = tmp_path / "migrations"
+    shutil.copytree(MIGRATIONS, scripts, ignore=shutil.ignore_patterns("__pycache__"))
+    (scripts / "versions" / "0099_rebuild.py").write_text(
+        'import sqlalchemy as sa\nfrom alembic import op\n\nrevision = "0099"\n'
+        f'down_revision = "{HEAD}"\nbranch_labels = None\ndepends_on = None\n\n\ndef upgrade():\n'
+        '    with op.batch_alter_table("benchmark_results", recreate="always") as batch:\n'
+        '        batch.add_column(sa.Column("later_metric", sa.Float))\n\n\ndef downgrade():\n'
+        '    with op.batch_alter_table("benchmark_results", recreate="always") as batch:\n'
+        '        batch.drop_column("later_metric")\n')
+    upgrade(engine)
+    store_run(engine, run_row("r1"), [], [result_row("a")])
+    _alembic(engine, command.upgrade, "0099", scripts)
+    assert current_revision(engine) == "0099"
+    assert [r["case_key"] for r in fetch_capacity_features(engine)] == ["a"]
+    assert "later_metric" in {c["name"] for c in inspect(engine).get_columns("benchmark_results")}
+    assert "ix_benchmark_results_host_case_date" in {i["name"] for i in inspect(engine).get_indexes("benchmark_results")}
+    rows = nightly(3)
+    store_run(engine, run_of(rows), [], rows)
+    check_rollups_match_results(engine)
+    _alembic(engine, command.downgrade, HEAD, scripts)
+    assert "a" in {r["case_key"] for r in fetch_capacity_features(engine)}
+    assert "later_metric" not in {c["name"] for c in inspect(engine).get_columns("benchmark_results")}
+    check_rollups_match_results(engine)
 
 
 def test_db_upgrade_cli(tmp_path, monkeypatch):
@@ -33,4 +67,19 @@ def test_db_upgrade_cli(tmp_path, monkeypatch):
 
     monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", f"sqlite:///{tmp_path}/cli.db")
     assert main(["db", "upgrade"]) == 0
-    assert current_revision(get_engine(f"sqlite:///{tmp_path}/cli.db")) == "0003"
+    assert current_revision(get_engine(f"sqlite:///{tmp_path}/cli.db")) == HEAD
+
+
+def test_schema_module_and_migrations_agree_on_the_rollups(tmp_path):
+    from sqlalchemy import inspect
+
+    from fleetbench.warehouse import upgrade
+    from fleetbench.warehouse.schema import ROLLUPS
+
+    engine = engine_at(tmp_path)
+    upgrade(engine)
+    insp = inspect(engine)
+    for table in ROLLUPS:
+        columns = {c["name"]: c["nullable"] for c in insp.get_columns(table.name)}
+        assert columns == {c.name: c.nullable for c in table.columns}, table.name
+        assert {i["name"] for i in insp.get_indexes(table.name)} == {i.name for i in table.indexes}, table.name

@@ -43,7 +43,7 @@ def test_regressions_table(tmp_path):
 
 def test_rewrites_in_chunks_replace_all_their_steps(tmp_path, monkeypatch):
     """Large nights delete stale steps in chunks (one IN list of 20,000 keys overflows PostgreSQL's parser)."""
-    import fleetbench.warehouse as warehouse
+    import fleetbench.warehouse.bulk as bulk
 
-    monkeypatch.setattr(warehouse, "DELETE_CHUNK", 1)
+    monkeypatch.setattr(bulk, "DELETE_CHUNK", 1)
     check_store_and_rerun_replaces(get_engine(f"sqlite:///{tmp_path}/w.db"))

@@ -80,18 +80,29 @@ def charts(report: dict) -> list[Chart]:
 
 
 def throughput_charts(report: dict) -> list[LineChart]:
-    """One chart per model: images/sec of each host and case per night, driver changes of those hosts marked."""
+    """One chart per model: images/sec of each host and case per night (or, at fleet scale, the fleet's
+    median per case and GPU type), driver changes of those hosts marked."""
     by_model: dict[str, list[dict]] = {}
     for s in report["throughput"]:
         by_model.setdefault(s["model"] or "unknown", []).append(s)
+    fleet = report.get("throughput_mode") == "fleet"
     out = []
     for model, series in by_model.items():
-        hosts = {s["host"] for s in series}
-        markers = [Marker(aware(c["logical_date"]), f"{c['host']}: driver {c['from']} → {c['to']}")
-                   for c in report["driver_changes"] if c["host"] in hosts]
+        if fleet:  # every host's change would be a line of its own: one marker per night and change
+            changes: dict[tuple, int] = {}
+            for c in report["driver_changes"]:
+                key = (c["logical_date"], c["from"], c["to"])
+                changes[key] = changes.get(key, 0) + 1
+            markers = [Marker(aware(night), f"{n} host{'s' if n != 1 else ''}: driver {old} → {new}")
+                       for (night, old, new), n in sorted(changes.items())]
+        else:
+            hosts = {s["host"] for s in series}
+            markers = [Marker(aware(c["logical_date"]), f"{c['host']}: driver {c['from']} → {c['to']}")
+                       for c in report["driver_changes"] if c["host"] in hosts]
         out.append(LineChart(
-            id=f"throughput-{slug(model)}", title=f"Throughput: {model}", y_label="images/sec",
-            series=[Series(label=f"{s['host']} · {s['case_key']}",
+            id=f"throughput-{slug(model)}", title=f"Throughput: {model}" + (" (fleet median)" if fleet else ""),
+            y_label="images/sec",
+            series=[Series(label=s.get("label") or f"{s['host']} · {s['case_key']}",
                            points=[(aware(p["logical_date"]), p["images_per_sec"]) for p in s["points"]])
                     for s in series],
             markers=markers))

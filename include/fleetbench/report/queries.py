@@ -3,6 +3,20 @@ statements (aggregation, window functions and joins happen in the database), eac
 JSON-able data. The CLI (`fleetbench report`), the DAG's `report` task and the Airflow UI view
 (`fleetbench.report.web`) all call `build_report`, so the three show the same numbers.
 
+At fleet scale (1,000 hosts x 20 cases a night, a year of nights: millions of results) the sections
+read the rollups `store_run` keeps next to the results (`fleetbench.warehouse.rollup`) rather than
+the results themselves: per host, the whole calendar months of the window from host_month_rollup
+and the nights at its edges from run_host_rollup ("facts", see `_facts`); across the fleet,
+run_case_rollup (a row per run, case and GPU type). What needs single results (the latest run's
+failures, open regressions, one host's throughput series and scaling) reads them through indexes
+that bound it to a run or a host. `runs` counts (DAG, run) pairs; a host is taken to report one GPU
+type and one driver per run.
+
+Throughput comes one series per (host, case) while there are at most `THROUGHPUT_MAX_SERIES` of
+them with at most `THROUGHPUT_MAX_POINTS` points in all, and always with a host filter. Beyond that
+(`throughput_mode` "fleet") it comes one series per case and GPU type: the fleet's median
+images/sec each night, with that night's min, max and number of hosts; a note says so.
+
 Filters (`Filters`, built and validated by `parse_filters`):
 
 - `host`, `model`: one name each (the fleet config's name pattern); `dag_id`: one DAG's results.
@@ -25,13 +39,22 @@ from dataclasses import asdict, dataclass
 from datetime import date, datetime, time, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import DateTime, Engine, and_, case, distinct, func, inspect, select, type_coerce
+from sqlalchemy import (DateTime, Engine, String, and_, case, cast, distinct, func, inspect, literal, select, text,
+                        type_coerce, union_all)
 
 from fleetbench.config import NAME_PATTERN
+from fleetbench.warehouse.rollup import month_of, next_month
 from fleetbench.warehouse.schema import benchmark_results as br
+from fleetbench.warehouse.schema import host_month_rollup as hm
 from fleetbench.warehouse.schema import regressions as rg
+from fleetbench.warehouse.schema import run_case_rollup as cr
+from fleetbench.warehouse.schema import run_host_rollup as hr
 
 DEFAULT_DAYS = 30
+# Throughput one series per (host, case) up to these many series and points, else the fleet's per case.
+THROUGHPUT_MAX_SERIES = 100
+THROUGHPUT_MAX_POINTS = 10_000
+HOSTS, FLEET = "hosts", "fleet"
 # Airflow's own dag_id rule (KEY_REGEX), at most 250 characters like the warehouse column.
 DAG_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,250}$"
 _NAME = re.compile(NAME_PATTERN)
@@ -126,25 +149,27 @@ def _ts(expr):
     return type_coerce(expr, DateTime(timezone=True))
 
 
-def _scope(f: Filters, *, window: tuple[datetime | None, datetime | None] | None = None, model: bool = True) -> list:
-    """WHERE conditions on benchmark_results for the filters (and a [since, until) window)."""
+def _scope(f: Filters, *, window: tuple[datetime | None, datetime | None] | None = None, model: bool = True,
+           table=br) -> list:
+    """WHERE conditions on `table` (benchmark_results or a rollup) for the filters (and a [since, until) window)."""
+    t = table.c
     conds = []
     if f.dag_id:
-        conds.append(br.c.dag_id == f.dag_id)
+        conds.append(t.dag_id == f.dag_id)
     if f.host:
-        conds.append(br.c.host == f.host)
+        conds.append(t.host == f.host)  # run_case_rollup has no host: read only without a host filter
     if model and f.model:
-        conds.append(br.c.model == f.model)
+        conds.append(t.model == f.model)
     since, until = window if window is not None else (f.since, f.until)
     if since is not None:
-        conds.append(br.c.logical_date >= since)
+        conds.append(t.logical_date >= since)
     if until is not None:
-        conds.append(br.c.logical_date < until)
+        conds.append(t.logical_date < until)
     return conds
 
 
-def _count(status: str):
-    return func.sum(case((br.c.status == status, 1), else_=0))
+def _int(value: Any) -> int:
+    return int(value or 0)
 
 
 # -- sections -------------------------------------------------------------------------------------
@@ -152,51 +177,138 @@ def resolve_window(conn, f: Filters) -> tuple[datetime | None, datetime | None, 
     """(since, until, defaulted): without `since`, the DEFAULT_DAYS days ending with the newest matching result."""
     if f.since is not None:
         return f.since, f.until, False
-    newest = aware(conn.execute(select(_ts(func.max(br.c.logical_date))).where(*_scope(f, window=(None, f.until)))).scalar())
+    newest = aware(conn.execute(select(_ts(func.max(hr.c.logical_date)))
+                                .where(*_scope(f, window=(None, f.until), table=hr))).scalar())
     if newest is None:
         return None, f.until, True
     return datetime.combine(newest.date() - timedelta(days=DEFAULT_DAYS - 1), time(), tzinfo=timezone.utc), f.until, True
 
 
+def _distinct_values(conn, col) -> list[str]:
+    """Every value of an indexed column, one index probe per value (a loose index scan), in order."""
+    t, c = col.table.name, col.name
+    return [v for (v,) in conn.execute(text(
+        f"WITH RECURSIVE d(v) AS (SELECT MIN({c}) FROM {t} UNION ALL "
+        f"SELECT (SELECT MIN({c}) FROM {t} WHERE {c} > d.v) FROM d WHERE d.v IS NOT NULL) "
+        f"SELECT v FROM d WHERE v IS NOT NULL ORDER BY v"))]
+
+
 def filter_options(conn, f: Filters) -> dict[str, list[str]]:
     """Every host, model and DAG id the warehouse has results for (the view's drop-downs)."""
-    def names(col):
-        return [v for (v,) in conn.execute(select(col).distinct().where(col.is_not(None)).order_by(col))]
-    return {"hosts": names(br.c.host), "models": names(br.c.model), "dag_ids": names(br.c.dag_id)}
+    return {"hosts": _distinct_values(conn, hr.c.host), "models": _distinct_values(conn, hr.c.model),
+            "dag_ids": _distinct_values(conn, hr.c.dag_id)}
+
+
+def _month_split(since: datetime | None, until: datetime | None) -> tuple[datetime | None, datetime | None] | None:
+    """(a, b): the whole calendar months [a, b) inside [since, until) (None: unbounded), or None if there are none."""
+    a = None if since is None else (since if since == month_of(since) else next_month(month_of(since)))
+    b = None if until is None else month_of(until)
+    if a is not None and b is not None and a >= b:
+        return None
+    return a, b
+
+
+def _facts(f: Filters, window: tuple[datetime | None, datetime | None], *, model: bool = True):
+    """Per-host rows of the window as one subquery: host_month_rollup for its whole months, run_host_rollup
+    (a row per run) for the nights before and after them. Columns: dag_id, host, model, gpu, driver_version,
+    period (the month or the run: a (DAG, host, period) holds `host_runs` runs of the host), first_date,
+    last_date, last_ok, runs, host_runs, results, ok, failed, skipped, gpu_model, scaled_gpus."""
+    since, until = window
+    split = _month_split(since, until)
+    parts = []
+    edges = [(since, until)]
+    if split is not None:
+        a, b = split
+        conds = _scope(f, window=(None, None), model=model, table=hm)
+        if a is not None:
+            conds.append(hm.c.month >= a)
+        if b is not None:
+            conds.append(hm.c.month < b)
+        parts.append(select(
+            hm.c.dag_id, hm.c.host, hm.c.model, hm.c.gpu, hm.c.driver_version, cast(hm.c.month, String).label("period"),
+            hm.c.first_date, hm.c.last_date, hm.c.last_ok, hm.c.runs, hm.c.host_runs, hm.c.results, hm.c.ok,
+            hm.c.failed, hm.c.skipped, hm.c.gpu_model, hm.c.scaled_gpus).where(*conds))
+        edges = [(since, a)] if since is not None and since < a else []
+        if until is not None and b < until:
+            edges.append((b, until))
+    for lo, hi in edges:
+        parts.append(select(
+            hr.c.dag_id, hr.c.host, hr.c.model, hr.c.gpu, hr.c.driver_version, hr.c.run_id.label("period"),
+            hr.c.logical_date.label("first_date"), hr.c.logical_date.label("last_date"),
+            case((hr.c.ok > 0, hr.c.logical_date)).label("last_ok"), literal(1).label("runs"),
+            literal(1).label("host_runs"), hr.c.results, hr.c.ok, hr.c.failed, hr.c.skipped, hr.c.gpu_model,
+            hr.c.scaled_gpus).where(*_scope(f, window=(lo, hi), model=model, table=hr)))
+    return (parts[0] if len(parts) == 1 else union_all(*parts)).subquery("facts")
 
 
 def summary(conn, f: Filters) -> dict:
+    """Runs, results by status, hosts, models, the first and last night: the fleet's from run_case_rollup,
+    one host's from run_host_rollup."""
+    t = hr if f.host else cr
     row = conn.execute(select(
-        func.count(distinct(br.c.run_id)).label("runs"), func.count().label("results"),
-        _count("ok").label("ok"), _count("failed").label("failed"), _count("skipped").label("skipped"),
-        func.count(distinct(br.c.host)).label("hosts"), func.count(distinct(br.c.model)).label("models"),
-        _ts(func.min(br.c.logical_date)).label("first"), _ts(func.max(br.c.logical_date)).label("last"),
-    ).where(*_scope(f))).one()._mapping
-    return {k: (_iso(v) if k in ("first", "last") else int(v or 0)) for k, v in row.items()}
+        func.count(distinct(t.c.run_id)).label("runs"), func.sum(t.c.results).label("results"),
+        func.sum(t.c.ok).label("ok"), func.sum(t.c.failed).label("failed"), func.sum(t.c.skipped).label("skipped"),
+        func.count(distinct(t.c.model)).label("models"),
+        _ts(func.min(t.c.logical_date)).label("first"), _ts(func.max(t.c.logical_date)).label("last"),
+    ).where(*_scope(f, table=t))).one()._mapping
+    facts = _facts(f, (f.since, f.until))
+    hosts = conn.execute(select(func.count(distinct(facts.c.host)))).scalar()
+    out = {k: (_iso(v) if k in ("first", "last") else _int(v)) for k, v in row.items()}
+    return {**out, "hosts": _int(hosts)}
 
 
 def host_summary(conn, f: Filters) -> list[dict]:
     """Per host: runs, ok/failed/skipped cases, the newest result and the newest ok one, GPU model, drivers seen."""
+    facts = _facts(f, (f.since, f.until))
     rows = conn.execute(select(
-        br.c.host, func.count(distinct(br.c.run_id)).label("runs"),
-        _count("ok").label("ok"), _count("failed").label("failed"), _count("skipped").label("skipped"),
-        _ts(func.max(br.c.logical_date)).label("last_seen"),
-        _ts(func.max(case((br.c.status == "ok", br.c.logical_date)))).label("last_ok"),
-        func.max(br.c.gpu_model).label("gpu_model"), func.count(distinct(br.c.driver_version)).label("drivers"),
-        func.max(br.c.driver_version).label("max_driver"),
-    ).where(*_scope(f)).group_by(br.c.host).order_by(br.c.host)).all()
+        facts.c.host, func.sum(facts.c.ok).label("ok"), func.sum(facts.c.failed).label("failed"),
+        func.sum(facts.c.skipped).label("skipped"), _ts(func.max(facts.c.last_date)).label("last_seen"),
+        _ts(func.max(facts.c.last_ok)).label("last_ok"), func.max(facts.c.gpu_model).label("gpu_model"),
+        func.count(distinct(facts.c.driver_version)).label("drivers"),
+        func.max(facts.c.driver_version).label("max_driver"),
+    ).group_by(facts.c.host).order_by(facts.c.host)).all()
+    # A (DAG, host, period)'s runs: the host's (any model) or, with a model filter, that model's.
+    per_period = select(facts.c.host, (func.sum(facts.c.runs) if f.model else func.max(facts.c.host_runs)).label("runs")
+                        ).group_by(facts.c.dag_id, facts.c.host, facts.c.period).subquery("per_period")
+    runs = dict(conn.execute(select(per_period.c.host, func.sum(per_period.c.runs)).group_by(per_period.c.host)).all())
     out = []
     for r in rows:
         m = dict(r._mapping)
+        m = {"host": m["host"], "runs": _int(runs.get(m["host"])), **{k: v for k, v in m.items() if k != "host"}}
         m["last_seen"], m["last_ok"] = _iso(m["last_seen"]), _iso(m["last_ok"])
         for k in ("runs", "ok", "failed", "skipped", "drivers"):
-            m[k] = int(m[k] or 0)
+            m[k] = _int(m[k])
         out.append(m)
     return out
 
 
-def throughput(conn, f: Filters) -> list[dict]:
-    """ok images/sec of every (host, case) over the window, one series each, oldest night first."""
+def throughput(conn, f: Filters, max_series: int = THROUGHPUT_MAX_SERIES,
+               max_points: int = THROUGHPUT_MAX_POINTS) -> tuple[list[dict], str]:
+    """(series, mode). Mode "hosts": ok images/sec of every (host, case) over the window, one series each,
+    oldest night first; with a host filter always, else while there are at most `max_series` series
+    and `max_points` points. Mode "fleet": one series per case and GPU type, each night's fleet median
+    (with that night's min, max and hosts)."""
+    if f.host is None:
+        points = conn.execute(select(func.sum(cr.c.points)).where(*_scope(f, table=cr))).scalar() or 0
+        if points > max_points:
+            return fleet_throughput(conn, f), FLEET
+    series = host_throughput(conn, f)
+    if f.host is None and len(series) > max_series:
+        return fleet_throughput(conn, f), FLEET
+    return series, HOSTS
+
+
+def _finish(series: list[dict]) -> list[dict]:
+    for s in series:
+        values = [p["images_per_sec"] for p in s["points"]]
+        s.update(n=len(values), latest=values[-1], latest_date=s["points"][-1]["logical_date"],
+                 latest_driver=s["points"][-1].get("driver_version"), previous=values[-2] if len(values) > 1 else None)
+        s["change_pct"] = (s["latest"] - s["previous"]) / s["previous"] * 100 if s["previous"] else None
+    return series
+
+
+def host_throughput(conn, f: Filters) -> list[dict]:
+    """One series per (host, case) from the results (bounded: one host's, or few in all)."""
     rows = conn.execute(select(
         br.c.model, br.c.host, br.c.case_key, br.c.num_gpus, br.c.batch_size_per_device, br.c.dag_id, br.c.run_id,
         br.c.logical_date, br.c.images_per_sec, br.c.driver_version,
@@ -207,85 +319,174 @@ def throughput(conn, f: Filters) -> list[dict]:
         if not math.isfinite(r.images_per_sec):  # PostgreSQL floats can hold NaN and infinities
             continue
         s = series.setdefault((r.model, r.host, r.case_key), {
-            "model": r.model, "host": r.host, "case_key": r.case_key, "num_gpus": r.num_gpus,
-            "batch_size_per_device": r.batch_size_per_device, "points": []})
+            "model": r.model, "host": r.host, "case_key": r.case_key, "gpu": None, "num_gpus": r.num_gpus,
+            "batch_size_per_device": r.batch_size_per_device, "label": f"{r.host} · {r.case_key}", "points": []})
         s["points"].append({"logical_date": _iso(r.logical_date), "run_id": r.run_id, "dag_id": r.dag_id,
                             "images_per_sec": float(r.images_per_sec), "driver_version": r.driver_version})
-    out = list(series.values())
+    out = _finish(list(series.values()))
     for s in out:
         values = [p["images_per_sec"] for p in s["points"]]
-        s.update(n=len(values), latest=values[-1], latest_date=s["points"][-1]["logical_date"],
-                 latest_driver=s["points"][-1]["driver_version"], min=min(values), max=max(values),
-                 previous=values[-2] if len(values) > 1 else None)
-        s["change_pct"] = (s["latest"] - s["previous"]) / s["previous"] * 100 if s["previous"] else None
+        s.update(min=min(values), max=max(values), hosts=1)
+    return out
+
+
+def fleet_throughput(conn, f: Filters) -> list[dict]:
+    """One series per (model, case, GPU type) from run_case_rollup: each night's median over the hosts;
+    the series' min and max are the lowest and highest single result of the window."""
+    rows = conn.execute(select(
+        cr.c.model, cr.c.case_key, cr.c.gpu, cr.c.num_gpus, cr.c.batch_size_per_device, cr.c.dag_id, cr.c.run_id,
+        cr.c.logical_date, cr.c.ips_median, cr.c.ips_min, cr.c.ips_max, cr.c.hosts,
+    ).where(*_scope(f, table=cr), cr.c.points > 0)
+        .order_by(cr.c.model, cr.c.case_key, cr.c.gpu, cr.c.logical_date, cr.c.run_id)).all()
+    series: dict[tuple, dict] = {}
+    nights: dict[Any, str | None] = {}  # every series has the same few hundred nights
+    for model, case_key, gpu, num_gpus, batch, dag_id, run_id, when, median, low, high, hosts in rows:
+        night = nights.get(when) or nights.setdefault(when, _iso(when))
+        s = series.get((model, case_key, gpu))
+        if s is None:
+            s = series[(model, case_key, gpu)] = {
+                "model": model, "host": None, "case_key": case_key, "gpu": gpu, "num_gpus": num_gpus,
+                "batch_size_per_device": batch, "label": f"{case_key} · {gpu or 'GPU not reported'}", "points": []}
+        s["points"].append({"logical_date": night, "run_id": run_id, "dag_id": dag_id, "images_per_sec": float(median),
+                            "min": float(low), "max": float(high), "hosts": int(hosts)})
+    out = _finish(list(series.values()))
+    for s in out:
+        s.update(min=min(p["min"] for p in s["points"]), max=max(p["max"] for p in s["points"]),
+                 hosts=s["points"][-1]["hosts"])
     return out
 
 
 def driver_changes(conn, f: Filters) -> list[dict]:
-    """Nights on which a host reported another driver than on its previous night (LAG over the host's runs).
+    """Nights on which a host reported another driver than on its previous night (with a driver).
 
     The previous night may lie before the window, so an upgrade on the window's first night is found.
+    Per (DAG, host), each driver's first and last night up to the window's end: when they do not
+    overlap (the usual upgrade, or several in turn), each driver after the first came in on its first
+    night; a host whose drivers' nights interleave gets a LAG over its runs.
     """
-    per_run = (select(br.c.dag_id, br.c.host, br.c.run_id, _ts(func.max(br.c.logical_date)).label("logical_date"),
-                      func.max(br.c.driver_version).label("driver"))
-               .where(*_scope(f, window=(None, f.until), model=False), br.c.driver_version.is_not(None))
-               .group_by(br.c.dag_id, br.c.host, br.c.run_id).subquery("per_run"))
-    lagged = select(
-        per_run.c.dag_id, per_run.c.host, per_run.c.run_id, per_run.c.logical_date, per_run.c.driver,
-        func.lag(per_run.c.driver).over(partition_by=(per_run.c.dag_id, per_run.c.host),
-                                        order_by=(per_run.c.logical_date, per_run.c.run_id)).label("previous"),
-    ).subquery("lagged")
-    conds = [lagged.c.previous.is_not(None), lagged.c.previous != lagged.c.driver]
-    if f.since is not None:
-        conds.append(lagged.c.logical_date >= f.since)
-    rows = conn.execute(select(lagged).where(*conds).order_by(lagged.c.logical_date, lagged.c.host)).all()
-    return [{"host": r.host, "dag_id": r.dag_id, "run_id": r.run_id, "logical_date": _iso(r.logical_date),
-             "from": r.previous, "to": r.driver} for r in rows]
+    facts = _facts(f, (None, f.until), model=False)
+    spans: dict[tuple[str, str], list[tuple]] = {}
+    for dag_id, host, drv, first, last in conn.execute(select(
+            facts.c.dag_id, facts.c.host, facts.c.driver_version, _ts(func.min(facts.c.first_date)),
+            _ts(func.max(facts.c.last_date))).where(facts.c.driver_version.is_not(None))
+            .group_by(facts.c.dag_id, facts.c.host, facts.c.driver_version)):
+        spans.setdefault((dag_id, host), []).append((aware(first), aware(last), drv))
+    changes, interleaved = [], []
+    for (dag_id, host), drivers in spans.items():
+        drivers.sort()
+        if all(b[0] > a[1] for a, b in zip(drivers, drivers[1:])):
+            changes += [(dag_id, host, b[0], a[2], b[2]) for a, b in zip(drivers, drivers[1:])
+                        if f.since is None or b[0] >= f.since]
+        else:
+            interleaved.append((dag_id, host))
+    out = []
+    if changes:  # the run of each change: the first (by run id) on that night with the new driver
+        first_run: dict[tuple, str] = {}
+        nights = sorted({c[2] for c in changes})
+        for dag_id, host, drv, night, run_id in conn.execute(select(
+                hr.c.dag_id, hr.c.host, hr.c.driver_version, _ts(hr.c.logical_date), func.min(hr.c.run_id))
+                .where(hr.c.logical_date.in_(nights), *_scope(f, window=(None, None), model=False, table=hr))
+                .group_by(hr.c.dag_id, hr.c.host, hr.c.driver_version, hr.c.logical_date)):
+            first_run[(dag_id, host, drv, aware(night))] = run_id
+        out += [{"host": host, "dag_id": dag_id, "run_id": first_run.get((dag_id, host, new, night)),
+                 "logical_date": _iso(night), "from": old, "to": new} for dag_id, host, night, old, new in changes]
+    if interleaved:
+        out += _lagged_driver_changes(conn, f, interleaved)
+    return sorted(out, key=lambda c: (c["logical_date"], c["host"]))
+
+
+def _lagged_driver_changes(conn, f: Filters, hosts: list[tuple[str, str]]) -> list[dict]:
+    """Driver changes of these (DAG, host)s by a LAG over their runs (their nights up to the window's end)."""
+    out = []
+    for dag_id, host in hosts:
+        one = Filters(since=f.since, until=f.until, host=host, dag_id=dag_id)
+        per_run = (select(hr.c.dag_id, hr.c.host, hr.c.run_id, _ts(func.max(hr.c.logical_date)).label("logical_date"),
+                          func.max(hr.c.driver_version).label("driver"))
+                   .where(*_scope(one, window=(None, one.until), model=False, table=hr), hr.c.driver_version.is_not(None))
+                   .group_by(hr.c.dag_id, hr.c.host, hr.c.run_id).subquery("per_run"))
+        lagged = select(
+            per_run.c.dag_id, per_run.c.host, per_run.c.run_id, per_run.c.logical_date, per_run.c.driver,
+            func.lag(per_run.c.driver).over(partition_by=(per_run.c.dag_id, per_run.c.host),
+                                            order_by=(per_run.c.logical_date, per_run.c.run_id)).label("previous"),
+        ).subquery("lagged")
+        conds = [lagged.c.previous.is_not(None), lagged.c.previous != lagged.c.driver]
+        if one.since is not None:
+            conds.append(lagged.c.logical_date >= one.since)
+        out += [{"host": r.host, "dag_id": r.dag_id, "run_id": r.run_id, "logical_date": _iso(r.logical_date),
+                 "from": r.previous, "to": r.driver} for r in conn.execute(select(lagged).where(*conds))]
+    return out
 
 
 def scaling(conn, f: Filters) -> list[dict]:
     """Speedup efficiency (N-GPU images/sec / (N x 1-GPU images/sec)) per model and GPU count (N >= 2; the 1-GPU
     case is the reference, 1.0 by definition): mean, min, max, cases, hosts."""
-    rows = conn.execute(select(
-        br.c.model, br.c.num_gpus, func.count().label("n"), func.avg(br.c.speedup_efficiency).label("mean"),
-        func.min(br.c.speedup_efficiency).label("min"), func.max(br.c.speedup_efficiency).label("max"),
-        func.count(distinct(br.c.host)).label("hosts"),
-    ).where(*_scope(f), br.c.status == "ok", br.c.speedup_efficiency.is_not(None), br.c.num_gpus >= 2)
-        .group_by(br.c.model, br.c.num_gpus).order_by(br.c.model, br.c.num_gpus)).all()
-    return [{"model": r.model, "num_gpus": int(r.num_gpus), "n": int(r.n), "hosts": int(r.hosts),
-             "mean": _num(r.mean), "min": _num(r.min), "max": _num(r.max)} for r in rows]
+    if f.host is not None:  # one host's results
+        rows = conn.execute(select(
+            br.c.model, br.c.num_gpus, func.count().label("n"), func.sum(br.c.speedup_efficiency).label("total"),
+            func.min(br.c.speedup_efficiency).label("min"), func.max(br.c.speedup_efficiency).label("max"),
+            func.count(distinct(br.c.host)).label("hosts"),
+        ).where(*_scope(f), br.c.status == "ok", br.c.speedup_efficiency.is_not(None), br.c.num_gpus >= 2)
+            .group_by(br.c.model, br.c.num_gpus).order_by(br.c.model, br.c.num_gpus)).all()
+        hosts = {(r.model, r.num_gpus): r.hosts for r in rows}
+    else:  # the fleet's per case and night; hosts from the GPU counts each host had an efficiency for
+        rows = conn.execute(select(
+            cr.c.model, cr.c.num_gpus, func.sum(cr.c.efficiency_n).label("n"), func.sum(cr.c.efficiency_sum).label("total"),
+            func.min(cr.c.efficiency_min).label("min"), func.max(cr.c.efficiency_max).label("max"),
+        ).where(*_scope(f, table=cr), cr.c.efficiency_n > 0, cr.c.num_gpus >= 2)
+            .group_by(cr.c.model, cr.c.num_gpus).order_by(cr.c.model, cr.c.num_gpus)).all()
+        hosts = _scaled_hosts(conn, f, {(r.model, r.num_gpus) for r in rows})
+    return [{"model": r.model, "num_gpus": int(r.num_gpus), "n": int(r.n), "hosts": hosts.get((r.model, r.num_gpus), 0),
+             "mean": float(r.total) / int(r.n), "min": _num(r.min), "max": _num(r.max)} for r in rows]
+
+
+def _scaled_hosts(conn, f: Filters, wanted: set[tuple]) -> dict[tuple, int]:
+    """Distinct hosts with an ok N-GPU result with a speedup efficiency, per (model, N), from the rollup's bit masks."""
+    if not wanted:
+        return {}
+    facts = _facts(f, (f.since, f.until))
+    masks: dict[tuple, int] = {}
+    for model, host, mask in conn.execute(select(facts.c.model, facts.c.host, facts.c.scaled_gpus).distinct()
+                                          .where(facts.c.scaled_gpus != 0)):
+        masks[(model, host)] = masks.get((model, host), 0) | int(mask)
+    out: dict[tuple, int] = {}
+    for (model, _host), mask in masks.items():
+        for m, n in wanted:
+            if m == model and 2 <= n <= 62 and mask >> n & 1:
+                out[(m, n)] = out.get((m, n), 0) + 1
+    return out
 
 
 def efficiency(conn, f: Filters) -> list[dict]:
-    """Images per joule and cost per million images per GPU model (catalog name, else as reported) and model."""
-    gpu_expr = func.coalesce(br.c.gpu_catalog_name, br.c.gpu_model)
+    """Images per joule and cost per million images per GPU model (catalog name, else as reported) and model:
+    the fleet's from run_case_rollup, one host's from run_host_rollup."""
+    t = hr if f.host else cr
     rows = conn.execute(select(
-        gpu_expr.label("gpu"), br.c.model, func.count().label("n"),
-        func.avg(br.c.images_per_joule).label("images_per_joule"),
-        func.avg(br.c.cost_per_million_images_usd).label("cost_per_million_images_usd"),
-        func.sum(case((and_(br.c.images_per_joule.is_not(None), br.c.energy_source == "measured"), 1), else_=0)).label("measured"),
-        func.sum(case((and_(br.c.images_per_joule.is_not(None), br.c.energy_source == "estimated"), 1), else_=0)).label("estimated"),
-    ).where(*_scope(f), br.c.status == "ok", gpu_expr.is_not(None),
-            (br.c.images_per_joule.is_not(None)) | (br.c.cost_per_million_images_usd.is_not(None)))
-        .group_by(gpu_expr, br.c.model).order_by(gpu_expr, br.c.model)).all()
-    return [{"gpu": r.gpu, "model": r.model, "n": int(r.n), "images_per_joule": _num(r.images_per_joule),
-             "cost_per_million_images_usd": _num(r.cost_per_million_images_usd),
-             "measured": int(r.measured or 0), "estimated": int(r.estimated or 0)} for r in rows]
+        t.c.gpu, t.c.model, func.sum(t.c.energy_cost_n).label("n"),
+        func.sum(t.c.images_per_joule_sum).label("ipj_sum"), func.sum(t.c.images_per_joule_n).label("ipj_n"),
+        func.sum(t.c.cost_per_million_sum).label("cost_sum"), func.sum(t.c.cost_per_million_n).label("cost_n"),
+        func.sum(t.c.energy_measured).label("measured"), func.sum(t.c.energy_estimated).label("estimated"),
+    ).where(*_scope(f, table=t), t.c.gpu.is_not(None), t.c.energy_cost_n > 0)
+        .group_by(t.c.gpu, t.c.model).order_by(t.c.gpu, t.c.model)).all()
+    return [{"gpu": r.gpu, "model": r.model, "n": int(r.n),
+             "images_per_joule": float(r.ipj_sum) / int(r.ipj_n) if r.ipj_n else None,
+             "cost_per_million_images_usd": float(r.cost_sum) / int(r.cost_n) if r.cost_n else None,
+             "measured": _int(r.measured), "estimated": _int(r.estimated)} for r in rows]
 
 
 def latest_run(conn, f: Filters) -> dict | None:
     """The newest run in the window (by logical date) that has matching results, with its case counts."""
-    newest = conn.execute(select(br.c.dag_id, br.c.run_id, _ts(br.c.logical_date).label("logical_date"))
-                          .where(*_scope(f)).order_by(br.c.logical_date.desc(), br.c.stored_at.desc(), br.c.run_id.desc())
+    newest = conn.execute(select(hr.c.dag_id, hr.c.run_id, _ts(hr.c.logical_date).label("logical_date"))
+                          .where(*_scope(f, table=hr))
+                          .order_by(hr.c.logical_date.desc(), hr.c.stored_at.desc(), hr.c.run_id.desc())
                           .limit(1)).first()
     if newest is None:
         return None
-    counts = conn.execute(select(func.count().label("total"), _count("ok").label("ok"), _count("failed").label("failed"),
-                                 _count("skipped").label("skipped"))
-                          .where(*_scope(f, window=(None, None)), br.c.dag_id == newest.dag_id,
-                                 br.c.run_id == newest.run_id)).one()
+    counts = conn.execute(select(func.sum(hr.c.results).label("total"), func.sum(hr.c.ok).label("ok"),
+                                 func.sum(hr.c.failed).label("failed"), func.sum(hr.c.skipped).label("skipped"))
+                          .where(*_scope(f, window=(None, None), table=hr), hr.c.dag_id == newest.dag_id,
+                                 hr.c.run_id == newest.run_id)).one()
     return {"dag_id": newest.dag_id, "run_id": newest.run_id, "logical_date": _iso(newest.logical_date),
-            **{k: int(v or 0) for k, v in counts._mapping.items()}}
+            **{k: _int(v) for k, v in counts._mapping.items()}}
 
 
 def failures(conn, f: Filters, run: dict | None) -> list[dict]:
@@ -307,18 +508,23 @@ def failures(conn, f: Filters, run: dict | None) -> list[dict]:
 
 def open_regressions(conn, f: Filters) -> list[dict]:
     """Regressions found in the newest ok result of their (DAG, host, case) up to the window's end (see module doc)."""
-    newest_ok = (select(br.c.dag_id, br.c.host, br.c.case_key, func.max(br.c.logical_date).label("newest"))
-                 .where(*_scope(f, window=(None, f.until)), br.c.status == "ok")
-                 .group_by(br.c.dag_id, br.c.host, br.c.case_key).subquery("newest_ok"))
+    later = br.alias("later")
+    conds = [later.c.dag_id == br.c.dag_id, later.c.host == br.c.host, later.c.case_key == br.c.case_key,
+             later.c.status == "ok"]
+    if f.model:
+        conds.append(later.c.model == f.model)
+    if f.until is not None:
+        conds.append(later.c.logical_date < f.until)
+    # The newest ok night of the finding's (DAG, host, case): a backward walk of the (host, case, night) index.
+    newest_ok = (select(later.c.logical_date).where(*conds).order_by(later.c.logical_date.desc()).limit(1)
+                 .correlate(br).scalar_subquery())
     rows = conn.execute(
         select(rg.c.dag_id, rg.c.run_id, rg.c.host, rg.c.case_key, br.c.model, rg.c.metric, rg.c.direction,
                rg.c.baseline_value, rg.c.value, rg.c.delta_pct, rg.c.z_score, rg.c.p_value, rg.c.baseline_n,
                rg.c.changes, rg.c.severity, br.c.logical_date)
         .join(br, and_(br.c.dag_id == rg.c.dag_id, br.c.run_id == rg.c.run_id, br.c.host == rg.c.host,
                        br.c.case_key == rg.c.case_key))
-        .join(newest_ok, and_(newest_ok.c.dag_id == br.c.dag_id, newest_ok.c.host == br.c.host,
-                              newest_ok.c.case_key == br.c.case_key, newest_ok.c.newest == br.c.logical_date))
-        .where(*_scope(f))
+        .where(*_scope(f), br.c.logical_date == newest_ok)
         .order_by(case((rg.c.severity == "major", 0), else_=1), rg.c.host, rg.c.case_key, rg.c.metric)).all()
     out = []
     for r in rows:
@@ -332,6 +538,15 @@ def open_regressions(conn, f: Filters) -> list[dict]:
     return out
 
 
+# Every section as (connection, filters) -> data, e.g. to time them one by one.
+SECTIONS = {
+    "resolve_window": resolve_window, "filter_options": filter_options, "summary": summary,
+    "host_summary": host_summary, "throughput": throughput, "driver_changes": driver_changes, "scaling": scaling,
+    "efficiency": efficiency, "latest_run": latest_run,
+    "failures": lambda conn, f: failures(conn, f, latest_run(conn, f)), "open_regressions": open_regressions,
+}
+
+
 # -- the whole report -----------------------------------------------------------------------------
 def blank_report(f: Filters | None = None, warehouse: str = "") -> dict:
     """A report with every section empty (the shape `build_report` fills)."""
@@ -343,16 +558,20 @@ def blank_report(f: Filters | None = None, warehouse: str = "") -> dict:
         "state": OK, "notes": [], "options": {"hosts": [], "models": [], "dag_ids": []},
         "summary": {"runs": 0, "results": 0, "ok": 0, "failed": 0, "skipped": 0, "hosts": 0, "models": 0,
                     "first": None, "last": None},
-        "hosts": [], "throughput": [], "driver_changes": [], "scaling": [], "efficiency": [],
+        "hosts": [], "throughput": [], "throughput_mode": HOSTS, "driver_changes": [], "scaling": [], "efficiency": [],
         "latest_run": None, "failures": [], "regressions": [],
     }
 
 
-def build_report(engine: Engine, f: Filters | None = None) -> dict:
+def build_report(engine: Engine, f: Filters | None = None, *, max_series: int | None = None,
+                 max_points: int | None = None) -> dict:
     """Every section of the report as plain data (JSON-able), read in one connection.
 
+    `max_series`, `max_points`: when throughput turns from one series per (host, case) to the fleet's
+    per case (default THROUGHPUT_MAX_SERIES, THROUGHPUT_MAX_POINTS).
+
     `state` says what the warehouse held: `no_tables` (nothing stored yet), `outdated` (a schema older
-    than revision 0003, whose derived-metric columns and regressions the report reads), `empty`
+    than revision 0004, whose derived metrics, regressions and rollups the report reads), `empty`
     (tables, no results), `no_match` (results, none matching the filters) or `ok`; `notes` explain odd states
     (one run only, hosts with only failures, sections without data) in words for people.
     """
@@ -364,10 +583,11 @@ def build_report(engine: Engine, f: Filters | None = None) -> dict:
         report["notes"].append("No results yet: nothing has been stored in this warehouse (the fleet DAG creates "
                                "its tables with the first run; `fleetbench db upgrade` creates them by hand).")
         return report
-    if rg.name not in tables:  # revision 0003 added it together with the derived-metric columns
+    if not {rg.name, hr.name, hm.name, cr.name} <= tables:
         report["state"] = OUTDATED
         report["notes"].append("This warehouse's schema predates the report (it needs revision 0003's derived metrics "
-                               "and regressions): run `fleetbench db upgrade`, or let the fleet DAG's next run do it.")
+                               "and regressions and revision 0004's rollups): run `fleetbench db upgrade`, or let "
+                               "the fleet DAG's next run do it.")
         return report
     with engine.connect() as conn:
         report["options"] = filter_options(conn, f)
@@ -384,7 +604,9 @@ def build_report(engine: Engine, f: Filters | None = None) -> dict:
             report["notes"].append("No results match these filters.")
             return report
         report["hosts"] = host_summary(conn, scoped)
-        report["throughput"] = throughput(conn, scoped)
+        report["throughput"], report["throughput_mode"] = throughput(
+            conn, scoped, THROUGHPUT_MAX_SERIES if max_series is None else max_series,
+            THROUGHPUT_MAX_POINTS if max_points is None else max_points)
         report["driver_changes"] = driver_changes(conn, scoped)
         report["scaling"] = scaling(conn, scoped)
         report["efficiency"] = efficiency(conn, scoped)
@@ -408,4 +630,8 @@ def notes(report: dict) -> list[str]:
                        f"{h['skipped']} skipped): nothing of it to plot; see the failures.")
     if not report["throughput"]:
         out.append("No ok results with a throughput in this range.")
+    elif report["throughput_mode"] == FLEET:
+        out.append(f"Throughput: too many hosts and cases in this range for a line each; shown per case and GPU "
+                   f"type, the fleet's median images/sec each night ({len(report['throughput'])} series, with each "
+                   f"night's min, max and hosts in the points). Filter by host for one host's series.")
     return out

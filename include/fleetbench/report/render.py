@@ -10,7 +10,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any, Iterable, Sequence
 
-from fleetbench.report.plots import Chart, fmt, to_svg
+from fleetbench.report.plots import Chart, to_svg
 from fleetbench.report.queries import DEFAULT_DAYS, EMPTY, NO_MATCH, NO_TABLES, OUTDATED
 
 CSS = """
@@ -138,16 +138,31 @@ def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str,
                                        ("GPU model", "gpu_model", "text"), ("drivers seen", "drivers", "int")],
                        report["hosts"], row_class=lambda r: "bad" if r["ok"] == 0 else ""))
 
-    parts.append("<h2>Throughput per model and host</h2>")
-    if report["throughput"]:
-        parts.append('<p class="meta">ok results only; dashed red lines mark nights on which a host reported a new driver.</p>')
-    parts.append(_plots(charts, "throughput-", png))
-    parts.append(table("throughput-table", [
-        ("model", "model", "text"), ("host", "host", "text"), ("case", "case_key", "text"), ("GPUs", "num_gpus", "int"),
-        ("batch/GPU", "batch_size_per_device", "int"), ("nights", "n", "int"), ("latest images/sec", "latest", "num"),
-        ("previous", "previous", "num"), ("change", "change_pct", "pct"), ("min", "min", "num"), ("max", "max", "num"),
-        ("driver", "latest_driver", "text"), ("latest night", "latest_date", "date")],
-        report["throughput"], empty="No ok results with a throughput in this range."))
+    if report.get("throughput_mode") == "fleet":
+        parts.append("<h2>Throughput per model and case across the fleet</h2>")
+        parts.append('<p class="meta" id="throughput-fleet">ok results only; each night the median images/sec of the '
+                     'hosts that ran the case on that GPU type (min and max: the lowest and highest single result in '
+                     'this range); dashed red lines mark nights on which hosts reported a new driver. Filter by host '
+                     'for one host\'s series.</p>')
+        parts.append(_plots(charts, "throughput-", png))
+        parts.append(table("throughput-table", [
+            ("model", "model", "text"), ("case", "case_key", "text"), ("GPU model", "gpu", "text"),
+            ("GPUs", "num_gpus", "int"), ("batch/GPU", "batch_size_per_device", "int"), ("nights", "n", "int"),
+            ("hosts (latest night)", "hosts", "int"), ("latest median images/sec", "latest", "num"),
+            ("previous", "previous", "num"), ("change", "change_pct", "pct"), ("min", "min", "num"),
+            ("max", "max", "num"), ("latest night", "latest_date", "date")],
+            report["throughput"], empty="No ok results with a throughput in this range."))
+    else:
+        parts.append("<h2>Throughput per model and host</h2>")
+        if report["throughput"]:
+            parts.append('<p class="meta">ok results only; dashed red lines mark nights on which a host reported a new driver.</p>')
+        parts.append(_plots(charts, "throughput-", png))
+        parts.append(table("throughput-table", [
+            ("model", "model", "text"), ("host", "host", "text"), ("case", "case_key", "text"), ("GPUs", "num_gpus", "int"),
+            ("batch/GPU", "batch_size_per_device", "int"), ("nights", "n", "int"), ("latest images/sec", "latest", "num"),
+            ("previous", "previous", "num"), ("change", "change_pct", "pct"), ("min", "min", "num"), ("max", "max", "num"),
+            ("driver", "latest_driver", "text"), ("latest night", "latest_date", "date")],
+            report["throughput"], empty="No ok results with a throughput in this range."))
     if report["driver_changes"]:
         parts.append("<h2>Driver changes</h2>")
         parts.append(table("driver-changes-table", [("night", "logical_date", "date"), ("host", "host", "text"),

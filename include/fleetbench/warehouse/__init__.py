@@ -5,6 +5,10 @@ are upserted in one transaction keyed by (dag_id, run_id, host, case_key), so a 
 replaces its own rows and a failure mid-write leaves nothing partial. Writers that race on the same
 keys (a task retried while its first try still writes) serialise on the run's row; rows are written
 in key order, and a transaction the database aborts to break a deadlock is retried whole.
+
+The same transaction rewrites the run's rollups (`fleetbench.warehouse.rollup`: per run and host,
+per run and case across the fleet) from its stored results, so the report's aggregates never
+disagree with the rows they summarise.
 """
 
 from __future__ import annotations
@@ -19,17 +23,17 @@ from typing import Any, Iterable
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, and_, create_engine, delete, event, select, text, tuple_
+from sqlalchemy import Engine, and_, create_engine, event, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 
 from fleetbench.paths import data_dir
+from fleetbench.warehouse import bulk, rollup
 from fleetbench.warehouse.schema import (CAPACITY_FEATURES_VIEW, HOST_KEY, RESULT_COLUMNS, RESULT_KEY, RUN_KEY, STEP_KEY,
                                          benchmark_results, host_facts, runs, steps)
 
 log = logging.getLogger(__name__)
 
-DELETE_CHUNK = 1000  # keys per DELETE ... WHERE (..) IN (..) statement
 MIGRATIONS = Path(__file__).parent / "migrations"
 # pg_advisory_xact_lock key that serialises concurrent `upgrade` calls on one PostgreSQL database.
 _MIGRATION_LOCK = 0x66_6C_65_65_74  # "fleet"
@@ -145,14 +149,13 @@ def _dt(value: Any) -> datetime | None:
 
 
 def _upsert(conn, table, rows: list[dict], key: tuple[str, ...]) -> None:
+    """Upsert a few rows (dicts) through SQLAlchemy."""
     if not rows:
         return
     dialect = conn.dialect.name
     insert = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}.get(dialect)
     if insert is None:  # other databases: delete then insert, still inside the caller's transaction
-        keys = [tuple(r[k] for k in key) for r in rows]
-        for i in range(0, len(keys), DELETE_CHUNK):
-            conn.execute(delete(table).where(tuple_(*[table.c[k] for k in key]).in_(keys[i:i + DELETE_CHUNK])))
+        bulk.delete_keys(conn, table, key, [tuple(r[k] for k in key) for r in rows])
         conn.execute(table.insert(), rows)
         return
     stmt = insert(table)
@@ -161,40 +164,68 @@ def _upsert(conn, table, rows: list[dict], key: tuple[str, ...]) -> None:
     conn.execute(stmt, rows)
 
 
+class _Rows:
+    """Rows of one table as tuples in `columns` order: one per key (the last given wins), in key order."""
+
+    def __init__(self, table, columns: list[str], rows: Iterable[tuple], key: tuple[str, ...]):
+        self.table, self.columns, self.key = table, columns, key
+        at = [columns.index(k) for k in key] if columns else []
+        by_key = {tuple(row[i] for i in at): row for row in rows}
+        # Key order everywhere: two writers of overlapping keys lock rows in the same order.
+        try:
+            self.keys = sorted(by_key)
+        except TypeError:  # a NULL or a number in a key column: order by text, NULL as ""
+            self.keys = sorted(by_key, key=lambda k: tuple("" if v is None else str(v) for v in k))
+        self.rows = [by_key[k] for k in self.keys]
+
+    @classmethod
+    def of_dicts(cls, table, rows: list[dict], key: tuple[str, ...]) -> "_Rows":
+        columns = _columns(table, rows)
+        return cls(table, columns, (tuple(r.get(c) for c in columns) for r in rows), key)
+
+    def upsert(self, conn) -> None:
+        bulk.upsert(conn, self.table, self.columns, self.rows, self.key)
+
+
+def _columns(table, rows: list[dict]) -> list[str]:
+    """The table's columns that the first row names (rows of one write share their keys)."""
+    unknown = sorted({c for r in rows for c in r} - set(table.c.keys()))
+    if unknown:
+        raise ValueError(f"{table.name}: no such column(s): {', '.join(unknown)}")
+    return [c for c in table.c.keys() if rows and c in rows[0]]
+
+
 def store_run(engine: Engine, run: dict, hosts: Iterable[dict], results: Iterable[dict], step_rows: Iterable[dict] = ()) -> int:
-    """Upsert one run's rows in one transaction; returns the number of result rows written."""
+    """Upsert one run's rows in one transaction, and its rollups from them; returns the number of result rows written.
+
+    PostgreSQL gets each table's rows with one COPY into a staging table and one INSERT ... ON
+    CONFLICT; SQLite with one prepared upsert over all rows (`fleetbench.warehouse.bulk`).
+    """
     now = datetime.now(timezone.utc)
-    run_row = {**run, "logical_date": _dt(run.get("logical_date")), "started_at": _dt(run.get("started_at")),
-               "finished_at": _dt(run.get("finished_at"))}
-    host_rows = [{**h, "collected_at": _dt(h.get("collected_at"))} for h in hosts]
-    result_rows = []
-    for r in results:
-        row = {c: r.get(c) for c in RESULT_COLUMNS}
-        for c in ("logical_date", "started_at", "finished_at"):
-            row[c] = _dt(row[c])
-        if isinstance(row["command"], (list, tuple)):
-            row["command"] = json.dumps(row["command"])
-        row["stored_at"] = now
-        result_rows.append(row)
-    # Key order everywhere: two writers of overlapping keys lock rows in the same order.
-    host_rows.sort(key=lambda r: _key(r, HOST_KEY))
-    result_rows.sort(key=lambda r: _key(r, RESULT_KEY))
-    step_rows = sorted(step_rows, key=lambda r: _key(r, STEP_KEY))
-    keys = sorted({tuple(r[k] for k in RESULT_KEY) for r in result_rows}, key=lambda k: tuple(map(str, k)))
+    dt = _DateCache()
+    run_row = {**run, "logical_date": dt(run.get("logical_date")), "started_at": dt(run.get("started_at")),
+               "finished_at": dt(run.get("finished_at"))}
+    host_rows = _Rows.of_dicts(host_facts, [{**h, "collected_at": dt(h.get("collected_at"))} for h in hosts], HOST_KEY)
+    result_rows = _Rows(benchmark_results, RESULT_COLUMNS, _result_tuples(results, now, dt), RESULT_KEY)
+    step_upserts = _Rows.of_dicts(steps, list(step_rows), STEP_KEY)
+    run_keys = {k[:2] for k in result_rows.keys}
     for attempt in range(1, WRITE_ATTEMPTS + 1):
         try:
             with engine.begin() as conn:
                 # The run's row first: concurrent writers of one run queue here, so each case's
-                # result and steps end up from one writer.
+                # result and steps end up from one writer, and its rollups are computed after the other's.
                 _upsert(conn, runs, [run_row], RUN_KEY)
-                _upsert(conn, host_facts, host_rows, HOST_KEY)
-                _upsert(conn, benchmark_results, result_rows, RESULT_KEY)
+                host_rows.upsert(conn)
+                result_rows.upsert(conn)
                 # Steps of the cases written now are replaced as a whole: stale steps from an earlier try go.
-                # In chunks: one IN list of 20,000 row-value tuples overflows PostgreSQL's parser stack.
-                for i in range(0, len(keys), DELETE_CHUNK):
-                    conn.execute(delete(steps).where(tuple_(*[steps.c[k] for k in RESULT_KEY]).in_(keys[i:i + DELETE_CHUNK])))
-                _upsert(conn, steps, step_rows, STEP_KEY)
-            return len(result_rows)
+                if result_rows.rows:
+                    if conn.dialect.name == "postgresql":
+                        bulk.delete_staged(conn, steps, benchmark_results, RESULT_KEY)
+                    else:
+                        bulk.delete_keys(conn, steps, RESULT_KEY, result_rows.keys)
+                step_upserts.upsert(conn)
+                rollup.refresh(conn, run_keys)
+            return len(result_rows.rows)
         except DBAPIError as exc:
             if attempt == WRITE_ATTEMPTS or not _retryable(exc):
                 raise
@@ -204,8 +235,43 @@ def store_run(engine: Engine, run: dict, hosts: Iterable[dict], results: Iterabl
     raise AssertionError("unreachable")
 
 
-def _key(row: dict, key: tuple[str, ...]) -> tuple:
-    return tuple("" if row.get(k) is None else str(row.get(k)) for k in key)
+_RESULT_DATES = [RESULT_COLUMNS.index(c) for c in ("logical_date", "started_at", "finished_at")]
+_COMMAND = RESULT_COLUMNS.index("command")
+_STORED_AT = RESULT_COLUMNS.index("stored_at")
+
+
+def _result_tuples(results: Iterable[dict], now: datetime, dt: "_DateCache") -> Iterable[tuple]:
+    """Result rows as tuples in RESULT_COLUMNS order: timestamps as aware UTC datetimes, the command as
+    JSON text, stored_at now (keys that are not columns are ignored)."""
+    for r in results:
+        get = r.get
+        row = [get(c) for c in RESULT_COLUMNS]
+        for i in _RESULT_DATES:
+            row[i] = dt(row[i])
+        if isinstance(row[_COMMAND], (list, tuple)):
+            row[_COMMAND] = json.dumps(row[_COMMAND])
+        row[_STORED_AT] = now
+        yield tuple(row)
+
+
+class _DateCache:
+    """`_dt` with a memory: a night's rows repeat a handful of timestamps thousands of times."""
+
+    def __init__(self):
+        self.seen: dict[Any, datetime | None] = {}
+
+    def __call__(self, value: Any) -> datetime | None:
+        if value is None:
+            return None
+        if isinstance(value, datetime) and value.tzinfo is timezone.utc:
+            return value
+        try:
+            return self.seen[value]
+        except KeyError:
+            converted = self.seen[value] = _dt(value)
+            return converted
+        except TypeError:  # not hashable
+            return _dt(value)
 
 
 def _retryable(exc: DBAPIError) -> bool:
@@ -223,17 +289,27 @@ def fetch_results(engine: Engine, run_id: str | None = None, dag_id: str | None 
         conds.append(benchmark_results.c.run_id == run_id)
     if dag_id:
         conds.append(benchmark_results.c.dag_id == dag_id)
-    if conds:
-        query = query.where(and_(*conds))
     query = query.order_by(benchmark_results.c.logical_date.desc(), benchmark_results.c.run_id,
                            benchmark_results.c.host, benchmark_results.c.case_key)
     with engine.connect() as conn:
+        if run_id and not dag_id:  # a run of any DAG: through the (dag_id, run_id, ...) key, one DAG at a time
+            conds.append(benchmark_results.c.dag_id.in_(_dag_ids(conn)))
+        if conds:
+            query = query.where(and_(*conds))
         rows = [dict(r._mapping) for r in conn.execute(query)]
     for row in rows:
         for k, v in row.items():
             if isinstance(v, datetime):
                 row[k] = (v if v.tzinfo else v.replace(tzinfo=timezone.utc)).isoformat()
     return rows
+
+
+def _dag_ids(conn) -> list[str]:
+    """Every DAG id with results: one probe of the result key's index per DAG (a loose index scan)."""
+    return [v for (v,) in conn.execute(text(
+        "WITH RECURSIVE d(v) AS (SELECT MIN(dag_id) FROM benchmark_results UNION ALL "
+        "SELECT (SELECT MIN(dag_id) FROM benchmark_results WHERE dag_id > d.v) FROM d WHERE d.v IS NOT NULL) "
+        "SELECT v FROM d WHERE v IS NOT NULL"))]
 
 
 def latest_run_id(engine: Engine, dag_id: str | None = None) -> str | None:

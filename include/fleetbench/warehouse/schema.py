@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from sqlalchemy import (Boolean, CheckConstraint, Column, DateTime, Float, Index, Integer, MetaData, String, Table, Text,
-                        UniqueConstraint)
+from sqlalchemy import (BigInteger, Boolean, CheckConstraint, Column, DateTime, Float, Index, Integer, MetaData, String,
+                        Table, Text, UniqueConstraint)
 
 metadata = MetaData()
 
@@ -110,6 +110,8 @@ benchmark_results = Table(
     Index("ix_benchmark_results_host_case_time", "host", "case_key", "started_at"),
     Index("ix_benchmark_results_logical_date", "logical_date"),
     Index("ix_benchmark_results_case_time", "case_key", "started_at"),
+    # A (host, case)'s results by night: open regressions, one host's series (revision 0004).
+    Index("ix_benchmark_results_host_case_date", "host", "case_key", "logical_date"),
 )
 
 steps = Table(
@@ -151,6 +153,111 @@ regressions = Table(
     CheckConstraint("direction IN ('higher', 'lower')", name="ck_regressions_direction"),
     Index("ix_regressions_host_case_time", "host", "case_key", "detected_at"),
 )
+
+# Rollups of benchmark_results (revision 0004), rewritten by `store_run` in the transaction that writes
+# the run's results, from the results as they are after the write (`fleetbench.warehouse.rollup`):
+# the report reads these instead of scanning a year of results.
+#
+# run_host_rollup: one row per run, host, model, GPU type, driver and logical date (in practice a
+# host's models per night): case counts by status, energy and cost sums, and which GPU counts had a
+# speedup efficiency (bit n of scaled_gpus set: an ok n-GPU case with one, 2 <= n <= 62).
+run_host_rollup = Table(
+    "run_host_rollup", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("dag_id", String(250), nullable=False),
+    Column("run_id", String(250), nullable=False),
+    Column("host", String(100), nullable=False),
+    Column("model", String(100)),
+    Column("gpu", String(200)),  # gpu_catalog_name, else gpu_model as reported
+    Column("driver_version", String(50)),
+    Column("logical_date", DateTime(timezone=True)),
+    Column("stored_at", DateTime(timezone=True)),  # the newest row's
+    Column("gpu_model", String(200)),  # the highest reported
+    Column("results", Integer, nullable=False),
+    Column("ok", Integer, nullable=False),
+    Column("failed", Integer, nullable=False),
+    Column("skipped", Integer, nullable=False),
+    Column("energy_cost_n", Integer, nullable=False),  # ok results with images/J or cost per 10^6 images
+    Column("images_per_joule_n", Integer, nullable=False),
+    Column("images_per_joule_sum", Float),
+    Column("cost_per_million_n", Integer, nullable=False),
+    Column("cost_per_million_sum", Float),
+    Column("energy_measured", Integer, nullable=False),  # of the images/J figures: measured, estimated
+    Column("energy_estimated", Integer, nullable=False),
+    Column("scaled_gpus", BigInteger, nullable=False),
+    Index("ix_run_host_rollup_run", "dag_id", "run_id"),
+    Index("ix_run_host_rollup_date", "logical_date"),
+    Index("ix_run_host_rollup_host_date", "host", "logical_date"),
+    Index("ix_run_host_rollup_model_date", "model", "logical_date"),
+)
+
+# host_month_rollup: run_host_rollup summed per calendar month (UTC) of logical dates, per DAG, host,
+# model, GPU type and driver: a year of a 1,000-host fleet in some 12,000 rows. `runs` counts the
+# group's runs, `host_runs` the host's runs that month (any model); first_date, last_date and
+# last_ok are logical dates; scaled_gpus is the bitwise OR of the month's masks.
+host_month_rollup = Table(
+    "host_month_rollup", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("dag_id", String(250), nullable=False),
+    Column("host", String(100), nullable=False),
+    Column("model", String(100)),
+    Column("gpu", String(200)),
+    Column("driver_version", String(50)),
+    Column("month", DateTime(timezone=True), nullable=False),  # its first instant
+    Column("first_date", DateTime(timezone=True)),
+    Column("last_date", DateTime(timezone=True)),
+    Column("last_ok", DateTime(timezone=True)),
+    Column("runs", Integer, nullable=False),
+    Column("host_runs", Integer, nullable=False),
+    Column("results", Integer, nullable=False),
+    Column("ok", Integer, nullable=False),
+    Column("failed", Integer, nullable=False),
+    Column("skipped", Integer, nullable=False),
+    Column("gpu_model", String(200)),
+    Column("scaled_gpus", BigInteger, nullable=False),
+    Index("ix_host_month_rollup_dag_month", "dag_id", "month"),
+    Index("ix_host_month_rollup_month", "month"),
+)
+
+# run_case_rollup: the fleet per run, case, GPU type and logical date: case counts by status, ok
+# images/sec over the hosts (median, min, max of the finite values; how many points, on how many
+# hosts), speedup efficiency and energy and cost sums of the ok results.
+run_case_rollup = Table(
+    "run_case_rollup", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("dag_id", String(250), nullable=False),
+    Column("run_id", String(250), nullable=False),
+    Column("case_key", String(250), nullable=False),
+    Column("gpu", String(200)),
+    Column("logical_date", DateTime(timezone=True)),
+    Column("model", String(100)),
+    Column("num_gpus", Integer),
+    Column("batch_size_per_device", Integer),
+    Column("results", Integer, nullable=False),
+    Column("ok", Integer, nullable=False),
+    Column("failed", Integer, nullable=False),
+    Column("skipped", Integer, nullable=False),
+    Column("points", Integer, nullable=False),
+    Column("hosts", Integer, nullable=False),
+    Column("ips_median", Float),
+    Column("ips_min", Float),
+    Column("ips_max", Float),
+    Column("efficiency_n", Integer, nullable=False),
+    Column("efficiency_sum", Float),
+    Column("efficiency_min", Float),
+    Column("efficiency_max", Float),
+    Column("energy_cost_n", Integer, nullable=False),
+    Column("images_per_joule_n", Integer, nullable=False),
+    Column("images_per_joule_sum", Float),
+    Column("cost_per_million_n", Integer, nullable=False),
+    Column("cost_per_million_sum", Float),
+    Column("energy_measured", Integer, nullable=False),
+    Column("energy_estimated", Integer, nullable=False),
+    Index("ix_run_case_rollup_run", "dag_id", "run_id"),
+    Index("ix_run_case_rollup_date", "logical_date"),
+)
+
+ROLLUPS = (run_host_rollup, host_month_rollup, run_case_rollup)
 
 # Views (created by migrations with plain SQL, not part of `metadata`).
 CAPACITY_FEATURES_VIEW = "capacity_features"

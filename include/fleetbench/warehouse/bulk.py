@@ -1,0 +1,181 @@
+"""Bulk upserts of many rows inside the caller's transaction, one statement per table instead of one per row.
+
+- PostgreSQL: COPY the rows into a temporary staging table (dropped at commit), then one
+  `INSERT ... SELECT ... ORDER BY <key> ON CONFLICT (<key>) DO UPDATE`. The staging table also
+  serves joins, e.g. deleting the steps of every staged case with one DELETE ... USING.
+- SQLite: one prepared `INSERT ... ON CONFLICT DO UPDATE` run over all rows by the driver (executemany).
+- Anything else: SQLAlchemy's executemany, as a delete of the keys then an insert.
+
+Rows are tuples in `columns` order, already unique per key; both databases see them in key order,
+so two writers of overlapping keys take their row locks in the same order.
+"""
+
+from __future__ import annotations
+
+import io
+from datetime import date, datetime
+from typing import Any, Callable, Sequence
+
+from sqlalchemy import BigInteger, Boolean, DateTime, Float, Integer, Table, delete, tuple_
+from sqlalchemy.exc import DBAPIError
+
+DELETE_CHUNK = 1000  # keys per DELETE ... WHERE (..) IN (..) statement
+
+
+def q(name: str) -> str:
+    """A quoted identifier (column names such as `precision` are keywords)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def stage_name(table: Table) -> str:
+    return f"fleetbench_stage_{table.name}"
+
+
+def upsert(conn, table: Table, columns: Sequence[str], rows: list[tuple], key: Sequence[str]) -> None:
+    if not rows:
+        return
+    dialect = conn.dialect.name
+    if dialect == "postgresql":
+        _pg_upsert(conn, table, columns, rows, key)
+    elif dialect == "sqlite":
+        _sqlite_upsert(conn, table, columns, rows, key)
+    else:
+        keys = [tuple(r[columns.index(k)] for k in key) for r in rows]
+        delete_keys(conn, table, key, keys)
+        conn.execute(table.insert(), [dict(zip(columns, r)) for r in rows])
+
+
+def delete_keys(conn, table: Table, key: Sequence[str], keys: list[tuple]) -> None:
+    """DELETE the rows of `table` whose `key` columns are one of `keys`, in chunks of DELETE_CHUNK
+    (one IN list of 20,000 row values overflows PostgreSQL's parser stack)."""
+    if conn.dialect.name == "sqlite":  # row values in plain SQL: no statement to compile per chunk
+        cols = ", ".join(q(k) for k in key)
+        value = "(" + ", ".join("?" * len(key)) + ")"
+        for i in range(0, len(keys), DELETE_CHUNK):
+            chunk = keys[i:i + DELETE_CHUNK]
+            conn.exec_driver_sql(f"DELETE FROM {q(table.name)} WHERE ({cols}) IN (VALUES {', '.join([value] * len(chunk))})",
+                                 tuple(v for k in chunk for v in k))
+        return
+    cols = tuple_(*[table.c[k] for k in key])
+    for i in range(0, len(keys), DELETE_CHUNK):
+        conn.execute(delete(table).where(cols.in_(keys[i:i + DELETE_CHUNK])))
+
+
+def delete_staged(conn, table: Table, staged: Table, key: Sequence[str]) -> None:
+    """PostgreSQL: DELETE the rows of `table` whose `key` matches a row staged for `staged` by `upsert`."""
+    match = " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in key)
+    conn.exec_driver_sql(f"DELETE FROM {q(table.name)} t USING {q(stage_name(staged))} s WHERE {match}")
+
+
+# -- PostgreSQL ---------------------------------------------------------------------------------------
+def _pg_upsert(conn, table: Table, columns: Sequence[str], rows: list[tuple], key: Sequence[str]) -> None:
+    stage, target = q(stage_name(table)), q(table.name)
+    cols = ", ".join(q(c) for c in columns)
+    keys = ", ".join(q(k) for k in key)
+    updates = [c for c in columns if c not in key]
+    action = ("DO UPDATE SET " + ", ".join(f"{q(c)} = EXCLUDED.{q(c)}" for c in updates)) if updates else "DO NOTHING"
+    conn.exec_driver_sql(f"CREATE TEMPORARY TABLE {stage} ON COMMIT DROP AS SELECT {cols} FROM {target} WITH NO DATA")
+    formats = [_copy_format(table.c[c].type)() for c in columns]
+    buf = io.StringIO()
+    write = buf.write
+    for row in rows:
+        write("\t".join([f(v) for f, v in zip(formats, row)]))
+        write("\n")
+    buf.seek(0)
+    copy = f"COPY {stage} ({cols}) FROM STDIN"
+    cursor = conn.connection.dbapi_connection.cursor()
+    try:
+        cursor.copy_expert(copy, buf)
+    except conn.dialect.loaded_dbapi.Error as exc:  # as SQLAlchemy raises what the driver raised
+        raise DBAPIError.instance(copy, None, exc, conn.dialect.loaded_dbapi.Error, dialect=conn.dialect) from exc
+    finally:
+        cursor.close()
+    conn.exec_driver_sql(f"INSERT INTO {target} ({cols}) SELECT {cols} FROM {stage} ORDER BY {keys} "
+                         f"ON CONFLICT ({keys}) {action}")
+
+
+_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+NULL = "\\N"
+
+
+def _text(v: Any) -> str:
+    if v is None:
+        return NULL
+    s = v if isinstance(v, str) else str(v)
+    return s.translate(_ESCAPES) if ("\\" in s or "\t" in s or "\n" in s or "\r" in s) else s
+
+
+def _integer(v: Any) -> str:
+    if v is None:
+        return NULL
+    if isinstance(v, float) and v.is_integer():  # 100.0 for an INTEGER column: what PostgreSQL would cast
+        return str(int(v))
+    return _text(v)
+
+
+def _float(v: Any) -> str:
+    if v is None:
+        return NULL
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return repr(float(v))  # nan, inf and -inf are what float8 input reads too
+    return _text(v)
+
+
+def _timestamps() -> Callable[[Any], str]:
+    """A formatter of timestamps that remembers them: a night's rows share a few."""
+    seen: dict[Any, str] = {}
+
+    def fmt(v: Any) -> str:
+        if v is None:
+            return NULL
+        try:
+            return seen[v]
+        except KeyError:
+            text = seen[v] = v.isoformat() if isinstance(v, (datetime, date)) else _text(v)
+            return text
+        except TypeError:
+            return _text(v)
+    return fmt
+
+
+def _boolean(v: Any) -> str:
+    if v is None:
+        return NULL
+    if isinstance(v, bool):
+        return "t" if v else "f"
+    return _text(v)
+
+
+def _copy_format(type_) -> Callable[[], Callable[[Any], str]]:
+    """A maker of the formatter of values for a column of this type, in COPY's text format."""
+    if isinstance(type_, Boolean):
+        return lambda: _boolean
+    if isinstance(type_, (Integer, BigInteger)):
+        return lambda: _integer
+    if isinstance(type_, Float):
+        return lambda: _float
+    if isinstance(type_, DateTime):
+        return _timestamps
+    return lambda: _text
+
+
+# -- SQLite -------------------------------------------------------------------------------------------
+def _sqlite_upsert(conn, table: Table, columns: Sequence[str], rows: list[tuple], key: Sequence[str]) -> None:
+    dialect = conn.dialect
+    # The column types' own bind processing (e.g. DateTime's text format), applied where there is one.
+    processors = [(i, p) for i, c in enumerate(columns)
+                  if (p := table.c[c].type.dialect_impl(dialect).bind_processor(dialect)) is not None]
+    if processors:
+        converted = []
+        for row in rows:
+            row = list(row)
+            for i, p in processors:
+                row[i] = p(row[i])
+            converted.append(tuple(row))
+        rows = converted
+    cols = ", ".join(q(c) for c in columns)
+    updates = [c for c in columns if c not in key]
+    action = ("DO UPDATE SET " + ", ".join(f"{q(c)} = excluded.{q(c)}" for c in updates)) if updates else "DO NOTHING"
+    sql = (f"INSERT INTO {q(table.name)} ({cols}) VALUES ({', '.join('?' * len(columns))}) "
+           f"ON CONFLICT ({', '.join(q(k) for k in key)}) {action}")
+    conn.exec_driver_sql(sql, rows)
