@@ -197,8 +197,8 @@ def bench_orchestration(quick: bool) -> dict:
         migrate(airflow_env(workdir / "stock-airflow", STOCK_DAGS))
         subprocess.run(["docker", "pull", "-q", SMOKE_IMAGE], capture_output=True, check=True)
         reps = 1 if quick else 3
-        sizes = (2, 4) if quick else (2, 10)
-        long_n, long_batches = (2, 60) if quick else (6, 450)  # lenet: ~4 s (quick) / ~30 s per case here
+        sizes = (2, 4) if quick else (2, 10, 20)  # 20: one host's night in the parse part's fleets
+        long_n, long_batches = (2, 60) if quick else (6, 600)  # lenet: ~4 s (quick) / ~30 s per case on 2 cores
         out: dict = {"reps": reps}
         short = {}
         for n in sizes:
@@ -206,7 +206,7 @@ def bench_orchestration(quick: bool) -> dict:
             short[n] = measure(workdir, config, reps, with_stock=True)
             out[f"short_{n}_cases"] = short[n]
         for variant in ("stock", "fleetbench"):
-            out[f"short_{variant}_split"] = split_fixed_and_marginal(short[sizes[0]], short[sizes[1]], variant)
+            out[f"short_{variant}_split"] = split_fixed_and_marginal(short[sizes[0]], short[sizes[-1]], variant)
         long_config = fleet_config(["localhost"], ["lenet"], [32 + i for i in range(long_n)], long_batches)
         out["long_cases"] = measure(workdir, long_config, 1, with_stock=False)
         largest = short[sizes[-1]]
@@ -218,6 +218,15 @@ def bench_orchestration(quick: bool) -> dict:
             "long_wall_ratio": out["long_cases"]["fleetbench_wall_ratio"],
             "long_wall_ratio_target": TARGET_LONG_RATIO,
             "long_wall_ratio_met": out["long_cases"]["fleetbench_wall_ratio"] <= TARGET_LONG_RATIO,
+        }
+        split = out["short_fleetbench_split"]
+        headroom_short = TARGET_OVERHEAD_PER_CASE_S - split["marginal_per_case_s"]
+        long_case_s = out["long_cases"]["plain_loop_s"] / out["long_cases"]["cases"]
+        headroom_long = (TARGET_LONG_RATIO - 1) * long_case_s - split["marginal_per_case_s"]
+        out["projection_from_split"] = {  # a straight line through the short runs: not measured
+            "cases_for_overhead_per_case_target": round(split["fixed_per_run_s"] / headroom_short, 1) if headroom_short > 0 else None,
+            "long_case_s": round(long_case_s, 1),
+            "cases_for_long_ratio_target": round(split["fixed_per_run_s"] / headroom_long, 1) if headroom_long > 0 else None,
         }
         if not quick:
             config = fleet_config(["localhost"], ["trivial"], [8 * (i + 1) for i in range(sizes[-1])], 5)
