@@ -25,6 +25,7 @@ from airflow.sdk import DAG, Asset, Param, TaskGroup, TriggerRule, get_current_c
 
 from fleetbench.airflow import pipeline
 from fleetbench.airflow.operators import BenchmarkCaseOperator, HostCasesOperator
+from fleetbench.airflow.operators import all_items as items
 from fleetbench.config import load_config
 from fleetbench.params import param_specs
 from fleetbench.paths import default_config_path
@@ -32,14 +33,10 @@ from fleetbench.paths import default_config_path
 CONFIG = load_config(default_config_path())
 
 
-def items(seq) -> list:
-    """All items of a mapped task's results in one request (iterating probes past the end, one call per item)."""
-    return list(seq[:])
-
-
 def with_lanes(mapped, lanes: list) -> list:
     """A top-level mapped task's results (central hosts) and the same step's results from the own-queue lanes."""
     return [*items(mapped), *lanes]
+
 
 LONGEST_CASE_S = max(b.timeout_s for b in CONFIG.benchmarks)
 # Up to this many hosts each lane is a task group (collapsible in the UI); a larger fleet gets the same
@@ -56,6 +53,8 @@ def lane(host: str):
             yield lambda step: step
     else:
         yield lambda step: f"{group_id}.{step}"
+
+
 WAREHOUSE = Asset(name=pipeline.WAREHOUSE_ASSET_NAME, uri=pipeline.WAREHOUSE_ASSET_URI)
 
 with DAG(

@@ -9,8 +9,12 @@ import json
 from datetime import datetime, timezone
 from pathlib import Path
 
-from fleetbench.parsing import ParsedLog, parse_log
+from typing import TYPE_CHECKING
+
 from fleetbench.telemetry import parse_report
+
+if TYPE_CHECKING:  # the parsers load when a log is measured, not with the DAG file that names the statuses
+    from fleetbench.parsing import ParsedLog
 
 # Row statuses.
 OK, FAILED, SKIPPED = "ok", "failed", "skipped"
@@ -75,6 +79,8 @@ def measure(case: dict, outcome: dict) -> tuple[dict, list[dict]]:
     text = read_log(outcome.get("log_path"))
     parsed = None
     if text.strip():
+        from fleetbench.parsing import parse_log
+
         try:
             parsed = parse_log(text, "tf_cnn_benchmarks")
         except ValueError:

@@ -85,7 +85,7 @@ def _cache_operator_defaults() -> None:
 _cache_operator_defaults()
 
 
-def _items(seq) -> list:
+def all_items(seq) -> list:
     """All items of a mapped task's results in one request (iterating probes past the end, one call per item)."""
     return list(seq[:]) if seq is not None else []
 
@@ -112,7 +112,7 @@ class HostCasesOperator(BaseOperator):
     def execute(self, context) -> list[dict]:
         plan = self.render_template(self.plan_ref, context)
         validations = self.render_template(self.validations_ref, context)
-        return pipeline.case_kwargs(plan, _items(validations), _items(self.prepared), host=self.host)
+        return pipeline.case_kwargs(plan, all_items(validations), all_items(self.prepared), host=self.host)
 
 
 class BenchmarkCaseOperator(DockerOperator):

@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from fleetbench import __version__
+from fleetbench.collect import FAILED, OK, SKIPPED
 from fleetbench.config import FleetConfig, load_config
 from fleetbench.paths import artifacts_dir, default_config_path
 from fleetbench.plan import expand_cases
@@ -28,9 +29,8 @@ from fleetbench.plan import expand_cases
 log = logging.getLogger(__name__)
 
 LABEL_PREFIX = "org.fleetbench"
-# Case statuses (fleetbench.collect's). Host checks and log parsing are imported where they run, not when
-# the DAG file is parsed: the dag-processor re-parses it every few minutes.
-OK, FAILED, SKIPPED = "ok", "failed", "skipped"
+# Host checks and log parsing are imported where they run, not when the DAG file is parsed: the
+# dag-processor re-parses it every few minutes.
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
