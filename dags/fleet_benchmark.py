@@ -24,7 +24,8 @@ import pendulum
 from airflow.sdk import DAG, Asset, Param, TaskGroup, TriggerRule, get_current_context, task
 
 from fleetbench.airflow import pipeline
-from fleetbench.airflow.operators import BenchmarkCaseOperator, HostCasesOperator
+from fleetbench.airflow.operators import (BenchmarkCaseOperator, HostCasesOperator, LanePrepareOperator,
+                                          LaneValidateOperator)
 from fleetbench.airflow.operators import all_items as items
 from fleetbench.config import load_config
 from fleetbench.params import param_specs
@@ -101,16 +102,6 @@ with DAG(
         get_current_context()["host_name"] = host["name"]
         return pipeline.prepare_host_images(host, items(validations))
 
-    @task(task_id="validate_host", retries=0)
-    def validate_in_lane(the_plan: dict, host: str) -> dict | None:
-        planned = pipeline.planned_host(the_plan, host)
-        return pipeline.validate_host(planned, the_plan["run"]) if planned else None
-
-    @task(task_id="prepare_image")
-    def prepare_in_lane(the_plan: dict, validation: dict | None, host: str) -> dict | None:
-        planned = pipeline.planned_host(the_plan, host)
-        return pipeline.prepare_host_images(planned, [validation]) if planned else None
-
     @task(trigger_rule=TriggerRule.ALL_DONE, retries=0)
     def collect(the_plan: dict, validations: list[dict], prepared: list[dict], outcomes: list,
                 lane_validations: list, lane_prepared: list) -> dict:
@@ -149,8 +140,12 @@ with DAG(
         with lane(host.name) as in_lane:
             on_host = {"queue": host.queue} if host.queue else {}  # Celery: the worker on the GPU host
             if host.queue:  # its engine is the worker's local socket: validate and pull there too
-                lane_v = validate_in_lane.override(task_id=in_lane("validate_host"), **on_host)(p, host.name)
-                lane_p = prepare_in_lane.override(task_id=in_lane("prepare_image"), **on_host)(p, lane_v, host.name)
+                validate_op = LaneValidateOperator(task_id=in_lane("validate_host"), retries=0, host=host.name, plan=p,
+                                                   **on_host)
+                p >> validate_op
+                lane_v = validate_op.output
+                lane_p = LanePrepareOperator(task_id=in_lane("prepare_image"), host=host.name, validation=lane_v, plan=p,
+                                             **on_host).output
                 go >> lane_p
                 lane_validations.append(lane_v)
                 lane_prepared.append(lane_p)

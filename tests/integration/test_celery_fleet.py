@@ -140,8 +140,20 @@ def test_both_topologies_with_dag_test(airflow_db, data_dir, certs, tls_engine, 
     states = {ti.task_id: ti.state for ti in subset.get_task_instances()}
     assert states["validate_host"] == states["prepare_image"] == "skipped"
     assert states["host_gpu-b.run_case"] == states["store"] == states["check_fleet"] == "success"
+    validated = next(ti for ti in subset.get_task_instances() if ti.task_id == "host_gpu-b.validate_host")
+    assert validated.xcom_pull(task_ids="host_gpu-b.validate_host")["verdict"] == "ready"
     assert [(r["host"], r["status"]) for r in fetch_results(get_engine(), run_id=subset.run_id)] == [
         ("gpu-b", "ok"), ("gpu-b", "ok")]
+
+    # A run without it: its lane's validate_host and prepare_image find the host unplanned and do nothing.
+    others = run_fleet_dag(monkeypatch, config, run_conf={"hosts": ["central-tls"]})
+    assert others.state == "success"
+    lane = {ti.task_id: ti for ti in others.get_task_instances() if ti.task_id.startswith("host_gpu-b.")}
+    assert {tid: ti.state for tid, ti in lane.items() if tid != "host_gpu-b.run_case"} == {
+        "host_gpu-b.validate_host": "success", "host_gpu-b.prepare_image": "success", "host_gpu-b.cases": "success"}
+    assert lane["host_gpu-b.validate_host"].xcom_pull(task_ids="host_gpu-b.validate_host") is None
+    assert [(r["host"], r["status"]) for r in fetch_results(get_engine(), run_id=others.run_id)] == [
+        ("central-tls", "ok"), ("central-tls", "ok")]
 
 
 # -- the distributed setup: CeleryExecutor, two workers, REST API ---------------------------------
