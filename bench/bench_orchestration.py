@@ -279,6 +279,25 @@ def measure_long(workdir: Path, config: dict) -> dict:
     }
 
 
+def measure_pairs(workdir: Path, config: dict, pairs: int) -> dict:
+    """Does a case run slower inside fleetbench? One case through `dags test fleet_benchmark` and as a
+    plain `docker run`, back to back, the order alternated: the images/sec ratio of each pair, whose
+    members ran minutes apart at most (the long runs' members ran up to half an hour apart)."""
+    argvs = commands(config)
+    if len(argvs) != 1:
+        raise ValueError("measure_pairs needs a config of one case")
+    ratios = []
+    for i in range(pairs):
+        got = {}
+        for variant in (("plain", "fleetbench") if i % 2 == 0 else ("fleetbench", "plain")):
+            got[variant] = plain_loop(argvs)[1][0] if variant == "plain" else fleet_run(workdir, config)[1][0]
+        ratios.append(got["fleetbench"] / got["plain"])
+    return {"pairs": pairs, "order": "alternated", "throughput_ratios": [round(r, 3) for r in ratios],
+            "throughput_ratio_median": round(statistics.median(ratios), 3),
+            "throughput_ratio_mean": round(statistics.mean(ratios), 3),
+            "throughput_ratio_stdev": round(statistics.stdev(ratios), 3) if pairs > 1 else None}
+
+
 def split_fixed_and_marginal(small: dict, large: dict, variant: str) -> dict:
     """Overhead over the plain loop at two sizes -> a fixed cost per run and a marginal cost per case."""
     o_small = small[f"{variant}_dags_test_s"] - small["plain_loop_s"]
@@ -308,6 +327,8 @@ def bench_orchestration(quick: bool) -> dict:
             out[f"short_{variant}_split"] = split_fixed_and_marginal(short[sizes[0]], short[sizes[-1]], variant)
         long_config = fleet_config(["localhost"], ["lenet"], [32 + i for i in range(long_n)], long_batches)
         out["long_cases"] = measure_long(workdir, long_config)
+        pair_config = fleet_config(["localhost"], ["lenet"], [32], long_batches)
+        out["long_case_pairs"] = measure_pairs(workdir, pair_config, 2 if quick else 6)
         largest = short[sizes[-1]]
         out["targets"] = {
             f"overhead_per_case_s_at_{sizes[-1]}_cases": largest["fleetbench_overhead_per_case_s"],
