@@ -94,10 +94,10 @@ def children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def container_seconds(since: float, until: float, name_prefix: str = "") -> list[float]:
-    """How long each container whose name starts with `name_prefix` ran (start to die) between two
-    wall-clock times, from the Docker daemon's event log: the benchmarks' own time, without the
-    orchestration around them (create, attach, remove, the tasks between cases)."""
+def container_seconds(since: float, until: float, image: str | None = None, name_prefix: str = "") -> list[float]:
+    """How long each container of `image` (any image if None) whose name starts with `name_prefix` ran
+    (start to die) between two wall-clock times, from the Docker daemon's event log: the benchmarks'
+    own time, without the orchestration around them (create, attach, remove, the tasks between cases)."""
     out = subprocess.run(["docker", "events", "--since", f"{since:.3f}", "--until", f"{until + 1:.3f}",
                           "--filter", "type=container", "--filter", "event=start", "--filter", "event=die",
                           "--format", "{{json .}}"], capture_output=True, text=True, check=True).stdout
@@ -105,7 +105,8 @@ def container_seconds(since: float, until: float, name_prefix: str = "") -> list
     runs = []
     for line in out.splitlines():
         event = json.loads(line)
-        if not event["Actor"]["Attributes"].get("name", "").startswith(name_prefix):
+        attributes = event["Actor"]["Attributes"]
+        if not attributes.get("name", "").startswith(name_prefix) or image not in (None, attributes.get("image")):
             continue
         if event["Action"] == "start":
             started[event["Actor"]["ID"]] = event["timeNano"]
@@ -243,10 +244,12 @@ def measure_long(workdir: Path, config: dict) -> dict:
     marks.append(time.time())
     after = plain_loop(argvs)
     marks.append(time.time())
-    in_containers = [sum(container_seconds(marks[0], marks[1])), sum(container_seconds(marks[1], marks[2], "fb-")),
-                     sum(container_seconds(marks[2], marks[3]))]
-    if not all(in_containers):
-        raise RuntimeError(f"the Docker event log showed no benchmark container in a run: {in_containers}")
+    # the plain loop runs the tag, fleetbench the pinned digest in containers named fb-<run>-<host>-<case>
+    runs = [container_seconds(marks[0], marks[1], image=SMOKE_IMAGE), container_seconds(marks[1], marks[2], name_prefix="fb-"),
+            container_seconds(marks[2], marks[3], image=SMOKE_IMAGE)]
+    if [len(r) for r in runs] != [n] * 3:
+        raise RuntimeError(f"the Docker event log shows {[len(r) for r in runs]} benchmark containers in the three runs, not {n} each")
+    in_containers = [sum(r) for r in runs]
     plain_wall = (before[0] + after[0]) / 2
     plain_case = [(a + b) / 2 for a, b in zip(before[2], after[2])]
     plain_ips = [(a + b) / 2 for a, b in zip(before[1], after[1])]

@@ -115,13 +115,13 @@ class HostCasesOperator(BaseOperator):
         return pipeline.case_kwargs(plan, all_items(validations), all_items(self.prepared), host=self.host)
 
 
-class LaneValidateOperator(BaseOperator):
-    """`host_<name>.validate_host` of a host with its own queue (topology b): checks the host on its worker.
+class _LaneStepOperator(BaseOperator):
+    """A step of a host with its own queue (topology b), run on its worker: validate or prepare.
 
-    A plain operator for the same reason as HostCasesOperator (one per own-queue host in the DAG). Its
-    input, the run's plan, is resolved when the task runs rather than templated (a rendered field is
-    serialized for the UI: the whole plan, per lane); the DAG sets the plan task upstream of it. Returns
-    None when the run has no case on the host.
+    A plain operator for the same reason as HostCasesOperator (one per own-queue host in the DAG). The
+    run's plan is resolved when the task runs rather than templated (a rendered field is serialized for
+    the UI: the whole plan, per lane); the DAG sets the plan task upstream of it. The step returns None
+    when the run has no case on the host.
     """
 
     def __init__(self, *, host: str, plan: Any, **kwargs: Any) -> None:
@@ -132,28 +132,33 @@ class LaneValidateOperator(BaseOperator):
     def execute(self, context) -> dict | None:
         plan = self.render_template(self.plan_ref, context)
         planned = pipeline.planned_host(plan, self.host)
-        return pipeline.validate_host(planned, plan["run"]) if planned else None
+        return self.step(planned, plan) if planned else None
+
+    def step(self, host: dict, plan: dict) -> dict:
+        raise NotImplementedError
 
 
-class LanePrepareOperator(BaseOperator):
-    """`host_<name>.prepare_image` of a host with its own queue: pulls and pins its images on its worker.
+class LaneValidateOperator(_LaneStepOperator):
+    """`host_<name>.validate_host`: checks the host on its own worker."""
 
-    `validation` (the lane's validate_host) is the templated input and its one dependency edge; the
-    plan is upstream of it and resolved when the task runs.
+    def step(self, host: dict, plan: dict) -> dict:
+        return pipeline.validate_host(host, plan["run"])
+
+
+class LanePrepareOperator(_LaneStepOperator):
+    """`host_<name>.prepare_image`: pulls and pins the host's images on its own worker.
+
+    `validation` (the lane's validate_host) is the templated input and its one dependency edge.
     """
 
     template_fields = ("validation",)
 
-    def __init__(self, *, host: str, validation: Any, plan: Any, **kwargs: Any) -> None:
+    def __init__(self, *, validation: Any, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.host = host
         self.validation = validation
-        self.plan_ref = plan
 
-    def execute(self, context) -> dict | None:
-        plan = self.render_template(self.plan_ref, context)
-        planned = pipeline.planned_host(plan, self.host)
-        return pipeline.prepare_host_images(planned, [self.validation]) if planned else None
+    def step(self, host: dict, plan: dict) -> dict:
+        return pipeline.prepare_host_images(host, [self.validation])
 
 
 class BenchmarkCaseOperator(DockerOperator):
