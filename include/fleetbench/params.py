@@ -7,9 +7,11 @@ config's host and model names, strict patterns) and then the fleet config's own 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fleetbench.config import IMAGE_REF_PATTERN, NAME_PATTERN, ConfigError, FleetConfig, parse_config
+from fleetbench.registry import registry_of, repository_of
 
 DEFAULTS: dict[str, Any] = {
     "hosts": [], "models": [], "batch_sizes": [], "num_gpus": [], "image": None, "num_batches": None, "dry_run": False,
@@ -47,7 +49,8 @@ def param_specs(cfg: FleetConfig) -> dict[str, dict]:
                      "description": "Run GPU benchmarks with these GPU counts (empty: as configured).",
                      "schema": {"type": "array", "uniqueItems": True, "items": {"type": "integer", "minimum": 1, "maximum": 64}}},
         "image": {"default": None, "title": "Image override",
-                  "description": "Run every benchmark with this image reference instead of the configured one.",
+                  "description": "Run every benchmark with this image reference instead of the configured one "
+                                 "(as each image's allow_override permits; an overridden image is not baked).",
                   "schema": {"type": ["null", "string"], "pattern": IMAGE_REF_PATTERN, "maxLength": 500}},
         "num_batches": {"default": None, "title": "Number of batches",
                         "description": "Override num_batches for every benchmark.",
@@ -102,9 +105,34 @@ def apply_params(cfg: FleetConfig, params: dict | None, source: str = "params") 
         raise ConfigError(source, ["no benchmark is left after applying hosts and models"])
     data["benchmarks"] = benchmarks
     if params["image"]:
-        for image in data["images"]:
-            image["ref"] = params["image"]
+        errors = [e for i, image in enumerate(data["images"]) if (e := override_image(image, params["image"], i))]
+        if errors:
+            raise ConfigError(source, errors)
     try:
         return parse_config(data, source)
     except ConfigError as exc:
         raise ConfigError(source, [f"after applying the run's parameters: {e}" for e in exc.errors]) from None
+
+
+def override_image(image: dict, ref: str, index: int) -> str | None:
+    """Put the `image` parameter in place of one configured image (a dict of ImageSpec), as its
+    `allow_override` permits; returns the error, or None when done.
+
+    The overridden image is never baked or pushed (its bake is dropped), and it keeps the configured
+    registry credentials only when it lives on the same registry: anything else is pulled anonymously.
+    """
+    if not re.fullmatch(IMAGE_REF_PATTERN, ref):  # not a reference: the config's own check names it
+        image["ref"] = ref
+        return None
+    policy, configured = image.get("allow_override", "same_repository"), image["ref"]
+    where = f"image: {ref!r} cannot replace images[{index}] ({image['name']}, {configured!r})"
+    if policy == "none":
+        return f"{where}: its allow_override is 'none'"
+    if policy == "same_repository" and repository_of(ref) != repository_of(configured):
+        return (f"{where}: its allow_override is 'same_repository' and {repository_of(ref)} is not "
+                f"{repository_of(configured)} (set allow_override: any to allow other repositories)")
+    if registry_of(ref) != registry_of(configured):
+        image.pop("credentials_conn_id", None)
+    image.pop("bake", None)
+    image["ref"] = ref
+    return None

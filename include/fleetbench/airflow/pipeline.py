@@ -261,14 +261,23 @@ def validate_host(host: dict, run: dict) -> dict:
 
 
 # -- prepare image ----------------------------------------------------------------------------
-def registry_auth(conn_id: str | None) -> dict | None:
-    """A Docker `auth_config` from an Airflow Connection (login, password, host[:port]); never logged."""
+def registry_auth(conn_id: str | None, registry: str) -> dict | None:
+    """A Docker `auth_config` from an Airflow Connection (login, password, host[:port]) for `registry` (a
+    normalised host[:port], `fleetbench.registry`); never logged. None when the connection names another
+    registry: credentials go only to the registry host and port of their connection, compared as Docker
+    does, whatever reference a run pulls."""
     if not conn_id:
         return None
     from airflow.sdk import BaseHook
 
+    from fleetbench.registry import credentials_apply
+
     conn = BaseHook.get_connection(conn_id)
     server = f"{conn.host}:{conn.port}" if conn.host and conn.port else conn.host
+    if not credentials_apply(server, registry):
+        log.warning("connection %s is for registry %s, not %s: its credentials are not sent there",
+                    conn_id, server, registry)
+        return None
     return {"username": conn.login, "password": conn.password, **({"serveraddress": server} if server else {})}
 
 
@@ -283,6 +292,7 @@ def prepare_host_images(host: dict, validations: list[dict]) -> dict:
         return {"host": host["name"], "images": {}, "skipped": True}
     from fleetbench.config import ImageSpec
     from fleetbench.images import PreparedImage, prepare
+    from fleetbench.registry import registry_of, server_host
 
     free_hint = (validation.get("facts") or {}).get("docker_root_free_bytes")
     images = {}
@@ -300,8 +310,9 @@ def prepare_host_images(host: dict, validations: list[dict]) -> dict:
         for img in host["images"]:
             spec = ImageSpec.model_validate(img)
             try:
-                auth = registry_auth(spec.credentials_conn_id)
-                push_auth = registry_auth(spec.bake.push_conn_id) if spec.bake else None
+                auth = registry_auth(spec.credentials_conn_id, registry_of(spec.ref))
+                push_auth = (registry_auth(spec.bake.push_conn_id, server_host(spec.bake.push_to))
+                             if spec.bake and spec.bake.push_to else None)
             except Exception as exc:  # a missing or broken connection is a named failure, not a crash
                 images[spec.name] = PreparedImage(spec.name, spec.ref, failure_class="registry_auth",
                                                   error=f"registry credentials: {exc}").to_dict()
