@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 # Names that end up in container names, labels, file paths and command lines: a strict pattern,
 # so nothing from a config file or a trigger parameter can smuggle shell or path syntax.
@@ -24,9 +24,52 @@ DOCKER_URL_PATTERN = r"^(unix:///[^\s]+|tcp://[A-Za-z0-9_.-]+:\d+|ssh://[^\s]+)$
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 PositiveInt = Annotated[int, Field(gt=0)]
+# Upper bounds for numbers that are accepted here but would break later: the DAG file turns timeouts into
+# timedeltas at parse time (OverflowError near 10^14 s), Docker turns cpus into nano-CPUs and free space
+# into bytes. Nobody means a case longer than a week, more than 1,024 CPUs or a petabyte of free disk.
+MAX_TIMEOUT_S = 7 * 24 * 3600
+MAX_CPUS = 1024
+MAX_FREE_GB = 1_000_000
+MAX_BATCH_SIZE = 65536  # the trigger form's limit too (fleetbench.params)
+TimeoutS = Annotated[int, Field(gt=0, le=MAX_TIMEOUT_S)]
 
-# libyaml's loader where PyYAML was built with it (10x faster on a 1,000-host config), else the pure one.
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# libyaml's loader where PyYAML was built with it (10x faster on a 1,000-host config), else the pure one;
+# the duplicate-key check below adds a few percent.
+_BASE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _UniqueKeyLoader(_BASE_LOADER):
+    """The safe loader, noting every key a mapping repeats: plain YAML keeps the last silently, so a second
+    `hosts:` would drop the first fleet. Parsing stays in libyaml; only the (already Python) mapping
+    constructor is extended, and the repeats are collected so that all of them are reported at once."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self.duplicate_keys: list[tuple[int, int, str]] = []  # (line, column, message): sorted, as mappings are built nested-last
+
+    def construct_mapping(self, node, deep=False):
+        own = list(node.value)  # the mapping's own entries: flatten_mapping replaces `<<: *defaults` by what it merges
+        mapping = super().construct_mapping(node, deep=deep)
+        if len(mapping) != len(own) or node.value != own:  # the fast path: no merge, every key new
+            self._note_duplicate_keys(own)
+        return mapping
+
+    def _note_duplicate_keys(self, entries: list[tuple[yaml.Node, yaml.Node]]) -> None:
+        """Compares constructed keys (so `1` and `"1"` differ); keys a merge brings in may be overridden."""
+        first_line: dict[Any, int] = {}
+        for key_node, _ in entries:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node)
+            mark = key_node.start_mark
+            if key in first_line:
+                self.duplicate_keys.append((mark.line, mark.column, f"line {mark.line + 1}, column {mark.column + 1}: "
+                                            f"duplicate key {key!r} (first on line {first_line[key]}); YAML would keep only the last"))
+            else:
+                first_line[key] = mark.line + 1
+
+
+_YAML_LOADER = _UniqueKeyLoader
 
 
 class ConfigError(ValueError):
@@ -39,7 +82,28 @@ class ConfigError(ValueError):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Every section: unknown fields are errors, and no number is inf or NaN (YAML's `.inf` passes any `ge`
+    bound, and both only fail later, as an OverflowError or a nonsense comparison)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+def _no_repeats(values: list) -> list:
+    """A benchmark's matrix lists name each value once: a repeat would plan the same case twice, which
+    `plan.expand_cases` refuses only when the run starts."""
+    first: dict[Any, int] = {}
+    repeats = []
+    for i, value in enumerate(values):
+        if value in first:
+            repeats.append(f"{value!r} at [{first[value]}] and [{i}]")
+        else:
+            first[value] = i
+    if repeats:
+        raise ValueError(f"must not repeat a value: {', '.join(repeats)}")
+    return values
+
+
+Unique = AfterValidator(_no_repeats)
 
 
 EMAIL_PATTERN = r"^[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*$"
@@ -118,15 +182,26 @@ class HostSpec(_Model):
     tags: list[Name] = []
     # Host validation: free space Docker's data root must have, and the image of the GPU smoke
     # container (`docker run --gpus all IMAGE nvidia-smi -L`; default: the host's first benchmark image).
-    min_free_gb: float = Field(2.0, ge=0)
+    min_free_gb: float = Field(2.0, ge=0, le=MAX_FREE_GB)
     gpu_smoke_image: str | None = Field(None, pattern=IMAGE_REF_PATTERN)
     # Fleet topology with the CeleryExecutor (README "Deploying at fleet scale"):
     # (a) central workers drive the host's engine over TLS: docker_url tcp://host:2376 and an Airflow
     #     Connection with the CA, client certificate and key (extra: ca_cert, client_cert, client_key);
+    #     `connection` is then the host's SSH connection, so that the probes run on the host itself;
     # (b) a Celery worker on the host listens on `queue`: the host's validation, image preparation and
     #     cases run there, on its local socket. None: the default queue (central workers).
     queue: Name | None = None
     docker_tls_conn_id: Name | None = None
+
+    @field_validator("docker_url")
+    @classmethod
+    def _one_machine(cls, value: str, info: ValidationInfo) -> str:
+        """With connection local, uname, nvidia-smi and df run on the Airflow worker: a remote engine's
+        `docker info` would join them into facts about two machines."""
+        if info.data.get("connection") == "local" and not value.startswith("unix://"):
+            raise ValueError("connection local probes this worker (uname, nvidia-smi, df), so the engine must be "
+                             "its own: use an Airflow SSH connection for the host, or a unix:// socket")
+        return value
 
     @model_validator(mode="after")
     def _tls_needs_tcp(self) -> "HostSpec":
@@ -163,7 +238,7 @@ class BakeSpec(_Model):
     git: BakeGit | None = None
     run: list[str] = []  # argv of the setup step, run in the container after copy/git (no shell unless you name one)
     network: Literal["none", "host"] = "none"  # the setup step's network (host: e.g. pip install)
-    timeout_s: PositiveInt = 1800
+    timeout_s: TimeoutS = 1800
     push_to: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9.-]*(:\d{1,5})?$")  # registry host[:port]
     push_conn_id: Name | None = None  # Airflow Connection with the push registry's credentials
 
@@ -184,8 +259,12 @@ class ImageSpec(_Model):
     # Airflow Connection (login, password, host[:port]) for the registry: secrets never live in this file.
     credentials_conn_id: Name | None = None
     # Refuse to pull (or bake) when Docker's data root has less free space than this (GB, 10^9 bytes).
-    min_free_gb: float | None = Field(None, gt=0)
+    min_free_gb: float | None = Field(None, gt=0, le=MAX_FREE_GB)
     bake: BakeSpec | None = None
+    # What a manual run's `image` parameter may put in place of `ref`: `none` (refused), `same_repository`
+    # (another tag or digest of the same repository) or `any` image. An overridden image is never baked or
+    # pushed, and the credentials go only to the registry of `credentials_conn_id` (fleetbench.registry).
+    allow_override: Literal["none", "same_repository", "any"] = "same_repository"
 
 
 BYTES_PATTERN = r"^[0-9]+[bkmgBKMG]?$"
@@ -207,7 +286,7 @@ class ContainerSpec(_Model):
     # -1 means unlimited. NGC recommends memlock=-1 and stack=67108864 on GPU hosts.
     ulimits: dict[ULIMITS, Annotated[int, Field(ge=-1)]] = {}
     mem_limit: str | None = Field(None, pattern=BYTES_PATTERN)
-    cpus: float | None = Field(None, gt=0)
+    cpus: float | None = Field(None, gt=0, le=MAX_CPUS)
     environment: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = {}
     mounts: list[MountSpec] = []
     # count: `--gpus N` (Docker picks); device_ids: the first N GPUs of the host by UUID, recorded on the row.
@@ -221,14 +300,15 @@ class BenchmarkSpec(_Model):
     name: Name
     image: Name
     harness: Literal["tf_cnn_benchmarks"] = "tf_cnn_benchmarks"
-    models: list[Name] = Field(min_length=1)
-    batch_sizes: list[PositiveInt] = Field(min_length=1)
-    num_gpus: list[Annotated[int, Field(ge=0, le=64)]] = Field([1], min_length=1)
-    variable_update: list[Literal["parameter_server", "replicated", "independent", "horovod", "distributed_replicated"]] = ["parameter_server"]
+    models: Annotated[list[Name], Unique] = Field(min_length=1)
+    batch_sizes: Annotated[list[Annotated[int, Field(gt=0, le=MAX_BATCH_SIZE)]], Unique] = Field(min_length=1)
+    num_gpus: Annotated[list[Annotated[int, Field(ge=0, le=64)]], Unique] = Field([1], min_length=1)
+    variable_update: Annotated[list[Literal["parameter_server", "replicated", "independent", "horovod", "distributed_replicated"]],
+                               Unique] = ["parameter_server"]
     num_batches: PositiveInt = 100
     num_warmup_batches: Annotated[int, Field(ge=0)] = 5
     device: Literal["gpu", "cpu"] = "gpu"
-    timeout_s: PositiveInt = 3600
+    timeout_s: TimeoutS = 3600
     hosts: list[Name] | None = None
     extra_args: list[Annotated[str, Field(pattern=r"^--[A-Za-z0-9_]+=[A-Za-z0-9_.,:/-]*$")]] = []
     container: ContainerSpec | None = None  # None: NGC's flags for GPU cases, plain defaults for CPU cases
@@ -301,6 +381,7 @@ _MESSAGES = {
     "int_type": "must be an integer",
     "int_from_float": "must be an integer",
     "float_parsing": "must be a number",
+    "finite_number": "must be a finite number",
     "string_type": "must be a string",
     "list_type": "must be a list",
     "model_type": "must be a mapping",
@@ -355,14 +436,33 @@ def load_config(path: str | Path) -> FleetConfig:
     """Read and validate a fleet config file; raises `ConfigError` naming the file and field."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        blob = path.read_bytes()
     except OSError as exc:
         raise ConfigError(str(path), [f"cannot read file: {exc.strerror or exc}"]) from None
+    return parse_config(_load_yaml(_decode(blob, str(path)), str(path)), str(path))
+
+
+def _decode(blob: bytes, source: str) -> str:
+    """The file's text; another encoding (e.g. Latin-1 from an old editor) is named by its first bad byte."""
     try:
-        data = yaml.load(text, Loader=_YAML_LOADER)
+        return blob.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(source, [f"byte {exc.start}: not UTF-8 text ({exc.reason} 0x{blob[exc.start]:02x}); "
+                                   "save the file as UTF-8"]) from None
+
+
+def _load_yaml(text: str, source: str) -> Any:
+    """Parse with libyaml where available; syntax errors and repeated keys (all of them) name their lines."""
+    loader = _YAML_LOADER(text)
+    try:
+        data = loader.get_single_data()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
         problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(str(path), [f"{where}: invalid YAML: {problem}"]) from None
-    return parse_config(data, str(path))
+        raise ConfigError(source, [f"{where}: invalid YAML: {problem}"]) from None
+    finally:
+        loader.dispose()
+    if loader.duplicate_keys:
+        raise ConfigError(source, [message for *_, message in sorted(loader.duplicate_keys)])
+    return data

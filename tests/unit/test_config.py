@@ -118,3 +118,168 @@ def test_cli_config_check(tmp_path):
 
     proc = subprocess.run([*FLEETBENCH, "config", "check", str(tmp_path / "missing.yaml")], capture_output=True, text=True)
     assert proc.returncode == 2 and "cannot read file" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# -- a host's facts come from one machine -----------------------------------------------------
+@pytest.mark.parametrize("host", [
+    {"name": "gpu-01", "connection": "local", "docker_url": "tcp://gpu-01:2376"},
+    {"name": "gpu-01", "docker_url": "tcp://gpu-01:2376", "docker_tls_conn_id": "fleet_tls"},  # connection defaults to local
+    {"name": "gpu-01", "connection": "local", "docker_url": "ssh://bench@gpu-01"},
+])
+def test_local_connection_refuses_a_remote_engine(host):
+    data = good()
+    data["hosts"] = [host]
+    [error] = errors_of(data)
+    assert error.startswith("hosts[0].docker_url: ") and error.endswith(f"got {host['docker_url']!r}")
+    assert "SSH connection" in error and "unix://" in error
+
+
+@pytest.mark.parametrize("host", [
+    {"name": "gpu-01", "connection": "ssh_gpu_01", "docker_url": "tcp://gpu-01:2376", "docker_tls_conn_id": "fleet_tls"},
+    {"name": "gpu-01", "connection": "ssh_gpu_01", "docker_url": "ssh://bench@gpu-01"},
+    {"name": "gpu-01", "connection": "local", "docker_url": "unix:///run/user/1000/docker.sock"},
+])
+def test_one_machine_per_host_is_accepted(host):
+    data = good()
+    data["hosts"] = [host]
+    assert parse_config(data).hosts[0].docker_url == host["docker_url"]
+
+
+# -- the file itself: encoding and duplicate keys ---------------------------------------------
+def test_non_utf8_file_names_the_byte_offset(tmp_path):
+    path = tmp_path / "fleet.yaml"
+    blob = yaml.safe_dump(good()).encode()
+    offset = blob.index(b"gpu-01")
+    path.write_bytes(blob[:offset] + b"\xe9" + blob[offset:])  # latin-1 "é"
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.source == str(path)
+    assert info.value.errors == [f"byte {offset}: not UTF-8 text (invalid continuation byte 0xe9); save the file as UTF-8"]
+
+    proc = subprocess.run([*FLEETBENCH, "config", "check", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 2 and f"{path}: byte {offset}: not UTF-8" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_duplicate_keys_are_refused_at_any_depth_all_at_once(tmp_path):
+    path = tmp_path / "fleet.yaml"
+    path.write_text(
+        "hosts:\n"                                   # 1
+        "  - name: gpu-01\n"                         # 2
+        "images:\n"                                  # 3
+        "  - name: tf1\n"                            # 4
+        "    ref: nvcr.io/nvidia/tensorflow:23.03-tf1-py3\n"
+        "    command: [python, tf_cnn_benchmarks.py]\n"
+        "    ref: nvcr.io/nvidia/tensorflow:24.01-tf2-py3\n"  # 7
+        "benchmarks:\n"                              # 8
+        "  - {name: cnn, image: tf1, models: [resnet50], batch_sizes: [32],\n"
+        "     container: {shm_size: 1g, shm_size: 2g}}\n"    # 10
+        "hosts:\n"                                   # 11
+        "  - name: gpu-02\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.errors == [
+        "line 7, column 5: duplicate key 'ref' (first on line 5); YAML would keep only the last",
+        "line 10, column 32: duplicate key 'shm_size' (first on line 10); YAML would keep only the last",
+        "line 11, column 1: duplicate key 'hosts' (first on line 1); YAML would keep only the last",
+    ]
+    assert str(info.value).startswith(f"{path}: line 7, column 5: duplicate key 'ref'")
+
+
+MERGED_HOSTS = """\
+hosts:
+  - &gpu {name: gpu-01, connection: ssh_gpu_01, docker_url: 'tcp://gpu-01:2376', price_per_gpu_hour: 1.0}
+  - {<<: *gpu, name: gpu-02, connection: ssh_gpu_02, %s}
+images:
+  - {name: tf1, ref: 'nvcr.io/nvidia/tensorflow:23.03-tf1-py3', command: [python]}
+benchmarks:
+  - {name: cnn, image: tf1, models: [resnet50], batch_sizes: [32]}
+"""
+
+
+def test_merge_keys_may_be_overridden_but_not_repeated(tmp_path):
+    path = tmp_path / "fleet.yaml"
+    path.write_text(MERGED_HOSTS % "price_per_gpu_hour: 2.0")
+    assert [(h.name, h.connection, h.price_per_gpu_hour) for h in load_config(path).hosts] == [
+        ("gpu-01", "ssh_gpu_01", 1.0), ("gpu-02", "ssh_gpu_02", 2.0)]
+
+    path.write_text(MERGED_HOSTS % "price_per_gpu_hour: 2.0, price_per_gpu_hour: 3.0")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.errors == [
+        "line 3, column 79: duplicate key 'price_per_gpu_hour' (first on line 3); YAML would keep only the last"]
+
+
+def test_the_loader_stays_on_libyaml():
+    from fleetbench import config
+
+    if hasattr(yaml, "CSafeLoader"):
+        assert issubclass(config._YAML_LOADER, yaml.CSafeLoader)
+
+
+# -- values that would fail later: bounds, finiteness, repeats --------------------------------
+NAN, INF = float("nan"), float("inf")
+
+
+def container(**fields):
+    return lambda d: d["benchmarks"][0].update(container=fields)
+
+
+@pytest.mark.parametrize("mutate, expected", [
+    (lambda d: d["benchmarks"][0].update(batch_sizes=[32, 64, 32]),
+     "benchmarks[0].batch_sizes: must not repeat a value: 32 at [0] and [2]"),
+    (lambda d: d["benchmarks"][0].update(models=["resnet50", "vgg16", "resnet50", "vgg16"]),
+     "benchmarks[0].models: must not repeat a value: 'resnet50' at [0] and [2], 'vgg16' at [1] and [3]"),
+    (lambda d: d["benchmarks"][0].update(num_gpus=[1, 1]), "benchmarks[0].num_gpus: must not repeat a value: 1 at [0] and [1]"),
+    (lambda d: d["benchmarks"][0].update(variable_update=["replicated", "replicated"]),
+     "benchmarks[0].variable_update: must not repeat a value: 'replicated' at [0] and [1]"),
+    (lambda d: d["benchmarks"][0].update(batch_sizes=[32, 100000]), "benchmarks[0].batch_sizes[1]: must be <= 65536, got 100000"),
+    (lambda d: d["benchmarks"][0].update(timeout_s=10**14), "benchmarks[0].timeout_s: must be <= 604800, got 100000000000000"),
+    (lambda d: d["benchmarks"][0].update(timeout_s=INF), "benchmarks[0].timeout_s: must be a finite number, got inf"),
+    (lambda d: d["benchmarks"][0].update(telemetry_period_s=NAN), "benchmarks[0].telemetry_period_s: must be a finite number, got nan"),
+    (container(cpus=INF), "benchmarks[0].container.cpus: must be a finite number, got inf"),
+    (container(cpus=4096), "benchmarks[0].container.cpus: must be <= 1024.0, got 4096"),
+    (container(cpus=NAN), "benchmarks[0].container.cpus: must be a finite number, got nan"),
+    (lambda d: d["hosts"][0].update(min_free_gb=INF), "hosts[0].min_free_gb: must be a finite number, got inf"),
+    (lambda d: d["hosts"][0].update(min_free_gb=2e6), "hosts[0].min_free_gb: must be <= 1000000.0, got 2000000.0"),
+    (lambda d: d["hosts"][0].update(price_per_gpu_hour=NAN), "hosts[0].price_per_gpu_hour: must be a finite number, got nan"),
+    (lambda d: d["hosts"][0].update(price_per_gpu_hour=-INF), "hosts[0].price_per_gpu_hour: must be a finite number, got -inf"),
+    (lambda d: d["images"][0].update(min_free_gb=NAN), "images[0].min_free_gb: must be a finite number, got nan"),
+    (lambda d: d["images"][0].update(bake={"run": ["true"], "timeout_s": 10**9}), "images[0].bake.timeout_s: must be <= 604800"),
+    (lambda d: d.update(fleet={"carbon_g_per_kwh": INF}), "fleet.carbon_g_per_kwh: must be a finite number, got inf"),
+    (lambda d: d.update(fleet={"regressions": {"z_threshold": NAN}}), "fleet.regressions.z_threshold: must be a finite number, got nan"),
+])
+def test_values_that_would_fail_later_are_refused(mutate, expected):
+    data = good()
+    mutate(data)
+    assert any(e.startswith(expected) for e in errors_of(data)), errors_of(data)
+
+
+def test_limits_are_inclusive():
+    data = good()
+    data["hosts"][0]["min_free_gb"] = 1e6
+    data["benchmarks"][0].update(batch_sizes=[65536], timeout_s=7 * 24 * 3600, container={"cpus": 1024})
+    assert parse_config(data).benchmarks[0].timeout_s == 604800
+
+
+def test_bounds_and_repeats_come_all_at_once_from_the_file(tmp_path):
+    path = tmp_path / "fleet.yaml"
+    path.write_text(
+        "hosts:\n"
+        "  - {name: gpu-01, min_free_gb: .inf}\n"
+        "  - {name: gpu-02, price_per_gpu_hour: .nan}\n"
+        "images:\n"
+        "  - {name: tf1, ref: 'nvcr.io/nvidia/tensorflow:23.03-tf1-py3', command: [python]}\n"
+        "benchmarks:\n"
+        "  - {name: cnn, image: tf1, models: [resnet50, resnet50], batch_sizes: [64, 64], num_gpus: [2, 2],\n"
+        "     timeout_s: 100000000000000, container: {cpus: .inf}}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.errors == [
+        "hosts[0].min_free_gb: must be a finite number, got inf",
+        "hosts[1].price_per_gpu_hour: must be a finite number, got nan",
+        "benchmarks[0].models: must not repeat a value: 'resnet50' at [0] and [1]",
+        "benchmarks[0].batch_sizes: must not repeat a value: 64 at [0] and [1]",
+        "benchmarks[0].num_gpus: must not repeat a value: 2 at [0] and [1]",
+        "benchmarks[0].timeout_s: must be <= 604800, got 100000000000000",
+        "benchmarks[0].container.cpus: must be a finite number, got inf",
+    ]

@@ -61,11 +61,11 @@ def test_unknown_names_are_refused_again_at_run_time():
 
 def test_subset_and_overrides():
     narrowed = apply_params(cfg(), {"hosts": ["gpu-01"], "models": ["vgg16"], "batch_sizes": [128],
-                                    "num_gpus": [4], "num_batches": 20, "image": "127.0.0.1:5000/tf:new"})
+                                    "num_gpus": [4], "num_batches": 20, "image": "nvcr.io/nvidia/tensorflow:24.01-tf1-py3"})
     cases = expand_cases(narrowed)
     assert [(c.host, c.case_key) for c in cases] == [("gpu-01", "cnn.vgg16.bs128.g4.parameter_server")]
     assert "--num_batches=20" in cases[0].command
-    assert narrowed.images[0].ref == "127.0.0.1:5000/tf:new"
+    assert narrowed.images[0].ref == "nvcr.io/nvidia/tensorflow:24.01-tf1-py3"
 
 
 def test_benchmarks_emptied_by_the_subset_drop_out():
@@ -73,3 +73,14 @@ def test_benchmarks_emptied_by_the_subset_drop_out():
     assert [(c.host, c.model, c.num_gpus) for c in cases] == [("gpu-02", "trivial", 0)]
     with pytest.raises(ConfigError, match="no benchmark is left"):
         apply_params(cfg(), {"hosts": ["gpu-01"], "models": ["trivial"]})
+
+
+def test_repeated_values_are_refused_at_run_time_not_in_the_plan():
+    """The trigger form's uniqueItems is not the only way in (CLI, API): the config's own check catches repeats."""
+    with pytest.raises(ConfigError) as info:
+        apply_params(cfg(), {"batch_sizes": [64, 64], "num_gpus": [2, 2]})
+    assert info.value.errors == [
+        "after applying the run's parameters: benchmarks[0].batch_sizes: must not repeat a value: 64 at [0] and [1]",
+        "after applying the run's parameters: benchmarks[0].num_gpus: must not repeat a value: 2 at [0] and [1]",
+        "after applying the run's parameters: benchmarks[1].batch_sizes: must not repeat a value: 64 at [0] and [1]",
+    ]

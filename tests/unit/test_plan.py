@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fleetbench.config import parse_config
+import pytest
+
+from fleetbench.config import ConfigError, parse_config
 from fleetbench.plan import expand_cases
 
 
@@ -56,3 +58,11 @@ def test_gpu_cases_keep_their_telemetry_period_and_cpu_cases_run_without_the_wra
     assert {c.telemetry_period_s for c in gpu} == {0.2}
     cpu = expand_cases(parse_config(config(device="cpu", num_gpus=[0], telemetry_period_s=0.2)))
     assert {c.telemetry_period_s for c in cpu} == {0}
+
+
+def test_a_valid_config_never_plans_the_same_case_twice():
+    """Repeats in a benchmark's lists are config errors, so expand_cases' duplicate check cannot fire at run time."""
+    for field, values in (("models", ["vgg16", "vgg16"]), ("batch_sizes", [32, 32]), ("num_gpus", [2, 2]),
+                          ("variable_update", ["replicated", "replicated"])):
+        with pytest.raises(ConfigError, match=f"benchmarks\\[0\\].{field}: must not repeat a value"):
+            parse_config(config(**{field: values}))
