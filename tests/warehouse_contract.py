@@ -61,6 +61,29 @@ def check_store_and_rerun_replaces(engine):
     assert latest_run_id(engine) == "r2"
 
 
+def check_rerun_with_fewer_cases_leaves_no_stale_rows(engine):
+    """Run r1 stored with cases a, b on hosts h1, h2, then again with only a on h1: b's result, steps,
+    rollups and h2's host facts go in the same transaction; another run's rows stay. A write with
+    complete=False (one host's rows of a run) adds without deleting."""
+    from fleetbench.warehouse.schema import host_facts, run_case_rollup, run_host_rollup
+
+    upgrade(engine)
+    hosts = [{"dag_id": "fleet_benchmark", "run_id": "r1", "host": h, "verdict": "ready"} for h in ("h1", "h2")]
+    both = [result_row("a"), result_row("b", host="h2")]
+    store_run(engine, run_row(), hosts, both, step_rows("a", 3) + step_rows("b", 3, host="h2"))
+    store_run(engine, run_row("r2"), [], [result_row("b", run_id="r2", host="h2")], step_rows("b", 2, run_id="r2", host="h2"))
+    assert count(engine, benchmark_results, run_id="r1") == 2 and count(engine, host_facts, run_id="r1") == 2
+    store_run(engine, {**run_row(), "cases_total": 1}, hosts[:1], [result_row("a", ips=150.0)], step_rows("a", 3))
+    assert [r["case_key"] for r in fetch_results(engine, run_id="r1")] == ["a"]
+    assert count(engine, steps, run_id="r1") == 3 and count(engine, steps, run_id="r1", case_key="b") == 0
+    assert count(engine, host_facts, run_id="r1") == 1 and count(engine, host_facts, run_id="r1", host="h2") == 0
+    assert count(engine, run_host_rollup, run_id="r1", host="h2") == 0
+    assert count(engine, run_case_rollup, run_id="r1", case_key="b") == 0
+    assert count(engine, benchmark_results, run_id="r2") == 1 and count(engine, steps, run_id="r2") == 2
+    store_run(engine, run_row(), [], [result_row("b", host="h2")], step_rows("b", 1, host="h2"), complete=False)
+    assert sorted(r["case_key"] for r in fetch_results(engine, run_id="r1")) == ["a", "b"]
+
+
 def check_failed_write_leaves_nothing(engine):
     upgrade(engine)
     bad = result_row("b")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fleetbench.telemetry import parse_report
+from fleetbench.telemetry.report import clean_report
 
 if TYPE_CHECKING:  # the parsers load when a log is measured, not with the DAG file that names the statuses
     from fleetbench.parsing import ParsedLog
@@ -100,7 +101,7 @@ def measure(case: dict, outcome: dict) -> tuple[dict, list[dict]]:
         "log_path": outcome.get("log_path"),
         "command": outcome.get("command") or case.get("command"),
     }
-    fields.update(telemetry_fields(parse_report(text)))
+    fields.update(telemetry_fields(clean_report(parse_report(text))))
     steps = [
         {"step": s.step, "images_per_sec": s.images_per_sec, "plusminus": s.plusminus, "jitter": s.jitter, "loss": s.loss}
         for s in (parsed.steps if parsed else [])
@@ -109,7 +110,9 @@ def measure(case: dict, outcome: dict) -> tuple[dict, list[dict]]:
 
 
 def telemetry_fields(report: dict | None) -> dict:
-    """Energy, power and GPU memory from the telemetry wrapper's report (measured), or nothing (none)."""
+    """Energy, power and GPU memory from the telemetry wrapper's report (measured), or nothing (none).
+
+    `report` is a checked one (`fleetbench.telemetry.report.clean_report`): numbers are numbers."""
     if not report or not report.get("nvml"):
         return {"energy_source": "none", "energy_j": None, "mean_power_w": None, "peak_gpu_mem_mib": None,
                 "mean_gpu_util_pct": None, "telemetry_json": json.dumps(report) if report else None}

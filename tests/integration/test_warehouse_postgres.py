@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from warehouse_contract import (check_capacity_features, check_concurrent_writers, check_failed_write_leaves_nothing,
-                                check_regressions_table, check_store_and_rerun_replaces)
+                                check_regressions_table, check_rerun_with_fewer_cases_leaves_no_stale_rows,
+                                check_store_and_rerun_replaces)
 
 pytestmark = pytest.mark.integration
 
@@ -30,3 +31,7 @@ def test_two_processes_writing_overlapping_keys_leave_one_row_per_key(pg_databas
     """Two writer processes migrate a fresh database at once, then upsert 45 keys each (30 shared) into
     the same run, ten rounds: no write fails, one row per key, each case's steps from one writer."""
     check_concurrent_writers(pg_database, rounds=10)
+
+
+def test_rerun_with_fewer_cases_leaves_no_stale_rows(pg_engine):
+    check_rerun_with_fewer_cases_leaves_no_stale_rows(pg_engine)

@@ -69,8 +69,8 @@ def run_of(rows: list[dict], run_id: str | None = None, logical_date: str | None
             "cases_total": len(rows)}
 
 
-def store(engine, rows: list[dict], steps: list[dict] = ()) -> None:
-    store_run(engine, run_of(rows), [], rows, list(steps))
+def store(engine, rows: list[dict], steps: list[dict] = (), complete: bool = True) -> None:
+    store_run(engine, run_of(rows), [], rows, list(steps), complete=complete)
 
 
 def upgrade_driver(host: str, day: int) -> str:
@@ -207,9 +207,9 @@ def check_store_rerun_and_upsert_keep_rollups_equal(engine) -> None:
         store(engine, nightly(day, driver_of=upgrade_driver))
         check_rollups_match_results(engine)
     # March's first night written host by host (a run's hosts store on their own, as lanes finish).
-    store(engine, nightly(31, hosts=("gpu-a",), driver_of=upgrade_driver))
+    store(engine, nightly(31, hosts=("gpu-a",), driver_of=upgrade_driver), complete=False)
     check_rollups_match_results(engine)
-    store(engine, nightly(31, hosts=("gpu-b", "gpu-c"), driver_of=upgrade_driver))
+    store(engine, nightly(31, hosts=("gpu-b", "gpu-c"), driver_of=upgrade_driver), complete=False)
     check_rollups_match_results(engine)
     # A rerun of February 1st with other numbers, and gpu-b's failed case now ok: replaced, not added.
     rows = nightly(3, ips_scale=0.9, driver_of=upgrade_driver)
@@ -224,7 +224,7 @@ def check_store_rerun_and_upsert_keep_rollups_equal(engine) -> None:
                                                                        run_host_rollup.c.model == "vgg16")).scalar()
     assert hosts_night3 == 1
     # A partial write: one host's cases of the same run again (a retried task), the rest stays.
-    store(engine, [r for r in nightly(3, ips_scale=1.1, driver_of=upgrade_driver) if r["host"] == "gpu-c"])
+    store(engine, [r for r in nightly(3, ips_scale=1.1, driver_of=upgrade_driver) if r["host"] == "gpu-c"], complete=False)
     check_rollups_match_results(engine)
     # A second DAG on the same night.
     other = [{**r, "dag_id": "fleet_other"} for r in nightly(10)]

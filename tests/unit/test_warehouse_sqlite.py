@@ -6,7 +6,7 @@ from sqlalchemy import inspect
 
 from fleetbench.warehouse import get_engine, upgrade, warehouse_url
 from warehouse_contract import (check_capacity_features, check_failed_write_leaves_nothing, check_regressions_table,
-                                check_store_and_rerun_replaces)
+                                check_rerun_with_fewer_cases_leaves_no_stale_rows, check_store_and_rerun_replaces)
 
 
 def test_default_url_is_sqlite_in_data_dir(data_dir):
@@ -47,3 +47,7 @@ def test_rewrites_in_chunks_replace_all_their_steps(tmp_path, monkeypatch):
 
     monkeypatch.setattr(bulk, "DELETE_CHUNK", 1)
     check_store_and_rerun_replaces(get_engine(f"sqlite:///{tmp_path}/w.db"))
+
+
+def test_rerun_with_fewer_cases_leaves_no_stale_rows(tmp_path):
+    check_rerun_with_fewer_cases_leaves_no_stale_rows(get_engine(f"sqlite:///{tmp_path}/w.db"))

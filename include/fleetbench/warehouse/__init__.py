@@ -28,7 +28,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 
 from fleetbench.paths import data_dir
-from fleetbench.warehouse import bulk, rollup
+from fleetbench.warehouse import bulk, fit, rollup
 from fleetbench.warehouse.schema import (CAPACITY_FEATURES_VIEW, HOST_KEY, RESULT_COLUMNS, RESULT_KEY, RUN_KEY, STEP_KEY,
                                          benchmark_results, host_facts, runs, steps)
 
@@ -181,7 +181,7 @@ class _Rows:
     @classmethod
     def of_dicts(cls, table, rows: list[dict], key: tuple[str, ...]) -> "_Rows":
         columns = _columns(table, rows)
-        return cls(table, columns, (tuple(r.get(c) for c in columns) for r in rows), key)
+        return cls(table, columns, fit.fit_rows((tuple(r.get(c) for c in columns) for r in rows), columns, table, key), key)
 
     def upsert(self, conn) -> None:
         bulk.upsert(conn, self.table, self.columns, self.rows, self.key)
@@ -195,8 +195,13 @@ def _columns(table, rows: list[dict]) -> list[str]:
     return [c for c in table.c.keys() if rows and c in rows[0]]
 
 
-def store_run(engine: Engine, run: dict, hosts: Iterable[dict], results: Iterable[dict], step_rows: Iterable[dict] = ()) -> int:
+def store_run(engine: Engine, run: dict, hosts: Iterable[dict], results: Iterable[dict], step_rows: Iterable[dict] = (),
+              complete: bool = True) -> int:
     """Upsert one run's rows in one transaction, and its rollups from them; returns the number of result rows written.
+
+    `complete`: these are all of the run's hosts and results, so any other host or result row of the run
+    stored before (a rerun planned fewer cases) is deleted in the same transaction, with its steps;
+    False adds to the run (e.g. one host's rows of it) and keeps the rest.
 
     PostgreSQL gets each table's rows with one COPY into a staging table and one INSERT ... ON
     CONFLICT; SQLite with one prepared upsert over all rows (`fleetbench.warehouse.bulk`).
@@ -206,9 +211,10 @@ def store_run(engine: Engine, run: dict, hosts: Iterable[dict], results: Iterabl
     run_row = {**run, "logical_date": dt(run.get("logical_date")), "started_at": dt(run.get("started_at")),
                "finished_at": dt(run.get("finished_at"))}
     host_rows = _Rows.of_dicts(host_facts, [{**h, "collected_at": dt(h.get("collected_at"))} for h in hosts], HOST_KEY)
-    result_rows = _Rows(benchmark_results, RESULT_COLUMNS, _result_tuples(results, now, dt), RESULT_KEY)
+    result_rows = _Rows(benchmark_results, RESULT_COLUMNS,
+                        fit.fit_results(_result_tuples(results, now, dt), RESULT_COLUMNS, benchmark_results), RESULT_KEY)
     step_upserts = _Rows.of_dicts(steps, list(step_rows), STEP_KEY)
-    run_keys = {k[:2] for k in result_rows.keys}
+    run_keys = {k[:2] for k in result_rows.keys} | ({(run_row["dag_id"], run_row["run_id"])} if complete else set())
     for attempt in range(1, WRITE_ATTEMPTS + 1):
         try:
             with engine.begin() as conn:
@@ -224,6 +230,8 @@ def store_run(engine: Engine, run: dict, hosts: Iterable[dict], results: Iterabl
                     else:
                         bulk.delete_keys(conn, steps, RESULT_KEY, result_rows.keys)
                 step_upserts.upsert(conn)
+                if complete:
+                    _delete_rest_of_run(conn, run_row, host_rows.keys, result_rows.keys)
                 rollup.refresh(conn, run_keys)
             return len(result_rows.rows)
         except DBAPIError as exc:
@@ -233,6 +241,21 @@ def store_run(engine: Engine, run: dict, hosts: Iterable[dict], results: Iterabl
                         str(exc.orig).splitlines()[0] if exc.orig else exc, attempt, WRITE_ATTEMPTS - 1)
             time.sleep(0.05 * 2 ** attempt)
     raise AssertionError("unreachable")
+
+
+def _delete_rest_of_run(conn, run_row: dict, host_keys: list[tuple], result_keys: list[tuple]) -> None:
+    """Delete the run's stored hosts, results and steps that this write does not have (caller's transaction)."""
+    run_key = (run_row["dag_id"], run_row["run_id"])
+    where = and_(*[c == v for c, v in zip((benchmark_results.c.dag_id, benchmark_results.c.run_id), run_key)])
+    stored = {tuple(r) for r in conn.execute(select(*[benchmark_results.c[k] for k in RESULT_KEY]).where(where))}
+    stale = sorted(stored - set(result_keys))
+    if stale:
+        log.info("run %s: %d result(s) stored before are not in this write: deleted", run_key[1], len(stale))
+        bulk.delete_keys(conn, steps, RESULT_KEY, stale)
+        bulk.delete_keys(conn, benchmark_results, RESULT_KEY, stale)
+    hosts_where = and_(host_facts.c.dag_id == run_key[0], host_facts.c.run_id == run_key[1])
+    stored_hosts = {tuple(r) for r in conn.execute(select(*[host_facts.c[k] for k in HOST_KEY]).where(hosts_where))}
+    bulk.delete_keys(conn, host_facts, HOST_KEY, sorted(stored_hosts - set(host_keys)))
 
 
 _RESULT_DATES = [RESULT_COLUMNS.index(c) for c in ("logical_date", "started_at", "finished_at")]
