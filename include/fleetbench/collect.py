@@ -42,6 +42,8 @@ def classify(outcome: dict, parsed: ParsedLog | None, log_text: str) -> tuple[st
         return FAILED, "killed", outcome.get("error") or "the task was killed from Airflow"
     if outcome.get("timed_out"):
         return FAILED, "timeout", f"stopped after its timeout (exit {exit_code})"
+    if outcome.get("engine_unreachable"):
+        return FAILED, "engine_unreachable", (outcome.get("error") or "the Docker engine stopped answering")[:500]
     if outcome.get("oom_killed"):
         return FAILED, "oom_killed", f"the kernel OOM-killed the container (exit {exit_code})"
     log_class = parsed.failure_class if parsed is not None else None

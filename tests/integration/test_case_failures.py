@@ -185,3 +185,90 @@ def test_telemetry_wrapper_keeps_crash_and_timeout_classes(case_run):
     outcome, fields = case_run(["sleep", "60"], telemetry_period_s=0.5, timeout_s=2, case_key="slow")
     assert fields["failure_class"] == "timeout"
     assert time.monotonic() - start < 9  # SIGTERM reached the child through the wrapper: no 10 s kill grace
+
+
+class EngineProxy:
+    """`tcp://127.0.0.1:<port>` in front of the local engine's unix socket; `cut()` drops the listener and
+    every connection at once, as a Docker engine that died or a network that went away would look to the worker."""
+
+    def __init__(self, upstream: str = "/var/run/docker.sock"):
+        import socket
+
+        self.upstream, self.sockets = upstream, []
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"tcp://127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        import socket
+
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            engine = socket.socket(socket.AF_UNIX)
+            engine.connect(self.upstream)
+            self.sockets += [client, engine]
+            for a, b in ((client, engine), (engine, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a, b):
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                try:
+                    s.shutdown(2)
+                except OSError:
+                    pass
+
+    def cut(self):
+        import socket
+
+        self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() blocked in the other thread
+        self.listener.close()
+        for s in self.sockets:
+            try:
+                s.shutdown(2)
+                s.close()
+            except OSError:
+                pass
+
+
+def test_engine_lost_mid_case_is_engine_unreachable_not_a_timeout(case_run, docker_api):
+    """The engine stops answering 2 s into a case with a 600 s timeout: the case ends at once as
+    `engine_unreachable` (not `timeout`), the task still returns its outcome (and the outcome file),
+    the log keeps what the case printed until then, and the failed removal is logged, not raised. The
+    container is left on the engine the worker lost; it is removed here directly, as maintenance does once
+    the engine answers again."""
+    proxy = EngineProxy()
+    op = case_run.build(["sh", "-c", "echo case started; sleep 120"], docker_url=proxy.url, timeout_s=600,
+                        case_key="engine_lost")
+    done: dict = {}
+    worker = threading.Thread(target=lambda: done.update(outcome=op.execute({})), daemon=True)
+    worker.start()
+    live = Path(op.log_dir) / f"{op.case['case_key']}.live.log"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and b"case started" not in (live.read_bytes() if live.exists() else b""):
+        time.sleep(0.2)
+    time.sleep(2)
+    cut_at = time.monotonic()
+    proxy.cut()
+    worker.join(timeout=60)
+    assert not worker.is_alive(), "the case task did not return after its engine went away"
+    outcome = done["outcome"]
+    assert time.monotonic() - cut_at < 30
+    fields, _ = measure({"command": op.command}, outcome)
+    assert (fields["status"], fields["failure_class"]) == ("failed", "engine_unreachable")
+    assert outcome["timed_out"] is False and proxy.url in fields["failure_detail"]
+    text = Path(outcome["log_path"]).read_text()
+    assert "case started" in text and "stopped answering" in text
+    assert json.loads(Path(outcome["log_path"]).with_suffix(".outcome.json").read_text())["engine_unreachable"] is True
+    left = docker_api.containers(all=True, filters={"name": op.container_name})
+    assert len(left) == 1  # the engine was not reachable to remove it
+    docker_api.remove_container(left[0]["Id"], force=True)

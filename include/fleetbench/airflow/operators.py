@@ -40,6 +40,7 @@ from fleetbench.airflow import pipeline
 from fleetbench.airflow.pipeline import docker_api_client, docker_tls_files
 
 STOP_GRACE_S = 10
+MAX_TASK_LOG_LINE = 4000  # a case's log line in the task log; the log file keeps it whole
 
 
 def docker_time(value: str | None) -> str | None:
@@ -274,11 +275,16 @@ class BenchmarkCaseOperator(DockerOperator):
 
         streamer = threading.Thread(target=self._stream_logs, args=(cid,), daemon=True)
         streamer.start()
+        waited_from = time.monotonic()
         try:
             try:
                 result = self.cli.wait(cid, timeout=self.timeout_s)
                 outcome["exit_code"] = result.get("StatusCode")
-            except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+            except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError) as exc:
+                # docker-py reports a wait past its deadline as ReadTimeout, or on a unix socket as a
+                # ConnectionError ("Read timed out"): a timeout only when the deadline has passed.
+                if time.monotonic() - waited_from < self.timeout_s * 0.98:
+                    raise
                 outcome["timed_out"] = True
                 self.log.error("case %s passed its timeout of %d s: stopping the container", self.case["case_key"], self.timeout_s)
                 self.cli.stop(cid, timeout=STOP_GRACE_S)
@@ -293,16 +299,47 @@ class BenchmarkCaseOperator(DockerOperator):
             outcome["finished_at"] = docker_time(state.get("FinishedAt")) or datetime.now(timezone.utc).isoformat()
             outcome["duration_s"] = round(
                 (datetime.fromisoformat(outcome["finished_at"]) - datetime.fromisoformat(outcome["started_at"])).total_seconds(), 3)
-            log_path.write_bytes(self.cli.logs(cid, stdout=True, stderr=True))
+            self._save_log(cid, log_path)
             streamer.join(timeout=5)
+            self._live_path().unlink(missing_ok=True)
+        except requests.exceptions.RequestException as exc:  # the engine stopped answering mid-case
+            self._engine_lost(outcome, exc, time.monotonic() - waited_from, t0, log_path)
         finally:
             # An exited container needs no stop (one API round trip less per case); anything else is stopped first.
-            self._remove(cid, stop_first=outcome["finished_at"] is None)
+            self._remove(cid, stop_first=outcome["finished_at"] is None or outcome.get("engine_unreachable", False))
         self._finish(outcome)
         self.log.info("case %s: exit %s%s%s in %.1f s; log %s", self.case["case_key"], outcome["exit_code"],
                       ", OOM-killed" if outcome["oom_killed"] else "", ", timed out" if outcome["timed_out"] else "",
                       outcome["duration_s"] or 0.0, log_path)
         return outcome
+
+    def _engine_lost(self, outcome: dict, exc: Exception, after_s: float, t0: datetime, log_path: Path) -> None:
+        """Record a case whose engine stopped answering: `engine_unreachable`, with what it printed until then."""
+        now = datetime.now(timezone.utc)
+        outcome["engine_unreachable"] = True
+        outcome["error"] = f"the Docker engine at {self.docker_url} stopped answering {after_s:.0f} s into the case: {exc}"
+        outcome["started_at"] = outcome["started_at"] or t0.isoformat()
+        outcome["finished_at"] = now.isoformat()
+        outcome["duration_s"] = round((now - t0).total_seconds(), 3)
+        self.log.error("case %s: %s", self.case["case_key"], outcome["error"])
+        try:
+            self._live_path().replace(log_path)
+        except OSError:
+            pass
+        with log_path.open("ab") as f:
+            f.write(f"\nfleetbench: {outcome['error']}\n".encode())
+
+    def _live_path(self) -> Path:
+        log_path, _ = self._paths()
+        return log_path.with_suffix(".live.log")
+
+    def _save_log(self, cid: str, log_path: Path) -> None:
+        """The container's whole log, streamed to the file in chunks (never held in memory whole)."""
+        tmp = log_path.with_suffix(".log.tmp")
+        with tmp.open("wb") as f:
+            for chunk in self.cli.logs(cid, stdout=True, stderr=True, stream=True, follow=False):
+                f.write(chunk)
+        tmp.replace(log_path)
 
     # -- pieces -----------------------------------------------------------------------------
     def _create_container(self) -> dict:
@@ -339,11 +376,16 @@ class BenchmarkCaseOperator(DockerOperator):
         )
 
     def _stream_logs(self, cid: str) -> None:
-        """Copy the container's output into the task log as it comes (best effort)."""
+        """Copy the container's output into the task log and the case's log file as it comes (best effort):
+        when the engine is lost mid-case, that file is the case's log; otherwise `_save_log` writes the
+        engine's whole log and the live copy goes."""
         try:
-            for chunk in self.cli.logs(cid, stream=True, follow=True):
-                for line in chunk.decode(errors="replace").splitlines():
-                    self.log.info("%s", line)
+            with self._live_path().open("wb") as f:
+                for chunk in self.cli.logs(cid, stream=True, follow=True):
+                    f.write(chunk)
+                    f.flush()
+                    for line in chunk.decode(errors="replace").splitlines():
+                        self.log.info("%s", line[:MAX_TASK_LOG_LINE])
         except Exception as exc:  # the container may be gone already: the saved log file is authoritative
             self.log.debug("log stream ended: %s", exc)
 
@@ -369,6 +411,8 @@ class BenchmarkCaseOperator(DockerOperator):
                 return
             except NotFound:
                 return
-            except APIError as exc:  # e.g. 409 "removal already in progress"
+            except (APIError, requests.exceptions.RequestException) as exc:  # a 409 "removal in progress", or no engine
                 self.log.warning("removing container %s failed (attempt %d): %s", cid[:12], attempt + 1, exc)
                 time.sleep(0.5 * (attempt + 1))
+        self.log.error("container %s could not be removed; maintenance (fleetbench_maintenance) removes it once "
+                       "its engine answers again", cid[:12])
