@@ -196,7 +196,7 @@ def check_migrate_from_previous_revision(engine):
     assert all(a[c] is None for c in NEW_RESULT_COLUMNS - {"energy_kwh", "time_for_batches_s"})
     assert len(fetch_capacity_features(engine)) == 2
     # The migrated table takes new writes: a rerun of the old run replaces its row.
-    store_run(engine, run_row("r1"), [], [result_row("a", ips=110.0, **DERIVED)], step_rows("a", 2))
+    store_run(engine, run_row("r1"), [], [result_row("a", ips=110.0, **DERIVED)], step_rows("a", 2), complete=False)
     assert count(engine, benchmark_results) == 2 and count(engine, steps, case_key="a") == 2
     assert fetch_results(engine, run_id="r1")[0]["speedup_efficiency"] == 1.0
 
@@ -246,7 +246,7 @@ def concurrent_writer(url: str, writer: int, rounds: int, barrier) -> None:
             results = [result_row(k, run_id=f"r{rnd}", ips=float(1000 * writer + rnd)) for k in keys]
             step = [s for k in keys for s in step_rows(k, WRITER_STEPS[writer], run_id=f"r{rnd}", base=1000.0 * writer)]
             barrier.wait(timeout=60)
-            store_run(engine, run_row(f"r{rnd}"), [], results, step)
+            store_run(engine, run_row(f"r{rnd}"), [], results, step, complete=False)
     finally:
         engine.dispose()
 

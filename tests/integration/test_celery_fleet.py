@@ -1,7 +1,9 @@
 """Fleet scale: the two topologies of README "Deploying at fleet scale", and the distributed setup itself.
 
 (a) central workers drive a remote Docker engine over TLS: here the local engine behind a mutual-TLS
-    proxy (`celery_cluster.DockerTLSProxy`), the client certificate from an Airflow Connection;
+    proxy (`celery_cluster.DockerTLSProxy`), the client certificate from an Airflow Connection; the
+    host's facts (uname, nvidia-smi, df, docker info) are probed on the host itself over its SSH
+    connection (the test sshd on this same machine, whose docker CLI reaches the engine the proxy fronts);
 (b) a Celery worker on the GPU host listens on the host's own queue and uses its local socket.
 
 The last test is the docker-compose deployment without containers: PostgreSQL, Redis, api-server,
@@ -20,16 +22,18 @@ from sqlalchemy import create_engine, text
 
 from celery_cluster import CeleryAirflow, DockerTLSProxy, RedisServer, make_tls_material, tls_connection_json
 from fleet_configs import containers_of, run_fleet_dag, smoke_config, write_config
+from ssh_hosts import define_ssh_connection, ssh_connection, sshd  # noqa: F401 - sshd is a fixture
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
 TLS_CONN = "fb_docker_tls"
+SSH_CONN = "fb_central_tls_ssh"  # topology (a): the TLS host's own SSH connection, for its probes
 OWN_QUEUE = "fleet-gpu-b"
 LANE_ON_HOST = {"validate_host", "prepare_image", "run_case"}  # what a topology (b) host's own worker runs
 
 
 def two_topologies(image: str, tls_url: str, **kwargs) -> dict:
     return smoke_config(image, hosts=[
-        {"name": "central-tls", "connection": "local", "docker_url": tls_url, "docker_tls_conn_id": TLS_CONN},
+        {"name": "central-tls", "connection": SSH_CONN, "docker_url": tls_url, "docker_tls_conn_id": TLS_CONN},
         {"name": "gpu-b", "connection": "local", "queue": OWN_QUEUE},
     ], **kwargs)
 
@@ -57,9 +61,15 @@ def test_topology_fields_are_checked_with_the_field_path():
     with pytest.raises(ConfigError) as info:
         parse_config({**base, "hosts": [{"name": "h", "queue": "gpu b; rm"}]})
     assert "hosts[0].queue: must match" in str(info.value)
-    host = parse_config({**base, "hosts": [{"name": "h", "docker_url": "tcp://gpu-7:2376", "docker_tls_conn_id": "c",
-                                             "queue": "gpu-7"}]}).hosts[0]
-    assert (host.queue, host.docker_tls_conn_id) == ("gpu-7", "c")
+    # a remote engine with connection local (explicit or the default) would mix this worker's facts with its own
+    for local in ({"connection": "local"}, {}):
+        with pytest.raises(ConfigError) as info:
+            parse_config({**base, "hosts": [{"name": "h", **local, "docker_url": "tcp://gpu-7:2376",
+                                             "docker_tls_conn_id": "c"}]})
+        assert "hosts[0].docker_url: connection local probes this worker" in str(info.value)
+    host = parse_config({**base, "hosts": [{"name": "h", "connection": "gpu7_ssh", "docker_url": "tcp://gpu-7:2376",
+                                             "docker_tls_conn_id": "c", "queue": "gpu-7"}]}).hosts[0]
+    assert (host.connection, host.queue, host.docker_tls_conn_id) == ("gpu7_ssh", "gpu-7", "c")
 
 
 def test_own_queue_hosts_are_validated_prepared_and_run_on_their_queue(tmp_path, monkeypatch):
@@ -78,11 +88,12 @@ def test_own_queue_hosts_are_validated_prepared_and_run_on_their_queue(tmp_path,
 
 # -- topology (a): TLS -----------------------------------------------------------------------
 @pytest.mark.integration
-def test_tls_engine_is_reached_only_with_the_connection_certificates(certs, tls_engine, smoke_image, data_dir,
-                                                                      monkeypatch, caplog):
+def test_tls_engine_is_reached_only_with_the_connection_certificates(certs, tls_engine, smoke_image, docker_api, data_dir,
+                                                                      sshd, monkeypatch, caplog):
     from fleetbench.airflow import pipeline
     from fleetbench.config import ImageSpec
 
+    define_ssh_connection(monkeypatch, SSH_CONN)
     monkeypatch.setenv("AIRFLOW_CONN_FB_DOCKER_TLS", tls_connection_json(certs))  # PEM text in the extra
     monkeypatch.setenv("AIRFLOW_CONN_FB_DOCKER_TLS_FILES", tls_connection_json(certs, inline=False))  # file paths
     monkeypatch.setenv("AIRFLOW_CONN_FB_DOCKER_TLS_ROGUE", tls_connection_json(certs, client="rogue"))
@@ -92,34 +103,48 @@ def test_tls_engine_is_reached_only_with_the_connection_certificates(certs, tls_
     image = ImageSpec(name="smoke", ref=smoke_image, command=["true"]).model_dump(mode="json")
 
     def host(conn_id):
-        return {"name": "remote", "connection": "local", "docker_url": tls_engine.url, "docker_tls_conn_id": conn_id,
+        return {"name": "remote", "connection": SSH_CONN, "docker_url": tls_engine.url, "docker_tls_conn_id": conn_id,
                 "needs": {"gpus": 0, "image_cuda": None}, "images": [image]}
 
-    for conn_id in ("fb_docker_tls", "fb_docker_tls_files"):
-        verdict = pipeline.validate_host(host(conn_id), run)
-        assert verdict["verdict"] == "ready", verdict
-        assert verdict["facts"]["docker_version"]  # the docker CLI got through, with DOCKER_CERT_PATH
-        prepared = pipeline.prepare_host_images(host(conn_id), [verdict])["images"]["smoke"]
-        assert prepared["failure_class"] is None and prepared["pinned_ref"].startswith(smoke_image.rsplit(":", 1)[0] + "@sha256:")
+    # Validation probes the host itself over SSH, its docker CLI included: the TLS engine and its
+    # certificates take no part (an incomplete TLS connection does not change the verdict).
+    verdict = pipeline.validate_host(host(TLS_CONN), run)
+    assert verdict["verdict"] == "ready", verdict
+    checks = {c["name"]: c for c in verdict["checks"]}
+    assert checks["reachable"]["detail"] == f"probes ran (ssh:{SSH_CONN})"
+    assert verdict["facts"]["docker_version"] == docker_api.version()["Version"]
+    assert pipeline.validate_host(host("fb_docker_tls_half"), run)["verdict"] == "ready"
+    assert tls_engine.clients == []
+
+    # Pull and pin go through the TLS engine, with the connection's certificates (PEM text or file paths).
+    prepared = {}
+    for conn_id in (TLS_CONN, "fb_docker_tls_files"):
+        prepared[conn_id] = pipeline.prepare_host_images(host(conn_id), [verdict])["images"]["smoke"]
+        assert prepared[conn_id]["failure_class"] is None, prepared[conn_id]
+        assert prepared[conn_id]["pinned_ref"].startswith(smoke_image.rsplit(":", 1)[0] + "@sha256:")
     assert set(tls_engine.clients) == {"fleetbench-central-worker"}
 
-    for conn_id in (None, "fb_docker_tls_rogue"):  # plain HTTP to a TLS port; a certificate of another CA
-        verdict = pipeline.validate_host(host(conn_id), run)
-        assert verdict["verdict"] == "unfit" and "Docker engine not reachable" in verdict["reasons"], verdict
-    half = pipeline.validate_host(host("fb_docker_tls_half"), run)
-    assert half["verdict"] == "unfit" and "lacks client_cert, client_key" in half["reasons"]
-    ready = {"host": "remote", "verdict": "ready", "facts": {}}
-    failed = pipeline.prepare_host_images(host("fb_docker_tls_half"), [ready])["images"]["smoke"]
-    assert failed["failure_class"] == "docker_unreachable" and "fb_docker_tls_half" in failed["error"]
+    # Without certificates (plain HTTP to a TLS port) or with a certificate of another CA, the engine lets
+    # nothing in: the image fails as docker_unreachable, the host stays ready.
+    let_in = len(tls_engine.clients)
+    for conn_id in (None, "fb_docker_tls_rogue"):
+        prepared[conn_id] = pipeline.prepare_host_images(host(conn_id), [verdict])["images"]["smoke"]
+        assert prepared[conn_id]["failure_class"] == "docker_unreachable", prepared[conn_id]
+        assert "Docker engine not reachable" in prepared[conn_id]["error"], prepared[conn_id]
+    assert len(tls_engine.clients) == let_in
+    half = pipeline.prepare_host_images(host("fb_docker_tls_half"), [verdict])["images"]["smoke"]
+    assert half["failure_class"] == "docker_unreachable" and "fb_docker_tls_half" in half["error"]
+    assert "lacks client_cert, client_key" in half["error"]
     key = certs["client_key"].read_text().splitlines()[1]
-    assert key not in caplog.text and key not in json.dumps([verdict, half, failed])
+    assert key not in caplog.text and key not in json.dumps([verdict, prepared, half])
 
 
 @pytest.mark.integration
 @pytest.mark.dagrun
-def test_both_topologies_with_dag_test(airflow_db, data_dir, certs, tls_engine, smoke_image, docker_api, tmp_path,
+def test_both_topologies_with_dag_test(airflow_db, data_dir, certs, tls_engine, smoke_image, docker_api, sshd, tmp_path,
                                        monkeypatch):
     """The whole DAG in one process (queues are not honoured by dag.test): a TLS engine and an own-queue host."""
+    define_ssh_connection(monkeypatch, SSH_CONN)
     monkeypatch.setenv("AIRFLOW_CONN_FB_DOCKER_TLS", tls_connection_json(certs))
     config = write_config(tmp_path / "fleet.yaml", two_topologies(smoke_image, tls_engine.url, models=("trivial",),
                                                                   batch_sizes=(8, 16), num_batches=5))
@@ -130,7 +155,7 @@ def test_both_topologies_with_dag_test(airflow_db, data_dir, certs, tls_engine, 
     rows = fetch_results(get_engine(), run_id=dag_run.run_id)
     assert sorted((r["host"], r["batch_size_per_device"], r["status"]) for r in rows) == [
         ("central-tls", 8, "ok"), ("central-tls", 16, "ok"), ("gpu-b", 8, "ok"), ("gpu-b", 16, "ok")]
-    assert tls_engine.clients  # the TLS host's validation, pull and cases went through the TLS engine
+    assert tls_engine.clients  # the TLS host's pull and cases went through the TLS engine (its probes over SSH)
     assert containers_of(docker_api, dag_run.run_id) == []
 
     # A run on the own-queue host only: the top-level validate_host/prepare_image map over no host (skipped);
@@ -159,7 +184,8 @@ def test_both_topologies_with_dag_test(airflow_db, data_dir, certs, tls_engine, 
 # -- the distributed setup: CeleryExecutor, two workers, REST API ---------------------------------
 @pytest.mark.integration
 @pytest.mark.scheduler
-def test_celery_workers_run_each_host_on_its_own_queue(tmp_path, pg_url, certs, tls_engine, smoke_image, docker_api):
+def test_celery_workers_run_each_host_on_its_own_queue(tmp_path, pg_url, certs, tls_engine, smoke_image, docker_api,
+                                                       sshd):
     cfg = two_topologies(smoke_image, tls_engine.url, models=("trivial", "lenet"), batch_sizes=(8,), num_batches=10)
     cfg["fleet"]["schedule"] = None  # only the run this test triggers
     config = write_config(tmp_path / "fleet.yaml", cfg)
@@ -183,6 +209,8 @@ def test_celery_workers_run_each_host_on_its_own_queue(tmp_path, pg_url, certs, 
             conn = json.loads(tls_connection_json(certs))
             airflow.api("POST", "/api/v2/connections", {"connection_id": TLS_CONN, "conn_type": conn["conn_type"],
                                                         "extra": json.dumps(conn["extra"])})
+            ssh = ssh_connection()  # the TLS host's probes run on it, over SSH
+            airflow.api("POST", "/api/v2/connections", {"connection_id": SSH_CONN, **ssh, "extra": json.dumps(ssh["extra"])})
             airflow.wait_for_dag("fleet_benchmark")
             airflow.trigger_api("fleet_benchmark", run_id)
             run = airflow.wait_for_run_api("fleet_benchmark", run_id, timeout=600)

@@ -9,41 +9,20 @@ from __future__ import annotations
 import json
 import os
 import socket
-from pathlib import Path
 
 import pytest
 from sqlalchemy import text
 
 from fleet_configs import containers_of, run_fleet_dag, smoke_config, write_config
+from ssh_hosts import define_ssh_connection, sshd  # noqa: F401 - sshd is a fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.dagrun]
-
-SSHD_DIR = Path("/var/lib/fleetbench/sshd")
-SSHD_PORT = 2222
-
-
-def define_ssh_connection(monkeypatch, conn_id: str, port: int = SSHD_PORT) -> str:
-    host_key = " ".join((SSHD_DIR / "known_hosts").read_text().split()[1:3])
-    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps({
-        "conn_type": "ssh", "host": "127.0.0.1", "port": port, "login": "root",
-        "extra": {"key_file": str(SSHD_DIR / "client_key"), "host_key": host_key, "no_host_key_check": False}}))
-    return conn_id
 
 
 def closed_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-@pytest.fixture()
-def sshd(monkeypatch, tmp_path):
-    try:
-        socket.create_connection(("127.0.0.1", SSHD_PORT), timeout=2).close()
-    except OSError as exc:
-        pytest.fail(f"no sshd on 127.0.0.1:{SSHD_PORT} ({exc}); run `bash scripts/ensure-sshd.sh`")
-    (tmp_path / "home").mkdir()
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no personal known_hosts takes part
 
 
 def results_and_host_facts(run_id: str) -> tuple[dict, dict]:

@@ -291,6 +291,8 @@ def prepare_host_images(host: dict, validations: list[dict]) -> dict:
     if validation is None or validation["verdict"] == "unfit":
         return {"host": host["name"], "images": {}, "skipped": True}
     from fleetbench.config import ImageSpec
+    from docker.errors import DockerException
+
     from fleetbench.images import PreparedImage, prepare
     from fleetbench.registry import registry_of, server_host
 
@@ -305,7 +307,14 @@ def prepare_host_images(host: dict, validations: list[dict]) -> dict:
                 img["name"]: PreparedImage(img["name"], img["ref"], failure_class="docker_unreachable",
                                            error=f"TLS client configuration: {exc}").to_dict()
                 for img in host["images"]}}
-        api = docker_api_client(host["docker_url"], tls, timeout=600)
+        try:
+            api = docker_api_client(host["docker_url"], tls, timeout=600)
+        except DockerException as exc:  # the engine did not answer (e.g. over TLS without a certificate it trusts)
+            log.error("host %s: Docker engine %s not reachable: %s", host["name"], host["docker_url"], exc)
+            return {"host": host["name"], "skipped": False, "images": {
+                img["name"]: PreparedImage(img["name"], img["ref"], failure_class="docker_unreachable",
+                                           error=f"Docker engine not reachable: {exc}").to_dict()
+                for img in host["images"]}}
         stack.callback(api.close)
         for img in host["images"]:
             spec = ImageSpec.model_validate(img)
