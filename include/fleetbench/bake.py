@@ -30,6 +30,7 @@ import io
 import json
 import logging
 import os
+import stat
 import subprocess
 import tarfile
 import tempfile
@@ -79,8 +80,25 @@ class BakeResult:
 
 
 # -- inputs -----------------------------------------------------------------------------------
-def _files_of(src: Path) -> list[Path]:
-    return [src] if src.is_file() else sorted(p for p in src.rglob("*") if p.is_file() and ".git" not in p.relative_to(src).parts)
+def _files_of(src: Path) -> list[tuple[Path, bool]]:
+    """(path, is_link) of every regular file and symlink under `src` (or `src` itself), without .git.
+
+    Links are never followed: a link is baked as a link (its target is resolved in the image, never on
+    the worker), so a harness tree with `creds.txt -> /secret` cannot carry the worker's file into an
+    image. Anything else (FIFOs, sockets, devices) is left out.
+    """
+    if src.is_file():
+        return [(src, False)]
+    out = []
+    for folder, dirs, files in os.walk(src):  # does not descend into linked folders
+        dirs[:] = [d for d in dirs if d != ".git" or Path(folder, d).is_symlink()]
+        for name in dirs + files:
+            path = Path(folder, name)
+            if path.is_symlink():
+                out.append((path, True))
+            elif name in files and stat.S_ISREG(path.lstat().st_mode):
+                out.append((path, False))
+    return sorted(out)
 
 
 def resolve_src(src: str, project_root: Path = PROJECT_ROOT) -> Path:
@@ -97,8 +115,11 @@ def resolve_src(src: str, project_root: Path = PROJECT_ROOT) -> Path:
 def tree_hash(root: Path) -> str:
     """sha256 over (relative path, executable bit, content) of every file under `root` (or of the file)."""
     h = hashlib.sha256()
-    for f in _files_of(root):
+    for f, is_link in _files_of(root):
         rel = f.name if root.is_file() else f.relative_to(root).as_posix()
+        if is_link:
+            h.update(f"{rel}\0link\0{os.readlink(f)}\0".encode())
+            continue
         h.update(f"{rel}\0{int(os.access(f, os.X_OK))}\0{f.stat().st_size}\0".encode())
         h.update(f.read_bytes())
     return h.hexdigest()
@@ -146,12 +167,17 @@ def git_revision(url: str, branch: str) -> str:
 def _add_tree(tar: tarfile.TarFile, src: Path, dest: str) -> None:
     """Add `src` (file or folder, without .git) as `dest` (absolute path in the container).
 
-    Only file entries: the engine creates missing parent folders (0755) and leaves existing ones,
-    with their modes, alone.
+    Only file and symlink entries (links as links, never followed): the engine creates missing parent
+    folders (0755) and leaves existing ones, with their modes, alone.
     """
-    for f in _files_of(src):
+    for f, is_link in _files_of(src):
         name = dest.strip("/") if src.is_file() else f"{dest.strip('/')}/{f.relative_to(src).as_posix()}"
         info = tarfile.TarInfo(name)
+        if is_link:
+            info.type, info.linkname, info.mode = tarfile.SYMTYPE, os.readlink(f), 0o777
+            info.mtime = int(f.lstat().st_mtime)
+            tar.addfile(info)
+            continue
         info.size = f.stat().st_size
         info.mode = 0o755 if os.access(f, os.X_OK) else 0o644
         info.mtime = int(f.stat().st_mtime)
