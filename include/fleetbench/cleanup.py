@@ -1,4 +1,4 @@
-"""Maintenance: remove stopped containers and superseded baked images that fleetbench created.
+"""Maintenance: remove stopped containers, orphaned case containers and superseded baked images that fleetbench created.
 
 "Labelled `org.fleetbench.managed=true`" is not enough to tell: labels are inherited. Every image
 built from fleetbench's base or smoke image carries that label, and so does every container
@@ -7,7 +7,9 @@ started from one, whoever started it. So the rules look for marks only fleetbenc
 - a container is fleetbench's when it has a *creator mark* that it did not inherit from its image:
   `org.fleetbench.run_id` (benchmark cases) or a non-empty `org.fleetbench.bake.step` (bake setup
   containers), with a value different from the image's label of that name. Only stopped ones
-  (created, exited, dead) older than the container age limit are removed.
+  (created, exited, dead) older than the container age limit are removed, and running case
+  containers that are past their own `org.fleetbench.timeout_s` plus a grace: the task that would
+  have stopped them is gone (its worker was SIGKILLed or lost), and they hold their GPUs forever.
 - an image is a fleetbench bake when it has kind=baked, its bake.inputs label, and one of its tags
   is the deterministic bake tag `[registry/]fleetbench/<name>:<...>-<inputs[:12]>` (an image built
   FROM a baked image inherits the labels, not the tag). Per image name, the one tagged
@@ -35,6 +37,9 @@ log = logging.getLogger(__name__)
 LABEL = "org.fleetbench"
 CREATOR_MARKS = (f"{LABEL}.run_id", f"{LABEL}.bake.step")
 STOPPED = ("created", "exited", "dead")
+RUNNING = ("running", "paused", "restarting")
+TIMEOUT_LABEL = f"{LABEL}.timeout_s"  # a case container's own timeout, set when it is created
+ORPHAN_GRACE_S = 300  # past its timeout plus this, a running case container has no task any more
 
 
 @dataclass
@@ -75,19 +80,24 @@ def bake_tag_of(image: dict) -> str | None:
 
 
 def plan_cleanup(containers: list[dict], images: list[dict], now: float, container_max_age_s: float,
-                 image_max_age_s: float, scope: dict[str, str] | None = None) -> tuple[list[dict], list[dict], list[dict]]:
+                 image_max_age_s: float, scope: dict[str, str] | None = None,
+                 orphan_grace_s: float = ORPHAN_GRACE_S) -> tuple[list[dict], list[dict], list[dict]]:
     """Decide what to remove. Pure: takes listings, returns (containers, images, kept) with reasons.
 
     `containers`: dicts with Id, Names, State, Labels, ImageID, ImageLabels (the image's labels, added
     by the caller) and Age (seconds since it stopped, or since it was created if it never ran).
-    `images`: the engine's image list entries (Id, RepoTags, Labels, Created).
+    `images`: the engine's image list entries (Id, RepoTags, Labels, Created). A running container's
+    RunningFor (seconds since it started) and its `timeout_s` label tell an orphaned case (`_overdue`).
     """
     remove_c, remove_i, kept = [], [], []
     for c in containers:
         if not in_scope(_labels(c), scope) or not created_by_fleetbench(_labels(c), c.get("ImageLabels") or {}):
             continue
         name = (c.get("Names") or ["?"])[0].lstrip("/")
-        if c.get("State") not in STOPPED:
+        overdue = _overdue(c, orphan_grace_s)
+        if overdue:
+            remove_c.append({"id": c["Id"], "name": name, "running": True, "reason": overdue})
+        elif c.get("State") not in STOPPED:
             kept.append({"id": c["Id"], "name": name, "reason": f"container is {c.get('State')}"})
         elif c["Age"] < container_max_age_s:
             kept.append({"id": c["Id"], "name": name, "reason": f"stopped {c['Age']:.0f} s ago, younger than {container_max_age_s:.0f} s"})
@@ -118,18 +128,40 @@ def plan_cleanup(containers: list[dict], images: list[dict], now: float, contain
     return remove_c, remove_i, kept
 
 
-def _age_s(api: docker.APIClient, c: dict, now: float) -> float:
+def _overdue(c: dict, grace_s: float) -> str | None:
+    """Why a running case container is an orphan: it has run past its own `timeout_s` label plus a grace
+    (its task would have stopped it by then, so the worker that ran it is gone, e.g. SIGKILLed)."""
+    if c.get("State") not in RUNNING:
+        return None
+    try:
+        timeout_s = float(_labels(c).get(TIMEOUT_LABEL) or "nan")
+    except ValueError:
+        return None
+    running_s = c.get("RunningFor")
+    if running_s is None or not timeout_s == timeout_s or running_s <= timeout_s + grace_s:
+        return None
+    return f"case container running for {running_s:.0f} s, past its timeout of {timeout_s:.0f} s: its task is gone"
+
+
+def _stamp(value: str | None) -> float | None:
+    if not value or value.startswith("0001-"):
+        return None
+    head, _, _ = value.rstrip("Z").partition(".")
+    return datetime.fromisoformat(head + "+00:00").timestamp()
+
+
+def _ages(api: docker.APIClient, c: dict, now: float) -> dict:
+    """Age (since it stopped, or was created if it never ran) and RunningFor (since it started, while running)."""
     state = api.inspect_container(c["Id"]).get("State") or {}
-    finished = state.get("FinishedAt") or ""
-    if finished and not finished.startswith("0001-"):
-        head, _, frac = finished.rstrip("Z").partition(".")
-        stamp = datetime.fromisoformat(head + "+00:00").timestamp()
-        return now - stamp
-    return now - c.get("Created", now)
+    finished, started = _stamp(state.get("FinishedAt")), _stamp(state.get("StartedAt"))
+    running = state.get("Running") and started is not None
+    return {"Age": now - finished if finished and not running else now - c.get("Created", now),
+            "RunningFor": now - started if running else None}
 
 
 def clean_engine(api: docker.APIClient, container_max_age_s: float = 24 * 3600, image_max_age_s: float = 7 * 24 * 3600,
-                 scope: dict[str, str] | None = None, dry_run: bool = False, now: float | None = None) -> CleanupReport:
+                 scope: dict[str, str] | None = None, dry_run: bool = False, now: float | None = None,
+                 orphan_grace_s: float = ORPHAN_GRACE_S) -> CleanupReport:
     """Remove stopped fleetbench containers and superseded baked images on one engine (see module doc)."""
     now = time.time() if now is None else now
     report = CleanupReport(dry_run=dry_run)
@@ -143,15 +175,21 @@ def clean_engine(api: docker.APIClient, container_max_age_s: float = 24 * 3600, 
                     image_labels[c["ImageID"]] = (api.inspect_image(c["ImageID"]).get("Config") or {}).get("Labels") or {}
                 except NotFound:
                     image_labels[c["ImageID"]] = {}
-            c = {**c, "ImageLabels": image_labels[c["ImageID"]], "Age": _age_s(api, c, now)}
+            try:
+                c = {**c, "ImageLabels": image_labels[c["ImageID"]], **_ages(api, c, now)}
+            except NotFound:  # removed meanwhile
+                continue
         containers.append(c)
     images = api.images(filters={"label": [f"{LABEL}.kind=baked"]})
-    remove_c, remove_i, report.kept = plan_cleanup(containers, images, now, container_max_age_s, image_max_age_s, scope)
+    remove_c, remove_i, report.kept = plan_cleanup(containers, images, now, container_max_age_s, image_max_age_s, scope,
+                                                            orphan_grace_s)
     for c in remove_c:
         log.info("%sremove container %s (%s): %s", "would " if dry_run else "", c["name"], c["id"][:12], c["reason"])
         if not dry_run:
             try:
-                api.remove_container(c["id"], v=True)
+                if c.get("running"):
+                    api.stop(c["id"], timeout=10)
+                api.remove_container(c["id"], v=True, force=bool(c.get("running")))
                 report.removed_containers.append(c)
             except NotFound:
                 pass
@@ -186,24 +224,30 @@ def clean_engine(api: docker.APIClient, container_max_age_s: float = 24 * 3600, 
 
 
 def clean_url(docker_url: str, container_max_age_h: float, image_max_age_h: float, scope: dict[str, str] | None = None,
-              dry_run: bool = False) -> dict:
-    """`clean_engine` on the engine at `docker_url`, with ages in hours; returns the report as a dict."""
-    api = docker.APIClient(base_url=docker_url, version="auto", timeout=120)
-    try:
-        report = clean_engine(api, container_max_age_h * 3600, image_max_age_h * 3600, scope=scope, dry_run=dry_run)
-    finally:
-        api.close()
+              dry_run: bool = False, docker_tls_conn_id: str | None = None) -> dict:
+    """`clean_engine` on the engine at `docker_url` (over TLS with the certificates of `docker_tls_conn_id`, the
+    same client the cases use), with ages in hours; returns the report as a dict."""
+    from fleetbench.airflow.pipeline import docker_api_client, docker_tls_files
+
+    with docker_tls_files(docker_tls_conn_id) as tls:
+        api = docker_api_client(docker_url, tls, timeout=120)
+        try:
+            report = clean_engine(api, container_max_age_h * 3600, image_max_age_h * 3600, scope=scope, dry_run=dry_run)
+        finally:
+            api.close()
     return {"docker_url": docker_url, **report.to_dict()}
 
 
 def engines_of(config_path: str | None = None) -> list[dict]:
-    """The distinct Docker engines of the fleet config: [{hosts: [...], docker_url}]."""
+    """The distinct Docker engines of the fleet config, each with the queue whose worker reaches it:
+    [{hosts, docker_url, docker_tls_conn_id, queue}]. A host with a queue of its own (topology b) is
+    cleaned by its own worker: its `unix://` socket is that machine's, not the central worker's."""
     from fleetbench.config import load_config
     from fleetbench.paths import default_config_path
 
     cfg = load_config(config_path or default_config_path())
-    engines: dict[str, list[str]] = {}
+    engines: dict[tuple, list[str]] = {}
     for host in cfg.hosts:
-        engines.setdefault(host.docker_url, []).append(host.name)
-    return [{"docker_url": url, "hosts": names} for url, names in engines.items()]
-
+        engines.setdefault((host.queue, host.docker_url, host.docker_tls_conn_id), []).append(host.name)
+    return [{"queue": queue, "docker_url": url, "docker_tls_conn_id": tls, "hosts": names}
+            for (queue, url, tls), names in engines.items()]

@@ -90,3 +90,16 @@ def test_a_large_fleet_has_the_same_lanes_without_task_groups(tmp_path, monkeypa
     assert set(dag.task_group.children) == set(dag.task_ids)  # no groups at all
     assert len(dag.tasks) == 2 * 101 + len([t for t in dag.task_ids if not t.startswith("host_")])
     assert [t.task_id for t in dag.leaves] == ["outcome"]
+
+
+def test_maintenance_cleans_each_engine_from_a_worker_that_reaches_it(tmp_path, monkeypatch, no_services):
+    """An own-queue host's engine is its machine's socket: its cleaning runs on its queue, the rest on the default."""
+    cfg = {"hosts": [{"name": "central"}, {"name": "gpu-b", "queue": "fleet-gpu-b"}],
+           "images": [{"name": "i", "ref": "127.0.0.1:5000/x:1", "command": ["python3"]}],
+           "benchmarks": [{"name": "b", "image": "i", "models": ["resnet50"], "batch_sizes": [32]}]}
+    monkeypatch.setenv("FLEETBENCH_CONFIG", str(write_config(tmp_path / "fleet.yaml", cfg)))
+    bag = load_bag()
+    assert bag.import_errors == {}
+    dag = bag.dags["fleetbench_maintenance"]
+    queues = {t.task_id: t.queue for t in dag.tasks if t.task_id.startswith("clean")}
+    assert queues == {"clean": "default", "clean_fleet-gpu-b": "fleet-gpu-b"}

@@ -200,3 +200,44 @@ def test_cleanup_plan_removes_only_old_superseded_bakes_and_stopped_fleetbench_c
     # scope narrows to labelled objects
     rc, ri, _ = plan_cleanup(containers, [old, current], now, 3600, 3600, scope={"org.fleetbench.run_id": "other"})
     assert rc == [] and ri == []
+
+
+def test_cleanup_plan_stops_case_containers_running_past_their_timeout():
+    """An orphan of a SIGKILLed worker: running, with a run mark and its own timeout label, for longer than
+    the timeout plus the grace. A case still within it, or a container without the label, is kept."""
+    case = {**SMOKE_LABELS, "org.fleetbench.run_id": "r", "org.fleetbench.timeout_s": "600"}
+
+    def running(cid, running_for, labels=case):
+        return {"Id": cid, "Names": [f"/{cid}"], "State": "running", "Age": 0, "RunningFor": running_for,
+                "ImageID": "sha256:x", "Labels": labels, "ImageLabels": SMOKE_LABELS}
+
+    containers = [running("orphan", 600 + 301), running("in-time", 600 + 299), running("no-label", 99999, {
+        **SMOKE_LABELS, "org.fleetbench.run_id": "r"}), running("odd-label", 99999, {**case, "org.fleetbench.timeout_s": "x"})]
+    rc, _, kept = plan_cleanup(containers, [], 1_000_000, 3600, 3600, orphan_grace_s=300)
+    assert [(c["id"], c["running"]) for c in rc] == [("orphan", True)]
+    assert "past its timeout of 600 s" in rc[0]["reason"]
+    assert {k["id"] for k in kept} == {"in-time", "no-label", "odd-label"}
+
+
+def test_maintenance_engines_are_keyed_by_host_queue_and_tls(tmp_path):
+    from fleetbench.cleanup import engines_of
+
+    config = tmp_path / "fleet.yaml"
+    config.write_text("""
+hosts:
+  - {name: central-a}
+  - {name: central-b}
+  - {name: gpu-b, queue: fleet-gpu-b}
+  - {name: gpu-c, queue: fleet-gpu-c}
+  - {name: remote, connection: ssh_remote, docker_url: "tcp://gpu-7:2376", docker_tls_conn_id: certs}
+images: [{name: i, ref: "127.0.0.1:5000/x:1", command: [python3]}]
+benchmarks: [{name: b, image: i, models: [m], batch_sizes: [1]}]
+""")
+    engines = sorted(engines_of(str(config)), key=lambda e: e["hosts"])
+    assert engines == [
+        {"queue": None, "docker_url": "unix:///var/run/docker.sock", "docker_tls_conn_id": None,
+         "hosts": ["central-a", "central-b"]},
+        {"queue": "fleet-gpu-b", "docker_url": "unix:///var/run/docker.sock", "docker_tls_conn_id": None, "hosts": ["gpu-b"]},
+        {"queue": "fleet-gpu-c", "docker_url": "unix:///var/run/docker.sock", "docker_tls_conn_id": None, "hosts": ["gpu-c"]},
+        {"queue": None, "docker_url": "tcp://gpu-7:2376", "docker_tls_conn_id": "certs", "hosts": ["remote"]},
+    ]

@@ -370,6 +370,7 @@ def case_kwargs(plan: dict, validations: list[dict], prepared: list[dict], host:
                 f"{LABEL_PREFIX}.run_id": run["run_id"],
                 f"{LABEL_PREFIX}.host": case["host"],
                 f"{LABEL_PREFIX}.case_key": case["case_key"],
+                f"{LABEL_PREFIX}.timeout_s": str(case["timeout_s"]),  # maintenance stops an orphan past it
             },
             "case": {"host": case["host"], "case_key": case["case_key"]},
             "num_gpus": case["num_gpus"],
