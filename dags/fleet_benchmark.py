@@ -40,6 +40,11 @@ def with_lanes(mapped, lanes: list) -> list:
 
 
 LONGEST_CASE_S = max(b.timeout_s for b in CONFIG.benchmarks)
+# A host's probes (SSH, nvidia-smi, a GPU smoke container) and collecting a night's outcomes end well within
+# these; past them something hangs, and the task fails instead of holding the run (its cases become rows
+# with host_check_failed / the collect task's failure).
+VALIDATE_TIMEOUT = timedelta(minutes=15)
+COLLECT_TIMEOUT = timedelta(minutes=30)
 # Up to this many hosts each lane is a task group (collapsible in the UI); a larger fleet gets the same
 # task ids (`host_<name>.run_case`) without groups, which parse ~10% faster at 1,000 hosts.
 MAX_GROUPED_LANES = 100
@@ -87,7 +92,7 @@ with DAG(
     def fleet_hosts(the_plan: dict) -> list[dict]:
         return pipeline.central_hosts(the_plan)  # hosts with their own queue are validated in their lane
 
-    @task(retries=0, map_index_template="{{ host_name }}")
+    @task(retries=0, map_index_template="{{ host_name }}", execution_timeout=VALIDATE_TIMEOUT)
     def validate_host(host: dict, the_plan: dict) -> dict:
         get_current_context()["host_name"] = host["name"]
         return pipeline.validate_host(host, the_plan["run"])
@@ -102,7 +107,7 @@ with DAG(
         get_current_context()["host_name"] = host["name"]
         return pipeline.prepare_host_images(host, items(validations))
 
-    @task(trigger_rule=TriggerRule.ALL_DONE, retries=0)
+    @task(trigger_rule=TriggerRule.ALL_DONE, retries=0, execution_timeout=COLLECT_TIMEOUT)
     def collect(the_plan: dict, validations: list[dict], prepared: list[dict], outcomes: list,
                 lane_validations: list, lane_prepared: list) -> dict:
         return pipeline.collect(the_plan, with_lanes(validations, lane_validations), with_lanes(prepared, lane_prepared),
@@ -141,7 +146,7 @@ with DAG(
             on_host = {"queue": host.queue} if host.queue else {}  # Celery: the worker on the GPU host
             if host.queue:  # its engine is the worker's local socket: validate and pull there too
                 validate_op = LaneValidateOperator(task_id=in_lane("validate_host"), retries=0, host=host.name, plan=p,
-                                                   **on_host)
+                                                   execution_timeout=VALIDATE_TIMEOUT, **on_host)
                 p >> validate_op
                 lane_v = validate_op.output
                 lane_p = LanePrepareOperator(task_id=in_lane("prepare_image"), host=host.name, validation=lane_v, plan=p,

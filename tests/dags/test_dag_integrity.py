@@ -103,3 +103,16 @@ def test_maintenance_cleans_each_engine_from_a_worker_that_reaches_it(tmp_path, 
     dag = bag.dags["fleetbench_maintenance"]
     queues = {t.task_id: t.queue for t in dag.tasks if t.task_id.startswith("clean")}
     assert queues == {"clean": "default", "clean_fleet-gpu-b": "fleet-gpu-b"}
+
+
+def test_steps_that_could_hang_have_an_execution_timeout(no_services):
+    dag = load_bag().dags["fleet_benchmark"]
+    assert dag.get_task("validate_host").execution_timeout.total_seconds() == 15 * 60
+    assert dag.get_task("collect").execution_timeout.total_seconds() == 30 * 60
+
+
+def test_case_containers_have_a_bounded_engine_log():
+    from fleetbench.airflow.operators import BenchmarkCaseOperator
+
+    op = BenchmarkCaseOperator(task_id="t", image="x", command=["true"])
+    assert (op.log_opts_max_size, op.log_opts_max_file) == ("100m", "3")

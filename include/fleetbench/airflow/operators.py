@@ -40,6 +40,7 @@ from fleetbench.airflow import pipeline
 from fleetbench.airflow.pipeline import docker_api_client, docker_tls_files
 
 STOP_GRACE_S = 10
+CASE_LOG_MAX_SIZE, CASE_LOG_MAX_FILES = "100m", "3"
 MAX_TASK_LOG_LINE = 4000  # a case's log line in the task log; the log file keeps it whole
 
 
@@ -173,6 +174,10 @@ class BenchmarkCaseOperator(DockerOperator):
         kwargs.setdefault("mount_tmp_dir", False)
         kwargs.setdefault("network_mode", "none")
         kwargs.setdefault("force_pull", False)
+        # The engine keeps at most this much of a case's log (json-file rotation): a runaway harness cannot
+        # fill the host's disk; the saved log file holds what the engine kept.
+        kwargs.setdefault("log_opts_max_size", CASE_LOG_MAX_SIZE)
+        kwargs.setdefault("log_opts_max_file", CASE_LOG_MAX_FILES)
         super().__init__(**kwargs)
         self.case = case or {}
         self.timeout_s = timeout_s
