@@ -23,7 +23,7 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, Asset, Param, TaskGroup, TriggerRule, get_current_context, task
 
-from fleetbench.airflow import pipeline
+from fleetbench.airflow import parse_speed, pipeline
 from fleetbench.airflow.operators import (BenchmarkCaseOperator, HostCasesOperator, LanePrepareOperator,
                                           LaneValidateOperator)
 from fleetbench.airflow.operators import all_items as items
@@ -32,6 +32,7 @@ from fleetbench.params import param_specs
 from fleetbench.paths import default_config_path
 
 CONFIG = load_config(default_config_path())
+parse_speed.cache_operator_defaults()  # before the first .partial(): see fleetbench/airflow/parse_speed.py
 
 
 def with_lanes(mapped, lanes: list) -> list:

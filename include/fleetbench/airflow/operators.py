@@ -19,7 +19,6 @@ raise and fail the task.
 
 from __future__ import annotations
 
-import functools
 import json
 import threading
 import time
@@ -61,30 +60,6 @@ def start_error_class(exc: APIError) -> str:
     if isinstance(exc, NotFound) or "No such image" in text:
         return "image_not_found"
     return "container_config"
-
-
-def _cache_operator_defaults() -> None:
-    """Compute an operator class's constructor defaults once per class, not once per `.partial()`.
-
-    Airflow's `partial()` re-reads them with `inspect.signature` over the class's MRO on every call
-    (a pure function of the class); with one mapped `run_case` per host that was a fifth of the
-    parse time of a 1,000-host DAG. Skipped if the Airflow version has no such function.
-    """
-    from airflow.sdk.bases import operator as sdk_operator
-
-    original = getattr(sdk_operator, "_get_operator_defaults", None)
-    if original is None or getattr(original, "_fleetbench_cached", False):
-        return
-    cached = functools.lru_cache(maxsize=None)(original)
-
-    def operator_defaults(operator_class):
-        return dict(cached(operator_class))  # a copy: callers may change it
-
-    operator_defaults._fleetbench_cached = True
-    sdk_operator._get_operator_defaults = operator_defaults
-
-
-_cache_operator_defaults()
 
 
 def all_items(seq) -> list:
