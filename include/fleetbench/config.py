@@ -30,6 +30,7 @@ PositiveInt = Annotated[int, Field(gt=0)]
 MAX_TIMEOUT_S = 7 * 24 * 3600
 MAX_CPUS = 1024
 MAX_FREE_GB = 1_000_000
+GB = 10**9  # the unit of every min_free_gb (hosts and images): gigabytes, as disks are sold; README says so
 MAX_BATCH_SIZE = 65536  # the trigger form's limit too (fleetbench.params)
 TimeoutS = Annotated[int, Field(gt=0, le=MAX_TIMEOUT_S)]
 
@@ -182,7 +183,7 @@ class HostSpec(_Model):
     tags: list[Name] = []
     # Host validation: free space Docker's data root must have, and the image of the GPU smoke
     # container (`docker run --gpus all IMAGE nvidia-smi -L`; default: the host's first benchmark image).
-    min_free_gb: float = Field(2.0, ge=0, le=MAX_FREE_GB)
+    min_free_gb: float = Field(2.0, ge=0, le=MAX_FREE_GB)  # GB (10^9 bytes)
     gpu_smoke_image: str | None = Field(None, pattern=IMAGE_REF_PATTERN)
     # Fleet topology with the CeleryExecutor (README "Deploying at fleet scale"):
     # (a) central workers drive the host's engine over TLS: docker_url tcp://host:2376 and an Airflow

@@ -22,6 +22,8 @@ import docker
 import requests
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 
+from fleetbench.config import GB
+
 log = logging.getLogger(__name__)
 
 FAILURE_CLASSES = {
@@ -35,7 +37,6 @@ FAILURE_CLASSES = {
 }
 # Failures that another attempt cannot fix: no retry.
 PERMANENT = frozenset({"image_not_found", "registry_auth", "insufficient_disk"})
-GB = 10**9
 
 
 @dataclass

@@ -149,10 +149,10 @@ def test_kernel_older_than_3_10_fails():
 
 
 def test_disk_needs():
-    facts = HostFacts(kernel="5.15.0", docker_version="24.0.7", docker_root_free_bytes=5 * 1024**3)
-    assert verdict(evaluate(facts, HostNeeds(min_free_bytes=4 * 1024**3))) == "ready"
-    failed = {c.name: c for c in evaluate(facts, HostNeeds(min_free_bytes=20 * 1024**3))}["disk"]
-    assert failed.detail == "only 5.0 GiB free on Docker's data root, need 20.0 GiB"
+    facts = HostFacts(kernel="5.15.0", docker_version="24.0.7", docker_root_free_bytes=5 * 10**9)
+    assert verdict(evaluate(facts, HostNeeds(min_free_bytes=4 * 10**9))) == "ready"
+    failed = {c.name: c for c in evaluate(facts, HostNeeds(min_free_bytes=20 * 10**9))}["disk"]
+    assert failed.detail == "only 5.0 GB free on Docker's data root, need 20.0 GB"
 
 
 def test_runtime_or_cdi():

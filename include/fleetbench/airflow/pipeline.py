@@ -22,7 +22,7 @@ from pathlib import Path
 
 from fleetbench import __version__
 from fleetbench.collect import FAILED, OK, SKIPPED
-from fleetbench.config import FleetConfig, load_config
+from fleetbench.config import GB, FleetConfig, load_config
 from fleetbench.paths import artifacts_dir, default_config_path
 from fleetbench.plan import expand_cases
 
@@ -240,7 +240,7 @@ def validate_host(host: dict, run: dict) -> dict:
 
     folder = run_dir(run["dag_id"], run["run_id"]) / "hosts" / safe_name(host["name"]) / "facts"
     needs = HostNeeds(gpus=host["needs"]["gpus"], image_cuda=host["needs"]["image_cuda"],
-                      min_free_bytes=int(host.get("min_free_gb", 2.0) * 1024**3))
+                      min_free_bytes=int(host.get("min_free_gb", 2.0) * GB))
     smoke_image = (host.get("gpu_smoke_image") or next((i["ref"] for i in host.get("images", [])), None)) if needs.gpus else None
     local = host.get("connection", "local") == "local"  # over SSH, docker runs on the host itself
     try:

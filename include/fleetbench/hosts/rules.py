@@ -31,7 +31,7 @@ FORWARD_COMPAT_BRANCHES = {"450": "450.51", "470": "470.57", "510": "510.47", "5
 CONSUMER_GPU_MARKERS = ("GeForce", "TITAN")
 MIN_KERNEL = (3, 10)
 MIN_DOCKER = (19, 3)
-GIB = 1024**3
+GB = 10**9  # disk sizes in messages and needs: gigabytes, the unit of min_free_gb
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class Check:
 class HostNeeds:
     gpus: int = 0
     image_cuda: str | None = None
-    min_free_bytes: int = 2 * GIB
+    min_free_bytes: int = 2 * GB
 
 
 def version_tuple(text: str | None) -> tuple[int, ...] | None:
@@ -147,8 +147,8 @@ def check_disk(facts: HostFacts, needs: HostNeeds) -> Check:
     if free is None:
         return Check("disk", "unknown", facts.unknown.get("disk", "free space on Docker's data root unknown"))
     if free >= needs.min_free_bytes:
-        return Check("disk", "pass", f"{free / GIB:.1f} GiB free on Docker's data root")
-    return Check("disk", "fail", f"only {free / GIB:.1f} GiB free on Docker's data root, need {needs.min_free_bytes / GIB:.1f} GiB")
+        return Check("disk", "pass", f"{free / GB:.1f} GB free on Docker's data root")
+    return Check("disk", "fail", f"only {free / GB:.1f} GB free on Docker's data root, need {needs.min_free_bytes / GB:.1f} GB")
 
 
 def check_nvidia_driver(facts: HostFacts) -> Check:
