@@ -171,7 +171,7 @@ def scheduler_run(workdir: Path, config: dict) -> float:
     sys.path.insert(0, str(ROOT / "tests"))  # the test suite's local Airflow deployment helper
     from airflow_cluster import LocalAirflow
 
-    from fleetbench.airflow.pipeline import pools
+    from fleetbench.runs import pools
     from fleetbench.config import parse_config
 
     cfg_path = workdir / "fleet-sched.yaml"

@@ -23,6 +23,7 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, Asset, Param, TaskGroup, TriggerRule, get_current_context, task
 
+from fleetbench.runs import pool_name
 from fleetbench.airflow import parse_speed, pipeline
 from fleetbench.airflow.operators import (BenchmarkCaseOperator, HostCasesOperator, LanePrepareOperator,
                                           LaneValidateOperator)
@@ -162,7 +163,7 @@ with DAG(
                                           validations=validations)
             runs = BenchmarkCaseOperator.partial(
                 task_id=in_lane("run_case"),
-                pool=pipeline.pool_name(host.name),
+                pool=pool_name(host.name),
                 execution_timeout=timedelta(seconds=LONGEST_CASE_S + 300),
                 map_index_template="{{ task.case['case_key'] }}",
                 **on_host,

@@ -46,10 +46,11 @@ from fleetbench import __version__
 from fleetbench.config import BakeSpec
 from fleetbench.images import PERMANENT, PreparedImage, check_disk, classify_pull_error, free_disk_bytes, pull_with_progress, ref_tag
 from fleetbench.paths import PROJECT_ROOT
+from fleetbench.runs import LABEL_PREFIX
 
 log = logging.getLogger(__name__)
 
-LABEL = "org.fleetbench"
+LABEL = LABEL_PREFIX
 # Set on the setup container only (the committed image gets it blanked): marks a container fleetbench created.
 STEP_LABEL = f"{LABEL}.bake.step"
 LOG_TAIL_LINES = 20

@@ -32,9 +32,11 @@ from datetime import datetime
 import docker
 from docker.errors import APIError, NotFound
 
+from fleetbench.runs import LABEL_PREFIX
+
 log = logging.getLogger(__name__)
 
-LABEL = "org.fleetbench"
+LABEL = LABEL_PREFIX
 CREATOR_MARKS = (f"{LABEL}.run_id", f"{LABEL}.bake.step")
 STOPPED = ("created", "exited", "dead")
 RUNNING = ("running", "paused", "restarting")
@@ -227,14 +229,10 @@ def clean_url(docker_url: str, container_max_age_h: float, image_max_age_h: floa
               dry_run: bool = False, docker_tls_conn_id: str | None = None) -> dict:
     """`clean_engine` on the engine at `docker_url` (over TLS with the certificates of `docker_tls_conn_id`, the
     same client the cases use), with ages in hours; returns the report as a dict."""
-    from fleetbench.airflow.pipeline import docker_api_client, docker_tls_files
+    from fleetbench.engines import engine_client
 
-    with docker_tls_files(docker_tls_conn_id) as tls:
-        api = docker_api_client(docker_url, tls, timeout=120)
-        try:
-            report = clean_engine(api, container_max_age_h * 3600, image_max_age_h * 3600, scope=scope, dry_run=dry_run)
-        finally:
-            api.close()
+    with engine_client(docker_url, docker_tls_conn_id, timeout=120) as api:
+        report = clean_engine(api, container_max_age_h * 3600, image_max_age_h * 3600, scope=scope, dry_run=dry_run)
     return {"docker_url": docker_url, **report.to_dict()}
 
 

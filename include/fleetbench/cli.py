@@ -153,7 +153,7 @@ def _host_check(args: argparse.Namespace) -> int:
 
 
 def _pools_export(args: argparse.Namespace) -> int:
-    from fleetbench.airflow.pipeline import pools
+    from fleetbench.runs import pools
     from fleetbench.config import ConfigError, load_config
     from fleetbench.paths import default_config_path
 

@@ -3,9 +3,9 @@
 Every case of a run uses the pinned reference that was prepared for that run (`repo@sha256:...`, or an
 image id), so a tag that moves while the run is going does not change what is measured.
 
-`prepare` is the whole stage for one image on one engine: disk check -> pull (`prepare_image`) ->
-bake (`fleetbench.bake`). Registry trouble never raises: the result names the failure
-(`failure_class`, see FAILURE_CLASSES) with a message for people. Nothing here imports Airflow;
+`fleetbench.prepare` is the whole stage for one image on one engine: disk check -> pull
+(`prepare_image`, here) -> bake (`fleetbench.bake`). Registry trouble never raises: the result names
+the failure (`failure_class`, see `fleetbench.failures`) with a message for people. Nothing here imports Airflow;
 registry credentials arrive as a Docker `auth_config` dict and are never logged.
 """
 
@@ -22,21 +22,13 @@ import docker
 import requests
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 
+from fleetbench import failures
 from fleetbench.config import GB
 
 log = logging.getLogger(__name__)
 
-FAILURE_CLASSES = {
-    "image_not_found": "the registry has no such repository, tag or digest (or pull_policy 'never' and not on the host)",
-    "registry_unreachable": "the registry did not answer (after bounded retries)",
-    "registry_auth": "the registry refused the credentials, or none were given where it needs them",
-    "insufficient_disk": "Docker's data root has less free space than the image's min_free_gb (refused before pulling)",
-    "docker_unreachable": "the host's Docker engine did not answer",
-    "bake_failed": "the bake step (copy, git checkout, setup command or commit) failed",
-    "pull_failed": "the pull failed for another reason (see the message)",
-}
 # Failures that another attempt cannot fix: no retry.
-PERMANENT = frozenset({"image_not_found", "registry_auth", "insufficient_disk"})
+PERMANENT = failures.PERMANENT
 
 
 @dataclass
@@ -282,33 +274,6 @@ def _pin(api: docker.APIClient, result: PreparedImage, digest: str | None) -> Pr
         result.pinned_ref = result.image_id
     result.base_pinned_ref = result.pinned_ref
     log.info("image %s pinned to %s (image id %s)", ref, result.pinned_ref, (result.image_id or "")[:19])
-    return result
-
-
-def prepare(api: docker.APIClient, spec, auth_config: dict | None = None, push_auth_config: dict | None = None,
-            free_bytes_hint: int | None = None, attempts: int = 3, backoff_s: float = 2.0,
-            extra_labels: dict[str, str] | None = None) -> PreparedImage:
-    """The prepare-image stage for one `ImageSpec` on one engine: pull and pin, then bake if configured.
-
-    With a bake, `pinned_ref` becomes the baked image's id, and `digest` stays the pulled base's
-    registry digest (see PreparedImage).
-    """
-    result = prepare_image(api, spec.name, spec.ref, spec.pull_policy, auth_config=auth_config, attempts=attempts,
-                           backoff_s=backoff_s, min_free_gb=spec.min_free_gb, free_bytes_hint=free_bytes_hint)
-    if not result.ok or spec.bake is None:
-        return result
-    from fleetbench.bake import BakeError, bake_image
-
-    try:
-        baked = bake_image(api, spec.name, spec.bake, base_ref=spec.ref, base_pinned_ref=result.pinned_ref,
-                           base_digest=result.digest or result.image_id, push_auth_config=push_auth_config,
-                           min_free_gb=spec.min_free_gb, free_bytes_hint=free_bytes_hint, extra_labels=extra_labels)
-    except BakeError as exc:
-        return result.fail(exc.failure_class, str(exc))
-    result.pinned_ref = baked.image_id
-    result.baked_ref, result.baked_id, result.bake_cache_hit = baked.ref, baked.image_id, baked.cache_hit
-    result.bake_inputs, result.harness_source, result.harness_revision = baked.inputs, baked.source, baked.revision
-    result.pushed_ref = baked.pushed_ref
     return result
 
 

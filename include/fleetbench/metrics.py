@@ -13,9 +13,9 @@
    estimated from the catalog's TDP (`energy_source = "estimated"`), or none; optional carbon
    from the fleet's `carbon_g_per_kwh`.
 
-Everything here is a pure function except three loaders at the edge: `load_catalog` (the GPU
-catalog, `include/config/gpu_catalog.yaml` or `FLEETBENCH_GPU_CATALOG`) and `settings_from_plan`
-(the fleet config file named in a run's plan). A function that lacks an input returns None rather
+Everything here is a pure function except the loader at the edge, `load_catalog` (the GPU catalog,
+`include/config/gpu_catalog.yaml` or `FLEETBENCH_GPU_CATALOG`); `MetricSettings.from_plan` takes the
+prices and fleet settings a run was planned with. A function that lacks an input returns None rather
 than guessing.
 """
 
@@ -370,23 +370,14 @@ class MetricSettings:
         return cls(host_prices={h.name: h.price_per_gpu_hour for h in cfg.hosts},
                    carbon_g_per_kwh=cfg.fleet.carbon_g_per_kwh, target_accuracy_top1=cfg.fleet.target_accuracy_top1)
 
+    @classmethod
+    def from_plan(cls, plan) -> "MetricSettings":
+        """From a `fleetbench.run_model.RunPlan`: the prices and fleet settings the run was planned with."""
+        fleet = plan.run.fleet_settings
+        return cls(host_prices={h.name: h.price_per_gpu_hour for h in plan.hosts},
+                   carbon_g_per_kwh=fleet.carbon_g_per_kwh, target_accuracy_top1=fleet.target_accuracy_top1)
 
-def settings_from_plan(plan: Mapping[str, Any]) -> MetricSettings:
-    """Host prices and the fleet settings (carbon intensity) the run was planned with."""
-    prices = {h["name"]: h.get("price_per_gpu_hour") for h in plan.get("hosts", [])}
-    fleet = plan.get("run", {}).get("fleet_settings") or {}
-    return MetricSettings(host_prices=prices, carbon_g_per_kwh=fleet.get("carbon_g_per_kwh"),
-                          target_accuracy_top1=fleet.get("target_accuracy_top1"))
 
-
-DERIVED_COLUMNS = (
-    "precision", "gpu_catalog_name", "time_for_batches_s", "time_to_accuracy_s",
-    "step_median_images_per_sec", "step_spread_images_per_sec", "step_cv",
-    "speedup_efficiency", "speedup_baseline_case_key",
-    "price_per_gpu_hour", "price_source", "cost_usd", "cost_per_million_images_usd",
-    "energy_kwh", "images_per_joule", "carbon_g_per_kwh", "carbon_g",
-)
-"""Result columns `derive` fills (besides energy_source, energy_j and mean_power_w for estimates)."""
 
 
 def derive(rows: Sequence[Mapping[str, Any]], steps: Iterable[Mapping[str, Any]], catalog: GpuCatalog | None,

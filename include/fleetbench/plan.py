@@ -7,9 +7,13 @@ from validated names only, as an argument list (never a shell string).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Iterable
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Iterable
 
 from fleetbench.config import BenchmarkSpec, FleetConfig
+
+if TYPE_CHECKING:
+    from fleetbench.run_model import RunPlan
 
 
 @dataclass(frozen=True)
@@ -103,3 +107,38 @@ def expand_cases(cfg: FleetConfig, hosts: Iterable[str] | None = None, models: I
         dupes = sorted({k for k in keys if keys.count(k) > 1})
         raise ValueError(f"duplicate cases in plan: {dupes[:5]}")
     return cases
+
+
+def build_plan(cfg: FleetConfig, run: dict, params: dict | None = None) -> "RunPlan":
+    """The run's plan: its cases, and per host with cases the host's settings, what its cases need (most
+    GPUs, newest CUDA of its images) and the images they run. `cfg` has the run's parameters applied;
+    `run` holds dag_id, run_id, logical_date, run_type."""
+    from fleetbench import __version__
+    from fleetbench.run_model import CaseNeeds, PlannedHost, RunInfo, RunPlan
+
+    cases = expand_cases(cfg)
+    hosts = []
+    for host in cfg.hosts:
+        host_cases = [c for c in cases if c.host == host.name]
+        if not host_cases:
+            continue
+        images = [cfg.image(n) for n in sorted({c.image for c in host_cases})]
+        cudas = [i.cuda for i in images if i.cuda]
+        needs = CaseNeeds(gpus=max(c.num_gpus for c in host_cases), image_cuda=max(cudas, key=_vkey) if cudas else None)
+        hosts.append(PlannedHost(**dict(host), needs=needs, images=images))
+    info = RunInfo(**run, fleet=cfg.fleet.name, config_digest=cfg.digest(), started_at=datetime.now(timezone.utc).isoformat(),
+                   fleetbench_version=__version__, dry_run=bool((params or {}).get("dry_run")), params=params or {},
+                   fleet_settings=cfg.fleet)
+    return RunPlan(run=info, hosts=hosts, cases=cases)
+
+
+def plan_table(cases: Iterable[Case]) -> str:
+    """The plan as people read it: host, case_key, image, command (what a dry run logs)."""
+    head = ("host", "case_key", "image", "command")
+    rows = [head] + [(c.host, c.case_key, c.image, " ".join(c.command)) for c in cases]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(r[:3], widths)) + "  " + r[3] for r in rows)
+
+
+def _vkey(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split("."))

@@ -18,7 +18,7 @@ from fleetbench import __version__
 from fleetbench.bake import tree_hash
 from fleetbench.cleanup import clean_engine
 from fleetbench.config import ImageSpec
-from fleetbench.images import prepare
+from fleetbench.prepare import prepare
 from test_images import REGISTRY, delete_manifest, registry_digest, remove_images, unique
 
 pytestmark = pytest.mark.integration

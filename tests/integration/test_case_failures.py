@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fleetbench.airflow.operators import BenchmarkCaseOperator
-from fleetbench.collect import measure
+from fleetbench.measure import measure
 
 pytestmark = pytest.mark.integration
 

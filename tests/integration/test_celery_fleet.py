@@ -189,7 +189,7 @@ def test_celery_workers_run_each_host_on_its_own_queue(tmp_path, pg_url, certs, 
     cfg = two_topologies(smoke_image, tls_engine.url, models=("trivial", "lenet"), batch_sizes=(8,), num_batches=10)
     cfg["fleet"]["schedule"] = None  # only the run this test triggers
     config = write_config(tmp_path / "fleet.yaml", cfg)
-    from fleetbench.airflow.pipeline import pools
+    from fleetbench.runs import pools
 
     admin = create_engine(pg_url, isolation_level="AUTOCOMMIT")
     warehouse_db = f"fb_wh_{uuid.uuid4().hex[:10]}"

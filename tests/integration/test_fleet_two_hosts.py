@@ -88,7 +88,7 @@ def test_ssh_host_runs_its_cases_while_the_unfit_local_host_is_skipped(airflow_d
     assert facts["localhost"].verdict == "unfit"
 
     # the probe outputs were kept, one file per command, in the run's artifact folder
-    from fleetbench.airflow.pipeline import run_dir
+    from fleetbench.runs import run_dir
 
     folder = run_dir("fleet_benchmark", dag_run.run_id) / "hosts" / "sshhost" / "facts"
     assert json.loads((folder / "probes.json").read_text())["runner"] == "ssh:fleet_ssh"

@@ -15,7 +15,7 @@ import yaml
 
 from fleetbench.metrics import (ESTIMATED, MEASURED, NONE, MetricSettings, carbon_g, cost_per_million_images_usd, cost_usd,
                                 derive, energy_j, estimated_power_w, gpu_hour_price, images_per_joule, kwh, load_catalog,
-                                match_speedup, precision_of, settings_from_plan, speedup_efficiency, step_stats,
+                                match_speedup, precision_of, speedup_efficiency, step_stats,
                                 time_for_batches_s, time_to_accuracy_s)
 from fleetbench.parsing import parse_log
 
@@ -313,11 +313,16 @@ def gpu_fleet(carbon: float | None) -> dict:
 
 def test_settings_from_the_plan(tmp_path):
     from fleetbench.airflow.pipeline import make_plan
+    from fleetbench.run_model import RunPlan
     from fleetbench.config import load_config
 
     path = tmp_path / "fleet.yaml"
     path.write_text(yaml.safe_dump(gpu_fleet(436.0)))
-    plan = make_plan({"dag_id": "fleet_benchmark", "run_id": "r1"}, str(path))
+    plan = RunPlan.load(make_plan({"dag_id": "fleet_benchmark", "run_id": "r1"}, str(path)))
+
+    def settings_from_plan(plan):
+        return MetricSettings.from_plan(RunPlan.load(plan))
+
     settings = settings_from_plan(plan)
     assert settings.host_prices == {"a100": 2.9, "rtx": None}
     assert settings.carbon_g_per_kwh == 436.0

@@ -438,7 +438,7 @@ def test_view_on_an_empty_warehouse(engine):
 def test_pipeline_report_writes_into_the_data_dir(history, data_dir):
     from fleetbench.airflow.pipeline import write_report
 
-    plan = {"run": {"dag_id": "fleet_benchmark", "run_id": run_id(4)}}
+    plan = {"run": {"dag_id": "fleet_benchmark", "run_id": run_id(4)}, "hosts": [], "cases": []}
     stored = {"run_id": run_id(4), "total": 8, "ok": 5, "failed": 3, "skipped": 0}
     summary = write_report(plan, stored)
     assert summary == {"dag_id": "fleet_benchmark", "run_id": run_id(4), "report": str(data_dir / "reports" / "report.html"),

@@ -36,7 +36,10 @@ from docker.types import DeviceRequest, LogConfig, Ulimit
 
 from fleetbench import telemetry
 from fleetbench.airflow import pipeline
-from fleetbench.airflow.pipeline import docker_api_client, docker_tls_files
+from fleetbench.airflow.connections import docker_tls_files
+from fleetbench.engines import docker_api_client
+from fleetbench.runs import log_path as case_log_path
+from fleetbench.runs import outcome_path
 
 STOP_GRACE_S = 10
 CASE_LOG_MAX_SIZE, CASE_LOG_MAX_FILES = "100m", "3"
@@ -138,13 +141,33 @@ class LanePrepareOperator(_LaneStepOperator):
         return pipeline.prepare_host_images(host, [self.validation])
 
 
+def container_settings(container: dict) -> dict:
+    """A case's ContainerSpec (plain data) -> DockerOperator arguments, plus `ulimit_map` and `cpu_limit` (ours)."""
+    return {
+        "network_mode": container.get("network_mode", "none"),
+        "shm_size": container.get("shm_size"),
+        "ipc_mode": container.get("ipc_mode"),
+        "ulimit_map": container.get("ulimits") or {},
+        "mem_limit": container.get("mem_limit"),
+        "cpu_limit": container.get("cpus"),
+        "environment": container.get("environment") or {},
+        "mounts": [{"source": m["source"], "target": m["target"], "type": "bind", "read_only": m.get("read_only", True)}
+                   for m in container.get("mounts") or []],
+    }
+
+
 class BenchmarkCaseOperator(DockerOperator):
     template_fields = tuple(DockerOperator.template_fields)
 
     def __init__(self, *, case: dict | None = None, timeout_s: int = 3600, log_dir: str | None = None, num_gpus: int = 0,
                  gpu_device_ids: list[str] | None = None, ulimit_map: dict[str, int] | None = None,
                  cpu_limit: float | None = None, telemetry_period_s: float = 0, docker_tls_conn_id: str | None = None,
-                 **kwargs: Any) -> None:
+                 container: dict | None = None, **kwargs: Any) -> None:
+        if container is not None:  # the case's ContainerSpec (plain data): its docker run settings
+            settings = container_settings(container)
+            ulimit_map = settings.pop("ulimit_map")
+            cpu_limit = settings.pop("cpu_limit")
+            kwargs = {**settings, **kwargs}
         kwargs.setdefault("auto_remove", "never")
         kwargs.setdefault("mount_tmp_dir", False)
         kwargs.setdefault("network_mode", "none")
@@ -201,8 +224,7 @@ class BenchmarkCaseOperator(DockerOperator):
 
     # -- the run loop ---------------------------------------------------------------------
     def _paths(self) -> tuple[Path, Path]:
-        folder = Path(self.log_dir)
-        return folder / f"{self.case['case_key']}.log", folder / f"{self.case['case_key']}.outcome.json"
+        return case_log_path(self.log_dir, self.case["case_key"]), outcome_path(self.log_dir, self.case["case_key"])
 
     def _blank_outcome(self) -> dict[str, Any]:
         log_path, _ = self._paths()
@@ -223,7 +245,7 @@ class BenchmarkCaseOperator(DockerOperator):
 
     def _finish(self, outcome: dict) -> None:
         """Measure on this worker, where the log is (collect then needs no shared folder), and keep the outcome file."""
-        from fleetbench.collect import measure
+        from fleetbench.measure import measure
 
         fields, steps = measure({"command": outcome["command"]}, outcome)
         outcome["measurement"] = {"fields": fields, "steps": steps}

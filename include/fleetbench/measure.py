@@ -1,6 +1,8 @@
-"""Collect: a case's container outcome + its raw log -> one classified measurement (a result row).
+"""Measure: a case's container outcome + its raw log -> one classified measurement, and the case's result row.
 
-Pure functions over plain data; the only I/O is reading the saved log file.
+The case's task measures once, where its log is (`measure`); the run's collect step only reads
+those measurements (or a killed task's outcome file) and turns each planned case into a result row
+(`result_row`, `not_run`). Pure functions over plain data; the only I/O is reading saved files.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
+from fleetbench.failures import row_class
 from fleetbench.telemetry import parse_report
 from fleetbench.telemetry.report import clean_report
 
@@ -19,8 +22,8 @@ if TYPE_CHECKING:  # the parsers load when a log is measured, not with the DAG f
 
 # Row statuses.
 OK, FAILED, SKIPPED = "ok", "failed", "skipped"
-# Parser failure classes that keep their name on the row; "oom" in a log is the framework's GPU OOM.
-_LOG_CLASSES = {"oom": "gpu_oom", "nccl": "nccl", "import_error": "import_error", "cuda_driver": "cuda_driver"}
+# Parser failure classes that fail a case by themselves (the others only explain an exit).
+_LOG_FAILURES = ("nccl", "import_error", "cuda_driver")
 _CORE_DUMP_MARKERS = ("core dumped", "吐核", "Aborted (core dumped)")
 
 
@@ -55,8 +58,8 @@ def classify(outcome: dict, parsed: ParsedLog | None, log_text: str) -> tuple[st
         return FAILED, "core_dump", f"exit {exit_code}: " + (_last_line(tail) or "crashed")
     if exit_code == 137:
         return FAILED, "killed", "killed by SIGKILL (exit 137) without an OOM kill"
-    if log_class in _LOG_CLASSES:
-        return FAILED, _LOG_CLASSES[log_class], log_detail
+    if log_class in _LOG_FAILURES:
+        return FAILED, row_class(log_class), log_detail
     if exit_code not in (0, None):
         return FAILED, "nonzero_exit", f"exit {exit_code}: " + (_last_line(tail) or "no output")
     if parsed is None or parsed.total_images_per_sec is None:
@@ -136,3 +139,45 @@ def not_run(status: str, failure_class: str | None, detail: str) -> dict:
     return {"status": status, "failure_class": failure_class, "failure_detail": detail[:500], "images_per_sec": None,
             "accuracy_top1": None, "step_count": 0, "exit_code": None, "started_at": None, "finished_at": now, "duration_s": None,
             "log_path": None, "command": None, **telemetry_fields(None)}
+
+
+def outcome_from_file(log_dir: str, case_key: str) -> dict | None:
+    """The outcome a case's task wrote next to its log (e.g. when it was killed before returning)."""
+    from fleetbench.runs import outcome_path
+
+    try:
+        return json.loads(outcome_path(log_dir, case_key).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def case_fields(case, verdict, image: dict | None, outcome: dict | None) -> tuple[dict, list[dict]]:
+    """One planned case's measurement fields and steps, or why it has none: host not validated or unfit,
+    image not prepared, task failed before reporting. `verdict` is the host's HostVerdict (or None)."""
+    if verdict is None:
+        return not_run(FAILED, "host_check_failed", "host validation did not finish"), []
+    if verdict.unfit:
+        return not_run(SKIPPED, "host_unfit", f"host {case.host} is unfit: {verdict.reasons}"), []
+    if (image or {}).get("failure_class"):
+        return not_run(FAILED, image["failure_class"], image.get("error") or "image not prepared"), []
+    if outcome is None:
+        return not_run(FAILED, "task_failed", "the case's task failed before reporting (see its task log)"), []
+    return measure({"command": case.command}, outcome)
+
+
+def result_row(run, case, verdict, image: dict | None, fields: dict) -> dict:
+    """A `benchmark_results` row: the case's identity and provenance (run, host facts, image) and its fields."""
+    facts = verdict.host_facts if verdict is not None else None
+    image = image or {}
+    return {
+        "dag_id": run.dag_id, "run_id": run.run_id, "logical_date": run.logical_date,
+        "host": case.host, "case_key": case.case_key, "benchmark": case.benchmark, "model": case.model,
+        "batch_size_per_device": case.batch_size_per_device, "batch_size_global": case.batch_size_global,
+        "num_gpus": case.num_gpus, "variable_update": case.variable_update, "device": case.device,
+        "num_batches": case.num_batches, "image_name": case.image,
+        "image_ref": image.get("ref"), "image_digest": image.get("digest"),
+        "driver_version": facts.driver_version if facts else None,
+        "cuda_driver_version": facts.cuda_driver_version if facts else None,
+        "gpu_model": facts.gpu_model if facts else None,
+        **fields,
+    }

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetbench.collect import classify, measure
+from fleetbench.measure import classify, measure
 from fleetbench.parsing import parse_log
 
 REAL_LOGS = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "real-logs"

@@ -1,0 +1,72 @@
+"""Docker engines: one place that turns a host's `docker_url` (and TLS certificates) into a client.
+
+Shaped like the docker provider's DockerHook: `engine_client(docker_url, tls_conn_id)` opens the
+engine the way every step uses it (image preparation, the cases, maintenance, the CLI): the URL as
+is, or over mutual TLS with the certificates of an Airflow Connection (`fleetbench.airflow.connections`
+writes them to a private folder for as long as the client is open). The docker CLI of the host
+probes gets the same files through `docker_cli_env`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+def docker_tls_config(tls: dict | None):
+    """docker-py's TLSConfig for the files of `docker_tls_files` (False without TLS: plain socket or tcp)."""
+    if not tls:
+        return False
+    from docker.tls import TLSConfig
+
+    return TLSConfig(client_cert=(tls["client_cert"], tls["client_key"]), ca_cert=tls["ca_cert"], verify=tls["verify"])
+
+
+def docker_api_client(docker_url: str, tls: dict | None, timeout: int = 600, version: str | None = "auto"):
+    """docker-py's APIClient for a host's engine: its URL as is, or over TLS with the files of `docker_tls_files`.
+
+    Over TLS the client ignores REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE and proxy variables: requests lets
+    them override the session's `verify`, so the engine's private CA would be replaced by the system
+    bundle on workers that set them ("self-signed certificate in certificate chain").
+    """
+    import docker
+
+    if not tls:
+        return docker.APIClient(base_url=docker_url, version=version or "auto", timeout=timeout)
+    return _engine_tls_client()(base_url=docker_url, version=version or "auto", timeout=timeout, tls=docker_tls_config(tls))
+
+
+@functools.cache
+def _engine_tls_client():
+    import docker
+
+    class EngineTLSClient(docker.APIClient):
+        trust_env = property(lambda self: False, lambda self, value: None)  # requests.Session sets True in __init__
+
+    return EngineTLSClient
+
+
+@contextmanager
+def engine_client(docker_url: str, tls_conn_id: str | None = None, timeout: int = 600) -> Iterator:
+    """An APIClient for the engine at `docker_url` (over TLS with `tls_conn_id`'s certificates), closed afterwards.
+
+    Raises ValueError for a missing or incomplete TLS connection, docker's DockerException when the
+    engine does not answer."""
+    from fleetbench.airflow.connections import docker_tls_files
+
+    with docker_tls_files(tls_conn_id) as tls:
+        api = docker_api_client(docker_url, tls, timeout=timeout)
+        try:
+            yield api
+        finally:
+            api.close()
+
+
+def docker_cli_env(docker_url: str, tls: dict | None) -> dict[str, str]:
+    """Environment for the docker CLI (host probes) talking to `docker_url`, over TLS when `tls` is set."""
+    env = {"DOCKER_HOST": docker_url}
+    if tls:
+        env["DOCKER_CERT_PATH"] = tls["cert_path"]
+        env["DOCKER_TLS_VERIFY" if tls["verify"] else "DOCKER_TLS"] = "1"
+    return env

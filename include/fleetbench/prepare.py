@@ -1,0 +1,37 @@
+"""The prepare-image stage: per host, every image its cases need, pulled and pinned, then baked if configured.
+
+`prepare(api, spec)` is one image on one engine: disk check -> pull and pin (`fleetbench.images`) ->
+bake (`fleetbench.bake`). It sits above both modules, so neither imports the other's caller.
+"""
+
+from __future__ import annotations
+
+import docker
+
+from fleetbench.bake import BakeError, bake_image
+from fleetbench.images import PreparedImage, prepare_image
+
+
+def prepare(api: docker.APIClient, spec, auth_config: dict | None = None, push_auth_config: dict | None = None,
+            free_bytes_hint: int | None = None, attempts: int = 3, backoff_s: float = 2.0,
+            extra_labels: dict[str, str] | None = None) -> PreparedImage:
+    """The prepare-image stage for one `ImageSpec` on one engine: pull and pin, then bake if configured.
+
+    With a bake, `pinned_ref` becomes the baked image's id, and `digest` stays the pulled base's
+    registry digest (see PreparedImage).
+    """
+    result = prepare_image(api, spec.name, spec.ref, spec.pull_policy, auth_config=auth_config, attempts=attempts,
+                           backoff_s=backoff_s, min_free_gb=spec.min_free_gb, free_bytes_hint=free_bytes_hint)
+    if not result.ok or spec.bake is None:
+        return result
+    try:
+        baked = bake_image(api, spec.name, spec.bake, base_ref=spec.ref, base_pinned_ref=result.pinned_ref,
+                           base_digest=result.digest or result.image_id, push_auth_config=push_auth_config,
+                           min_free_gb=spec.min_free_gb, free_bytes_hint=free_bytes_hint, extra_labels=extra_labels)
+    except BakeError as exc:
+        return result.fail(exc.failure_class, str(exc))
+    result.pinned_ref = baked.image_id
+    result.baked_ref, result.baked_id, result.bake_cache_hit = baked.ref, baked.image_id, baked.cache_hit
+    result.bake_inputs, result.harness_source, result.harness_revision = baked.inputs, baked.source, baked.revision
+    result.pushed_ref = baked.pushed_ref
+    return result

@@ -1,0 +1,166 @@
+"""The typed data one fleet_benchmark run passes between its tasks.
+
+Built once where it is made (the plan by `plan`, a verdict by `validate_host`, ...), turned into JSON
+only at the XCom edge (`to_xcom`) and read back there (`load`, which also takes the model itself).
+Nothing downstream re-defaults or re-checks a field: a planned host's `min_free_gb` or `connection`
+is the config's value, its images are `ImageSpec`s, the run's fleet settings a `FleetSettings`.
+
+    RunPlan      run (RunInfo) + hosts (PlannedHost: the config's HostSpec, what its cases need,
+                 its images) + cases (fleetbench.plan.Case)
+    HostVerdict  validate_host's answer for one host: verdict, reasons, checks, facts
+    HostImages   prepare_image's answer for one host: PreparedImage per image name
+    CaseOutcome  how one case's container ended (BenchmarkCaseOperator), with its Measurement
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from fleetbench.config import FleetSettings, HostSpec, ImageSpec
+from fleetbench.plan import Case
+
+
+class _XcomEdge:
+    """Read from and written to XCom as JSON."""
+
+    @classmethod
+    def load(cls, value):
+        """The model from its XCom JSON (a dict), or the model itself; None stays None."""
+        if value is None or isinstance(value, cls):
+            return value
+        return cls.model_validate(value)
+
+    def to_xcom(self) -> dict:
+        return self.model_dump(mode="json")
+
+
+class _Xcom(_XcomEdge, BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RunInfo(_Xcom):
+    dag_id: str
+    run_id: str
+    logical_date: str | None = None
+    run_type: str | None = None
+    fleet: str | None = None
+    config_digest: str | None = None
+    config_path: str | None = None
+    started_at: str | None = None
+    fleetbench_version: str | None = None
+    dry_run: bool = False
+    params: dict[str, Any] = {}
+    # The run uses the fleet settings it was planned with, not whatever the file says later.
+    fleet_settings: FleetSettings = FleetSettings()
+
+
+class CaseNeeds(_Xcom):
+    """What the host's cases of this run need from it (validate_host judges the host against it)."""
+
+    gpus: int = 0
+    image_cuda: str | None = None
+
+
+class PlannedHost(_XcomEdge, HostSpec):
+    """A host of the config as this run plans it: its settings, its cases' needs, the images they run."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    needs: CaseNeeds = CaseNeeds()
+    images: list[ImageSpec] = []
+
+    @property
+    def local(self) -> bool:
+        """Probed on the worker itself (else over the host's SSH connection)."""
+        return self.connection == "local"
+
+
+class RunPlan(_Xcom):
+    run: RunInfo
+    hosts: list[PlannedHost]
+    cases: list[Case]
+
+    def host(self, name: str) -> PlannedHost | None:
+        """The host as planned for this run; None when the run has no case on it (e.g. a `hosts` parameter)."""
+        return self._hosts.get(name)
+
+    @cached_property
+    def _hosts(self) -> dict[str, PlannedHost]:
+        return {h.name: h for h in self.hosts}
+
+    def central_hosts(self) -> list[PlannedHost]:
+        """Hosts validated and prepared on the default queue (central workers): those without a queue of their own."""
+        return [h for h in self.hosts if not h.queue]
+
+
+class HostVerdict(_Xcom):
+    """validate_host's answer: `facts` is `HostFacts.to_dict()` (read once per host with `host_facts`)."""
+
+    host: str
+    verdict: str
+    reasons: str = ""
+    checks: list[dict[str, Any]] = []
+    facts: dict[str, Any] = {}
+    facts_dir: str | None = None
+    collected_at: str | None = None
+
+    @cached_property
+    def host_facts(self):
+        from fleetbench.hosts import HostFacts
+
+        return HostFacts.from_dict(self.facts)
+
+    @property
+    def unfit(self) -> bool:
+        return self.verdict == "unfit"
+
+
+class HostImages(_Xcom):
+    """prepare_image's answer: one `fleetbench.images.PreparedImage` (as a dict) per image name."""
+
+    host: str
+    images: dict[str, dict[str, Any]] = {}
+    skipped: bool = False
+
+    def ready(self, image: str) -> dict | None:
+        """The prepared image when it can run cases, else None."""
+        prepared = self.images.get(image)
+        return prepared if prepared and not prepared.get("failure_class") else None
+
+
+class Measurement(_Xcom):
+    """What a case measured: its result fields (status, failure class, metrics) and its step samples."""
+
+    fields: dict[str, Any]
+    steps: list[dict[str, Any]] = []
+
+
+class CaseOutcome(_Xcom):
+    """How one case's container ended, as BenchmarkCaseOperator saw it (also written next to the log)."""
+
+    model_config = ConfigDict(extra="allow")  # outcome files of earlier versions may carry more
+    host: str
+    case_key: str
+    image: str | None = None
+    container_name: str | None = None
+    command: list[str] = []
+    gpu_device_ids: list[str] | None = None
+    exit_code: int | None = None
+    oom_killed: bool = False
+    timed_out: bool = False
+    killed_by_airflow: bool = False
+    engine_unreachable: bool = False
+    start_error_class: str | None = None
+    error: str | None = None
+    log_path: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    duration_s: float | None = None
+    measurement: Measurement | None = Field(default=None)
+
+
+def by_host(items) -> dict[str, Any]:
+    """Per-host answers (HostVerdict, HostImages, or their dicts) keyed by host; None items (skipped lanes) dropped."""
+    return {i.host if hasattr(i, "host") else i["host"]: i for i in items if i}

@@ -1,0 +1,82 @@
+"""Where a run's files are and what its containers are called: run folders, tokens, labels, outcome paths.
+
+One run of a DAG keeps its artifacts under `<artifacts>/<dag_id>/<run_id>/`: per host, the probe
+outputs (`hosts/<host>/facts/`) and each case's log and outcome (`hosts/<host>/cases/<case_key>.log`,
+`.outcome.json`). Containers are named from a short token of the run and labelled under one prefix,
+`org.fleetbench`, which maintenance and the cleanup rules read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+from fleetbench.paths import artifacts_dir
+
+LABEL_PREFIX = "org.fleetbench"
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def label(name: str) -> str:
+    """`org.fleetbench.<name>`: every label fleetbench sets."""
+    return f"{LABEL_PREFIX}.{name}"
+
+
+def safe_name(text: str) -> str:
+    return _UNSAFE.sub("_", text).strip("_.-")[:120] or "x"
+
+
+def run_dir(dag_id: str, run_id: str) -> Path:
+    return artifacts_dir() / safe_name(dag_id) / safe_name(run_id)
+
+
+def run_token(dag_id: str, run_id: str) -> str:
+    """Short stable id of a DAG run, used in container names."""
+    return hashlib.sha256(f"{dag_id}\0{run_id}".encode()).hexdigest()[:10]
+
+
+def facts_dir(dag_id: str, run_id: str, host: str) -> Path:
+    """Where a host's probe outputs of the run are saved."""
+    return run_dir(dag_id, run_id) / "hosts" / safe_name(host) / "facts"
+
+
+def case_log_dir(dag_id: str, run_id: str, host: str) -> Path:
+    """Where a host's case logs and outcome files of the run are saved."""
+    return run_dir(dag_id, run_id) / "hosts" / safe_name(host) / "cases"
+
+
+def outcome_path(log_dir: str | Path, case_key: str) -> Path:
+    """The outcome file a case's task writes next to its log (read back when the task died before returning)."""
+    return Path(log_dir) / f"{case_key}.outcome.json"
+
+
+def log_path(log_dir: str | Path, case_key: str) -> Path:
+    return Path(log_dir) / f"{case_key}.log"
+
+
+def container_name(dag_id: str, run_id: str, host: str, case_key: str) -> str:
+    return safe_name(f"fb-{run_token(dag_id, run_id)}-{host}-{case_key}")
+
+
+def case_labels(dag_id: str, run_id: str, host: str, case_key: str, timeout_s: int) -> dict[str, str]:
+    """A case container's labels: what maintenance recognises it by, and its own timeout (an orphan past it is reaped)."""
+    return {
+        label("managed"): "true",
+        label("dag_id"): dag_id,
+        label("run_id"): run_id,
+        label("host"): host,
+        label("case_key"): case_key,
+        label("timeout_s"): str(timeout_s),
+    }
+
+
+def pool_name(host: str) -> str:
+    """The Airflow pool of a host's lane: one slot, so one benchmark at a time on the host's GPUs."""
+    return f"fleetbench_{safe_name(host)}"
+
+
+def pools(cfg) -> dict:
+    """`airflow pools import` JSON for every host of a fleet config: one single-slot pool each."""
+    return {pool_name(h.name): {"slots": 1, "description": f"fleetbench: one benchmark at a time on {h.name}",
+                                "include_deferred": False} for h in cfg.hosts}
