@@ -36,9 +36,16 @@ CONFIG = load_config(default_config_path())
 parse_speed.cache_operator_defaults()  # before the first .partial(): see fleetbench/airflow/parse_speed.py
 
 
-def with_lanes(mapped, lanes: list) -> list:
-    """A top-level mapped task's results (central hosts) and the same step's results from the own-queue lanes."""
-    return [*items(mapped), *lanes]
+def every_host(results: list) -> list:
+    """One step's results for every host, as one list: the top-level mapped task's (central hosts) and the
+    own-queue lanes' (one each; None for a lane whose host the run does not plan)."""
+    out = []
+    for r in results:
+        if isinstance(r, dict):
+            out.append(r)
+        elif r is not None:
+            out.extend(items(r))
+    return out
 
 
 LONGEST_CASE_S = max(b.timeout_s for b in CONFIG.benchmarks)
@@ -110,14 +117,12 @@ with DAG(
         return pipeline.prepare_host_images(host, items(validations))
 
     @task(trigger_rule=TriggerRule.ALL_DONE, retries=0, execution_timeout=COLLECT_TIMEOUT)
-    def collect(the_plan: dict, validations: list[dict], prepared: list[dict], outcomes: list,
-                lane_validations: list, lane_prepared: list) -> dict:
-        return pipeline.collect(the_plan, with_lanes(validations, lane_validations), with_lanes(prepared, lane_prepared),
-                                [o for lane in outcomes for o in items(lane)])
+    def collect(the_plan: dict, validations: list, prepared: list, outcomes: list) -> dict:
+        return pipeline.collect(the_plan, every_host(validations), every_host(prepared), every_host(outcomes))
 
     @task(trigger_rule=TriggerRule.ALL_DONE)
-    def store(the_plan: dict, validations: list[dict], collected: dict, lane_validations: list) -> dict:
-        return pipeline.store(the_plan, with_lanes(validations, lane_validations), collected)
+    def store(the_plan: dict, validations: list, collected: dict) -> dict:
+        return pipeline.store(the_plan, every_host(validations), collected)
 
     @task(retries=0)
     def compare(the_plan: dict, stored: dict) -> dict:
@@ -132,8 +137,8 @@ with DAG(
         return summary
 
     @task(retries=0, trigger_rule=TriggerRule.NONE_FAILED)  # no central host: validate_host is skipped
-    def check_fleet(validations: list[dict], stored: dict, regressions: dict, lane_validations: list) -> dict:
-        pipeline.check_fleet(with_lanes(validations, lane_validations))
+    def check_fleet(validations: list, stored: dict, regressions: dict) -> dict:
+        pipeline.check_fleet(every_host(validations))
         return {**stored, "regressions": regressions}  # the run's summary
 
     p = plan()
@@ -142,7 +147,8 @@ with DAG(
     go = proceed(p, validations)
     prepared = prepare_image.partial(validations=validations).expand(host=hosts)
     go >> prepared
-    outcomes, lane_validations, lane_prepared = [], [], []
+    # Each step's results of every host travel as one list: the top-level mapped task's, then each lane's.
+    all_validations, all_prepared, outcomes = [validations], [prepared], []
     for host in CONFIG.hosts:
         with lane(host.name) as in_lane:
             on_host = {"queue": host.queue} if host.queue else {}  # Celery: the worker on the GPU host
@@ -154,8 +160,8 @@ with DAG(
                 lane_p = LanePrepareOperator(task_id=in_lane("prepare_image"), host=host.name, validation=lane_v, plan=p,
                                              **on_host).output
                 go >> lane_p
-                lane_validations.append(lane_v)
-                lane_prepared.append(lane_p)
+                all_validations.append(lane_v)
+                all_prepared.append(lane_p)
                 cases = HostCasesOperator(task_id=in_lane("cases"), retries=0, host=host.name, prepared=[lane_p], plan=p,
                                           validations=[lane_v])
             else:
@@ -169,10 +175,10 @@ with DAG(
                 **on_host,
             ).expand_kwargs(cases.output)
         outcomes.append(runs.output)
-    collected = collect(p, validations, prepared, outcomes, lane_validations, lane_prepared)
-    stored = store(p, validations, collected, lane_validations)
+    collected = collect(p, all_validations, all_prepared, outcomes)
+    stored = store(p, all_validations, collected)
     regressions = compare(p, stored)
-    check = check_fleet(validations, stored, regressions, lane_validations)
+    check = check_fleet(all_validations, stored, regressions)
     rep = report(p, stored)
     regressions >> rep
 
