@@ -140,7 +140,7 @@ class Measurement(_Xcom):
 class CaseOutcome(_Xcom):
     """How one case's container ended, as BenchmarkCaseOperator saw it (also written next to the log)."""
 
-    model_config = ConfigDict(extra="allow")  # outcome files of earlier versions may carry more
+    model_config = ConfigDict(extra="forbid")  # BenchmarkCaseOperator is its one producer
     host: str
     case_key: str
     image: str | None = None

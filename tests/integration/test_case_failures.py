@@ -164,6 +164,7 @@ def test_kill_from_airflow_stops_removes_and_records_killed(case_run, docker_api
     outcome = json.loads((Path(op.log_dir) / f"{op.case['case_key']}.outcome.json").read_text())
     fields, _ = measure({"command": ["sleep"]}, outcome)
     assert (fields["status"], fields["failure_class"]) == ("failed", "killed")
+    assert outcome["measurement"]["fields"]["failure_class"] == "killed"  # measured once, by the case's task
 
 
 def test_telemetry_wrapper_passes_everything_through(case_run, smoke_image):

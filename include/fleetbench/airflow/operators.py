@@ -38,6 +38,7 @@ from fleetbench import telemetry
 from fleetbench.airflow import pipeline
 from fleetbench.airflow.connections import docker_tls_files
 from fleetbench.engines import docker_api_client
+from fleetbench.run_model import CaseOutcome, Measurement
 from fleetbench.runs import log_path as case_log_path
 from fleetbench.runs import outcome_path
 
@@ -218,9 +219,15 @@ class BenchmarkCaseOperator(DockerOperator):
             self.log.info("task killed: stopping and removing container %s", self.container["Id"][:12])
             self._remove(self.container["Id"], stop_first=True)
         if self.case.get("case_key") and self.log_dir:
-            self._write_outcome({**self._blank_outcome(), "killed_by_airflow": True,
-                                 "error": "the task was killed from Airflow (UI or CLI) while the case ran",
-                                 "finished_at": datetime.now(timezone.utc).isoformat()})
+            log_path, _ = self._paths()
+            if not log_path.exists():  # what the case printed until it was killed
+                try:
+                    self._live_path().replace(log_path)
+                except OSError:
+                    pass
+            self._finish({**self._blank_outcome(), "killed_by_airflow": True,
+                          "error": "the task was killed from Airflow (UI or CLI) while the case ran",
+                          "finished_at": datetime.now(timezone.utc).isoformat()})
 
     # -- the run loop ---------------------------------------------------------------------
     def _paths(self) -> tuple[Path, Path]:
@@ -248,7 +255,8 @@ class BenchmarkCaseOperator(DockerOperator):
         from fleetbench.measure import measure
 
         fields, steps = measure({"command": outcome["command"]}, outcome)
-        outcome["measurement"] = {"fields": fields, "steps": steps}
+        outcome["measurement"] = Measurement(fields=fields, steps=steps).to_xcom()
+        CaseOutcome.load(outcome)  # the shape collect reads (fleetbench.run_model); raises on a field it does not know
         self._write_outcome(outcome)
 
     def run_case(self) -> dict:
