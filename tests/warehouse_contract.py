@@ -10,7 +10,8 @@ import pytest
 from sqlalchemy import MetaData, Table, func, inspect, select
 from sqlalchemy.exc import IntegrityError
 
-from fleetbench.warehouse import (_dt, current_revision, downgrade, fetch_capacity_features, fetch_results, get_engine,
+from fleetbench.timestamps import utc as _dt
+from fleetbench.warehouse import (current_revision, downgrade, fetch_capacity_features, fetch_results, get_engine,
                                   latest_run_id, store_run, upgrade)
 from fleetbench.warehouse.schema import benchmark_results, regressions, runs, steps
 from warehouse_rows import DERIVED, result_row, run_row, step_rows

@@ -177,7 +177,7 @@ def seed_history(engine, host: str, case_key: str, digest: str, nights: int = 7,
 def test_the_compare_step_stores_logs_and_mails(smtp_sink, data_dir, tmp_path, caplog):
     """pipeline.detect_regressions with a fleet config that sets fleet.notify: rows, summary and one mail."""
     from fleetbench.airflow.pipeline import detect_regressions, make_plan
-    from fleetbench.regression import fetch_regressions
+    from regression_rows import fetch_regressions
     from fleetbench.warehouse import get_engine, store_run, upgrade
 
     cfg = smoke_config("127.0.0.1:5000/fleetbench/cpu-smoke:latest", models=("trivial",), batch_sizes=(8,))
@@ -216,7 +216,7 @@ def test_fleet_benchmark_run_against_a_seeded_history_finds_and_mails_the_regres
     """The real DAG: the smoke case runs, store writes it, compare finds it far slower than the seeded nights."""
     from fleetbench.config import parse_config
     from fleetbench.plan import expand_cases
-    from fleetbench.regression import fetch_regressions
+    from regression_rows import fetch_regressions
     from fleetbench.warehouse import fetch_results, get_engine, upgrade
 
     cfg = smoke_config(smoke_image, models=("trivial",), batch_sizes=(8,))

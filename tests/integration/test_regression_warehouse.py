@@ -15,10 +15,10 @@ from sqlalchemy import func, select
 
 from fleetbench.cli import main
 from fleetbench.config import RegressionSettings
-from fleetbench.regression import (NoResults, assess_run, compare, detect_for_run, fetch_regressions, format_compare,
-                                   store_findings)
+from fleetbench.regression import NoResults, assess_run, compare, format_compare, store_findings
 from fleetbench.warehouse import get_engine, store_run, upgrade
 from fleetbench.warehouse.schema import regressions
+from regression_rows import detect_for_run, fetch_regressions
 from warehouse_rows import result_row, run_row, step_rows
 
 pytestmark = pytest.mark.integration

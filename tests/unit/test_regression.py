@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from fleetbench.config import ConfigError, RegressionSettings, parse_config
-from fleetbench.regression import (MAD_TO_SIGMA, average_ranks, check_metric, compare_case, detect_case, describe, mad,
-                                   mann_whitney_u, median, parse_side, robust_scale, robust_z, sm_clock_mhz, what_changed)
+from fleetbench.regression.compare import compare_case, parse_side
+from fleetbench.regression.detect import (MAD_TO_SIGMA, average_ranks, check_metric, describe, detect_case, mad,
+                                          mann_whitney_u, median, robust_scale, robust_z, sm_clock_mhz, what_changed)
 
 DIGEST = "sha256:" + "a" * 64
 SETTINGS = RegressionSettings()

@@ -258,7 +258,7 @@ def check_failed_write_leaves_rollups_alone(engine) -> None:
 
 def _insert_at_0003(engine, rows: list[dict]) -> None:
     """Results written by the warehouse before revision 0004 (plain inserts into the table as it was)."""
-    from fleetbench.warehouse import _dt
+    from fleetbench.timestamps import utc as _dt
 
     with engine.begin() as conn:
         table = Table("benchmark_results", MetaData(), autoload_with=conn)

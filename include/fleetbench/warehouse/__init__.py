@@ -28,6 +28,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 
 from fleetbench.paths import data_dir
+from fleetbench.timestamps import utc
 from fleetbench.warehouse import bulk, fit, rollup
 from fleetbench.warehouse.schema import (CAPACITY_FEATURES_VIEW, HOST_KEY, RESULT_COLUMNS, RESULT_KEY, RUN_KEY, STEP_KEY,
                                          benchmark_results, host_facts, runs, steps)
@@ -49,6 +50,12 @@ def warehouse_url() -> str:
     path = data_dir() / "warehouse.db"
     path.parent.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{path}"
+
+
+def warehouse_read_url() -> str:
+    """The URL for code that only reads the warehouse (the results view): `FLEETBENCH_WAREHOUSE_READ_URL`
+    when set (a role that may only SELECT, as docker-compose.yaml's reader), else `warehouse_url()`."""
+    return os.environ.get("FLEETBENCH_WAREHOUSE_READ_URL") or warehouse_url()
 
 
 class WarehouseURLError(ValueError):
@@ -140,16 +147,8 @@ def current_revision(engine: Engine) -> str | None:
         return MigrationContext.configure(conn).get_current_revision()
 
 
-def _dt(value: Any) -> datetime | None:
-    """ISO text or datetime -> an aware UTC datetime (naive values are taken as UTC)."""
-    if value is None:
-        return None
-    dt = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
-    return dt.replace(tzinfo=timezone.utc) if dt.tzinfo is None else dt.astimezone(timezone.utc)
-
-
-def _upsert(conn, table, rows: list[dict], key: tuple[str, ...]) -> None:
-    """Upsert a few rows (dicts) through SQLAlchemy."""
+def upsert_rows(conn, table, rows: list[dict], key: tuple[str, ...]) -> None:
+    """Upsert a few rows (dicts) through SQLAlchemy, in the caller's transaction (e.g. a run's regressions)."""
     if not rows:
         return
     dialect = conn.dialect.name
@@ -220,7 +219,7 @@ def store_run(engine: Engine, run: dict, hosts: Iterable[dict], results: Iterabl
             with engine.begin() as conn:
                 # The run's row first: concurrent writers of one run queue here, so each case's
                 # result and steps end up from one writer, and its rollups are computed after the other's.
-                _upsert(conn, runs, [run_row], RUN_KEY)
+                upsert_rows(conn, runs, [run_row], RUN_KEY)
                 host_rows.upsert(conn)
                 result_rows.upsert(conn)
                 # Steps of the cases written now are replaced as a whole: stale steps from an earlier try go.
@@ -278,7 +277,7 @@ def _result_tuples(results: Iterable[dict], now: datetime, dt: "_DateCache") -> 
 
 
 class _DateCache:
-    """`_dt` with a memory: a night's rows repeat a handful of timestamps thousands of times."""
+    """`utc` with a memory: a night's rows repeat a handful of timestamps thousands of times."""
 
     def __init__(self):
         self.seen: dict[Any, datetime | None] = {}
@@ -291,10 +290,10 @@ class _DateCache:
         try:
             return self.seen[value]
         except KeyError:
-            converted = self.seen[value] = _dt(value)
+            converted = self.seen[value] = utc(value)
             return converted
         except TypeError:  # not hashable
-            return _dt(value)
+            return utc(value)
 
 
 def _retryable(exc: DBAPIError) -> bool:
