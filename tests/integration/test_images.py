@@ -260,11 +260,11 @@ def test_fleet_run_keeps_the_pulled_digest_when_the_tag_moves_before_cases_run(
     """fleet_benchmark with dag.test(): between prepare_image and run_case (in the task that schedules
     cases), the tag is moved to a copy of the bare base image, which has no harness. Cases still run
     the pulled image (rows ok; a case on the base would exit 2), and every row records the pulled
-    digest, not the new one. (The move is injected by wrapping pipeline.case_kwargs: dag.test() runs
+    digest, not the new one. (The move is injected by wrapping operators.case_kwargs: dag.test() runs
     the tasks in this process.)"""
-    from fleetbench.airflow import pipeline
+    from fleetbench.airflow import operators
 
-    schedule = pipeline.case_kwargs
+    schedule = operators.case_kwargs
     image_b = unique_image(docker_api, "fleetbench/base:bookworm", pushed.tag)
     pushed.images.append(image_b)
 
@@ -272,7 +272,7 @@ def test_fleet_run_keeps_the_pulled_digest_when_the_tag_moves_before_cases_run(
         pushed.digests.append(push_as(docker_api, image_b, pushed.repository, pushed.tag))
         return schedule(*args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "case_kwargs", move_tag_then_schedule)
+    monkeypatch.setattr(operators, "case_kwargs", move_tag_then_schedule)
     cfg = smoke_config(pushed.ref, models=("trivial",), batch_sizes=(8,), num_batches=3)
     dag_run = run_fleet_dag(monkeypatch, write_config(tmp_path / "fleet.yaml", cfg))
     assert dag_run.state == "success"

@@ -20,6 +20,7 @@ raise and fail the task.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from datetime import datetime, timezone
@@ -38,9 +39,12 @@ from fleetbench import telemetry
 from fleetbench.airflow import pipeline
 from fleetbench.airflow.connections import docker_tls_files
 from fleetbench.engines import docker_api_client
-from fleetbench.run_model import CaseOutcome, Measurement
+from fleetbench import runs
+from fleetbench.run_model import CaseOutcome, HostImages, HostVerdict, Measurement, RunPlan, by_host
 from fleetbench.runs import log_path as case_log_path
 from fleetbench.runs import outcome_path
+
+log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 10
 CASE_LOG_MAX_SIZE, CASE_LOG_MAX_FILES = "100m", "3"
@@ -64,6 +68,47 @@ def start_error_class(exc: APIError) -> str:
     if isinstance(exc, NotFound) or "No such image" in text:
         return "image_not_found"
     return "container_config"
+
+
+def case_kwargs(plan, validations: list, prepared: list, host: str | None = None) -> list[dict]:
+    """Per-case arguments for a host lane's mapped BenchmarkCaseOperator: only cases whose host and image are ready."""
+    plan = RunPlan.load(plan)
+    run = plan.run
+    verdicts = by_host(HostVerdict.load(v) for v in validations if v)
+    images = by_host(HostImages.load(p) for p in prepared if p)
+    out = []
+    for case in plan.cases:
+        if host is not None and case.host != host:
+            continue
+        v, planned = verdicts.get(case.host), plan.host(case.host)
+        img = images[case.host].ready(case.image) if case.host in images else None
+        if v is None or v.unfit or img is None:
+            continue
+        out.append({
+            "image": img["pinned_ref"],
+            "command": case.command,
+            "container_name": runs.container_name(run.dag_id, run.run_id, case.host, case.case_key),
+            "docker_url": planned.docker_url,
+            "docker_tls_conn_id": planned.docker_tls_conn_id,
+            "labels": runs.case_labels(run.dag_id, run.run_id, case.host, case.case_key, case.timeout_s),
+            "case": {"host": case.host, "case_key": case.case_key},
+            "num_gpus": case.num_gpus,
+            "gpu_device_ids": _device_ids(case, v),
+            "timeout_s": case.timeout_s,
+            "telemetry_period_s": case.telemetry_period_s,
+            "log_dir": str(runs.case_log_dir(run.dag_id, run.run_id, case.host)),
+            "container": case.container,
+        })
+    log.info("%d case(s) can run%s", len(out), f" on {host}" if host else "")
+    return out
+
+
+def _device_ids(case, verdict: HostVerdict) -> list[str] | None:
+    """With gpu_selection device_ids: the host's first N GPUs by UUID (index when the UUID is unknown)."""
+    if case.num_gpus == 0 or case.container.get("gpu_selection") != "device_ids":
+        return None
+    gpus = sorted(verdict.facts.get("gpus") or [], key=lambda g: g["index"])[: case.num_gpus]
+    return [g.get("uuid") or str(g["index"]) for g in gpus] or None
 
 
 def all_items(seq) -> list:
@@ -93,7 +138,7 @@ class HostCasesOperator(BaseOperator):
     def execute(self, context) -> list[dict]:
         plan = self.render_template(self.plan_ref, context)
         validations = self.render_template(self.validations_ref, context)
-        return pipeline.case_kwargs(plan, all_items(validations), all_items(self.prepared), host=self.host)
+        return case_kwargs(plan, all_items(validations), all_items(self.prepared), host=self.host)
 
 
 class _LaneStepOperator(BaseOperator):
@@ -290,7 +335,7 @@ class BenchmarkCaseOperator(DockerOperator):
             try:
                 result = self.cli.wait(cid, timeout=self.timeout_s)
                 outcome["exit_code"] = result.get("StatusCode")
-            except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError) as exc:
+            except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
                 # docker-py reports a wait past its deadline as ReadTimeout, or on a unix socket as a
                 # ConnectionError ("Read timed out"): a timeout only when the deadline has passed.
                 if time.monotonic() - waited_from < self.timeout_s * 0.98:

@@ -11,7 +11,6 @@ every step testable on its own.
 from __future__ import annotations
 
 import logging
-import os
 from contextlib import ExitStack
 from datetime import datetime, timezone
 from pathlib import Path
@@ -68,32 +67,20 @@ def proceed(plan, validations: list) -> bool:
 
 
 # -- validate host ----------------------------------------------------------------------------
-def runner_for(host: PlannedHost):
-    """Where the host's probes run: this worker (`connection: local`, its own engine) or the host over SSH."""
-    if host.local:
-        from fleetbench.engines import docker_cli_env
-        from fleetbench.hosts import LocalRunner
-
-        return LocalRunner(env={**os.environ, **docker_cli_env(host.docker_url, None)})
-    from fleetbench.hosts.ssh import SSHRunner  # imports the SSH provider only when a fleet uses it
-
-    return SSHRunner(host.connection)
-
-
 def validate_host(host, run) -> dict:
     """Gather the host's facts into the run's artifact folder and judge them against the host's needs.
 
     When the host's cases need GPUs, a GPU smoke container runs too (`gpu_smoke_image`, else the
     host's first benchmark image). An unreachable host is a verdict (`reachable: fail`), not a crash.
     """
-    from fleetbench.hosts import HostFacts, HostNeeds, evaluate, facts_from_dir, gather, reasons, verdict
+    from fleetbench.hosts import HostFacts, HostNeeds, evaluate, facts_from_dir, gather, reasons, runner_for, verdict
 
     host, run = PlannedHost.load(host), RunInfo.load(run)
     folder = runs.facts_dir(run.dag_id, run.run_id, host.name)
     needs = HostNeeds(gpus=host.needs.gpus, image_cuda=host.needs.image_cuda, min_free_bytes=int(host.min_free_gb * GB))
     smoke_image = (host.gpu_smoke_image or next((i.ref for i in host.images), None)) if needs.gpus else None
     try:
-        gather(runner_for(host), folder, gpu_smoke_image=smoke_image)
+        gather(runner_for(host.connection, host.docker_url), folder, gpu_smoke_image=smoke_image)
         facts = facts_from_dir(folder)
     except Exception as exc:  # e.g. the artifact folder cannot be written: still a verdict, with the reason
         log.exception("gathering facts on %s failed", host.name)
@@ -153,48 +140,6 @@ def _prepare_one(api, spec, free_hint: int | None) -> dict:
     except Exception as exc:  # a missing or broken connection is a named failure, not a crash
         return PreparedImage(spec.name, spec.ref, failure_class="registry_auth", error=f"registry credentials: {exc}").to_dict()
     return prepare(api, spec, auth_config=auth, push_auth_config=push_auth, free_bytes_hint=free_hint).to_dict()
-
-
-# -- run cases --------------------------------------------------------------------------------
-def case_kwargs(plan, validations: list, prepared: list, host: str | None = None) -> list[dict]:
-    """Per-case arguments for a host lane's mapped BenchmarkCaseOperator: only cases whose host and image are ready."""
-    plan = RunPlan.load(plan)
-    run = plan.run
-    verdicts = by_host(HostVerdict.load(v) for v in validations if v)
-    images = by_host(HostImages.load(p) for p in prepared if p)
-    out = []
-    for case in plan.cases:
-        if host is not None and case.host != host:
-            continue
-        v, planned = verdicts.get(case.host), plan.host(case.host)
-        img = images[case.host].ready(case.image) if case.host in images else None
-        if v is None or v.unfit or img is None:
-            continue
-        out.append({
-            "image": img["pinned_ref"],
-            "command": case.command,
-            "container_name": runs.container_name(run.dag_id, run.run_id, case.host, case.case_key),
-            "docker_url": planned.docker_url,
-            "docker_tls_conn_id": planned.docker_tls_conn_id,
-            "labels": runs.case_labels(run.dag_id, run.run_id, case.host, case.case_key, case.timeout_s),
-            "case": {"host": case.host, "case_key": case.case_key},
-            "num_gpus": case.num_gpus,
-            "gpu_device_ids": _device_ids(case, v),
-            "timeout_s": case.timeout_s,
-            "telemetry_period_s": case.telemetry_period_s,
-            "log_dir": str(runs.case_log_dir(run.dag_id, run.run_id, case.host)),
-            "container": case.container,
-        })
-    log.info("%d case(s) can run%s", len(out), f" on {host}" if host else "")
-    return out
-
-
-def _device_ids(case, verdict: HostVerdict) -> list[str] | None:
-    """With gpu_selection device_ids: the host's first N GPUs by UUID (index when the UUID is unknown)."""
-    if case.num_gpus == 0 or case.container.get("gpu_selection") != "device_ids":
-        return None
-    gpus = sorted(verdict.facts.get("gpus") or [], key=lambda g: g["index"])[: case.num_gpus]
-    return [g.get("uuid") or str(g["index"]) for g in gpus] or None
 
 
 # -- collect ----------------------------------------------------------------------------------

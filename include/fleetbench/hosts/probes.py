@@ -10,6 +10,7 @@ against the image-reference pattern before it is put into one.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -82,6 +83,16 @@ class CommandRunner(Protocol):
     name: str
 
     def run(self, argv: tuple[str, ...], timeout_s: float) -> tuple[int | None, bytes, bytes]: ...
+
+
+def runner_for(connection: str, docker_url: str):
+    """Where a host's probes run: this machine (`connection: local`, with `docker_url` as its engine) or the
+    host over its Airflow SSH connection (docker then runs on the host itself)."""
+    if connection == "local":
+        return LocalRunner(env={**os.environ, "DOCKER_HOST": docker_url})
+    from fleetbench.hosts.ssh import SSHRunner  # imports the SSH provider only when a fleet uses it
+
+    return SSHRunner(connection)
 
 
 class LocalRunner:
