@@ -3,8 +3,8 @@
 Shaped like the docker provider's DockerHook: `engine_client(docker_url, tls_conn_id)` opens the
 engine the way every step uses it (image preparation, the cases, maintenance, the CLI): the URL as
 is, or over mutual TLS with the certificates of an Airflow Connection (`fleetbench.airflow.connections`
-writes them to a private folder for as long as the client is open). The docker CLI of the host
-probes gets the same files through `docker_cli_env`.
+writes them to a private folder for as long as the client is open). Host probes do not use it: they
+run the docker CLI on the host itself (locally, or over the host's SSH connection).
 """
 
 from __future__ import annotations
@@ -61,12 +61,3 @@ def engine_client(docker_url: str, tls_conn_id: str | None = None, timeout: int 
             yield api
         finally:
             api.close()
-
-
-def docker_cli_env(docker_url: str, tls: dict | None) -> dict[str, str]:
-    """Environment for the docker CLI (host probes) talking to `docker_url`, over TLS when `tls` is set."""
-    env = {"DOCKER_HOST": docker_url}
-    if tls:
-        env["DOCKER_CERT_PATH"] = tls["cert_path"]
-        env["DOCKER_TLS_VERIFY" if tls["verify"] else "DOCKER_TLS"] = "1"
-    return env
