@@ -2,7 +2,8 @@
 
 Thin on purpose: the app is `fleetbench.report.web.airflow_app()` (the same queries as
 `fleetbench report`). The api-server mounts it at /fleetbench; the UI lists it under Browse and
-shows it in a frame at /plugin/fleetbench. Every request needs an Airflow user who may read DAG runs.
+shows it in a frame at /plugin/fleetbench. Every request needs an Airflow user who may read DAG runs,
+and shows only the results of the DAGs the auth manager lets that user read.
 """
 
 from __future__ import annotations

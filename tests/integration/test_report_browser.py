@@ -3,6 +3,10 @@ SimpleAuthManager with a real login) over a PostgreSQL warehouse, opened in Debi
 Chromium through playwright-core (tests/browser/check_page.mjs); the HTML file report; and the
 report the fleet DAG writes after a run, with its asset event.
 
+The warehouse holds the results of two DAGs, `fleet_benchmark` and `private_benchmark`; the api-server
+runs in multi-team mode with each DAG in a bundle of its own team, and its `viewer` may read only
+`fleet_benchmark`: every number the view shows it is fleet_benchmark's.
+
 Screenshots are kept in tests/artifacts/ (gitignored) and their paths printed (`pytest -s` shows them).
 Needs: chromium and the npm packages of tests/browser (`bash scripts/ensure-browser.sh`, run by `make test`).
 """
@@ -24,7 +28,12 @@ from pathlib import Path
 import pytest
 
 from airflow_cluster import free_port
+from browser.fleet_history import DAG as FLEET_DAG
 from browser.fleet_history import NEW_DRIVER, OLD_DRIVER, store_history
+from browser.private_history import DAG as PRIVATE_DAG
+from browser.private_history import HOST as PRIVATE_HOST
+from browser.private_history import MODEL as PRIVATE_MODEL
+from browser.private_history import secrets_in, store_private_history
 
 pytestmark = [pytest.mark.integration]
 
@@ -79,25 +88,43 @@ def pg_warehouse(pg_url):
     with fresh_database(pg_url, prefix="fb_report") as url:
         engine = get_engine(url)
         store_history(engine)
+        store_private_history(engine)
         yield url, engine
         engine.dispose()
 
 
-def expected_throughput(engine) -> dict[tuple[str, str], list[dict]]:
-    """The warehouse's ok rows per (host, case_key), oldest night first."""
+def expected_throughput(engine, dag_id: str | None = None) -> dict[tuple[str, str], list[dict]]:
+    """The warehouse's ok rows (of `dag_id`, else of every DAG) per (host, case_key), oldest night first."""
     from fleetbench.warehouse import fetch_results
 
     out: dict[tuple[str, str], list[dict]] = {}
     for r in sorted(fetch_results(engine), key=lambda r: r["logical_date"]):
-        if r["status"] == "ok":
+        if r["status"] == "ok" and dag_id in (None, r["dag_id"]):
             out.setdefault((r["host"], r["case_key"]), []).append(r)
     return out
 
 
 # -- a real Airflow api-server with the plugin ----------------------------------------------------------------
+# Multi-team mode: a bundle per team, each with one DAG (only its id matters: the auth manager reads who may
+# read a DAG from its bundle's team). `viewer` may read fleet_benchmark only, `lead` both DAGs.
+TEAM_DAGS = {"fleet": FLEET_DAG, "private": PRIVATE_DAG}
+USERS = "viewer:viewer:fleet,lead:viewer:fleet|private"
+DAG_FILE = """from airflow.sdk import dag
+
+
+@dag(dag_id={dag_id!r}, schedule=None)
+def benchmark():
+    pass
+
+
+benchmark()
+"""
+
+
 class ApiServer:
     """`airflow api-server` on 127.0.0.1 with this project's plugins folder, a SQLite metadata DB of its own
-    and SimpleAuthManager with one `viewer` user (a real login: no all-admins shortcut)."""
+    and SimpleAuthManager in multi-team mode with the `USERS` (a real login: no all-admins shortcut); the DAGs
+    of `TEAM_DAGS` serialized into the metadata DB, each in its team's bundle."""
 
     def __init__(self, home: Path, warehouse_url: str):
         self.home = home
@@ -112,7 +139,11 @@ class ApiServer:
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "viewer:viewer",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": USERS,
+            "AIRFLOW__CORE__MULTI_TEAM": "True",
+            "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps([
+                {"name": team, "classpath": "airflow.dag_processing.bundles.local.LocalDagBundle",
+                 "kwargs": {"path": str(home / "bundles" / team)}, "team_name": team} for team in TEAM_DAGS]),
             "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
             "FLEETBENCH_WAREHOUSE_URL": warehouse_url,
         }
@@ -121,6 +152,11 @@ class ApiServer:
     def __enter__(self) -> "ApiServer":
         self.home.mkdir(parents=True, exist_ok=True)
         self.cli("db", "migrate")
+        for team, dag_id in TEAM_DAGS.items():
+            (self.home / "bundles" / team).mkdir(parents=True, exist_ok=True)
+            (self.home / "bundles" / team / f"{dag_id}.py").write_text(DAG_FILE.format(dag_id=dag_id))
+            self.cli("teams", "create", team)
+        self.cli("dags", "reserialize")
         log = open(self.home / "api-server.log", "w")
         self.proc = subprocess.Popen([AIRFLOW, "api-server", "--host", "127.0.0.1", "--port", str(self.port),
                                       "--workers", "1"], env=self.env, stdout=log, stderr=subprocess.STDOUT,
@@ -155,11 +191,11 @@ class ApiServer:
         assert proc.returncode == 0, f"airflow {' '.join(args)}:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
         return proc
 
-    def token(self) -> str:
-        """Log in as `viewer` (SimpleAuthManager wrote its password into AIRFLOW_HOME) and return the JWT."""
-        password = json.loads((self.home / "simple_auth_manager_passwords.json.generated").read_text())["viewer"]
+    def token(self, user: str = "viewer") -> str:
+        """Log in as `user` (SimpleAuthManager wrote its password into AIRFLOW_HOME) and return the JWT."""
+        password = json.loads((self.home / "simple_auth_manager_passwords.json.generated").read_text())[user]
         req = urllib.request.Request(f"{self.base}/auth/token", method="POST",
-                                     data=json.dumps({"username": "viewer", "password": password}).encode(),
+                                     data=json.dumps({"username": user, "password": password}).encode(),
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=30) as resp:
             return json.load(resp)["access_token"]
@@ -202,6 +238,37 @@ def test_view_needs_an_airflow_user(airflow_ui):
     assert status == 400 and json.loads(body)["detail"].startswith("bad filter: since: expected an ISO date")
 
 
+def test_view_shows_a_reader_only_the_dags_they_may_read(airflow_ui):
+    """The auth manager's readable DAGs decide: drop-downs, sections, plots, JSON and CSV of `viewer` hold nothing of
+    private_benchmark (its team's bundle); `lead`, in both teams, sees both DAGs."""
+    status, body = airflow_ui.get("/fleetbench/report.json", airflow_ui.jwt)
+    assert status == 200 and secrets_in(body) == []
+    data = json.loads(body)
+    assert data["options"] == {"hosts": ["gpu-a", "gpu-b", "gpu-c"], "models": ["resnet50", "vgg16"],
+                               "dag_ids": [FLEET_DAG]}
+    assert data["summary"]["runs"] == 5 and data["latest_run"]["dag_id"] == FLEET_DAG
+    assert {r["dag_id"] for r in data["regressions"]} == {FLEET_DAG}
+    for path in ("/fleetbench/", "/fleetbench/throughput.csv", "/fleetbench/?host=gpu-a",
+                 "/fleetbench/throughput.csv?host=gpu-a&model=resnet50"):
+        status, body = airflow_ui.get(path, airflow_ui.jwt)
+        assert status == 200 and secrets_in(body) == [], path
+    status, body = airflow_ui.get("/fleetbench/throughput.csv", airflow_ui.jwt)
+    assert body.startswith("model,host,case_key,") and f",{FLEET_DAG}," in body
+    # the other team's DAG by name: refused, as Airflow refuses its runs
+    for path in (f"/fleetbench/report.json?dag_id={PRIVATE_DAG}", f"/fleetbench/throughput.csv?dag_id={PRIVATE_DAG}"):
+        status, body = airflow_ui.get(path, airflow_ui.jwt)
+        assert status == 403 and secrets_in(body) == [], path
+    assert airflow_ui.get(f"/api/v2/dags/{PRIVATE_DAG}/dagRuns", airflow_ui.jwt)[0] == 403
+    # a member of both teams sees both DAGs
+    lead = airflow_ui.token("lead")
+    status, body = airflow_ui.get("/fleetbench/report.json", lead)
+    data = json.loads(body)
+    assert status == 200 and data["options"]["dag_ids"] == sorted([FLEET_DAG, PRIVATE_DAG])
+    assert PRIVATE_HOST in data["options"]["hosts"] and PRIVATE_MODEL in data["options"]["models"]
+    status, body = airflow_ui.get(f"/fleetbench/throughput.csv?dag_id={PRIVATE_DAG}", lead)
+    assert status == 200 and f",{PRIVATE_HOST}," in body
+
+
 def test_view_inside_the_airflow_ui_shows_the_warehouse(browser, airflow_ui, pg_warehouse):
     """Airflow's React UI at /plugin/fleetbench frames the view; its tables and plots carry the warehouse's numbers."""
     _, engine = pg_warehouse
@@ -209,7 +276,8 @@ def test_view_inside_the_airflow_ui_shows_the_warehouse(browser, airflow_ui, pg_
                      "--cookie", f"_token={airflow_ui.jwt}", "--wait", "table#throughput-table",
                      "--wait", "svg#plot-throughput-resnet50 circle.point")
     assert seen["status"] == 200 and seen["frame_src"] == "/fleetbench/" and seen["state"] == "ok"
-    expected = expected_throughput(engine)
+    assert secrets_in(json.dumps(seen, ensure_ascii=False)) == []  # nothing of the DAG viewer may not read
+    expected = expected_throughput(engine, FLEET_DAG)
     # the table: every host and case with its newest and previous ok images/sec, as the warehouse has them
     rows = {(r["host"]["text"], r["case_key"]["text"]): r for r in seen["tables"]["throughput-table"]["rows"]}
     assert set(rows) == set(expected)
@@ -245,7 +313,7 @@ def test_filters_in_the_browser(browser, airflow_ui, pg_warehouse):
     assert seen["status"] == 200 and seen["state"] == "ok"
     rows = seen["tables"]["throughput-table"]["rows"]
     assert {(r["host"]["text"], r["model"]["text"]) for r in rows} == {("gpu-a", "resnet50")}
-    expected = expected_throughput(engine)
+    expected = expected_throughput(engine, FLEET_DAG)
     for series in seen["plots"]["plot-throughput-resnet50"]["series"]:
         host, case = series["label"].split(" · ")
         assert series["values"] == [r["images_per_sec"] for r in expected[(host, case)][-2:]]  # nights 4 and 5
@@ -271,7 +339,7 @@ def test_html_report_file_in_the_browser(browser, pg_warehouse, tmp_path):
     latest = {(r["host"]["text"], r["case_key"]["text"]): r["latest"]["value"]
               for r in seen["tables"]["throughput-table"]["rows"]}
     assert latest == {k: v[-1]["images_per_sec"] for k, v in expected_throughput(engine).items()}
-    assert len(written["pngs"]) == len(seen["plots"]) == 6
+    assert len(written["pngs"]) == len(seen["plots"]) == 7  # the file report has every DAG: private's model too
 
 
 @pytest.mark.dagrun

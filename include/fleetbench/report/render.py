@@ -3,12 +3,18 @@ external references (it opens from a file, a mail attachment or inside the Airfl
 
 Tables carry their numbers twice: as text for people and, on numeric cells, the exact value in
 `data-value` (plus the column in `data-col`) for machines, e.g. the browser test.
+
+`render_csv` writes the throughput plots' points as CSV (the view's download), with text cells made
+safe to open in a spreadsheet (`csv_cell`).
 """
 
 from __future__ import annotations
 
+import csv
+import io
 from html import escape
 from typing import Any, Iterable, Sequence
+from urllib.parse import urlencode
 
 from fleetbench.report.plots import Chart, to_svg
 from fleetbench.report.queries import DEFAULT_DAYS, EMPTY, NO_MATCH, NO_TABLES, OUTDATED
@@ -81,6 +87,35 @@ def _plots(charts: Sequence[Chart], prefix: str, png: dict[str, str] | None) -> 
     return f'<div class="plots">{"".join(items)}</div>'
 
 
+# The CSV's columns: the series' (host and driver_version only in "hosts" mode, gpu, min, max and hosts only
+# in "fleet" mode, where images_per_sec is the night's median), then the point's.
+CSV_SERIES_COLUMNS = ("model", "host", "case_key", "gpu", "num_gpus", "batch_size_per_device")
+CSV_POINT_COLUMNS = ("dag_id", "run_id", "logical_date", "images_per_sec", "min", "max", "hosts", "driver_version")
+# What makes a spreadsheet read a cell as a formula (OWASP, "CSV Injection").
+FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: Any) -> Any:
+    """A CSV cell that a spreadsheet shows as written: text starting with = + - @, a tab or a carriage return
+    gets a leading single quote (OWASP's advice against formula injection); numbers, negative ones too, stay
+    numbers, and None an empty cell."""
+    if isinstance(value, str) and value.startswith(FORMULA_PREFIXES):
+        return "'" + value
+    return value
+
+
+def render_csv(report: dict) -> str:
+    """The throughput plots' points as CSV: a header, then one row per point (RFC 4180 line ends)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\r\n")
+    writer.writerow(CSV_SERIES_COLUMNS + CSV_POINT_COLUMNS)
+    for series in report["throughput"]:
+        head = [csv_cell(series.get(k)) for k in CSV_SERIES_COLUMNS]
+        for point in series["points"]:
+            writer.writerow(head + [csv_cell(point.get(k)) for k in CSV_POINT_COLUMNS])
+    return out.getvalue()
+
+
 def _filters_form(report: dict, values: dict[str, str]) -> str:
     def select(name: str, options: list[str], label: str) -> str:
         current = values.get(name) or ""
@@ -91,12 +126,14 @@ def _filters_form(report: dict, values: dict[str, str]) -> str:
         return f'<label>{label}<select name="{name}">{"".join(opts)}</select></label>'
 
     opts = report["options"]
+    query = urlencode({k: v for k, v in values.items() if v})
     dates = "".join(f'<label>{label}<input type="date" name="{name}" value="{escape((values.get(name) or "")[:10])}"></label>'
                     for name, label in (("since", "from"), ("until", "to")))
     return (f'<form class="filters" method="get" action="" id="filters">{select("host", opts["hosts"], "host")}'
             f'{select("model", opts["models"], "model")}{dates}'
             f'{select("dag_id", opts["dag_ids"], "DAG") if len(opts["dag_ids"]) > 1 else ""}'
-            f'<button type="submit">Apply</button><a href="?">reset</a></form>')
+            f'<button type="submit">Apply</button><a href="?">reset</a>'
+            f'<a id="csv" href="throughput.csv{escape("?" + query if query else "")}">CSV of the throughput</a></form>')
 
 
 def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str, str] | None = None,
