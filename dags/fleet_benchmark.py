@@ -169,7 +169,9 @@ with DAG(
                                           validations=validations)
             runs = BenchmarkCaseOperator.partial(
                 task_id=in_lane("run_case"),
-                pool=pool_name(host.name),
+                # one benchmark at a time on the host, with or without pools (a missing pool would stall the night)
+                max_active_tis_per_dag=1,
+                **({"pool": pool_name(host.name)} if CONFIG.fleet.host_pools else {}),
                 execution_timeout=timedelta(seconds=LONGEST_CASE_S + 300),
                 map_index_template="{{ task.case['case_key'] }}",
                 **on_host,

@@ -10,7 +10,7 @@ fleetbench config check "${FLEETBENCH_CONFIG:-$FB_ROOT/include/config/fleet.yaml
 say "initialising Airflow in $AIRFLOW_HOME"
 airflow db migrate >"$FB_ROOT/.data/airflow-migrate.log" 2>&1 \
   || { tail -n 20 "$FB_ROOT/.data/airflow-migrate.log" >&2; die "airflow db migrate failed"; }
-# One single-slot pool per host (a real scheduler needs them; `dags test` ignores them).
+# One single-slot pool per host, for configs with fleet.host_pools (`dags test` ignores pools).
 fleetbench pools export >"$FB_ROOT/.data/pools.json"
 airflow pools import "$FB_ROOT/.data/pools.json" >/dev/null 2>&1 || say "warning: could not import pools"
 log="$FB_ROOT/.data/last-run.log"

@@ -150,6 +150,10 @@ class FleetSettings(_Model):
     # Regression detection after each run, and who hears about it (None: findings are stored and logged only).
     regressions: RegressionSettings = RegressionSettings()
     notify: NotifySettings | None = None
+    # One benchmark per host holds without pools (each lane's run_case runs one task instance at a time).
+    # True also puts each lane in the single-slot pool `fleetbench_<host>`, for exclusivity with other
+    # DAGs that use the same pool; the pools must then exist (`fleetbench pools export`), or the lane waits.
+    host_pools: bool = False
 
     @field_validator("timezone")
     @classmethod

@@ -45,8 +45,9 @@ def test_fleet_benchmark_shape(no_services):
     ids = set(dag.task_ids)
     assert {"plan", "validate_host", "prepare_image", "host_localhost.cases", "host_localhost.run_case",
             "collect", "store", "outcome"} <= ids
-    # One lane per host, in the host's single-slot pool: one benchmark at a time per host.
-    assert dag.get_task("host_localhost.run_case").pool == "fleetbench_localhost"
+    # One lane per host running one case at a time (no pool needed: a missing pool would stall the night).
+    assert dag.get_task("host_localhost.run_case").max_active_tis_per_dag == 1
+    assert dag.get_task("host_localhost.run_case").pool == "default_pool"
     assert dag.get_task("host_localhost.run_case").task_group.group_id == "host_localhost"
     # `outcome` is the run's only leaf and runs whatever happened, so a failed task anywhere fails the run.
     assert [t.task_id for t in dag.leaves] == ["outcome"]
@@ -74,7 +75,7 @@ def test_bad_config_is_the_dag_import_error_with_the_field_path(tmp_path, monkey
 def test_a_large_fleet_has_the_same_lanes_without_task_groups(tmp_path, monkeypatch, no_services):
     """Past MAX_GROUPED_LANES hosts the lanes are plain tasks (faster to parse) with the same ids and pools."""
     hosts = [{"name": f"gpu-{i:03d}", "connection": "local"} for i in range(101)]
-    cfg = {"hosts": hosts,
+    cfg = {"fleet": {"host_pools": True}, "hosts": hosts,
            "images": [{"name": "i", "ref": "127.0.0.1:5000/x:1", "command": ["python3"]}],
            "benchmarks": [{"name": "b", "image": "i", "models": ["resnet50"], "batch_sizes": [32]}]}
     monkeypatch.setenv("FLEETBENCH_CONFIG", str(write_config(tmp_path / "fleet.yaml", cfg)))
