@@ -79,7 +79,8 @@ def warehouse_error(engine, exc: Exception) -> HTTPException:
 
 def create_app(engine_factory: Callable | None = None, readable_dags: Callable = every_dag) -> FastAPI:
     """The view as a FastAPI app. `engine_factory` makes the warehouse engine on first use (default
-    `fleetbench.warehouse.get_engine`, i.e. `FLEETBENCH_WAREHOUSE_URL`). `readable_dags`, a FastAPI
+    `fleetbench.warehouse.get_engine` on `warehouse_read_url()`: `FLEETBENCH_WAREHOUSE_READ_URL`, a role that may
+    only read, when set, else `FLEETBENCH_WAREHOUSE_URL`). `readable_dags`, a FastAPI
     dependency of every route, authorizes the request (raising HTTPException to refuse it) and returns the
     DAG ids whose results it may see, or None for all."""
     from sqlalchemy.exc import SQLAlchemyError
@@ -96,9 +97,9 @@ def create_app(engine_factory: Callable | None = None, readable_dags: Callable =
         with lock:
             if "engine" not in state:
                 if engine_factory is None:
-                    from fleetbench.warehouse import get_engine
+                    from fleetbench.warehouse import get_engine, warehouse_read_url
 
-                    state["engine"] = get_engine()
+                    state["engine"] = get_engine(warehouse_read_url())
                 else:
                     state["engine"] = engine_factory()
             return state["engine"]
