@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
-REAL_LOGS = SHARED / "fixtures" / "real-logs"
+# Real benchmark logs from other people's machines, copied into the repository (SOURCES.md there says from where).
+REAL_LOGS = ROOT / "tests" / "fixtures" / "real-logs"
 VENV_BIN = Path(sys.executable).parent
 
 _session_dir = Path(tempfile.mkdtemp(prefix="fleetbench-tests-"))

@@ -14,7 +14,7 @@ from fleetbench.metrics import NUMERIC_FIELDS, catalog_path, load_catalog, load_
 
 ROOT = Path(__file__).resolve().parents[2]
 HOST_FIXTURES = ROOT / "tests" / "fixtures" / "hosts"
-REAL_LOGS = ROOT.parent / "shared" / "fixtures" / "real-logs"
+REAL_LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "real-logs"  # tests/fixtures/real-logs/SOURCES.md
 SHIPPED = ROOT / "include" / "config" / "gpu_catalog.yaml"
 
 # GPU names as nvidia-smi (or an older driver, or TensorFlow) prints them -> the catalog entry.

@@ -9,7 +9,7 @@ import pytest
 from fleetbench.measure import classify, measure
 from fleetbench.parsing import parse_log
 
-REAL_LOGS = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "real-logs"
+REAL_LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "real-logs"  # tests/fixtures/real-logs/SOURCES.md
 OK_LOG = (REAL_LOGS / "tfcnn_resnet50_1gpu_lambda-2080ti-tf115.log").read_text()
 OOM_LOG = (REAL_LOGS / "tfcnn_vgg16_1gpu_lambda-2080maxq-tf115-oom-training.log").read_text()
 NCCL_LOG = (REAL_LOGS / "tfcnn_alexnet_4gpu_lambda-3070-nccl-internalerror.log").read_text()

@@ -1,6 +1,6 @@
 """Derived metrics against hand-worked numbers, from real Lambda logs where the numbers come from a log.
 
-Real logs: /work/shared/fixtures/real-logs (see SOURCES.md there) and tests/fixtures/logs
+Real logs: tests/fixtures/real-logs and tests/fixtures/logs (see SOURCES.md in each)
 (tfcnn_resnet50_2gpu_lambda-2080ti-tf115.log, see SOURCES.md there). The arithmetic behind every
 expected number is written next to it.
 """
@@ -13,14 +13,32 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fleetbench.metrics import (ESTIMATED, MEASURED, NONE, MetricSettings, carbon_g, cost_per_million_images_usd, cost_usd,
-                                derive, energy_j, estimated_power_w, gpu_hour_price, images_per_joule, kwh, load_catalog,
-                                match_speedup, precision_of, speedup_efficiency, step_stats,
-                                time_for_batches_s, time_to_accuracy_s)
+from fleetbench.metrics import (
+    ESTIMATED,
+    MEASURED,
+    NONE,
+    MetricSettings,
+    carbon_g,
+    cost_per_million_images_usd,
+    cost_usd,
+    derive,
+    energy_j,
+    estimated_power_w,
+    gpu_hour_price,
+    images_per_joule,
+    kwh,
+    load_catalog,
+    match_speedup,
+    precision_of,
+    speedup_efficiency,
+    step_stats,
+    time_for_batches_s,
+    time_to_accuracy_s,
+)
 from fleetbench.parsing import parse_log
 
 ROOT = Path(__file__).resolve().parents[2]
-REAL_LOGS = ROOT.parent / "shared" / "fixtures" / "real-logs"
+REAL_LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "real-logs"  # tests/fixtures/real-logs/SOURCES.md
 OUR_LOGS = ROOT / "tests" / "fixtures" / "logs"
 RESNET_1GPU_2080TI = REAL_LOGS / "tfcnn_resnet50_1gpu_lambda-2080ti-tf115.log"
 RESNET_2GPU_2080TI = OUR_LOGS / "tfcnn_resnet50_2gpu_lambda-2080ti-tf115.log"
@@ -313,8 +331,8 @@ def gpu_fleet(carbon: float | None) -> dict:
 
 def test_settings_from_the_plan(tmp_path):
     from fleetbench.airflow.pipeline import make_plan
-    from fleetbench.run_model import RunPlan
     from fleetbench.config import load_config
+    from fleetbench.run_model import RunPlan
 
     path = tmp_path / "fleet.yaml"
     path.write_text(yaml.safe_dump(gpu_fleet(436.0)))

@@ -16,7 +16,7 @@ import pytest
 
 from fleetbench.parsing import ParsedLog, UnknownFormat, parse_log
 
-REAL_LOGS = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "real-logs"
+REAL_LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "real-logs"  # tests/fixtures/real-logs/SOURCES.md
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 
 FORMATS = ("auto", "tf_cnn_benchmarks", "horovod_synthetic")
