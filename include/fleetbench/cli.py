@@ -148,7 +148,10 @@ def _host_check(args: argparse.Namespace) -> int:
         with contextlib.redirect_stdout(sys.stderr):  # the SSH provider logs to stdout, which is for the JSON
             gather(runner, folder, gpu_smoke_image=args.gpu_smoke_image)
     needs = HostNeeds(gpus=args.gpus, image_cuda=args.image_cuda, min_free_bytes=int(args.min_free_gb * 1024**3))
-    print(json.dumps(host_check(facts_from_dir(folder), needs), indent=2))
+    facts = facts_from_dir(folder)
+    for name, problem in facts.probe_problems.items():  # the facts it held are unknown; say why, beside the JSON
+        print(f"fleetbench host-check: note: {folder / name}: {problem}", file=sys.stderr)
+    print(json.dumps(host_check(facts, needs), indent=2))
     return 0
 
 
@@ -166,13 +169,38 @@ def _pools_export(args: argparse.Namespace) -> int:
 
 
 def _db_upgrade(args: argparse.Namespace) -> int:
+    from alembic.script.revision import RevisionError
+    from alembic.util import CommandError
+    from sqlalchemy.exc import SQLAlchemyError
+
     from fleetbench.warehouse import get_engine, upgrade, warehouse_display_url
 
     engine = get_engine()
-    upgrade(engine, args.revision)
-    engine.dispose()
+    try:
+        upgrade(engine, args.revision)
+    except (CommandError, RevisionError) as exc:
+        raise UsageError(f"--revision {args.revision}: {_first_line(exc)}") from None
+    except SQLAlchemyError as exc:  # unreachable server, wrong password, a file that cannot be created
+        raise UsageError(f"cannot upgrade the warehouse at {warehouse_display_url()}: {_first_line(exc)}") from None
+    finally:
+        engine.dispose()
     print(f"warehouse at {warehouse_display_url()} is at revision {args.revision}")
     return 0
+
+
+def _first_line(exc: Exception) -> str:
+    """The first line of an error, without the warehouse password should a driver quote the URL."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    from fleetbench.warehouse import warehouse_url
+
+    line = (str(exc).splitlines() or [type(exc).__name__])[0]
+    try:
+        password = make_url(warehouse_url()).password
+    except ArgumentError:
+        password = None
+    return line.replace(str(password), "***") if password else line
 
 
 def _compare(args: argparse.Namespace) -> int:

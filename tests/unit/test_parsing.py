@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from fleetbench.parsing import ParsedLog, Step, UnknownFormat, cli_parse, detect_format, parse_log
+from fleetbench.parsing import ParsedLog, Step, UnknownFormat, cli_parse, detect_format, parse_log, parse_log_file
 
-REAL_LOGS = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "real-logs"
+REAL_LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "real-logs"  # tests/fixtures/real-logs/SOURCES.md
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 
 TF = "tf_cnn_benchmarks"
@@ -565,3 +565,84 @@ def test_cli_reads_invalid_utf8(tmp_path):
     path.write_bytes((HEADER + RESULT).encode() + b"\xc3\x28\xa0\xa1\n")
     code, records = run_cli([path])
     assert code == 0 and records[0]["status"] == "ok"
+
+
+# --- results that are no measurement ------------------------------------------
+
+HOROVOD_HEADER = (
+    "Model: resnet50\nBatch size: 32\nNumber of GPUs: 4\nRunning benchmark...\nIter #0: 220.5 img/sec per GPU\n"
+)
+
+
+@pytest.mark.parametrize("value", ["-123.4", "0", "0.00", "1.2e", "12abc", "nan", ""])
+def test_a_total_that_is_no_positive_number_is_no_result(value):
+    log = parse_log(HEADER + f"total images/sec: {value}\n----------\n")
+    assert (log.status, log.failure_class, log.total_images_per_sec) == ("failed", "no_result", None)
+    assert log.failure_detail == f"'total images/sec' value {value!r} is not a positive number (0 step lines parsed)"
+
+
+def test_a_total_cut_by_the_end_of_the_log_is_no_result():
+    log = parse_log(HEADER + "100\timages/sec: 97.1 +/- 0.1 (jitter = 0.2)\t7.1\ntotal images/sec: 12")
+    assert (log.status, log.failure_class, log.total_images_per_sec) == ("failed", "no_result", None)
+    assert log.failure_detail == ("'total images/sec' line cut off, the log ends mid-line: "
+                                  "'total images/sec: 12' (1 step lines parsed)")
+
+
+def test_a_cut_last_line_that_is_no_result_changes_nothing():
+    log = parse_log(HEADER + RESULT + "FLEETBENCH_TELEMETRY {\"nvml\": tr")
+    assert (log.status, log.total_images_per_sec) == ("ok", 100.0)
+
+
+def test_a_step_line_cut_by_the_end_of_the_log_is_not_a_step():
+    log = parse_log(HEADER + "10\timages/sec: 97.1 +/- 0.1 (jitter = 0.2)\t7.1\n20\timages/sec: 9")
+    assert [s.step for s in log.steps] == [10]
+
+
+def test_a_later_valid_total_still_counts():
+    log = parse_log(HEADER + "total images/sec: -1\ntotal images/sec: 250.5\n")
+    assert (log.status, log.total_images_per_sec) == ("ok", 250.5)
+
+
+@pytest.mark.parametrize(("tail", "detail"), [
+    ("Total img/sec on 4 GPU(s): -885.2 +-8.4\n",
+     "'Total img/sec' value '-885.2' is not a positive number (1 step lines parsed)"),
+    ("Total img/sec on 4 GPU(s): 885",
+     "'Total img/sec' line cut off, the log ends mid-line: 'Total img/sec on 4 GPU(s): 885' (1 step lines parsed)"),
+])  # fmt: skip
+def test_horovod_total_that_is_no_measurement(tail, detail):
+    log = parse_log(HOROVOD_HEADER + tail, fmt=HOROVOD)
+    assert (log.status, log.failure_class, log.failure_detail) == ("failed", "no_result", detail)
+    assert log.num_gpus == 4
+
+
+def test_cli_reports_a_cut_total(tmp_path):
+    path = tmp_path / "cut.log"
+    path.write_text(HEADER + "total images/sec: 1.2e")
+    code, records = run_cli([path])
+    assert code == 0
+    assert (records[0]["status"], records[0]["failure_class"]) == ("failed", "no_result")
+    assert "cut off" in records[0]["failure_detail"]
+
+
+# --- files are streamed, and read as the text would be -------------------------
+
+
+@pytest.mark.parametrize("path", sorted(REAL_LOGS.glob("*.log")) + sorted(FIXTURES.glob("*.log")), ids=lambda p: p.name)
+def test_parse_log_file_equals_parse_log_of_its_text(path):
+    for fmt in ("auto", TF, HOROVOD):
+        try:
+            expected = parse_log(read(path), fmt)
+        except UnknownFormat:
+            with pytest.raises(UnknownFormat):
+                parse_log_file(path, fmt)
+            continue
+        assert parse_log_file(path, fmt) == expected
+
+
+def test_steps_beyond_the_cap_are_counted_not_kept(monkeypatch):
+    from fleetbench.parsing import model
+
+    monkeypatch.setattr(model, "MAX_STEPS", 3)
+    steps = "".join(f"{i}\timages/sec: 100.0 +/- 0.0 (jitter = 0.0)\t7.0\n" for i in range(1, 11))
+    log = parse_log(HEADER + steps + RESULT)
+    assert log.step_count == 10 and [s.step for s in log.steps] == [1, 2, 3]

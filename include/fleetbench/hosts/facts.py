@@ -3,6 +3,11 @@
 A missing or failed probe leaves its fact `None` and records the reason in `unknown`; parsing
 never raises on odd output. The folder may come from `gather` (with `probes.json`) or be captured
 by hand (files only): both are read the same way.
+
+The folder is input like any other: a file may be huge, a FIFO, a symlink to a device, or a
+`probes.json` of the wrong shape. Only regular files are read, at most `MAX_PROBE_BYTES` of each;
+every pattern is bounded, and numbers are read only up to a sane number of digits. What was wrong
+with a file is recorded in `probe_problems`, naming the file, and the facts it held stay unknown.
 """
 
 from __future__ import annotations
@@ -10,12 +15,19 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
+import itertools
 import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from fleetbench.hosts.probes import GPU_SMOKE_FILE, PROBES, PROBES_FILE
+from fleetbench.parsing.source import NotRegularFile, open_regular
+
+#: A probe output is read up to this size; real ones are a few KB.
+MAX_PROBE_BYTES = 4 * 1024 * 1024
+#: A version or other text fact longer than this is not one (rules turn versions into ints).
+MAX_FACT_CHARS = 200
 
 # What nvidia-smi's failure says about the driver: (pattern, driver_state, meaning for people).
 NOT_INSTALLED, NOT_LOADED, MISMATCH, NO_DEVICES, NVML_ERROR, GPU_LOST = (
@@ -27,15 +39,18 @@ _DRIVER_ERRORS: tuple[tuple[re.Pattern, str, str], ...] = (
      "NVIDIA driver not loaded: nvidia-smi couldn't communicate with the NVIDIA driver"),
     (re.compile(r"No devices were found", re.I), NO_DEVICES, "the NVIDIA driver found no GPU"),
     (re.compile(r"GPU is lost|fallen off the bus", re.I), GPU_LOST, "a GPU fell off the bus (GPU is lost): the host needs a reset"),
-    (re.compile(r"nvidia-smi: (command )?not found|No such file or directory.*nvidia-smi|nvidia-smi.*No such file", re.I),
+    (re.compile(r"nvidia-smi: (command )?not found|No such file or directory.{0,200}nvidia-smi"
+                r"|nvidia-smi.{0,200}No such file", re.I),
      NOT_INSTALLED, "no NVIDIA driver: nvidia-smi not found"),
-    (re.compile(r"Failed to initialize NVML: (.+)", re.I), NVML_ERROR, "nvidia-smi failed: Failed to initialize NVML"),
+    (re.compile(r"Failed to initialize NVML: (.{1,300})", re.I), NVML_ERROR,
+     "nvidia-smi failed: Failed to initialize NVML"),
 )
 # Smoke container failures: (pattern, status, meaning). The first match wins.
 _SMOKE_FAILURES: tuple[tuple[re.Pattern, str, str], ...] = (
-    (re.compile(r"could not select device driver \"[^\"]*\" with capabilities: \[\[gpu\]\]"), "fail",
+    (re.compile(r"could not select device driver \"[^\"]{0,200}\" with capabilities: \[\[gpu\]\]"), "fail",
      "Docker has no GPU device driver (NVIDIA Container Toolkit missing or not configured)"),
-    (re.compile(r"nvidia-container-cli: initialization error: ([^\\\n\"]+)"), "fail", "nvidia-container-cli: initialization error"),
+    (re.compile(r"nvidia-container-cli: initialization error: ([^\\\n\"]{1,300})"), "fail",
+     "nvidia-container-cli: initialization error"),
     (re.compile(r"unknown flag: --gpus"), "fail", "this docker CLI has no --gpus (needs Docker >= 19.03)"),
     (re.compile(r"unknown or invalid runtime name: nvidia|Unknown runtime specified nvidia", re.I), "fail", "the nvidia runtime is not registered"),
     (re.compile(r"Unable to find image|pull access denied|manifest unknown|No such image|not found: manifest", re.I), "unknown",
@@ -43,17 +58,22 @@ _SMOKE_FAILURES: tuple[tuple[re.Pattern, str, str], ...] = (
     (re.compile(r"timed out", re.I), "unknown", "the GPU smoke container did not finish in time"),
     (re.compile(r"Cannot connect to the Docker daemon|error during connect", re.I), "unknown", "no Docker engine to run it"),
 )
-_DRIVER_LINE = re.compile(r"Driver Version:\s*([0-9][0-9.]*)")
-_CUDA_LINE = re.compile(r"CUDA Version:\s*([0-9]+\.[0-9]+|N/A)")
-_NVRM = re.compile(r"NVRM version:.*?Kernel Module(?: for \S+)?\s+([0-9]+\.[0-9]+(?:\.[0-9]+)?)")
-_NVML_LIBRARY = re.compile(r"NVML library version:\s*([0-9][0-9.]*)")
-_SERVER_VERSION = re.compile(r"^Server:.*?^\s*Version:\s*(\S+)", re.S | re.M)
+# Versions: bounded digit runs, so that a garbage line can neither take long to scan nor give a huge number.
+_VERSION = r"[0-9]{1,6}(?:\.[0-9]{1,6}){0,3}(?![0-9])"
+_DRIVER_LINE = re.compile(rf"Driver Version:[ \t]{{0,32}}({_VERSION})")
+_CUDA_LINE = re.compile(r"CUDA Version:[ \t]{0,32}([0-9]{1,4}\.[0-9]{1,4}|N/A)")
+_NVRM = re.compile(rf"NVRM version:[^\n]{{0,120}}?Kernel Module(?: for \S{{1,40}})?[ \t]{{1,32}}({_VERSION})")
+_NVML_LIBRARY = re.compile(rf"NVML library version:[ \t]{{0,32}}({_VERSION})")
+_SERVER_VERSION_LINE = re.compile(r"\s{0,32}Version:\s{0,32}(\S{1,200})(?!\S)")
 # One GPU row of the plain table, for the 79-column (<= R525), 89-column (R530-R545) and 91-column (>= R550)
 # layouts alike:  "|   0  Tesla P4                        Off| 00000000:61:00.0 Off |"
-_TABLE_GPU = re.compile(r"^\|\s*(\d+)\s+(\S.*?)\s+(?:On|Off|N/A|WDDM|TCC)\s*\|\s*[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d")
-_TABLE_MEMORY = re.compile(r"(\d+)MiB\s*/\s*(\d+)MiB")
-_SMOKE_GPU = re.compile(r"^GPU (\d+): (.+?) \(UUID: (GPU-[0-9a-fA-F-]+)\)", re.M)
-_INT = re.compile(r"-?\d+")
+_TABLE_GPU = re.compile(r"^\|\s{0,16}(\d{1,4})\s{1,16}(\S.{0,80}?)\s{1,64}(?:On|Off|N/A|WDDM|TCC)\s{0,16}\|\s{0,16}"
+                        r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d")
+_TABLE_MEMORY = re.compile(r"(?<!\d)(\d{1,9})MiB\s{0,16}/\s{0,16}(\d{1,9})MiB")
+_SMOKE_GPU = re.compile(r"^GPU (\d{1,4}): ([^\n]{1,200}?) \(UUID: (GPU-[0-9a-fA-F-]{1,64})\)", re.M)
+_INT = re.compile(r"(?<!\d)-?\d{1,12}(?!\d)")
+_SMALL_INT = re.compile(r"\d{1,9}")
+_DF_KIB = re.compile(r"\d{1,18}")
 _KNOWN_FILES = {p.filename for p in PROBES} | {GPU_SMOKE_FILE, "docker-info.txt", PROBES_FILE}
 
 
@@ -86,6 +106,7 @@ class HostFacts:
     runner: str | None = None  # "local" or "ssh:<conn_id>", from probes.json
     unreachable: str | None = None  # why the host could not be reached at all
     unknown: dict[str, str] = field(default_factory=dict)  # fact -> why it is unknown
+    probe_problems: dict[str, str] = field(default_factory=dict)  # file -> why it was not (wholly) read
 
     @property
     def gpu_model(self) -> str | None:
@@ -124,31 +145,48 @@ def parse_gpu_query(text: str) -> list[Gpu]:
     Columns are found by header name, so any field list and order works; values may carry units
     ("81559 MiB") or not ("81559"), and "[N/A]" counts as missing.
     """
-    rows = [r for r in csv.reader(io.StringIO(text.strip()), skipinitialspace=True) if r]
+    rows = _csv_rows(text)
     if not rows or "index" not in _header(rows[0]) and "name" not in _header(rows[0]):
         return []
     header = _header(rows[0])
     gpus = []
     for row in rows[1:]:
         rec = {h: _value(row[i]) if i < len(row) else None for i, h in enumerate(header)}
-        try:
-            index = int(rec.get("index") if rec.get("index") is not None else len(gpus))
-        except ValueError:
+        index = len(gpus) if rec.get("index") is None else _small_int(rec["index"])
+        if index is None:
             continue
         mem = _INT.search(rec.get("memory.total") or "")
-        gpus.append(Gpu(index=index, name=rec.get("name") or "unknown", uuid=rec.get("uuid"),
+        gpus.append(Gpu(index=index, name=_short(rec.get("name")) or "unknown", uuid=_short(rec.get("uuid")),
                         memory_total_mib=int(mem.group()) if mem else None))
     return gpus
 
 
 def query_driver_version(text: str) -> str | None:
     """The `driver_version` column of a query CSV (same for every GPU of a host)."""
-    rows = [r for r in csv.reader(io.StringIO(text.strip()), skipinitialspace=True) if r]
+    rows = _csv_rows(text)
     if len(rows) < 2 or "driver_version" not in _header(rows[0]):
         return None
     i = _header(rows[0]).index("driver_version")
-    value = _value(rows[1][i]) if i < len(rows[1]) else None
+    value = _short(_value(rows[1][i])) if i < len(rows[1]) else None
     return value if value and value[0].isdigit() else None
+
+
+def _csv_rows(text: str) -> list[list[str]]:
+    """Non-empty CSV rows; none when the text is not CSV the csv module can read (e.g. a field over its size limit)."""
+    try:
+        return [r for r in csv.reader(io.StringIO(text.strip()), skipinitialspace=True) if r]
+    except csv.Error:
+        return []
+
+
+def _small_int(text: str) -> int | None:
+    """An index or count: digits only, at most nine of them."""
+    return int(text) if _SMALL_INT.fullmatch(text) else None
+
+
+def _short(text: str | None) -> str | None:
+    """A text fact, or None when it is too long to be one (rules read versions as numbers)."""
+    return text if text is not None and len(text) <= MAX_FACT_CHARS else None
 
 
 def _header(row: list[str]) -> list[str]:
@@ -172,7 +210,7 @@ def parse_smi_table(text: str) -> tuple[str | None, str | None, list[Gpu]]:
     gpus: list[Gpu] = []
     lines = text.splitlines()
     for i, line in enumerate(lines):
-        if not (m := _TABLE_GPU.match(line)):
+        if not line.startswith("|") or not (m := _TABLE_GPU.match(line)):
             continue
         mem = next((int(mm.group(2)) for nxt in lines[i + 1:i + 3] if (mm := _TABLE_MEMORY.search(nxt))), None)
         gpus.append(Gpu(index=int(m.group(1)), name=m.group(2).strip(), uuid=None, memory_total_mib=mem))
@@ -195,21 +233,41 @@ def parse_kernel_module_version(text: str) -> str | None:
 
 
 def parse_docker_version_text(text: str) -> str | None:
-    m = _SERVER_VERSION.search(text)
-    return m.group(1) if m else None
+    """`docker version`: the first `Version:` line after the `Server:` line."""
+    server = False
+    for line in text.splitlines():
+        if line.startswith("Server:"):
+            server = True
+        elif server and (m := _SERVER_VERSION_LINE.match(line)):
+            return _short(m.group(1))
+    return None
 
 
 def parse_docker_info_json(text: str) -> dict | None:
-    """`docker info --format '{{json .}}'` -> the fields rules need, or None if it is not that JSON."""
+    """`docker info --format '{{json .}}'` -> the fields rules need, or None if it is not that JSON.
+
+    A field of the wrong type counts as absent: the rules compare texts and lists of texts.
+    """
     try:
         info = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deep to be docker's
         return None
-    if not isinstance(info, dict) or not info.get("ServerVersion"):
+    if not isinstance(info, dict) or not _text(info.get("ServerVersion")):
         return None
-    return {"docker_version": info.get("ServerVersion"), "runtimes": sorted(info.get("Runtimes") or {}),
-            "default_runtime": info.get("DefaultRuntime"), "cdi_spec_dirs": info.get("CDISpecDirs") or [],
-            "root_dir": info.get("DockerRootDir")}
+    return {"docker_version": _text(info.get("ServerVersion")), "runtimes": _names(info.get("Runtimes")),
+            "default_runtime": _text(info.get("DefaultRuntime")), "cdi_spec_dirs": _names(info.get("CDISpecDirs")),
+            "root_dir": _text(info.get("DockerRootDir"))}
+
+
+def _text(value: object) -> str | None:
+    return _short(value) if isinstance(value, str) else None
+
+
+def _names(value: object) -> list[str]:
+    """Runtimes (a dict keyed by name) or CDI folders (a list): the names that are texts, sorted."""
+    if not isinstance(value, (dict, list)):
+        return []
+    return sorted(name for name in value if isinstance(name, str) and len(name) <= MAX_FACT_CHARS)
 
 
 def parse_docker_info_text(text: str) -> dict | None:
@@ -221,24 +279,27 @@ def parse_docker_info_text(text: str) -> dict | None:
         key, sep, value = line.strip().partition(":")
         if sep and key in ("Server Version", "Runtimes", "Default Runtime", "Docker Root Dir"):
             fields[key] = value.strip()
-        elif sep and key == "CDI spec directories":
-            cdi = [ln.strip() for ln in lines[i + 1:] if ln.startswith("  ") and ln.strip().startswith("/")][:8]
-    if not fields.get("Server Version"):
+        elif sep and key == "CDI spec directories" and not cdi:
+            cdi = list(itertools.islice(_cdi_dirs(lines[i + 1:]), 8))
+    if not _short(fields.get("Server Version")):
         return None
     return {"docker_version": fields["Server Version"], "runtimes": fields.get("Runtimes", "").split(),
             "default_runtime": fields.get("Default Runtime"), "cdi_spec_dirs": cdi, "root_dir": fields.get("Docker Root Dir")}
 
 
+def _cdi_dirs(lines: list[str]):
+    return (ln.strip() for ln in lines if ln.startswith("  ") and ln.strip().startswith("/"))
+
+
 def parse_df(text: str) -> int | None:
-    """`df -Pk DIR`: available bytes on the file system of DIR."""
+    """`df -Pk DIR`: available bytes on the file system of DIR (at most 18 digits of KiB: no file system is larger)."""
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
     if len(lines) < 2:
         return None
     cols = lines[-1].split()
-    try:
-        return int(cols[3]) * 1024
-    except (IndexError, ValueError):
+    if len(cols) < 4 or not _DF_KIB.fullmatch(cols[3]):
         return None
+    return int(cols[3]) * 1024
 
 
 def parse_gpu_smoke(text: str, failed: bool | None) -> tuple[str, str]:
@@ -272,41 +333,87 @@ def _last_line(text: str) -> str:
 
 
 # -- a whole folder -----------------------------------------------------------------------------
-def _probe_record(folder: Path) -> dict:
+def probe_record(text: str) -> tuple[dict, list[str]]:
+    """`probes.json` -> ({"runner", "unreachable", "probes": [{"filename", "exit_code", "error", ...}]}, problems).
+
+    Anything of the wrong type is left out and named in the problems, so that a hand-edited or
+    damaged record reads like a folder captured by hand instead of failing the host check.
+    """
     try:
-        data = json.loads((folder / PROBES_FILE).read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep to be a record
+        return {}, [f"not JSON ({str(exc)[:100] or type(exc).__name__})"]
+    if not isinstance(data, dict):
+        return {}, [f"{_json_kind(data)} where an object was expected"]
+    record, problems = {}, []
+    for key in ("runner", "unreachable"):
+        value = data.get(key)
+        if value is None or isinstance(value, str):
+            record[key] = value
+        else:
+            problems.append(f"{key!r} is {_json_kind(value)} where text was expected")
+    probes = data.get("probes", [])
+    if not isinstance(probes, list):
+        problems.append(f"'probes' is {_json_kind(probes)} where a list was expected")
+        probes = []
+    record["probes"] = [p for p in probes if _probe_entry_ok(p)]
+    if len(record["probes"]) < len(probes):
+        problems.append(f"{len(probes) - len(record['probes'])} of its probes are not objects with a text "
+                        "filename, an integer or null exit_code and a text or null error")
+    return record, problems
 
 
-def _probe_errors(record: dict) -> dict[str, str]:
-    """filename -> error text, from probes.json (absent when the folder was captured by hand)."""
-    try:
-        return {p["filename"]: p["error"] for p in record.get("probes", []) if p.get("error")}
-    except (TypeError, KeyError, AttributeError):
-        return {}
+def _probe_entry_ok(entry: object) -> bool:
+    return (isinstance(entry, dict) and isinstance(entry.get("filename"), str)
+            and (entry.get("exit_code") is None or type(entry.get("exit_code")) is int)
+            and (entry.get("error") is None or isinstance(entry.get("error"), str)))
+
+
+def _json_kind(value: object) -> str:
+    kinds = {bool: "true/false", int: "a number", float: "a number", str: "text", list: "a list", dict: "an object"}
+    return kinds.get(type(value), type(value).__name__)
 
 
 def has_probe_outputs(folder: Path) -> bool:
-    """Whether the folder holds any file named like a probe output."""
-    return any((Path(folder) / name).is_file() for name in _KNOWN_FILES)
+    """Whether the folder holds anything named like a probe output (readable or not: reading says why not)."""
+    return any((Path(folder) / name).exists() for name in _KNOWN_FILES)
 
 
 class _Folder:
-    """Reads probe outputs and remembers why a fact is unknown."""
+    """Reads probe outputs and remembers why a fact is unknown, and what was wrong with a file."""
 
     def __init__(self, folder: Path, facts: HostFacts):
         self.folder = folder
         self.facts = facts
-        self.record = _probe_record(folder)
-        self.errors = _probe_errors(self.record)
+        self.record: dict = {}
+        text = self.read(PROBES_FILE)
+        if text is not None:
+            self.record, problems = probe_record(text)
+            if problems:
+                self.facts.probe_problems[PROBES_FILE] = "; ".join(problems)
+        self.errors = {p["filename"]: p["error"] for p in self.record.get("probes", []) if p.get("error")}
 
     def read(self, name: str) -> str | None:
+        """The file's text, at most MAX_PROBE_BYTES of it; None when it is absent or no regular file."""
         try:
-            return (self.folder / name).read_text(encoding="utf-8", errors="replace")
-        except OSError:
+            with open_regular(self.folder / name) as handle:
+                data = handle.read(MAX_PROBE_BYTES + 1)
+        except FileNotFoundError:
             return None
+        except NotRegularFile as exc:
+            self.facts.probe_problems[name] = f"not read: {exc.reason}"
+            return None
+        except OSError as exc:
+            self.facts.probe_problems[name] = f"not read: {exc.strerror or exc}"
+            return None
+        if len(data) > MAX_PROBE_BYTES:
+            self.facts.probe_problems[name] = f"truncated: only its first {MAX_PROBE_BYTES // 2**20} MiB were read"
+            data = data[:MAX_PROBE_BYTES]
+        return data.decode("utf-8", errors="replace")
+
+    def missing(self, name: str) -> str:
+        """Why a probe's output is not there: what was wrong with its file, or that it was not captured."""
+        return self.facts.probe_problems.get(name) or "not captured"
 
     def output(self, name: str, fact: str) -> str | None:
         """The file's text if the probe succeeded; else None, and `fact` becomes unknown with the reason."""
@@ -315,7 +422,7 @@ class _Folder:
             return None
         text = self.read(name)
         if text is None:
-            self.facts.unknown.setdefault(fact, f"{name}: not captured")
+            self.facts.unknown.setdefault(fact, f"{name}: {self.missing(name)}")
         return text
 
 
@@ -330,7 +437,9 @@ def facts_from_dir(folder: Path) -> HostFacts:
         return facts
     uname = src.output("uname-r.txt", "kernel")
     if uname and uname.strip():
-        facts.kernel = uname.strip().splitlines()[0]
+        facts.kernel = _short(uname.strip().splitlines()[0].strip())
+        if facts.kernel is None:
+            facts.unknown["kernel"] = f"uname-r.txt: not a kernel release (over {MAX_FACT_CHARS} characters)"
     _nvidia_facts(src, facts)
     _docker_facts(src, facts)
     _smoke_facts(src, facts)
@@ -361,7 +470,9 @@ def _nvidia_facts(src: _Folder, facts: HostFacts) -> None:
     elif facts.driver_state:
         facts.unknown["gpus"] = facts.driver_error
     elif not query and not table:
-        facts.unknown["gpus"] = "nvidia-smi-query.csv, nvidia-smi.txt: not captured"
+        problems = [f"{n}: {facts.probe_problems[n]}" for n in ("nvidia-smi-query.csv", "nvidia-smi.txt")
+                    if n in facts.probe_problems]
+        facts.unknown["gpus"] = "; ".join(problems) or "nvidia-smi-query.csv, nvidia-smi.txt: not captured"
     else:
         facts.unknown["gpus"] = f"nvidia-smi: no GPU list in its output ({errors.strip() or 'unrecognised output'})"
 
@@ -375,6 +486,8 @@ def _docker_facts(src: _Folder, facts: HostFacts) -> None:
             facts.docker_unreachable = True
             reasons.append(f"{name}: {src.errors[name]}")
         elif text is None:
+            if name in facts.probe_problems:
+                reasons.append(f"{name}: {facts.probe_problems[name]}")
             continue
         elif info := parse(text):
             break
@@ -398,7 +511,9 @@ def _docker_facts(src: _Folder, facts: HostFacts) -> None:
 def _smoke_facts(src: _Folder, facts: HostFacts) -> None:
     text = src.read(GPU_SMOKE_FILE)
     if text is None:
+        if problem := facts.probe_problems.get(GPU_SMOKE_FILE):
+            facts.gpu_smoke, facts.gpu_smoke_detail = "unknown", f"{GPU_SMOKE_FILE}: {problem}"
         return
-    ran = {p.get("filename"): p for p in src.record.get("probes", []) if isinstance(p, dict)}.get(GPU_SMOKE_FILE)
+    ran = {p["filename"]: p for p in src.record.get("probes", [])}.get(GPU_SMOKE_FILE)
     failed = None if ran is None else ran.get("exit_code") != 0
     facts.gpu_smoke, facts.gpu_smoke_detail = parse_gpu_smoke(text, failed)

@@ -6,8 +6,9 @@ import json
 import sys
 from typing import Any, TextIO
 
-from .detect import parse_log
+from .detect import parse_log_file
 from .model import FORMATS, UnknownFormat
+from .source import NotRegularFile
 
 #: Accepted values of ``fmt``.
 FORMAT_CHOICES = ("auto", *FORMATS)
@@ -40,13 +41,13 @@ def cli_parse(files: list[str], fmt: str, out: TextIO) -> int:
 
 def _parse_file(path: str, fmt: str) -> dict[str, Any] | None:
     try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            text = handle.read()
+        parsed = parse_log_file(path, fmt)
+    except NotRegularFile as exc:
+        _error(f"cannot read {path}: {exc.reason}")
+        return None
     except OSError as exc:
         _error(f"cannot read {path}: {exc.strerror or exc}")
         return None
-    try:
-        parsed = parse_log(text, fmt)
     except UnknownFormat:
         _error(f"{path}: no known benchmark log format")
         return None

@@ -3,11 +3,20 @@
 Pipeline: split the text into logical lines (dropping launcher prefixes and
 splitting on MPI rank prefixes), pick the primary rank, let the format module
 read its fields, then decide ``status`` / ``failure_class`` / ``failure_detail``.
+
+Lines are streamed (see ``source``), never held all at once: a first pass
+over whole blocks finds the format and the primary rank, a second one reads
+the fields line by line, and only a log without a result gets a third, for
+its failure evidence. Every pattern here is bounded, and lines are cut at
+``source.MAX_LINE_CHARS``, so the time taken grows with the log's size only.
 """
 
 from __future__ import annotations
 
+import os
 import re
+from types import ModuleType
+from typing import Any, Callable, Iterable, Iterator
 
 from . import horovod, tf_cnn
 from .model import (
@@ -26,6 +35,8 @@ from .model import (
     ParsedLog,
     UnknownFormat,
 )
+from .source import file_blocks, open_regular, text_blocks
+from .source import lines as physical_lines
 
 _FORMAT_MODULES = {FORMAT_TF_CNN: tf_cnn, FORMAT_HOROVOD: horovod}
 
@@ -33,8 +44,8 @@ _FORMAT_MODULES = {FORMAT_TF_CNN: tf_cnn, FORMAT_HOROVOD: horovod}
 
 _LAUNCHER_PREFIX_RE = re.compile(
     r"^(?:"
-    r"(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\|[^|]*\|(?:[^|\t]{0,120}\|){0,4}"
-    r"|\[\d{4}-\d\d-\d\d[^\]]{0,40}\]\s+\{[^}]{0,200}\}\s+[A-Z]+\s+-\s"
+    r"(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\|[^|]{0,120}\|(?:[^|\t]{0,120}\|){0,4}"
+    r"|\[\d{4}-\d\d-\d\d[^\]]{0,40}\]\s{1,16}\{[^}]{0,200}\}\s{1,16}[A-Z]{1,16}\s{1,16}-\s"
     r")"
 )
 """Prefixes a launcher puts before the benchmark's own text:
@@ -46,17 +57,34 @@ _RANK_PREFIX_RE = re.compile(r"\[(\d{1,9})(?:,(\d{1,9}))?\]<(?:stdout|stderr)>:"
 ``[rank]<stderr>:``. Searched anywhere in a line: output of two ranks can be
 glued onto one physical line (``...7.912[1,1]<stdout>:1\\timages/sec...``)."""
 
+_LAUNCHER_FIRST_CHARS = frozenset("DIWEC[")
+"""First characters of a launcher prefix: lines starting otherwise skip the pattern."""
+
 
 def split_lines(text: str) -> list[LogLine]:
     """Turn raw log text into logical lines, one per record of one rank."""
-    lines: list[LogLine] = []
-    for raw in text.splitlines():
-        raw = _LAUNCHER_PREFIX_RE.sub("", raw, count=1)
-        if "]<std" not in raw:
-            lines.append(LogLine(None, raw.strip()))
-            continue
-        lines.extend(_split_ranks(raw))
-    return lines
+    return list(logical_lines(physical_lines(text_blocks(text))))
+
+
+def logical_lines(physical: Iterable[tuple[str, bool]]) -> Iterator[LogLine]:
+    """Logical lines of ``(line, complete)`` physical lines (see ``source.lines``)."""
+    for raw, complete in physical:
+        if raw[:1] in _LAUNCHER_FIRST_CHARS:
+            raw = _LAUNCHER_PREFIX_RE.sub("", raw, count=1)
+        if "]<std" in raw:
+            yield from _ranked_records(raw, complete)
+        else:
+            yield LogLine(None, raw.strip(), complete)
+
+
+def _ranked_records(raw: str, complete: bool) -> list[LogLine]:
+    """The records of a line with rank prefixes; of an incomplete line only the last
+    record is incomplete, as the records before it were followed by more text."""
+    records = _split_ranks(raw)
+    if not complete:
+        tail = records[-1]
+        records[-1] = LogLine(tail.rank, tail.text, False)
+    return records
 
 
 def _split_ranks(raw: str) -> list[LogLine]:
@@ -88,15 +116,49 @@ def detect_format(text: str) -> str | None:
 
     A tie between both formats goes to tf_cnn_benchmarks.
     """
-    text = _as_text(text)
-    scores = {
-        name: sum(1 for marker in module.MARKERS if marker.search(text))
-        for name, module in _FORMAT_MODULES.items()
-    }
-    best = max(scores.values())
-    if best == 0:
-        return None
-    return FORMAT_TF_CNN if scores[FORMAT_TF_CNN] == best else FORMAT_HOROVOD
+    scan = _Scan(want_format=True)
+    scan.feed(text_blocks(_as_text(text)))
+    return scan.format()
+
+
+class _Scan:
+    """First pass over a log, a block at a time: which format markers occur, and which ranks print.
+
+    Markers match within a line, so a block boundary (always at a line break)
+    never splits one. Only blocks that hold a rank prefix are split into lines.
+    """
+
+    def __init__(self, want_format: bool) -> None:
+        markers = [(name, marker) for name, module in _FORMAT_MODULES.items() for marker in module.MARKERS]
+        self.pending = markers if want_format else []
+        self.scores = dict.fromkeys(_FORMAT_MODULES, 0)
+        self.lowest_rank: int | None = None
+
+    def feed(self, blocks: Iterable[str]) -> None:
+        for block in blocks:
+            if self.pending:
+                self._markers(block)
+            if "]<std" in block:
+                self._ranks(block)
+
+    def _markers(self, block: str) -> None:
+        """Look only for markers not seen yet: once all are found, this costs nothing."""
+        found = [entry for entry in self.pending if entry[1].search(block)]
+        for entry in found:
+            self.scores[entry[0]] += 1
+            self.pending.remove(entry)
+
+    def _ranks(self, block: str) -> None:
+        ranked = ((raw, complete) for raw, complete in physical_lines((block,)) if "]<std" in raw)
+        for line in logical_lines(ranked):
+            if line.rank is not None and (self.lowest_rank is None or line.rank < self.lowest_rank):
+                self.lowest_rank = line.rank
+
+    def format(self) -> str | None:
+        best = max(self.scores.values())
+        if best == 0:
+            return None
+        return FORMAT_TF_CNN if self.scores[FORMAT_TF_CNN] == best else FORMAT_HOROVOD
 
 
 # --- failure classification -------------------------------------------------
@@ -126,13 +188,15 @@ only OOM evidence (and only a detail line) when no fatal OOM line exists."""
 _NCCL_RE = re.compile(
     r"NCCL (?:error|Error|ERROR|failure)"
     r"|nccl(?:InternalError|SystemError|UnhandledCudaError|InvalidUsage|InvalidArgument|RemoteError)"
-    r"|unhandled (?:cuda|system) error|[Nn]ccl\w* failed|OP_REQUIRES failed at nccl_ops"
+    r"|unhandled (?:cuda|system) error|[Nn]ccl\w{0,64} failed|OP_REQUIRES failed at nccl_ops"
 )
 """NCCL failures. TF 1.15 only says ``OP_REQUIRES failed at nccl_ops.cc:104 :
 Internal: unhandled system error`` (NCCL's text for ncclSystemError);
 Horovod/PyTorch say ``NCCL error ...`` / ``ncclCommInitRank failed: ...``."""
 
-_EXCEPTION_RE = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Z]\w*(?:Error|Exception|Exit|Interrupt))(?::|$)")
+_EXCEPTION_RE = re.compile(
+    r"^(?:[A-Za-z_]\w{0,100}\.){0,20}([A-Z]\w{0,100}(?:Error|Exception|Exit|Interrupt))(?::|$)"
+)
 """Last line of a Python traceback: ``[package.module.]SomeError: message``."""
 
 _IMPORT_EXCEPTIONS = frozenset({"ImportError", "ModuleNotFoundError"})
@@ -144,9 +208,12 @@ importing tensorflow.contrib) is an import failure too."""
 
 _TRACEBACK_RE = re.compile(r"^Traceback \(most recent call last\):")
 
-_FATAL_START_RE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: F |F\d{4} \d\d:\d\d|Aborted\b|Killed\b")
+_FATAL_START_RE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{1,9}: F |F\d{4} \d\d:\d\d|Aborted\b|Killed\b")
 """Lines that start a non-Python death: glog FATAL (``... F tensorflow/...``,
 ``F0702 11:56:09``) and the shell's ``Aborted`` / ``Killed`` (e.g. the kernel OOM killer)."""
+
+_FATAL_START_FIRST_CHARS = frozenset("FAK")
+"""How those lines start, but for the glog time stamp: that one holds ``: F `` instead."""
 
 _FATAL_TEXT_RE = re.compile(
     r"Check failed:|Segmentation fault|core dumped|exited on signal \d+"
@@ -154,13 +221,32 @@ _FATAL_TEXT_RE = re.compile(
 )
 """Non-Python deaths reported inside a line: CHECK failures, signals seen by mpirun."""
 
-_REPORTING_RE = re.compile(r"OP_REQUIRES failed|^\(\d+\) \w")
+_REPORTING_RE = re.compile(r"OP_REQUIRES failed|^\(\d{1,9}\) \w")
 """Lines where TF reports the failure itself (failed op, ``(0) Resource exhausted: ...``
 root error); preferred as failure_detail over earlier informational mentions such
 as XLA's autotuner running out of memory."""
 
+# Lowercase words that each failure pattern's every alternative contains: a pattern
+# is only tried on a line that mentions one of them, which most lines do not.
+_CUDA_DRIVER_HINTS = ("driver",)
+_OOM_HINTS = ("oom", "memory", "exhausted")
+_OOM_DRIVER_HINTS = ("out_of_memory",)
+_NCCL_HINTS = ("nccl", "unhandled")
 
-def classify_failure(lines: list[LogLine], header_index: int | None) -> tuple[str | None, str | None]:
+
+def _may_name_a_failure(lowered: str) -> bool:
+    """Whether a lowercased line holds any hint above (a chain of ``in``: the cheapest test per line)."""
+    return ("driver" in lowered or "memory" in lowered or "oom" in lowered or "exhausted" in lowered
+            or "nccl" in lowered or "unhandled" in lowered)
+
+
+def _may_name_a_death(lowered: str) -> bool:
+    """Whether a lowercased line holds a word that every alternative of ``_FATAL_TEXT_RE`` contains."""
+    return ("check failed" in lowered or "segmentation" in lowered or "core dumped" in lowered
+            or "exited on signal" in lowered or "terminate called" in lowered or "fatal python" in lowered)
+
+
+def classify_failure(lines: Iterable[LogLine], header_index: int | None) -> tuple[str | None, str | None]:
     """Return ``(failure_class, failure_detail)`` for a run without a result.
 
     Classes by priority: cuda_driver, import_error (only before the header),
@@ -200,22 +286,19 @@ class _Evidence:
         self.last_exception: str | None = None
         self.fatal: str | None = None
         self.traceback: str | None = None
+        self.kinds = (
+            (_CUDA_DRIVER_RE, _CUDA_DRIVER_HINTS, self.cuda_driver),
+            (_OOM_RE, _OOM_HINTS, self.oom),
+            (_OOM_DRIVER_RE, _OOM_DRIVER_HINTS, self.oom_driver),
+            (_NCCL_RE, _NCCL_HINTS, self.nccl),
+        )
 
     def feed(self, index: int, text: str) -> None:
         exception = _EXCEPTION_RE.match(text)
-        reporting = None  # computed on first need
-        for pattern, first in (
-            (_CUDA_DRIVER_RE, self.cuda_driver),
-            (_OOM_RE, self.oom),
-            (_OOM_DRIVER_RE, self.oom_driver),
-            (_NCCL_RE, self.nccl),
-        ):
-            if first.reporting or pattern.search(text) is None:
-                continue
-            if reporting is None:
-                reporting = exception is not None or _REPORTING_RE.search(text) is not None
-            first.offer(text, reporting)
-        if self.fatal is None and (_FATAL_START_RE.match(text) or _FATAL_TEXT_RE.search(text)):
+        lowered = text.lower()
+        if _may_name_a_failure(lowered):
+            self._kinds(text, lowered, exception is not None)
+        if self.fatal is None and self._fatal(text, lowered):
             self.fatal = text
         if self.traceback is None and _TRACEBACK_RE.match(text):
             self.traceback = text
@@ -224,8 +307,23 @@ class _Evidence:
             if self.import_error is None and self._before_header(index) and self._is_import_failure(exception, text):
                 self.import_error = text
 
+    def _kinds(self, text: str, lowered: str, is_exception: bool) -> None:
+        reporting = None  # computed on first need
+        for pattern, hints, first in self.kinds:
+            if first.reporting or not _mentions(lowered, hints) or pattern.search(text) is None:
+                continue
+            if reporting is None:
+                reporting = is_exception or _REPORTING_RE.search(text) is not None
+            first.offer(text, reporting)
+
     def _before_header(self, index: int) -> bool:
         return self.header_index is None or index < self.header_index
+
+    @staticmethod
+    def _fatal(text: str, lowered: str) -> bool:
+        if (text[:1] in _FATAL_START_FIRST_CHARS or ": F " in text) and _FATAL_START_RE.match(text):
+            return True
+        return _may_name_a_death(lowered) and _FATAL_TEXT_RE.search(text) is not None
 
     @staticmethod
     def _is_import_failure(match: re.Match[str], text: str) -> bool:
@@ -245,6 +343,11 @@ class _Evidence:
         return None, None
 
 
+def _mentions(lowered: str, hints: tuple[str, ...]) -> bool:
+    """Whether a lowercased line holds one of ``hints``."""
+    return any(map(lowered.__contains__, hints))
+
+
 def _detail(line: str) -> str:
     return line.strip()[:MAX_DETAIL_CHARS]
 
@@ -259,34 +362,85 @@ def parse_log(text: str, fmt: str = "auto") -> ParsedLog:
     Raises UnknownFormat when ``fmt`` is ``"auto"`` and no format fits (or when
     ``fmt`` names no known format); any other input, however broken, gives a
     ParsedLog. A run is "ok" exactly when its result line (``total images/sec``
-    / ``Total img/sec``) was printed, whatever warnings or errors surround it.
+    / ``Total img/sec``) was printed in full with a positive number, whatever
+    warnings or errors surround it.
     """
     text = _as_text(text)
-    if fmt == "auto":
-        detected = detect_format(text)
+    return _parse(lambda: text_blocks(text), fmt)
+
+
+def parse_log_file(path: str | os.PathLike, fmt: str = "auto") -> ParsedLog:
+    """``parse_log`` of a file, read as a stream: a log of any size takes memory for one line.
+
+    Raises OSError when the file cannot be read; ``source.NotRegularFile`` (an
+    OSError whose message names the path) for a FIFO, a device or a folder.
+    """
+    with open_regular(path) as handle:
+
+        def blocks() -> Iterator[str]:
+            handle.seek(0)
+            return file_blocks(handle)
+
+        return _parse(blocks, fmt)
+
+
+def _parse(blocks: Callable[[], Iterable[str]], fmt: str) -> ParsedLog:
+    """Passes over ``blocks()``: format and primary rank, the fields, and failure evidence when needed."""
+    module = None if fmt == "auto" else _module(fmt)
+    scan = _Scan(want_format=module is None)
+    scan.feed(blocks())
+    if module is None:
+        detected = scan.format()
         if detected is None:
             raise UnknownFormat("no known benchmark log format")
-        fmt = detected
-    module = _FORMAT_MODULES.get(fmt) if isinstance(fmt, str) else None
-    if module is None:
-        raise UnknownFormat(f"unknown format {fmt!r}; expected auto, {FORMAT_TF_CNN} or {FORMAT_HOROVOD}")
-
-    lines = split_lines(text)
-    parsed, header_index = module.parse(lines, primary_rank(lines))
-    _decide_status(parsed, lines, header_index, module.RESULT_LINE)
+        module = _FORMAT_MODULES[detected]
+    reader, cut_result = _read(physical_lines(blocks()), module, scan.lowest_rank)
+    parsed = reader.result()
+    if parsed.total_images_per_sec is not None:
+        parsed.status, parsed.failure_class, parsed.failure_detail = STATUS_OK, None, None
+        return parsed
+    parsed.status = STATUS_FAILED
+    failure_class, detail = classify_failure(logical_lines(physical_lines(blocks())), reader.header_index)
+    if failure_class is None:
+        failure_class = FAILURE_NO_RESULT
+        detail = _no_result_detail(module.RESULT_LINE, parsed.step_count, reader.rejected_total, cut_result)
+    parsed.failure_class, parsed.failure_detail = failure_class, detail
     return parsed
 
 
-def _decide_status(parsed: ParsedLog, lines: list[LogLine], header_index: int | None, result_line: str) -> None:
-    if parsed.total_images_per_sec is not None:
-        parsed.status, parsed.failure_class, parsed.failure_detail = STATUS_OK, None, None
-        return
-    parsed.status = STATUS_FAILED
-    failure_class, detail = classify_failure(lines, header_index)
-    if failure_class is None:
-        failure_class = FAILURE_NO_RESULT
-        detail = f"no '{result_line}' line in log ({parsed.step_count} step lines parsed)"
-    parsed.failure_class, parsed.failure_detail = failure_class, detail
+def _module(fmt: object) -> ModuleType:
+    module = _FORMAT_MODULES.get(fmt) if isinstance(fmt, str) else None
+    if module is None:
+        raise UnknownFormat(f"unknown format {fmt!r}; expected auto, {FORMAT_TF_CNN} or {FORMAT_HOROVOD}")
+    return module
+
+
+def _read(physical: Iterable[tuple[str, bool]], module: ModuleType, primary: int | None) -> tuple[Any, str | None]:
+    """The format's reader fed with every complete line, and the last cut-off line that held the result line.
+
+    A line cut short (see ``source``) may end mid-number, so no field is read from it.
+    """
+    reader = module.Reader(primary)
+    cut_result: str | None = None
+    for index, line in enumerate(logical_lines(physical)):
+        if line.complete:
+            reader.feed(index, line)
+        elif module.RESULT_LINE in line.text:
+            cut_result = line.text
+    return reader, cut_result
+
+
+def _no_result_detail(result_line: str, step_count: int, rejected: str | None, cut: str | None) -> str:
+    """Why a log without a failure message has no result: none printed, a value that is no
+    measurement, or a result line cut off by the end of the log."""
+    steps = f"({step_count} step lines parsed)"
+    if rejected is not None:
+        detail = f"'{result_line}' value {rejected!r} is not a positive number {steps}"
+    elif cut is not None:
+        detail = f"'{result_line}' line cut off, the log ends mid-line: {cut!r} {steps}"
+    else:
+        detail = f"no '{result_line}' line in log {steps}"
+    return detail[:MAX_DETAIL_CHARS]
 
 
 def _as_text(text: object) -> str:

@@ -7,8 +7,9 @@ Nothing here knows about any log format; the format modules (``tf_cnn``,
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, NamedTuple
 
 FORMAT_TF_CNN = "tf_cnn_benchmarks"
 FORMAT_HOROVOD = "horovod_synthetic"
@@ -35,12 +36,16 @@ FAILURE_CLASSES = (
 #: failure_detail is cut to this many characters.
 MAX_DETAIL_CHARS = 300
 
+#: A log keeps this many step lines; later ones are only counted (``step_count``), so a
+#: runaway log cannot fill the worker's memory. Real runs print tens to a few thousand.
+MAX_STEPS = 100_000
+
 
 class UnknownFormat(ValueError):
     """No known benchmark log format fits the text (or an unknown format name was asked for)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Step:
     """One progress line: ``<step>  images/sec: X +/- Y (jitter = Z)  <loss>``.
 
@@ -109,16 +114,18 @@ def _finite(value: Any) -> Any:
     return value
 
 
-@dataclass(frozen=True)
-class LogLine:
+class LogLine(NamedTuple):
     """One logical record of a log, after launcher and MPI rank prefixes are removed.
 
     ``rank`` is the MPI/Horovod rank from a ``[1,0]<stdout>:`` style prefix,
-    or None when the line had no rank prefix.
+    or None when the line had no rank prefix. ``complete`` is False for a record
+    that may have been cut mid-word: the last line of a log that ends without a
+    line break, or a line longer than the parser reads.
     """
 
     rank: int | None
     text: str
+    complete: bool = True
 
     def belongs_to(self, primary_rank: int | None) -> bool:
         """True for lines of the chosen rank and for lines without a rank prefix."""
@@ -136,6 +143,36 @@ def to_number(text: str) -> float:
     if math.isfinite(value) and value.is_integer():
         return int(value)
     return value
+
+
+class Steps:
+    """Step lines in log order: all are counted, the first ``MAX_STEPS`` are kept."""
+
+    __slots__ = ("kept", "count")
+
+    def __init__(self) -> None:
+        self.kept: list[Step] = []
+        self.count = 0
+
+    def add(self, step: Step) -> None:
+        self.count += 1
+        if len(self.kept) < MAX_STEPS:
+            self.kept.append(step)
+
+
+_RESULT_VALUE_RE = re.compile(NUMBER)
+
+
+def result_value(token: str) -> float | None:
+    """A result line's value, or None unless ``token`` is one whole number, finite and > 0.
+
+    A throughput of 0 or below is no measurement, and ``1.2e`` or ``12abc`` is a
+    number cut short or glued to something else: neither may count as a result.
+    """
+    if _RESULT_VALUE_RE.fullmatch(token) is None:
+        return None
+    value = float(token)
+    return value if math.isfinite(value) and value > 0 else None
 
 
 def to_float(text: str | None) -> float | None:

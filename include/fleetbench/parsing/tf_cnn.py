@@ -19,7 +19,8 @@ What a run prints, as seen in real logs (see tests/unit/test_parsing.py)::
 
 Header, step and accuracy lines come from the primary rank only (rank 0 under
 mpirun, see ``detect``). ``total images/sec`` is the job total, printed by every
-rank: rank 0's is taken (else the first of any rank), never a sum. The header
+rank: rank 0's is taken (else the first of any rank), never a sum, and
+only a positive number counts (see ``model.result_value``). The header
 never names the precision, so it is only known from an echoed ``--use_fp16`` /
 ``--auto_mixed_precision`` flag or a ``Data type:`` line, else None. Status and
 failure class are decided by ``detect``.
@@ -35,6 +36,8 @@ from .model import (
     LogLine,
     ParsedLog,
     Step,
+    Steps,
+    result_value,
     to_float,
     to_number,
 )
@@ -44,10 +47,10 @@ RESULT_LINE = "total images/sec"
 
 #: Strings that only tf_cnn_benchmarks output contains; ``detect`` counts them.
 MARKERS = (
-    re.compile(r"images/sec:\s*\d+(?:\.\d+)?\s*\+/-"),
+    re.compile(r"images/sec:[ \t]{0,16}\d{1,15}(?:\.\d{1,15})?[ \t]{0,16}\+/-"),
     re.compile(r"total images/sec:"),
-    re.compile(r"TensorFlow:\s+\d+\.\d+"),
-    re.compile(r"Batch size:\s*\d+(?:\.\d+)?\s+global"),
+    re.compile(r"TensorFlow:[ \t]{1,32}\d{1,4}\.\d{1,4}"),
+    re.compile(r"Batch size:[ \t]{0,32}\d{1,15}(?:\.\d{1,15})?[ \t]{1,32}global"),
     re.compile(r"tf_cnn_benchmarks"),
 )
 
@@ -61,7 +64,7 @@ _HEADER_RE = re.compile(
 _GLOBAL_BATCH_RE = re.compile(rf"^({NUMBER})\s+global")
 """Value of ``Batch size:``: ``64 global`` or, in old builds, ``64.0 global``."""
 
-_PER_DEVICE_RE = re.compile(rf"^\s*({NUMBER})\s+per device")
+_PER_DEVICE_RE = re.compile(rf"^\s{{0,64}}({NUMBER})\s{{1,64}}per device")
 """The line under ``Batch size:``; indented by TF, unindented in Lambda's logs."""
 
 _STEP_RE = re.compile(
@@ -78,18 +81,19 @@ a ``nan`` loss (diverged fp16 run) leaves loss None.
 _EVAL_STEP_RE = re.compile(rf"^\s*(\d{{1,9}})\s+({NUMBER})\s+examples/sec")
 """Progress of ``--eval`` runs: ``<step> <X> examples/sec``."""
 
-_TOTAL_RE = re.compile(rf"total images/sec:\s*({NUMBER})")
-"""The result; searched anywhere in a line so that a glued line still counts."""
+_TOTAL_RE = re.compile(r"total images/sec:[ \t]{0,64}(\S{0,64})")
+"""The result; searched anywhere in a line so that a glued line still counts. The
+value is the whole token after the colon, so that ``1.2e`` is not read as 1.2."""
 
-_ACCURACY_RE = re.compile(rf"Accuracy @ 1 = ({NUMBER})\s+Accuracy @ 5 = ({NUMBER})")
+_ACCURACY_RE = re.compile(rf"Accuracy @ 1 = ({NUMBER})\s{{1,16}}Accuracy @ 5 = ({NUMBER})")
 """Eval result: ``Accuracy @ 1 = 0.7500 Accuracy @ 5 = 0.9200 [50000 examples]``."""
 
-_PRECISION_HINT_RE = re.compile(r"--(use_fp16|auto_mixed_precision)(?:=(\w+))?|Data type:\s*(\w+)")
+_PRECISION_HINT_RE = re.compile(r"--(use_fp16|auto_mixed_precision)(?:=(\w{1,16}))?|Data type:\s{0,16}(\w{1,16})")
 """Precision evidence: an echoed ``--use_fp16[=True]`` / ``--auto_mixed_precision``
 flag or a ``Data type: float16`` line. tf_cnn_benchmarks' own header never names
 the precision, so without such a line precision stays None."""
 
-_DEVICE_RE = re.compile(r"'([^']*)'")
+_DEVICE_RE = re.compile(r"'([^']{0,256})'")
 """One entry of the Python list repr after ``Devices:``."""
 
 _FALSE_WORDS = frozenset({"false", "0", "no", "off"})
@@ -103,38 +107,55 @@ def parse(lines: list[LogLine], primary_rank: int | None) -> tuple[ParsedLog, in
     Returns the ParsedLog (status not yet decided) and the index in ``lines``
     of the first header line, or None when no header was printed.
     """
-    reader = _Reader(primary_rank)
+    reader = Reader(primary_rank)
     for index, line in enumerate(lines):
         reader.feed(index, line)
     return reader.result(), reader.header_index
 
 
-class _Reader:
-    """Accumulates what one pass over the lines finds."""
+class Reader:
+    """Accumulates what one pass over the lines finds; ``detect`` streams lines into it.
+
+    ``rejected_total`` keeps the first result value that was not a positive number,
+    so that a log without a usable result can say why.
+    """
 
     def __init__(self, primary_rank: int | None) -> None:
         self.primary_rank = primary_rank
         self.header: dict[str, str] = {}
         self.header_index: int | None = None
         self.per_device: str | None = None
-        self.steps: list[Step] = []
-        self.eval_steps: list[Step] = []
+        self.steps = Steps()
+        self.eval_steps = Steps()
         self.primary_total: float | None = None
         self.any_total: float | None = None
+        self.rejected_total: str | None = None
         self.accuracy: tuple[float | None, float | None] = (None, None)
         self.fp16_hint = False
         self.fp32_hint = False
 
     def feed(self, index: int, line: LogLine) -> None:
+        """Each pattern runs only on lines holding its fixed text: a long log has millions of lines."""
         text = line.text
         primary = line.belongs_to(self.primary_rank)
-        self._total(text, primary)
-        self._precision(text)
-        if not primary:
+        if "total images/sec:" in text:
+            self._total(text, primary)
+        if "--" in text or "Data type:" in text:
+            self._precision(text)
+        if primary:
+            self._fields(index, text)
+
+    def _fields(self, index: int, text: str) -> None:
+        """The first of step, header, per-device batch, eval step and accuracy that the line is."""
+        if "images/sec:" in text and self._step(text):
             return
-        if self._step(text) or self._header(index, text) or self._per_device(text):
+        if ":" in text and self._header(index, text):
             return
-        if not self._eval_step(text):
+        if "per device" in text and self._per_device(text):
+            return
+        if "examples/sec" in text and self._eval_step(text):
+            return
+        if "Accuracy @" in text:
             self._accuracy(text)
 
     def _step(self, text: str) -> bool:
@@ -142,9 +163,7 @@ class _Reader:
         if match is None:
             return False
         step, ips, plusminus, jitter, loss = match.groups()
-        self.steps.append(
-            Step(int(step), float(ips), to_float(plusminus), to_float(jitter), to_float(loss))
-        )
+        self.steps.add(Step(int(step), float(ips), to_float(plusminus), to_float(jitter), to_float(loss)))
         return True
 
     def _header(self, index: int, text: str) -> bool:
@@ -169,7 +188,7 @@ class _Reader:
         match = _EVAL_STEP_RE.match(text)
         if match is None:
             return False
-        self.eval_steps.append(Step(int(match.group(1)), float(match.group(2)), None, None, None))
+        self.eval_steps.add(Step(int(match.group(1)), float(match.group(2)), None, None, None))
         return True
 
     def _accuracy(self, text: str) -> None:
@@ -184,7 +203,11 @@ class _Reader:
         match = _TOTAL_RE.search(text)
         if match is None:
             return
-        value = to_float(match.group(1))
+        value = result_value(match.group(1))
+        if value is None:
+            if self.rejected_total is None:
+                self.rejected_total = match.group(1)
+            return
         if primary and self.primary_total is None:
             self.primary_total = value
         if self.any_total is None:
@@ -207,7 +230,7 @@ class _Reader:
     def result(self) -> ParsedLog:
         header = self.header
         devices = _devices(header.get("Devices"))
-        steps = self.steps or self.eval_steps
+        steps = self.steps if self.steps.count else self.eval_steps
         total = self.primary_total if self.primary_total is not None else self.any_total
         return ParsedLog(
             format=FORMAT_TF_CNN,
@@ -219,8 +242,8 @@ class _Reader:
             precision=self._precision_name(),
             forward_only=_forward_only(header.get("Mode")),
             data=_data_kind(header.get("Dataset")),
-            step_count=len(steps),
-            steps=steps,
+            step_count=steps.count,
+            steps=steps.kept,
             total_images_per_sec=total,
             accuracy_top1=self.accuracy[0],
             accuracy_top5=self.accuracy[1],

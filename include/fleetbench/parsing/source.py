@@ -1,0 +1,160 @@
+"""Where a log's lines come from: text in memory, or a file read as a stream.
+
+A log can be hundreds of MB and a line can be a megabyte of garbage, so text is handled in blocks
+of whole lines (``BLOCK_SIZE``), never all at once, and a line is cut at ``MAX_LINE_CHARS`` for
+matching (the rest of it is skipped). A line cut that way, or a last line without a line break
+(the log was truncated, perhaps while a number was being written), is marked incomplete: its
+text may end mid-word.
+
+Only regular files are opened. A FIFO would block forever and a device such as ``/dev/zero``
+never ends, so both (also behind a symlink) are refused with a message naming the path.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from typing import BinaryIO, Iterable, Iterator
+
+#: Longer lines are cut to this many characters before any pattern sees them.
+MAX_LINE_CHARS = 64 * 1024
+
+#: Text is split into lines a block at a time: characters of text, bytes of a file.
+BLOCK_SIZE = 1024 * 1024
+
+#: What ``str.splitlines`` breaks lines on; blocks are cut after ``\\n`` or ``\\r`` only.
+_LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+_BREAK = re.compile(r"[\r\n]")
+_BREAK_BYTES = re.compile(rb"[\r\n]")
+
+
+class NotRegularFile(OSError):
+    """The path is a FIFO, a device, a socket or a folder: reading it could block or never end.
+
+    The message names the path; ``reason`` is the rest, for callers that name the file themselves.
+    """
+
+    def __init__(self, path: str | os.PathLike, reason: str) -> None:
+        super().__init__(f"{os.fspath(path)}: {reason}")
+        self.reason = reason
+
+
+def open_regular(path: str | os.PathLike) -> BinaryIO:
+    """Open ``path`` for binary reading, refusing anything but a regular file (symlinks followed).
+
+    The type is checked before opening, so a FIFO or a device is never opened at all, and again
+    on the open descriptor, in case the path was swapped in between. O_NONBLOCK makes even that
+    second case return at once instead of waiting for a FIFO's writer.
+    """
+    _require_regular(path, os.stat(path).st_mode)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        _require_regular(path, os.fstat(fd).st_mode)
+    except NotRegularFile:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
+
+
+def _require_regular(path: str | os.PathLike, mode: int) -> None:
+    if stat.S_ISREG(mode):
+        return
+    via = f" (a symlink to {os.path.realpath(path)})" if os.path.islink(path) else ""
+    raise NotRegularFile(path, f"{_kind(mode)}{via}, not a regular file")
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder")):
+        if test(mode):
+            return name
+    return "a special file"
+
+
+def text_blocks(text: str, size: int = BLOCK_SIZE) -> Iterator[str]:
+    """``text`` as blocks of whole lines (ended by ``\\n``, ``\\r`` or both) of about ``size`` characters.
+
+    A line with no break within a whole block comes as a block of its own, holding only as much
+    of the line as ``lines`` reads: a long one ends without a line break, so it reads as incomplete.
+    """
+    pos, end = 0, len(text)
+    while pos < end:
+        if end - pos <= size:
+            yield text[pos:]
+            return
+        stop = max(text.rfind("\n", pos, pos + size), text.rfind("\r", pos, pos + size - 1)) + 1
+        if stop:
+            yield text[pos:stop]
+        else:
+            found = _BREAK.search(text, pos)
+            stop = end if found is None else _after_break(text, found.start())
+            yield text[pos : min(stop, pos + MAX_LINE_CHARS + 1)]
+        pos = stop
+
+
+def file_blocks(handle: BinaryIO, size: int = BLOCK_SIZE) -> Iterator[str]:
+    """A binary file as blocks of whole lines, decoded as UTF-8 (bad bytes replaced); see ``text_blocks``.
+
+    At most ``size`` bytes plus the start of one line are held at a time: the start of a line is
+    kept only while the line may still be short enough to read whole (a character is at most 4 bytes).
+    """
+    carry, skip = b"", None
+    while data := handle.read(size):
+        if skip == "lf":
+            data, skip = data.removeprefix(b"\n"), None
+        elif skip == "line":
+            data, skip = _rest_after_break(data)
+        data = carry + data
+        stop = max(data.rfind(b"\n"), data.rfind(b"\r", 0, len(data) - 1)) + 1
+        if stop:
+            yield data[:stop].decode("utf-8", errors="replace")
+            carry = data[stop:]
+        elif len(data) > 4 * (MAX_LINE_CHARS + 1):
+            yield data[: 4 * (MAX_LINE_CHARS + 1)].decode("utf-8", errors="replace")[: MAX_LINE_CHARS + 1]
+            carry, skip = b"", "lf" if data.endswith(b"\r") else "line"
+        else:
+            carry = data
+    if carry:
+        yield carry.decode("utf-8", errors="replace")
+
+
+def _rest_after_break(data: bytes) -> tuple[bytes, str | None]:
+    """What follows the first line break in ``data``, and what is still to skip: more of the
+    line ("line") or, after a ``\\r`` that ends ``data``, the ``\\n`` that may complete it ("lf")."""
+    found = _BREAK_BYTES.search(data)
+    if found is None:
+        return b"", "line"
+    if found.start() == len(data) - 1 and data.endswith(b"\r"):
+        return b"", "lf"
+    return data[_after_break(data, found.start()) :], None
+
+
+def _after_break(text, at: int) -> int:
+    """Where the line break at ``at`` ends: ``\\r\\n`` is one break."""
+    return at + 2 if text[at : at + 2] in ("\r\n", b"\r\n") else at + 1
+
+
+def lines(blocks: Iterable[str]) -> Iterator[tuple[str, bool]]:
+    """``(line, complete)`` per line of the blocks, without its line break, cut at ``MAX_LINE_CHARS``.
+
+    A line is complete when a line break ended it and it was not cut.
+    """
+    limit = MAX_LINE_CHARS
+    for block in blocks:
+        for piece in block.splitlines(keepends=True):
+            line = piece.rstrip(_LINE_BREAKS)
+            if len(line) > limit:
+                yield line[:limit], False
+            else:
+                yield line, len(line) != len(piece)
+
+
+def text_lines(text: str) -> Iterator[tuple[str, bool]]:
+    """``lines`` of text in memory."""
+    return lines(text_blocks(text))
+
+
+def file_lines(handle: BinaryIO) -> Iterator[tuple[str, bool]]:
+    """``lines`` of a binary file, read from where it stands."""
+    return lines(file_blocks(handle))

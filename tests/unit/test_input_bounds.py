@@ -1,0 +1,270 @@
+"""Hostile input: huge lines and files, FIFOs, devices, damaged probe records, absurd numbers.
+
+Each case would take minutes (a pattern that is quadratic in a line's length), hang (a FIFO
+read without a writer) or eat memory (a symlink to /dev/zero). None is a timed test: a
+SIGALRM deadline turns a hang into a failure, and the assertions are on the results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from fleetbench.cli import main
+from fleetbench.hosts import HostNeeds, facts_from_dir, host_check
+from fleetbench.hosts.facts import MAX_PROBE_BYTES
+from fleetbench.parsing import NotRegularFile, cli_parse, parse_log, parse_log_file
+
+REAL_LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "real-logs"  # tests/fixtures/real-logs/SOURCES.md
+HOSTS = Path(__file__).resolve().parents[1] / "fixtures" / "hosts"
+FLEETBENCH = str(Path(sys.executable).parent / "fleetbench")
+TF = "tf_cnn_benchmarks"
+
+
+@contextlib.contextmanager
+def deadline(seconds: int = 20):
+    """Fail instead of hanging: SIGALRM interrupts blocking calls and the regex engine alike."""
+
+    def expired(signum, frame):
+        raise TimeoutError(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+DEVICE_LINK = "a character device (a symlink to /dev/zero), not a regular file"
+NOT_DRIVER = "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.\n"
+
+
+def fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+def zero_link(path: Path) -> Path:
+    path.symlink_to("/dev/zero")
+    return path
+
+
+# -- log lines that are megabytes long ------------------------------------------------------------
+def test_a_two_megabyte_line_of_nccl_is_read_in_linear_time():
+    text = "nccl" * 500_000 + " Failed\nncclCommInitRank failed: unhandled system error\n"
+    with deadline():
+        log = parse_log(text, TF)
+    assert (log.failure_class, log.failure_detail) == ("nccl", "ncclCommInitRank failed: unhandled system error")
+
+
+@pytest.mark.parametrize("seed", [
+    "nccl", "ncclX", "a.", "Aa", "images/sec: 1 ", "total images/sec: ", "TensorFlow:  ", "Batch size: 1 ",
+    "Accuracy @ 1 = 1 ", "--use_fp16=", "Data type: ", "'", "INFO|", "[1,0]<stdout>:", "Iter #1: 1 ",
+    "Total img/sec on 1 GPU(s): ", "Number of GPUs: ", "9", " ", "Check failed", "unhandled ",
+])  # fmt: skip
+def test_long_lines_of_repeated_pattern_starts(seed):
+    line = seed * (2_000_000 // len(seed))
+    with deadline():
+        for fmt in (TF, "horovod_synthetic"):
+            log = parse_log(line + "\n" + line, fmt)
+            assert log.status == "failed"
+
+
+def test_a_line_longer_than_the_cap_is_cut_and_never_a_result():
+    log = parse_log("x" * 70_000 + "total images/sec: 100.0\n", TF)
+    assert (log.status, log.failure_class) == ("failed", "no_result")
+
+
+# -- logs that are files --------------------------------------------------------------------------
+def test_a_fifo_is_refused_not_waited_on(tmp_path):
+    path = fifo(tmp_path / "run.log")
+    with deadline(), pytest.raises(NotRegularFile, match="a FIFO, not a regular file"):
+        parse_log_file(path)
+
+
+def test_a_symlink_to_a_device_is_refused_naming_both(tmp_path):
+    path = zero_link(tmp_path / "run.log")
+    with deadline(), pytest.raises(NotRegularFile) as raised:
+        parse_log_file(path)
+    assert str(raised.value) == f"{path}: a character device (a symlink to /dev/zero), not a regular file"
+
+
+def test_cli_parse_names_what_it_refused(tmp_path, capsys):
+    good = REAL_LOGS / "tfcnn_resnet50_1gpu_lambda-2080ti-tf115.log"
+    paths = [fifo(tmp_path / "a.log"), zero_link(tmp_path / "b.log"), good]
+    out = io.StringIO()
+    with deadline():
+        code = cli_parse([str(p) for p in paths], "auto", out)
+    assert code == 2
+    assert [json.loads(line)["status"] for line in out.getvalue().splitlines()] == ["ok"]
+    err = capsys.readouterr().err
+    assert f"fleetbench parse: cannot read {paths[0]}: a FIFO, not a regular file" in err
+    assert f"fleetbench parse: cannot read {paths[1]}: {DEVICE_LINK}" in err
+
+
+def test_a_large_log_is_streamed_not_read_whole(tmp_path):
+    """40 MB of real logs: reading it whole (and its lines) takes several times that."""
+    body = "".join(p.read_text(errors="replace") for p in sorted(REAL_LOGS.glob("*.log")))
+    path = tmp_path / "big.log"
+    with path.open("w") as out:
+        for _ in range(40_000_000 // len(body)):
+            out.write(body)
+        out.write((REAL_LOGS / "tfcnn_resnet50_1gpu_lambda-2080ti-tf115.log").read_text())
+    script = textwrap.dedent(f"""
+        import resource, signal
+        signal.alarm(120)
+        from fleetbench.parsing import parse_log_file
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        log = parse_log_file({str(path)!r})
+        grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+        print(log.status, log.model, grown // 1024)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    status, model, grown_mib = proc.stdout.split()
+    assert (status, model) == ("ok", "alexnet")  # the first header of the concatenated logs
+    assert int(grown_mib) < 40
+
+
+# -- probe folders ----------------------------------------------------------------------------------
+def probes_json(folder: Path, record) -> None:
+    (folder / "probes.json").write_text(record if isinstance(record, str) else json.dumps(record))
+
+
+def check(folder: Path, gpus: int = 1) -> dict:
+    with deadline():
+        return host_check(facts_from_dir(folder), HostNeeds(gpus=gpus, image_cuda="12.1"))
+
+
+def test_repeated_server_and_nvrm_lines_are_linear(tmp_path):
+    (tmp_path / "docker-version.txt").write_text("Server:\n" * 40_000)
+    (tmp_path / "proc-driver-nvidia-version.txt").write_text("NVRM version:" * 40_000 + "\n")
+    (tmp_path / "nvidia-smi.txt").write_text("|  0  X" + " " * 60_000 + "\n" + "1" * 100_000 + "MiB\n")
+    (tmp_path / "nvidia-smi-query.csv").write_text("index, name\n" + "No such file or directory nvidia-sm" * 20_000)
+    (tmp_path / "uname-r.txt").write_text("6.1.0\n")
+    with deadline():
+        facts = facts_from_dir(tmp_path)
+    assert facts.docker_version is None and facts.kernel_module_version is None and facts.kernel == "6.1.0"
+
+
+def test_fifos_and_devices_in_a_probe_folder_are_named_not_read(tmp_path):
+    fifo(tmp_path / "uname-r.txt")
+    zero_link(tmp_path / "nvidia-smi.txt")
+    fifo(tmp_path / "docker-info.json")
+    fifo(tmp_path / "gpu-smoke.txt")
+    assert check(tmp_path)["verdict"] == "degraded"  # nothing known, nothing failed
+    facts = facts_from_dir(tmp_path)
+    assert facts.probe_problems == {
+        "uname-r.txt": "not read: a FIFO, not a regular file",
+        "nvidia-smi.txt": f"not read: {DEVICE_LINK}",
+        "docker-info.json": "not read: a FIFO, not a regular file",
+        "gpu-smoke.txt": "not read: a FIFO, not a regular file",
+    }
+    assert facts.unknown["kernel"] == "uname-r.txt: not read: a FIFO, not a regular file"
+    assert facts.unknown["gpus"] == f"nvidia-smi.txt: not read: {DEVICE_LINK}"
+    assert facts.unknown["docker"] == "docker-info.json: not read: a FIFO, not a regular file"
+    assert facts.gpu_smoke == "unknown"
+    assert facts.gpu_smoke_detail == "gpu-smoke.txt: not read: a FIFO, not a regular file"
+
+
+def test_a_huge_probe_output_is_read_up_to_the_cap(tmp_path):
+    table = (HOSTS / "h100-590-cuda13.1" / "nvidia-smi.txt").read_text()
+    (tmp_path / "nvidia-smi.txt").write_text(table + "x" * (MAX_PROBE_BYTES + 1))
+    facts = facts_from_dir(tmp_path)
+    assert facts.driver_version == "590.48.01" and len(facts.gpus) == 1
+    assert facts.probe_problems == {"nvidia-smi.txt": "truncated: only its first 4 MiB were read"}
+
+
+@pytest.mark.parametrize(("record", "problem"), [
+    ("[" * 100_000, "not JSON (maximum recursion depth exceeded"),
+    ([1, 2], "a list where an object was expected"),
+    ({"runner": ["local"], "probes": []}, "'runner' is a list where text was expected"),
+    ({"unreachable": 5, "probes": []}, "'unreachable' is a number where text was expected"),
+    ({"probes": 5}, "'probes' is a number where a list was expected"),
+    ({"probes": [{"filename": "nvidia-smi.txt", "error": 5}, {"filename": "gpu-smoke.txt", "exit_code": "0"}, "x"]},
+     "3 of its probes are not objects with a text filename"),
+])  # fmt: skip
+def test_a_probes_json_of_the_wrong_shape_is_a_problem_not_a_crash(tmp_path, record, problem):
+    probes_json(tmp_path, record)
+    (tmp_path / "nvidia-smi.txt").write_text(NOT_DRIVER)
+    (tmp_path / "gpu-smoke.txt").write_text("GPU 0: NVIDIA H100 (UUID: GPU-0000)\n")
+    result = check(tmp_path)
+    facts = facts_from_dir(tmp_path)
+    assert facts.probe_problems["probes.json"].startswith(problem)
+    assert facts.runner is None and facts.unreachable is None
+    assert result["verdict"] == "unfit"  # judged on the outputs, as a folder captured by hand
+
+
+@pytest.mark.parametrize(("name", "text"), [
+    ("uname-r.txt", "5" * 5000 + "\n"),
+    ("nvidia-smi-query.csv", "index, name, memory.total [MiB]\n0, NVIDIA H100, " + "8" * 5000 + " MiB\n"),
+    ("nvidia-smi-query.csv", "index, name, driver_version\n" + "1" * 5000 + ", NVIDIA H100, " + "5" * 5000 + "\n"),
+    ("nvidia-smi.txt", "| NVIDIA-SMI 590.48.01   Driver Version: " + "5" * 5000 + "   CUDA Version: " + "1" * 5000
+                       + ".0 |\n|  " + "1" * 5000 + "  NVIDIA H100   On  | 00000000:61:00.0 Off |\n| " + "8" * 5000
+                       + "MiB / 81559MiB |\n"),
+    ("df-docker-root.txt", "Filesystem 1024-blocks Used Available Capacity Mounted on\n"
+                           "/dev/sda1 1 1 " + "9" * 4000 + " 1% /\n"),
+    ("docker-info.json", json.dumps({"ServerVersion": 5, "Runtimes": [{"a": 1}, {"b": 2}], "CDISpecDirs": [1, 2]})),
+    ("docker-info.json", json.dumps({"ServerVersion": "2" * 5000})),
+    ("docker-info.txt", "Server Version: " + "2" * 5000 + "\n"),
+    ("docker-version.txt", "Server:\n Engine:\n  Version: " + "2" * 5000 + "\n"),
+])  # fmt: skip
+def test_absurd_numbers_and_types_leave_facts_unknown(tmp_path, name, text):
+    (tmp_path / name).write_text(text)
+    result = check(tmp_path)
+    facts = result["facts"]
+    assert facts["kernel"] is None and facts["docker_version"] is None and facts["cuda_driver_version"] is None
+    assert facts["driver_version"] in (None, "590.48.01")
+    assert all(g["index"] < 10_000 and (g["memory_total_mib"] or 0) < 10**9 for g in facts["gpus"] or [])
+    json.dumps(result)
+
+
+# -- the command line -----------------------------------------------------------------------------
+def test_host_check_notes_unreadable_probe_files(tmp_path, capsys):
+    fifo(tmp_path / "uname-r.txt")
+    probes_json(tmp_path, {"probes": "x"})
+    with deadline():
+        assert main(["host-check", "--facts", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["verdict"] == "degraded"
+    note = "fleetbench host-check: note:"
+    assert f"{note} {tmp_path / 'uname-r.txt'}: not read: a FIFO, not a regular file\n" in captured.err
+    assert f"{note} {tmp_path / 'probes.json'}: 'probes' is text where a list was expected\n" in captured.err
+
+
+def db_upgrade(url: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([FLEETBENCH, "db", "upgrade", *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "FLEETBENCH_WAREHOUSE_URL": url})
+
+
+def test_db_upgrade_on_an_unreachable_database_is_one_line_without_the_password():
+    proc = db_upgrade("postgresql://fleet:s3cret@127.0.0.1:1/warehouse")
+    assert proc.returncode == 2
+    shown = "postgresql://fleet:***@127.0.0.1:1/warehouse"
+    assert proc.stderr.startswith(f"fleetbench db: cannot upgrade the warehouse at {shown}: ")
+    assert proc.stderr.count("\n") == 1 and "s3cret" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_db_upgrade_to_a_folder_that_does_not_exist(tmp_path):
+    proc = db_upgrade(f"sqlite:///{tmp_path}/missing/w.db")
+    assert proc.returncode == 2
+    assert proc.stderr == (f"fleetbench db: cannot upgrade the warehouse at sqlite:///{tmp_path}/missing/w.db: "
+                           "(sqlite3.OperationalError) unable to open database file\n")
+
+
+@pytest.mark.parametrize("revision", ["nope", "abc@-1"])
+def test_db_upgrade_to_a_bad_revision_names_it(tmp_path, revision):
+    proc = db_upgrade(f"sqlite:///{tmp_path}/w.db", "--revision", revision)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(f"fleetbench db: --revision {revision}: ") and proc.stderr.count("\n") == 1
