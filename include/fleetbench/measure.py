@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timezone
-from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from fleetbench.failures import row_class
+from fleetbench.files import open_regular
 from fleetbench.telemetry import parse_report
 from fleetbench.telemetry.report import clean_report
 
@@ -27,11 +26,18 @@ _LOG_FAILURES = ("nccl", "import_error", "cuda_driver")
 _CORE_DUMP_MARKERS = ("core dumped", "吐核", "Aborted (core dumped)")
 
 
-def read_log(path: str | None) -> str:
+LOG_TAIL_BYTES = 64 * 1024  # the end of a log: its last words and the telemetry report line
+
+
+def read_tail(path: str | None) -> str:
+    """The end of a saved log (what classification and the telemetry report need), without reading it whole;
+    "" when there is none or it is not a regular file."""
     if not path:
         return ""
     try:
-        return Path(path).read_text(encoding="utf-8", errors="replace")
+        with open_regular(path) as f:
+            f.seek(max(0, f.seek(0, 2) - LOG_TAIL_BYTES))
+            return f.read().decode("utf-8", errors="replace")
     except OSError:
         return ""
 
@@ -82,14 +88,14 @@ def measure(case: dict, outcome: dict) -> tuple[dict, list[dict]]:
     """
     if outcome.get("measurement"):
         return outcome["measurement"]["fields"], outcome["measurement"]["steps"]
-    text = read_log(outcome.get("log_path"))
+    text = read_tail(outcome.get("log_path"))
     parsed = None
     if text.strip():
-        from fleetbench.parsing import parse_log
+        from fleetbench.parsing import parse_log_file
 
-        try:
-            parsed = parse_log(text, "tf_cnn_benchmarks")
-        except ValueError:
+        try:  # the whole log, streamed line by line
+            parsed = parse_log_file(outcome["log_path"], "tf_cnn_benchmarks")
+        except (ValueError, OSError):
             parsed = None
     status, failure_class, detail = classify(outcome, parsed, text)
     fields = {

@@ -86,3 +86,25 @@ def test_reported_accuracy_reaches_the_row_and_gives_time_to_accuracy(tmp_path):
     [missed] = derive([dict(row)], steps, None, MetricSettings(target_accuracy_top1=0.8))
     assert reached["time_to_accuracy_s"] == 42.0  # the final accuracy 0.75 >= 0.70 when the case ended
     assert missed["time_to_accuracy_s"] is None
+
+
+def test_measure_streams_the_log_and_never_opens_a_fifo(tmp_path):
+    """A case's log is parsed as a stream (only its end is read as text); a FIFO in its place is not a log."""
+    import os
+    import signal
+
+    big = tmp_path / "big.log"
+    step = "10\timages/sec: 100.1 +/- 0.0 (jitter = 0.0)\t7.000\n"
+    total = "total images/sec: 123.45\n"
+    with big.open("w") as f:
+        f.write(HEADER_ONLY + "Done warm up\nStep\tImg/sec\ttotal_loss\n" + step * 200_000 + "-" * 40 + "\n" + total)
+    fields, steps = measure({"command": ["x"]}, outcome(log_path=str(big)))
+    assert (fields["status"], fields["images_per_sec"]) == ("ok", 123.45) and fields["step_count"] == 200_000
+    fifo = tmp_path / "fifo.log"
+    os.mkfifo(fifo)
+    signal.alarm(20)  # a hang fails the test instead of blocking the suite
+    try:
+        fields, _ = measure({"command": ["x"]}, outcome(log_path=str(fifo)))
+    finally:
+        signal.alarm(0)
+    assert (fields["status"], fields["failure_class"]) == ("failed", "no_result")

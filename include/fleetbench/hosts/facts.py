@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from fleetbench.hosts.probes import GPU_SMOKE_FILE, PROBES, PROBES_FILE
-from fleetbench.parsing.source import NotRegularFile, open_regular
+from fleetbench.files import NotRegularFile, open_regular
 
 #: A probe output is read up to this size; real ones are a few KB.
 MAX_PROBE_BYTES = 4 * 1024 * 1024
