@@ -88,9 +88,11 @@ def _results(args: argparse.Namespace) -> int:
         print()
     elif args.format == "csv":
         if rows:
+            from fleetbench.report.render import csv_cell  # text that starts like a formula is quoted
+
             writer = csv.DictWriter(sys.stdout, fieldnames=list(rows[0]))
             writer.writeheader()
-            writer.writerows(rows)
+            writer.writerows({k: csv_cell(v) for k, v in r.items()} for r in rows)
     else:
         if not rows:
             print("no results yet")
@@ -115,7 +117,15 @@ def _host_check(args: argparse.Namespace) -> int:
     import re
     import tempfile
 
-    from fleetbench.hosts import HostNeeds, LocalRunner, facts_from_dir, gather, gpu_smoke_probe, has_probe_outputs, host_check
+    from fleetbench.hosts import (
+        HostNeeds,
+        LocalRunner,
+        facts_from_dir,
+        gather,
+        gpu_smoke_probe,
+        has_probe_outputs,
+        host_check,
+    )
 
     if args.image_cuda is not None and not re.fullmatch(r"\d+\.\d+", args.image_cuda):
         raise UsageError(f"--image-cuda must look like 12.1, got {args.image_cuda!r}")
@@ -156,9 +166,9 @@ def _host_check(args: argparse.Namespace) -> int:
 
 
 def _pools_export(args: argparse.Namespace) -> int:
-    from fleetbench.runs import pools
     from fleetbench.config import ConfigError, load_config
     from fleetbench.paths import default_config_path
+    from fleetbench.runs import pools
 
     try:
         cfg = load_config(args.config or default_config_path())

@@ -71,3 +71,19 @@ def test_bad_warehouse_urls_are_one_line_without_the_password(url, message):
     assert proc.returncode == 2
     assert message in proc.stderr
     assert "s3cret-pw" not in proc.stderr + proc.stdout and "Traceback" not in proc.stderr
+
+
+def test_csv_quotes_text_that_a_spreadsheet_would_run_as_a_formula(tmp_path):
+    """A failure detail comes from a container's log: text such as `=HYPERLINK(...)` must reach a spreadsheet as text."""
+    url = f"sqlite:///{tmp_path}/w.db"
+    engine = get_engine(url)
+    upgrade(engine)
+    evil = {**result_row("a", run_id="r1", status="failed", ips=None), "failure_detail": '=HYPERLINK("http://x","y")',
+            "image_ref": "@SUM(1)"}
+    store_run(engine, run_row("r1"), [], [evil])
+    engine.dispose()
+    proc = cli("results", "--format", "csv", url=url)
+    assert proc.returncode == 0, proc.stderr
+    [row] = list(csv.DictReader(io.StringIO(proc.stdout)))
+    assert row["failure_detail"] == '\'=HYPERLINK("http://x","y")' and row["image_ref"] == "'@SUM(1)"
+    assert row["batch_size_per_device"] == "64"  # numbers stay numbers

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -108,3 +109,21 @@ def test_measure_streams_the_log_and_never_opens_a_fifo(tmp_path):
     finally:
         signal.alarm(0)
     assert (fields["status"], fields["failure_class"]) == ("failed", "no_result")
+
+
+def test_one_failure_vocabulary_for_the_parser_cli_and_the_warehouse(tmp_path):
+    """`fleetbench parse` names a GPU OOM as the rows do (gpu_oom), and every class a row can carry is listed."""
+    import io
+
+    from fleetbench.failures import FAILURE_CLASSES, LOG_CLASSES
+    from fleetbench.parsing import cli_parse
+    from fleetbench.parsing.model import FAILURE_CLASSES as PARSER_CLASSES
+
+    out = io.StringIO()
+    assert cli_parse([str(REAL_LOGS / "tfcnn_vgg16_1gpu_lambda-2080maxq-tf115-oom-training.log")], "auto", out) == 0
+    assert json.loads(out.getvalue())["failure_class"] == "gpu_oom"
+    assert set(PARSER_CLASSES) <= set(LOG_CLASSES) and set(LOG_CLASSES.values()) <= set(FAILURE_CLASSES)
+    log = tmp_path / "oom.log"
+    log.write_text(OOM_LOG)
+    fields, _ = measure({"command": ["x"]}, outcome(exit_code=1, log_path=str(log)))
+    assert fields["failure_class"] == "gpu_oom" in FAILURE_CLASSES

@@ -6,6 +6,8 @@ import json
 import sys
 from typing import Any, TextIO
 
+from fleetbench.failures import row_class
+
 from .detect import parse_log_file
 from .model import FORMATS, UnknownFormat
 from .source import NotRegularFile
@@ -20,7 +22,8 @@ EXIT_BAD_INPUT = 2
 def cli_parse(files: list[str], fmt: str, out: TextIO) -> int:
     """Write one JSON Lines record per readable, recognised file to ``out``.
 
-    Each record is ``{"file": <path as given>, **ParsedLog.to_dict()}``.
+    Each record is ``{"file": <path as given>, **ParsedLog.to_dict()}``, its ``failure_class`` named
+    as the warehouse names it (``gpu_oom`` where the parser says ``oom``).
     Returns 0 when every file was read and parsed, whatever each run's status;
     2 when the format name is unknown, a file cannot be read, or (with
     ``fmt="auto"``) no format fits a file. Problems go to stderr as
@@ -51,7 +54,9 @@ def _parse_file(path: str, fmt: str) -> dict[str, Any] | None:
     except UnknownFormat:
         _error(f"{path}: no known benchmark log format")
         return None
-    return {"file": path, **parsed.to_dict()}
+    record = {"file": path, **parsed.to_dict()}
+    record["failure_class"] = row_class(parsed.failure_class)  # the warehouse's name for it (fleetbench.failures)
+    return record
 
 
 def _error(message: str) -> None:
