@@ -10,6 +10,7 @@ Parts (each bounded; `--quick` is the CI smoke version):
   warehouse      storing a night of results and a year of nights on SQLite and PostgreSQL; the
                  latency of the report's queries over that history (bench/bench_warehouse.py)
   telemetry      CPU cost of the GPU sampler at 0.5 s and 0.1 s periods, through the NVML seam
+  logs           a 200 MB case log measured as a case's task does: time and peak RSS (bench/bench_logs.py)
 
 The machine is shared and noisy: every figure is the median of several repetitions, and ratios are
 reported next to absolute times. Prints one table and writes bench/results/<part>.json and
@@ -122,10 +123,11 @@ def bench_telemetry(quick: bool) -> dict:
     return out
 
 
-from bench_warehouse import bench_warehouse  # noqa: E402  (bench/ is the script directory)
+from bench_logs import bench_logs  # noqa: E402  (bench/ is the script directory)
+from bench_warehouse import bench_warehouse  # noqa: E402
 
 PARTS = {"orchestration": bench_orchestration, "parse": bench_parse, "warehouse": bench_warehouse,
-         "telemetry": bench_telemetry}
+         "telemetry": bench_telemetry, "logs": bench_logs}
 
 
 def flatten(prefix: str, value, rows: list) -> None:

@@ -159,6 +159,11 @@ class Steps:
         if len(self.kept) < MAX_STEPS:
             self.kept.append(step)
 
+    @property
+    def full(self) -> bool:
+        """Further steps are only counted (a reader can skip building them)."""
+        return len(self.kept) >= MAX_STEPS
+
 
 _RESULT_VALUE_RE = re.compile(NUMBER)
 

@@ -147,8 +147,12 @@ class Reader:
 
     def _fields(self, index: int, text: str) -> None:
         """The first of step, header, per-device batch, eval step and accuracy that the line is."""
-        if "images/sec:" in text and self._step(text):
-            return
+        if "images/sec:" in text:
+            if self.steps.full and text[:1].isdigit():  # a runaway log: count the rest of its steps, cheaply
+                self.steps.count += 1
+                return
+            if self._step(text):
+                return
         if ":" in text and self._header(index, text):
             return
         if "per device" in text and self._per_device(text):
