@@ -5,8 +5,12 @@ from __future__ import annotations
 import shutil
 
 from fleetbench.warehouse import MIGRATIONS, get_engine
-from warehouse_contract import (HEAD, check_failed_migration_rolls_back, check_migrate_empty_database,
-                                check_migrate_from_previous_revision)
+from warehouse_contract import (
+    HEAD,
+    check_failed_migration_rolls_back,
+    check_migrate_empty_database,
+    check_migrate_from_previous_revision,
+)
 
 
 def engine_at(tmp_path):
@@ -29,10 +33,11 @@ def test_later_batch_alter_keeps_the_view_and_the_rollups(tmp_path):
     """A later revision that rebuilds benchmark_results (SQLite batch mode) works with capacity_features and
     the rollups in place, and store_run keeps the rollups in step afterwards."""
     from alembic import command
-
-    from fleetbench.warehouse import _alembic, current_revision, fetch_capacity_features, store_run, upgrade
     from sqlalchemy import inspect
     from test_warehouse_rollups import check_rollups_match_results, nightly, run_of
+
+    from fleetbench.warehouse import current_revision, fetch_capacity_features, store_run, upgrade
+    from fleetbench.warehouse.engine import _alembic
     from warehouse_rows import result_row, run_row
 
     engine = engine_at(tmp_path)

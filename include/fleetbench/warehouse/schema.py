@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
-from sqlalchemy import (BigInteger, Boolean, CheckConstraint, Column, DateTime, Float, Index, Integer, MetaData, String,
-                        Table, Text, UniqueConstraint)
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
 
 metadata = MetaData()
 

@@ -1,0 +1,118 @@
+"""Which database the warehouse is, and its schema's revision: URLs (secrets never shown), engines, Alembic."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event, text
+
+from fleetbench.paths import data_dir
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+# pg_advisory_xact_lock key that serialises concurrent `upgrade` calls on one PostgreSQL database.
+_MIGRATION_LOCK = 0x66_6C_65_65_74  # "fleet"
+def warehouse_url() -> str:
+    url = os.environ.get("FLEETBENCH_WAREHOUSE_URL")
+    if url:
+        return url
+    path = data_dir() / "warehouse.db"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{path}"
+
+
+def warehouse_read_url() -> str:
+    """The URL for code that only reads the warehouse (the results view): `FLEETBENCH_WAREHOUSE_READ_URL`
+    when set (a role that may only SELECT, as docker-compose.yaml's reader), else `warehouse_url()`."""
+    return os.environ.get("FLEETBENCH_WAREHOUSE_READ_URL") or warehouse_url()
+
+
+class WarehouseURLError(ValueError):
+    """FLEETBENCH_WAREHOUSE_URL (or a given URL) is not a database fleetbench can open."""
+
+
+def warehouse_display_url(url: str | None = None) -> str:
+    """The warehouse URL for messages and logs: the password is never shown."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url or warehouse_url()).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<unparsable URL>"
+
+
+def _normalise(url: str) -> str:
+    """A plain `postgresql://` URL uses psycopg2 (what requirements.txt installs)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise WarehouseURLError(f"FLEETBENCH_WAREHOUSE_URL: not a database URL: {warehouse_display_url(url)} "
+                                "(e.g. sqlite:////path/warehouse.db or postgresql://user:password@host/db)") from None
+    if parsed.drivername == "postgresql":
+        parsed = parsed.set(drivername="postgresql+psycopg2")
+    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
+        raise WarehouseURLError(f"FLEETBENCH_WAREHOUSE_URL: {parsed.get_backend_name()} is not supported "
+                                "(SQLite or PostgreSQL)")
+    return parsed.render_as_string(hide_password=False)
+
+
+def get_engine(url: str | None = None) -> Engine:
+    url = _normalise(url or warehouse_url())
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn, _record):  # WAL: readers don't block the writer
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+        return engine
+    try:
+        return create_engine(url, pool_pre_ping=True)
+    except ImportError as exc:
+        raise WarehouseURLError(f"FLEETBENCH_WAREHOUSE_URL {warehouse_display_url(url)}: driver not installed ({exc})") from None
+
+
+def _alembic(engine: Engine, action, revision: str, script_location: Path = MIGRATIONS) -> None:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(script_location))
+    with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":  # two first writers at once: the second waits, then finds head
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATION_LOCK})
+        elif conn.dialect.name == "sqlite":
+            # pysqlite opens a transaction only before INSERT/UPDATE/DELETE, so DDL would autocommit
+            # statement by statement; an explicit one makes a migration all or nothing. IMMEDIATE:
+            # the write lock up front, so two first writers take turns instead of failing.
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        cfg.attributes["connection"] = conn
+        action(cfg, revision)
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Apply Alembic migrations (`fleetbench db upgrade`); the DAG calls this before its first write.
+
+    One transaction (PostgreSQL and SQLite both have transactional DDL): a failed migration leaves
+    the previous revision. Concurrent callers on PostgreSQL take turns.
+    """
+    _alembic(engine, command.upgrade, revision)
+
+
+def downgrade(engine: Engine, revision: str) -> None:
+    """Revert migrations down to `revision` ("base" removes everything)."""
+    _alembic(engine, command.downgrade, revision)
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The revision the database is at (None before the first migration)."""
+    from alembic.runtime.migration import MigrationContext
+
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()

@@ -1,0 +1,56 @@
+"""Reading the warehouse: result rows, the latest run, the capacity_features view."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlalchemy import Engine, and_, select, text
+
+from fleetbench.warehouse.schema import CAPACITY_FEATURES_VIEW, benchmark_results, runs
+
+
+def fetch_results(engine: Engine, run_id: str | None = None, dag_id: str | None = None) -> list[dict]:
+    """Result rows (newest run first, then host and case), as plain dicts with ISO timestamps."""
+    query = select(benchmark_results)
+    conds = []
+    if run_id:
+        conds.append(benchmark_results.c.run_id == run_id)
+    if dag_id:
+        conds.append(benchmark_results.c.dag_id == dag_id)
+    query = query.order_by(benchmark_results.c.logical_date.desc(), benchmark_results.c.run_id,
+                           benchmark_results.c.host, benchmark_results.c.case_key)
+    with engine.connect() as conn:
+        if run_id and not dag_id:  # a run of any DAG: through the (dag_id, run_id, ...) key, one DAG at a time
+            conds.append(benchmark_results.c.dag_id.in_(_dag_ids(conn)))
+        if conds:
+            query = query.where(and_(*conds))
+        rows = [dict(r._mapping) for r in conn.execute(query)]
+    for row in rows:
+        for k, v in row.items():
+            if isinstance(v, datetime):
+                row[k] = (v if v.tzinfo else v.replace(tzinfo=timezone.utc)).isoformat()
+    return rows
+
+
+def _dag_ids(conn) -> list[str]:
+    """Every DAG id with results: one probe of the result key's index per DAG (a loose index scan)."""
+    return [v for (v,) in conn.execute(text(
+        "WITH RECURSIVE d(v) AS (SELECT MIN(dag_id) FROM benchmark_results UNION ALL "
+        "SELECT (SELECT MIN(dag_id) FROM benchmark_results WHERE dag_id > d.v) FROM d WHERE d.v IS NOT NULL) "
+        "SELECT v FROM d WHERE v IS NOT NULL"))]
+
+
+def latest_run_id(engine: Engine, dag_id: str | None = None) -> str | None:
+    query = select(runs.c.run_id).order_by(runs.c.finished_at.desc().nulls_last(), runs.c.logical_date.desc()).limit(1)
+    if dag_id:
+        query = query.where(runs.c.dag_id == dag_id)
+    with engine.connect() as conn:
+        return conn.execute(query).scalar()
+
+
+def fetch_capacity_features(engine: Engine, model: str | None = None) -> list[dict]:
+    """Rows of the `capacity_features` view (task features next to resource features), optionally one model's."""
+    sql = f"SELECT * FROM {CAPACITY_FEATURES_VIEW}" + (" WHERE model = :model" if model else "")
+    sql += " ORDER BY host, case_key, run_id"
+    with engine.connect() as conn:
+        return [dict(r._mapping) for r in conn.execute(text(sql), {"model": model} if model else {})]

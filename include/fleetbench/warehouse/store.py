@@ -1,0 +1,195 @@
+"""Writing a run: one transaction for its run row, host facts, results, steps and rollups; idempotent.
+
+Rows are upserted keyed by (dag_id, run_id, host, case_key), so a retry or rerun replaces its own
+rows; a complete store also deletes what the run no longer has. Writers that race on the same keys
+serialise on the run's row; rows are written in key order, and a transaction the database aborts to
+break a deadlock is retried whole. Values are fitted to their columns first (`fit`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import datetime, timezone
+from typing import Any, Iterable
+
+from sqlalchemy import Engine, and_, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DBAPIError
+
+from fleetbench.timestamps import utc
+from fleetbench.warehouse import bulk, fit, rollup
+from fleetbench.warehouse.schema import (
+    HOST_KEY,
+    RESULT_COLUMNS,
+    RESULT_KEY,
+    RUN_KEY,
+    STEP_KEY,
+    benchmark_results,
+    host_facts,
+    runs,
+    steps,
+)
+
+log = logging.getLogger("fleetbench.warehouse")
+
+# SQLSTATEs of transactions PostgreSQL aborted to break a deadlock or a serialisation conflict.
+_RETRY_SQLSTATES = {"40P01", "40001"}
+WRITE_ATTEMPTS = 4
+
+
+def upsert_rows(conn, table, rows: list[dict], key: tuple[str, ...]) -> None:
+    """Upsert a few rows (dicts) through SQLAlchemy, in the caller's transaction (e.g. a run's regressions)."""
+    if not rows:
+        return
+    dialect = conn.dialect.name
+    insert = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}.get(dialect)
+    if insert is None:  # other databases: delete then insert, still inside the caller's transaction
+        bulk.delete_keys(conn, table, key, [tuple(r[k] for k in key) for r in rows])
+        conn.execute(table.insert(), rows)
+        return
+    stmt = insert(table)
+    updates = {c: stmt.excluded[c] for c in rows[0] if c not in key}
+    stmt = stmt.on_conflict_do_update(index_elements=list(key), set_=updates) if updates else stmt.on_conflict_do_nothing()
+    conn.execute(stmt, rows)
+
+
+class _Rows:
+    """Rows of one table as tuples in `columns` order: one per key (the last given wins), in key order."""
+
+    def __init__(self, table, columns: list[str], rows: Iterable[tuple], key: tuple[str, ...]):
+        self.table, self.columns, self.key = table, columns, key
+        at = [columns.index(k) for k in key] if columns else []
+        by_key = {tuple(row[i] for i in at): row for row in rows}
+        # Key order everywhere: two writers of overlapping keys lock rows in the same order.
+        try:
+            self.keys = sorted(by_key)
+        except TypeError:  # a NULL or a number in a key column: order by text, NULL as ""
+            self.keys = sorted(by_key, key=lambda k: tuple("" if v is None else str(v) for v in k))
+        self.rows = [by_key[k] for k in self.keys]
+
+    @classmethod
+    def of_dicts(cls, table, rows: list[dict], key: tuple[str, ...]) -> "_Rows":
+        columns = _columns(table, rows)
+        return cls(table, columns, fit.fit_rows((tuple(r.get(c) for c in columns) for r in rows), columns, table, key), key)
+
+    def upsert(self, conn) -> None:
+        bulk.upsert(conn, self.table, self.columns, self.rows, self.key)
+
+
+def _columns(table, rows: list[dict]) -> list[str]:
+    """The table's columns that the first row names (rows of one write share their keys)."""
+    unknown = sorted({c for r in rows for c in r} - set(table.c.keys()))
+    if unknown:
+        raise ValueError(f"{table.name}: no such column(s): {', '.join(unknown)}")
+    return [c for c in table.c.keys() if rows and c in rows[0]]
+
+
+def store_run(engine: Engine, run: dict, hosts: Iterable[dict], results: Iterable[dict], step_rows: Iterable[dict] = (),
+              complete: bool = True) -> int:
+    """Upsert one run's rows in one transaction, and its rollups from them; returns the number of result rows written.
+
+    `complete`: these are all of the run's hosts and results, so any other host or result row of the run
+    stored before (a rerun planned fewer cases) is deleted in the same transaction, with its steps;
+    False adds to the run (e.g. one host's rows of it) and keeps the rest.
+
+    PostgreSQL gets each table's rows with one COPY into a staging table and one INSERT ... ON
+    CONFLICT; SQLite with one prepared upsert over all rows (`fleetbench.warehouse.bulk`).
+    """
+    now = datetime.now(timezone.utc)
+    dt = _DateCache()
+    run_row = {**run, "logical_date": dt(run.get("logical_date")), "started_at": dt(run.get("started_at")),
+               "finished_at": dt(run.get("finished_at"))}
+    host_rows = _Rows.of_dicts(host_facts, [{**h, "collected_at": dt(h.get("collected_at"))} for h in hosts], HOST_KEY)
+    result_rows = _Rows(benchmark_results, RESULT_COLUMNS,
+                        fit.fit_results(_result_tuples(results, now, dt), RESULT_COLUMNS, benchmark_results), RESULT_KEY)
+    step_upserts = _Rows.of_dicts(steps, list(step_rows), STEP_KEY)
+    run_keys = {k[:2] for k in result_rows.keys} | ({(run_row["dag_id"], run_row["run_id"])} if complete else set())
+    for attempt in range(1, WRITE_ATTEMPTS + 1):
+        try:
+            with engine.begin() as conn:
+                # The run's row first: concurrent writers of one run queue here, so each case's
+                # result and steps end up from one writer, and its rollups are computed after the other's.
+                upsert_rows(conn, runs, [run_row], RUN_KEY)
+                host_rows.upsert(conn)
+                result_rows.upsert(conn)
+                # Steps of the cases written now are replaced as a whole: stale steps from an earlier try go.
+                if result_rows.rows:
+                    if conn.dialect.name == "postgresql":
+                        bulk.delete_staged(conn, steps, benchmark_results, RESULT_KEY)
+                    else:
+                        bulk.delete_keys(conn, steps, RESULT_KEY, result_rows.keys)
+                step_upserts.upsert(conn)
+                if complete:
+                    _delete_rest_of_run(conn, run_row, host_rows.keys, result_rows.keys)
+                rollup.refresh(conn, run_keys)
+            return len(result_rows.rows)
+        except DBAPIError as exc:
+            if attempt == WRITE_ATTEMPTS or not _retryable(exc):
+                raise
+            log.warning("warehouse write of run %s aborted (%s), retrying (%d/%d)", run_row.get("run_id"),
+                        str(exc.orig).splitlines()[0] if exc.orig else exc, attempt, WRITE_ATTEMPTS - 1)
+            time.sleep(0.05 * 2 ** attempt)
+    raise AssertionError("unreachable")
+
+
+def _delete_rest_of_run(conn, run_row: dict, host_keys: list[tuple], result_keys: list[tuple]) -> None:
+    """Delete the run's stored hosts, results and steps that this write does not have (caller's transaction)."""
+    run_key = (run_row["dag_id"], run_row["run_id"])
+    where = and_(*[c == v for c, v in zip((benchmark_results.c.dag_id, benchmark_results.c.run_id), run_key)])
+    stored = {tuple(r) for r in conn.execute(select(*[benchmark_results.c[k] for k in RESULT_KEY]).where(where))}
+    stale = sorted(stored - set(result_keys))
+    if stale:
+        log.info("run %s: %d result(s) stored before are not in this write: deleted", run_key[1], len(stale))
+        bulk.delete_keys(conn, steps, RESULT_KEY, stale)
+        bulk.delete_keys(conn, benchmark_results, RESULT_KEY, stale)
+    hosts_where = and_(host_facts.c.dag_id == run_key[0], host_facts.c.run_id == run_key[1])
+    stored_hosts = {tuple(r) for r in conn.execute(select(*[host_facts.c[k] for k in HOST_KEY]).where(hosts_where))}
+    bulk.delete_keys(conn, host_facts, HOST_KEY, sorted(stored_hosts - set(host_keys)))
+
+
+_RESULT_DATES = [RESULT_COLUMNS.index(c) for c in ("logical_date", "started_at", "finished_at")]
+_COMMAND = RESULT_COLUMNS.index("command")
+_STORED_AT = RESULT_COLUMNS.index("stored_at")
+
+
+def _result_tuples(results: Iterable[dict], now: datetime, dt: "_DateCache") -> Iterable[tuple]:
+    """Result rows as tuples in RESULT_COLUMNS order: timestamps as aware UTC datetimes, the command as
+    JSON text, stored_at now (keys that are not columns are ignored)."""
+    for r in results:
+        get = r.get
+        row = [get(c) for c in RESULT_COLUMNS]
+        for i in _RESULT_DATES:
+            row[i] = dt(row[i])
+        if isinstance(row[_COMMAND], (list, tuple)):
+            row[_COMMAND] = json.dumps(row[_COMMAND])
+        row[_STORED_AT] = now
+        yield tuple(row)
+
+
+class _DateCache:
+    """`utc` with a memory: a night's rows repeat a handful of timestamps thousands of times."""
+
+    def __init__(self):
+        self.seen: dict[Any, datetime | None] = {}
+
+    def __call__(self, value: Any) -> datetime | None:
+        if value is None:
+            return None
+        if isinstance(value, datetime) and value.tzinfo is timezone.utc:
+            return value
+        try:
+            return self.seen[value]
+        except KeyError:
+            converted = self.seen[value] = utc(value)
+            return converted
+        except TypeError:  # not hashable
+            return utc(value)
+
+
+def _retryable(exc: DBAPIError) -> bool:
+    """A deadlock or serialisation abort (PostgreSQL), or a SQLite writer that found the database locked."""
+    if getattr(exc.orig, "pgcode", None) in _RETRY_SQLSTATES:
+        return True
+    return "database is locked" in str(exc.orig or "")
