@@ -114,9 +114,10 @@ class PullProgress:
     """Turns the engine's pull event stream into a few log lines and records the resolved digest.
 
     One line per layer state change ("Pulling fs layer", "Download complete", "Pull complete",
-    "Already exists"), a bytes line at most every `every_s` seconds while downloading, never one line
-    per chunk. `digest` is the manifest digest the engine reports ("Digest: sha256:..."): the digest
-    of exactly what this pull fetched, even if the tag moves a moment later.
+    "Already exists"), one per retry the engine makes of a layer ("Retrying in N seconds", not its
+    countdown), a bytes line at most every `every_s` seconds while downloading, never one line per chunk.
+    `digest` is the manifest digest the engine reports ("Digest: sha256:..."): the digest of exactly
+    what this pull fetched, even if the tag moves a moment later.
     """
 
     DONE = ("Pull complete", "Already exists")
@@ -149,7 +150,8 @@ class PullProgress:
                 self.current[layer] = detail.get("current", self.current.get(layer, 0))
             elif status in ("Download complete", "Pull complete") and layer in self.total:
                 self.current[layer] = self.total[layer]
-            if status not in ("Downloading", "Extracting", "Waiting", "Verifying Checksum") and self.layers.get(layer) != status:
+            quiet = status in ("Downloading", "Extracting", "Waiting", "Verifying Checksum")
+            if not quiet and self.layers.get(layer) != status and not _countdown_tick(self.layers.get(layer), status):
                 lines.append(f"layer {layer}: {status}")
             self.layers[layer] = status
             if status == "Downloading" and self.clock() - self._last >= self.every_s:
@@ -169,6 +171,21 @@ class PullProgress:
         cached = sum(1 for s in self.layers.values() if s == "Already exists")
         return (f"{len(self.layers)} layer(s): {fetched} pulled, {cached} already present; "
                 f"{sum(self.total.values()) / 1e6:.1f} MB downloaded; digest {self.digest}")
+
+
+def _retry_delay_s(status: str | None) -> int | None:
+    """N of the engine's "Retrying in N second(s)" layer status, else None."""
+    words = (status or "").split()
+    if len(words) >= 3 and words[:2] == ["Retrying", "in"] and words[2].isdigit():
+        return int(words[2])
+    return None
+
+
+def _countdown_tick(previous: str | None, status: str) -> bool:
+    """True for the engine's once-a-second countdown of a layer retry already logged ("Retrying in 24
+    seconds" after "... 25 seconds"); a new retry starts a new countdown at a higher number."""
+    before, now = _retry_delay_s(previous), _retry_delay_s(status)
+    return before is not None and now is not None and now < before
 
 
 def pull_with_progress(api: docker.APIClient, ref: str, auth_config: dict | None = None, every_s: float = 15.0) -> PullProgress:
