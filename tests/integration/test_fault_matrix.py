@@ -350,14 +350,8 @@ def test_execution_timeout_of_the_task_runner_kills_the_case(task_runner_airflow
     out = proc.stdout + proc.stderr
     assert "AirflowTaskTimeout" in out and "DagRun failed" in out, out[-4000:]
     assert time.monotonic() - started < 240
-    assert_killed_and_collected(killed_case, docker_api, kinds=("killed", "timeout"))
-
-
-SIGTERM_DETAIL_BUG = (
-    "classified killed, container gone, but the row's detail blames the engine: after on_kill returns from the "
-    "SIGTERM handler, run_case's inspect of the removed container raises NotFound, which `except "
-    "RequestException` takes for engine loss (engine_unreachable, 'stopped answering ... No such container'); "
-    "the task then succeeds (operators.py change needed)")
+    row = assert_killed_and_collected(killed_case, docker_api, kinds=("killed", "timeout"))
+    assert "execution_timeout of 0:00:04 passed" in row["failure_detail"], row
 
 
 @pytest.mark.dagrun
@@ -378,8 +372,7 @@ def test_sigterm_to_the_task_runner_kills_the_case(task_runner_airflow, killed_c
                 proc.kill()
                 proc.wait(10)
     row = assert_killed_and_collected(killed_case, docker_api)
-    if "stopped answering" in (row["failure_detail"] or ""):
-        pytest.xfail(SIGTERM_DETAIL_BUG)
+    assert "stopped answering" not in (row["failure_detail"] or ""), row  # a kill, not a lost engine
 
 
 def _rest(port: int, method: str, path: str, body: dict | None = None, token: str | None = None) -> dict:
@@ -390,14 +383,7 @@ def _rest(port: int, method: str, path: str, body: dict | None = None, token: st
         return json.loads(resp.read() or b"{}")
 
 
-KILL_ESCALATION_BUG = (
-    "on_kill stops the container with a 10 s grace (STOP_GRACE_S) before it removes it and writes the outcome; "
-    "the supervisor escalates its SIGTERM to SIGKILL after 5 s, so the container stays Exited(137) and no "
-    "outcome file is written (operators.py change needed)")
-
-
 @pytest.mark.scheduler
-@pytest.mark.xfail(strict=True, reason=KILL_ESCALATION_BUG)
 def test_task_marked_failed_in_a_deployment_kills_the_case(tmp_path, pg_url, killed_case, docker_api):
     """A real deployment (api-server, scheduler, LocalExecutor: each task under Airflow's supervisor in its own
     process). While the case sleeps, its task instance is marked failed through the REST API, as from the UI.

@@ -31,6 +31,7 @@ from typing import Any
 import requests
 from airflow.providers.docker.operators.docker import DockerOperator
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException, AirflowTaskTimeout
 from docker import APIClient
 from docker.errors import APIError, NotFound
 from docker.types import DeviceRequest, LogConfig, Ulimit
@@ -48,6 +49,8 @@ log = logging.getLogger(__name__)
 
 STOP_GRACE_S = 10
 CASE_LOG_MAX_SIZE, CASE_LOG_MAX_FILES = "100m", "3"
+# What a lost engine looks like to docker-py (its HTTP errors, APIError, are answers, not losses).
+ENGINE_LOST = (requests.exceptions.ConnectionError, requests.exceptions.Timeout, requests.exceptions.ChunkedEncodingError)
 MAX_TASK_LOG_LINE = 4000  # a case's log line in the task log; the log file keeps it whole
 
 
@@ -235,6 +238,8 @@ class BenchmarkCaseOperator(DockerOperator):
         self.docker_tls_conn_id = docker_tls_conn_id
         self._tls: dict | None = None
         self._killed = False
+        self._execution_timeout = False
+        self._started_at: datetime | None = None
 
     # -- Airflow entry points -------------------------------------------------------------
     def execute(self, context: Any) -> dict:
@@ -246,9 +251,13 @@ class BenchmarkCaseOperator(DockerOperator):
         elif self.num_gpus:
             self.device_requests = [DeviceRequest(count=self.num_gpus, capabilities=[["gpu"]])]
         # TLS: the connection's certificates as files for as long as the case runs; `cli` uses them.
-        with docker_tls_files(self.docker_tls_conn_id) as self._tls:
-            self._remove_stale_container()
-            return self.run_case()
+        try:
+            with docker_tls_files(self.docker_tls_conn_id) as self._tls:
+                self._remove_stale_container()
+                return self.run_case()
+        except AirflowTaskTimeout:  # the task runner calls on_kill next: it says why
+            self._execution_timeout = True
+            raise
 
     @cached_property
     def cli(self) -> APIClient:
@@ -258,11 +267,12 @@ class BenchmarkCaseOperator(DockerOperator):
         return docker_api_client(self.docker_url, self._tls, timeout=self.timeout, version=self.api_version)
 
     def on_kill(self) -> None:
-        """A task killed from the UI or CLI: stop and remove the container and record the case as killed."""
+        """The task was killed (Airflow's SIGTERM: marked failed or cleared in the UI, the CLI; or its
+        execution_timeout): record the case as killed, then kill and remove the container in one call.
+
+        In that order and without a stop grace: Airflow's supervisor follows its SIGTERM with SIGKILL
+        5 s later, and a case's outcome must be on disk and its container gone by then."""
         self._killed = True
-        if self.container is not None:
-            self.log.info("task killed: stopping and removing container %s", self.container["Id"][:12])
-            self._remove(self.container["Id"], stop_first=True)
         if self.case.get("case_key") and self.log_dir:
             log_path, _ = self._paths()
             if not log_path.exists():  # what the case printed until it was killed
@@ -270,9 +280,16 @@ class BenchmarkCaseOperator(DockerOperator):
                     self._live_path().replace(log_path)
                 except OSError:
                     pass
-            self._finish({**self._blank_outcome(), "killed_by_airflow": True,
-                          "error": "the task was killed from Airflow (UI or CLI) while the case ran",
-                          "finished_at": datetime.now(timezone.utc).isoformat()})
+            why = (f"the task's execution_timeout of {self.execution_timeout} passed" if self._execution_timeout
+                   else "the task was killed from Airflow (UI or CLI) while the case ran")
+            now = datetime.now(timezone.utc)
+            started = self._started_at or now
+            self._finish({**self._blank_outcome(), "killed_by_airflow": True, "error": why,
+                          "started_at": started.isoformat(), "finished_at": now.isoformat(),
+                          "duration_s": round((now - started).total_seconds(), 3)})
+        if self.container is not None:
+            self.log.info("task killed: killing and removing container %s", self.container["Id"][:12])
+            self._remove(self.container["Id"], stop_first=False)
 
     # -- the run loop ---------------------------------------------------------------------
     def _paths(self) -> tuple[Path, Path]:
@@ -309,7 +326,7 @@ class BenchmarkCaseOperator(DockerOperator):
         log_path.parent.mkdir(parents=True, exist_ok=True)
         outcome_path.unlink(missing_ok=True)  # an earlier try's outcome is not this try's
         outcome = self._blank_outcome()
-        t0 = datetime.now(timezone.utc)
+        t0 = self._started_at = datetime.now(timezone.utc)
         try:
             self.container = self._create_container()
             cid = self.container["Id"]
@@ -335,6 +352,9 @@ class BenchmarkCaseOperator(DockerOperator):
             try:
                 result = self.cli.wait(cid, timeout=self.timeout_s)
                 outcome["exit_code"] = result.get("StatusCode")
+            except APIError:  # e.g. on_kill removed the container first
+                if not self._killed:
+                    raise
             except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
                 # docker-py reports a wait past its deadline as ReadTimeout, or on a unix socket as a
                 # ConnectionError ("Read timed out"): a timeout only when the deadline has passed.
@@ -343,9 +363,8 @@ class BenchmarkCaseOperator(DockerOperator):
                 outcome["timed_out"] = True
                 self.log.error("case %s passed its timeout of %d s: stopping the container", self.case["case_key"], self.timeout_s)
                 self.cli.stop(cid, timeout=STOP_GRACE_S)
-            if self._killed:
-                outcome["killed_by_airflow"] = True
-                outcome["error"] = "the task was killed from Airflow (UI or CLI) while the case ran"
+            if self._killed:  # on_kill recorded the case and removed its container: the task fails, as killed
+                raise AirflowException(f"case {self.case['case_key']} was killed from Airflow; its outcome is recorded")
             state = self.cli.inspect_container(cid)["State"]
             outcome["oom_killed"] = bool(state.get("OOMKilled"))
             if outcome["exit_code"] is None:
@@ -357,7 +376,7 @@ class BenchmarkCaseOperator(DockerOperator):
             self._save_log(cid, log_path)
             streamer.join(timeout=5)
             self._live_path().unlink(missing_ok=True)
-        except requests.exceptions.RequestException as exc:  # the engine stopped answering mid-case
+        except ENGINE_LOST as exc:  # the engine stopped answering mid-case
             self._engine_lost(outcome, exc, time.monotonic() - waited_from, t0, log_path)
         finally:
             # An exited container needs no stop (one API round trip less per case); anything else is stopped first.
