@@ -259,6 +259,22 @@ def classify_failure(lines: Iterable[LogLine], header_index: int | None) -> tupl
     return evidence.verdict()
 
 
+def _classify_stream(physical: Iterable[tuple[str, bool]], header_index: int | None) -> tuple[str | None, str | None]:
+    """``classify_failure`` over physical lines, numbered as ``logical_lines`` numbers them: a plain line (no
+    launcher or rank prefix, the most common kind) goes straight to the evidence, without a LogLine."""
+    evidence = _Evidence(header_index)
+    index = 0
+    for raw, complete in physical:
+        if raw[:1] in _LAUNCHER_FIRST_CHARS or "]<std" in raw:
+            for line in logical_lines(((raw, complete),)):
+                evidence.feed(index, line.text)
+                index += 1
+        else:
+            evidence.feed(index, raw.strip())
+            index += 1
+    return evidence.verdict()
+
+
 class _FirstLine:
     """First line matching one failure kind, preferring a line that reports the failure."""
 
@@ -400,7 +416,7 @@ def _parse(blocks: Callable[[], Iterable[str]], fmt: str) -> ParsedLog:
         parsed.status, parsed.failure_class, parsed.failure_detail = STATUS_OK, None, None
         return parsed
     parsed.status = STATUS_FAILED
-    failure_class, detail = classify_failure(logical_lines(physical_lines(blocks())), reader.header_index)
+    failure_class, detail = _classify_stream(physical_lines(blocks()), reader.header_index)
     if failure_class is None:
         failure_class = FAILURE_NO_RESULT
         detail = _no_result_detail(module.RESULT_LINE, parsed.step_count, reader.rejected_total, cut_result)
@@ -422,11 +438,18 @@ def _read(physical: Iterable[tuple[str, bool]], module: ModuleType, primary: int
     """
     reader = module.Reader(primary)
     cut_result: str | None = None
-    for index, line in enumerate(logical_lines(physical)):
-        if line.complete:
-            reader.feed(index, line)
-        elif module.RESULT_LINE in line.text:
-            cut_result = line.text
+    index = 0
+    for raw, complete in physical:
+        if raw[:1] in _LAUNCHER_FIRST_CHARS or "]<std" in raw:
+            records = logical_lines(((raw, complete),))
+        else:  # a plain line (most of them): one record, built here rather than through the generator
+            records = (LogLine(None, raw.strip(), complete),)
+        for line in records:
+            if line.complete:
+                reader.feed(index, line)
+            elif module.RESULT_LINE in line.text:
+                cut_result = line.text
+            index += 1
     return reader, cut_result
 
 
