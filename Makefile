@@ -5,22 +5,24 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: help run test test-unit bench venv services test-services images airflow-init clean fleet-celery
+.PHONY: help run test test-unit lint bench venv services test-services images airflow-init clean fleet-celery
 
 help:
 	@echo "make run    - run fleet_benchmark once on the embedded default (local Docker, CPU smoke image) and print results"
 	@echo "make test   - start what the tests need and run the test suite"
+	@echo "make lint   - check the Python code with ruff (pyflakes, pycodestyle, import order)"
 	@echo "make bench  - measure fleetbench itself"
 	@echo "make fleet-celery - the CeleryExecutor deployment as local processes (two workers, REST API)"
 	@echo "make clean  - remove .venv, .airflow and .data"
 
-$(VENV)/.installed: requirements.txt pyproject.toml
+$(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "[fleetbench] error: $(PYTHON) not found: install Python 3.11 (Debian: apt-get install python3 python3-venv)"; exit 1; }
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 11) else 1)' || { echo "[fleetbench] error: Python >= 3.11 needed, found $$($(PYTHON) --version)"; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { echo "[fleetbench] error: cannot create a venv: install python3-venv"; exit 1; }
 	@echo "[fleetbench] installing Python dependencies into $(VENV)"
 	@$(PY) -m pip install -q --upgrade pip
 	@$(PY) -m pip install -q -r requirements.txt
+	@$(PY) -m pip install -q -r requirements-dev.txt
 	@$(PY) -m pip install -q --no-deps -e .
 	@touch $@
 
@@ -48,7 +50,10 @@ run: venv images
 fleet-celery: venv images test-services
 	@bash scripts/test.sh -q tests/integration/test_celery_fleet.py tests/unit/test_compose_file.py
 
-test: venv images test-services
+lint: venv
+	@$(VENV)/bin/ruff check .
+
+test: venv lint images test-services
 	@bash scripts/test.sh
 
 bench: venv images test-services

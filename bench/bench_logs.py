@@ -35,7 +35,8 @@ def write_log(path: Path, shape: str, size: int) -> None:
     with path.open("w") as f:
         if shape == "steps":
             head = ok.split("Done warm up")[0] + "Done warm up\nStep\tImg/sec\ttotal_loss\n"
-            step = "".join(f"{i}\timages/sec: 100.{i % 10} +/- 0.1 (jitter = 0.2)\t7.{i % 97:03d}\n" for i in range(1, 1001))
+            step = "".join(f"{i}\timages/sec: 100.{i % 10} +/- 0.1 (jitter = 0.2)\t7.{i % 97:03d}\n"
+                           for i in range(1, 1001))
             f.write(head)
             while f.tell() < size:
                 f.write(step)
@@ -58,8 +59,8 @@ def bench_logs(quick: bool) -> dict:
             write_log(path, shape, size)
             runs = []
             for _ in range(1 if quick else 3):
-                proc = subprocess.run([sys.executable, "-c", MEASURE_SNIPPET, str(path)], capture_output=True, text=True,
-                                      check=True)
+                proc = subprocess.run([sys.executable, "-c", MEASURE_SNIPPET, str(path)], capture_output=True,
+                                      text=True, check=True)
                 runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
             s, rss = median([r["s"] for r in runs]), max(r["maxrss_mib"] for r in runs)
             out[shape] = {"s": round(s, 2), "maxrss_mib": round(rss, 1), "status": runs[0]["status"],

@@ -70,7 +70,8 @@ def airflow_env(home: Path, dags: Path) -> dict:
 
 def migrate(env: dict) -> None:
     Path(env["AIRFLOW_HOME"]).mkdir(parents=True, exist_ok=True)
-    subprocess.run([str(VENV_BIN / "airflow"), "db", "migrate"], env={**os.environ, **env}, capture_output=True, check=True)
+    subprocess.run([str(VENV_BIN / "airflow"), "db", "migrate"], env={**os.environ, **env}, capture_output=True,
+                   check=True)
 
 
 def plain_loop(argvs: list[list[str]]) -> tuple[float, list[float], list[float]]:
@@ -140,7 +141,8 @@ def case_task_seconds(airflow_home: Path) -> list[float]:
     db = sqlite3.connect(airflow_home / "airflow.db")
     try:
         rows = db.execute("SELECT start_date, end_date FROM task_instance WHERE task_id LIKE '%run_case' AND run_id ="
-                          " (SELECT run_id FROM dag_run WHERE dag_id = 'fleet_benchmark' ORDER BY id DESC LIMIT 1)").fetchall()
+                          " (SELECT run_id FROM dag_run WHERE dag_id = 'fleet_benchmark'"
+                          " ORDER BY id DESC LIMIT 1)").fetchall()
     finally:
         db.close()
     return [(datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds() for start, end in rows]
@@ -170,9 +172,8 @@ def scheduler_run(workdir: Path, config: dict) -> float:
     """Trigger-to-finish wall time of one run on a real scheduler + LocalExecutor (startup not timed)."""
     sys.path.insert(0, str(ROOT / "tests"))  # the test suite's local Airflow deployment helper
     from airflow_cluster import LocalAirflow
-
-    from fleetbench.runs import pools
     from fleetbench.config import parse_config
+    from fleetbench.runs import pools
 
     cfg_path = workdir / "fleet-sched.yaml"
     cfg_path.write_text(yaml.safe_dump(config))
@@ -245,10 +246,12 @@ def measure_long(workdir: Path, config: dict) -> dict:
     after = plain_loop(argvs)
     marks.append(time.time())
     # the plain loop runs the tag, fleetbench the pinned digest in containers named fb-<run>-<host>-<case>
-    runs = [container_seconds(marks[0], marks[1], image=SMOKE_IMAGE), container_seconds(marks[1], marks[2], name_prefix="fb-"),
+    runs = [container_seconds(marks[0], marks[1], image=SMOKE_IMAGE),
+            container_seconds(marks[1], marks[2], name_prefix="fb-"),
             container_seconds(marks[2], marks[3], image=SMOKE_IMAGE)]
     if [len(r) for r in runs] != [n] * 3:
-        raise RuntimeError(f"the Docker event log shows {[len(r) for r in runs]} benchmark containers in the three runs, not {n} each")
+        raise RuntimeError(f"the Docker event log shows {[len(r) for r in runs]} benchmark containers "
+                           f"in the three runs, not {n} each")
     in_containers = [sum(r) for r in runs]
     plain_wall = (before[0] + after[0]) / 2
     plain_case = [(a + b) / 2 for a, b in zip(before[2], after[2])]
@@ -352,9 +355,11 @@ def bench_orchestration(quick: bool) -> dict:
         long_case_s = out["long_cases"]["plain_loop_s"] / out["long_cases"]["cases"]
         headroom_long = (TARGET_LONG_RATIO - 1) * long_case_s - split["marginal_per_case_s"]
         out["projection_from_split"] = {  # a straight line through the short runs: not measured
-            "cases_for_overhead_per_case_target": round(split["fixed_per_run_s"] / headroom_short, 1) if headroom_short > 0 else None,
+            "cases_for_overhead_per_case_target": (round(split["fixed_per_run_s"] / headroom_short, 1)
+                                                   if headroom_short > 0 else None),
             "long_case_s": round(long_case_s, 1),
-            "cases_for_long_ratio_target": round(split["fixed_per_run_s"] / headroom_long, 1) if headroom_long > 0 else None,
+            "cases_for_long_ratio_target": (round(split["fixed_per_run_s"] / headroom_long, 1)
+                                            if headroom_long > 0 else None),
         }
         if not quick:
             config = fleet_config(["localhost"], ["trivial"], [8 * (i + 1) for i in range(sizes[-1])], 5)

@@ -38,8 +38,9 @@ START = datetime(2026, 1, 1, 2, tzinfo=timezone.utc)
 OLD_DRIVER, NEW_DRIVER, UPGRADE_NIGHT = "535.104.05", "550.54.15", 180
 GPU_MODEL, GPU_CATALOG, PRICE, WATTS = "NVIDIA A100-SXM4-40GB", "A100 SXM4 40GB", 1.99, 300.0
 BATCHES, GPUS = (32, 64, 128, 256, 512), (1, 2, 4, 8)
+# (case_key, batch/GPU, GPUs, images/sec, efficiency)
 CASES = [(f"cnn.resnet50.bs{bs}.g{g}.replicated", bs, g, 300.0 * g * (0.96 if g > 1 else 1.0) + bs / 8,
-          0.96 if g > 1 else None) for bs in BATCHES for g in GPUS]  # (case_key, batch/GPU, GPUs, images/sec, efficiency)
+          0.96 if g > 1 else None) for bs in BATCHES for g in GPUS]
 STORED_NIGHTS = 3  # store_run nights timed on the empty table and on top of the history
 QUERY_REPEATS = 3
 
@@ -115,7 +116,7 @@ SELECT :dag, :run, :when, h.host, c.case_key, 'cnn', 'resnet50', c.bs, c.bs * c.
     CASE WHEN (h.j * :ncases + c.k + :n) % 97 = 0 THEN NULL ELSE (c.ips + (h.j * :ncases + c.k) % 17) / (:watts * c.gpus) END
 FROM bench_hosts h CROSS JOIN bench_cases c
 ORDER BY h.host, c.case_key
-"""
+"""  # noqa: E501
 FILL_RUN = """
 INSERT INTO runs (dag_id, run_id, logical_date, run_type, fleet, config_digest, started_at, finished_at, cases_total,
     cases_ok, cases_failed, cases_skipped)
@@ -147,15 +148,18 @@ def fill_history(engine, nights: range, hosts: int) -> dict:
     fill, fill_run, fill_regressions = (text(sql).bindparams(*typed[:2 if sql != FILL_REGRESSIONS else 1])
                                         for sql in (FILL_RESULT, FILL_RUN, FILL_REGRESSIONS))
     out = {"history_fill": "bulk SQL (INSERT ... SELECT per night from host and case tables, secondary indexes "
-                           "rebuilt after the load; both backends at once), not store_run", "history_nights_filled": len(nights)}
+                           "rebuilt after the load; both backends at once), not store_run",
+           "history_nights_filled": len(nights)}
     start = time.monotonic()
     with engine.begin() as conn:
         conn.execute(text("CREATE TABLE bench_hosts (j INTEGER PRIMARY KEY, host VARCHAR(100))"))
         conn.execute(text("CREATE TABLE bench_cases (k INTEGER PRIMARY KEY, case_key VARCHAR(250), bs INTEGER, "
                           "gpus INTEGER, ips FLOAT, eff FLOAT)"))
-        conn.execute(text("INSERT INTO bench_hosts VALUES (:j, :host)"), [{"j": j, "host": host_name(j)} for j in range(hosts)])
+        conn.execute(text("INSERT INTO bench_hosts VALUES (:j, :host)"),
+                     [{"j": j, "host": host_name(j)} for j in range(hosts)])
         conn.execute(text("INSERT INTO bench_cases VALUES (:k, :case_key, :bs, :gpus, :ips, :eff)"),
-                     [{"k": k, "case_key": c[0], "bs": c[1], "gpus": c[2], "ips": c[3], "eff": c[4]} for k, c in enumerate(CASES)])
+                     [{"k": k, "case_key": c[0], "bs": c[1], "gpus": c[2], "ips": c[3], "eff": c[4]}
+                      for k, c in enumerate(CASES)])
         for i in indexes:
             conn.execute(text(f"DROP INDEX {i['name']}"))
     for n in nights:
@@ -226,7 +230,8 @@ def bench_warehouse(quick: bool) -> dict:
                         "how": "extrapolation: night_store_s_on_year median x 365, not measured"}
                     with engine.connect() as conn:
                         res["rows"] = {t.name: conn.execute(select(func.count()).select_from(t)).scalar()
-                                       for t in (benchmark_results, run_host_rollup, host_month_rollup, run_case_rollup)}
+                                       for t in (benchmark_results, run_host_rollup, host_month_rollup,
+                                                 run_case_rollup)}
                     res["queries_s"] = time_report_queries(engine, nights + STORED_NIGHTS)
             finally:
                 for engine in engines.values():

@@ -68,8 +68,8 @@ def bench_parse(quick: bool) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="fleetbench-parse-"))
     try:
         for hosts in (10, 100, 1000):
-            config = fleet_config([f"gpu-{i:04d}" for i in range(hosts)], ["resnet50", "vgg16", "inception3", "resnet152"],
-                                  [32, 64, 128, 256, 512], 100)
+            config = fleet_config([f"gpu-{i:04d}" for i in range(hosts)],
+                                  ["resnet50", "vgg16", "inception3", "resnet152"], [32, 64, 128, 256, 512], 100)
             config["benchmarks"][0]["device"] = "gpu"
             config["benchmarks"][0]["num_gpus"] = [1]
             path = workdir / f"fleet-{hosts}.yaml"

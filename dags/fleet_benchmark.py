@@ -1,4 +1,5 @@
-"""fleet_benchmark: validate hosts -> pull and pin images -> run each case in a container -> collect -> store -> compare.
+"""fleet_benchmark: validate hosts -> pull and pin images -> run each case in a container -> collect -> store ->
+compare.
 
 Wiring only; every step is a function in `fleetbench.airflow.pipeline`. The fleet config
 (`include/config/fleet.yaml`, or `FLEETBENCH_CONFIG`) is read here for the schedule, the timeouts
@@ -23,14 +24,18 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, Asset, Param, TaskGroup, TriggerRule, get_current_context, task
 
-from fleetbench.runs import pool_name
 from fleetbench.airflow import parse_speed, pipeline
-from fleetbench.airflow.operators import (BenchmarkCaseOperator, HostCasesOperator, LanePrepareOperator,
-                                          LaneValidateOperator)
+from fleetbench.airflow.operators import (
+    BenchmarkCaseOperator,
+    HostCasesOperator,
+    LanePrepareOperator,
+    LaneValidateOperator,
+)
 from fleetbench.airflow.operators import all_items as items
 from fleetbench.config import load_config
 from fleetbench.params import param_specs
 from fleetbench.paths import default_config_path
+from fleetbench.runs import pool_name
 
 CONFIG = load_config(default_config_path())
 parse_speed.cache_operator_defaults()  # before the first .partial(): see fleetbench/airflow/parse_speed.py
@@ -131,7 +136,8 @@ with DAG(
 
     @task(trigger_rule=TriggerRule.ALL_DONE, outlets=[WAREHOUSE])
     def report(the_plan: dict, stored: dict) -> dict:
-        """HTML report with plots in <data dir>/reports/; marks the warehouse asset updated (also when compare failed)."""
+        """HTML report with plots in <data dir>/reports/; marks the warehouse asset updated (also when compare
+        failed)."""
         summary = pipeline.write_report(the_plan, stored)
         get_current_context()["outlet_events"][WAREHOUSE].extra = summary
         return summary
@@ -157,16 +163,16 @@ with DAG(
                                                    execution_timeout=VALIDATE_TIMEOUT, **on_host)
                 p >> validate_op
                 lane_v = validate_op.output
-                lane_p = LanePrepareOperator(task_id=in_lane("prepare_image"), host=host.name, validation=lane_v, plan=p,
-                                             **on_host).output
+                lane_p = LanePrepareOperator(task_id=in_lane("prepare_image"), host=host.name, validation=lane_v,
+                                             plan=p, **on_host).output
                 go >> lane_p
                 all_validations.append(lane_v)
                 all_prepared.append(lane_p)
-                cases = HostCasesOperator(task_id=in_lane("cases"), retries=0, host=host.name, prepared=[lane_p], plan=p,
-                                          validations=[lane_v])
+                cases = HostCasesOperator(task_id=in_lane("cases"), retries=0, host=host.name, prepared=[lane_p],
+                                          plan=p, validations=[lane_v])
             else:
-                cases = HostCasesOperator(task_id=in_lane("cases"), retries=0, host=host.name, prepared=prepared, plan=p,
-                                          validations=validations)
+                cases = HostCasesOperator(task_id=in_lane("cases"), retries=0, host=host.name, prepared=prepared,
+                                          plan=p, validations=validations)
             runs = BenchmarkCaseOperator.partial(
                 task_id=in_lane("run_case"),
                 # one benchmark at a time on the host, with or without pools (a missing pool would stall the night)

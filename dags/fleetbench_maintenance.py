@@ -21,6 +21,7 @@ from fleetbench import cleanup
 from fleetbench.config import ConfigError, load_config
 from fleetbench.paths import default_config_path
 
+
 def fleet_queues() -> list[str | None]:
     """None (the default queue) and every host queue of the fleet config."""
     try:
@@ -40,10 +41,13 @@ with DAG(
     tags=["fleetbench", "maintenance"],
     default_args={"retries": 2, "retry_delay": timedelta(minutes=5)},
     params={
-        "container_max_age_h": Param(24, type="number", minimum=0, description="remove stopped containers older than this"),
-        "image_max_age_h": Param(168, type="number", minimum=0, description="remove superseded baked images older than this"),
+        "container_max_age_h": Param(24, type="number", minimum=0,
+                                     description="remove stopped containers older than this"),
+        "image_max_age_h": Param(168, type="number", minimum=0,
+                                 description="remove superseded baked images older than this"),
         "dry_run": Param(False, type="boolean", description="only log what would be removed"),
-        "scope": Param({}, type="object", description="only objects carrying all these labels, e.g. {\"org.fleetbench.dag_id\": \"...\"}"),
+        "scope": Param({}, type="object", description="only objects carrying all these labels, "
+                                                      "e.g. {\"org.fleetbench.dag_id\": \"...\"}"),
     },
     doc_md=__doc__,
 ) as dag:
@@ -69,4 +73,5 @@ with DAG(
             return [e for e in all_engines if e["queue"] == queue]
 
         on_queue = {"queue": queue} if queue else {}
-        clean.override(task_id="clean" if queue is None else f"clean_{queue}", **on_queue).expand(engine=of_queue(listed))
+        clean.override(task_id="clean" if queue is None else f"clean_{queue}",
+                       **on_queue).expand(engine=of_queue(listed))

@@ -105,7 +105,8 @@ def parse_once(config: Path, home: Path) -> dict:
            "AIRFLOW__CORE__DAGS_FOLDER": str(DAG_FILE.parent), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/unused.db",
            "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING", "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "0"}
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(DAG_FILE)], env=env, capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(DAG_FILE)], env=env, capture_output=True, text=True,
+                          timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError(f"parsing failed ({proc.returncode}): {proc.stderr[-3000:]}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -136,9 +137,10 @@ def measure(sizes: list[int], cases_per_host: int, repeat: int, own_queue_every:
             own = sum(1 for i in range(hosts) if own_queue_every and i % own_queue_every == 0)
             med = {k: statistics.median(r[k] for r in runs) for k in ("stability_s", "parse_s", "serialize_s")}
             out.append({
-                "hosts": hosts, "cases_per_host": cases_per_host, "cases": hosts * cases_per_host, "own_queue_hosts": own,
-                "repeat": repeat, **{f"{k}_median": round(v, 3) for k, v in med.items()},
-                "total_s_median": round(statistics.median(r["stability_s"] + r["parse_s"] + r["serialize_s"] for r in runs), 3),
+                "hosts": hosts, "cases_per_host": cases_per_host, "cases": hosts * cases_per_host,
+                "own_queue_hosts": own, "repeat": repeat, **{f"{k}_median": round(v, 3) for k, v in med.items()},
+                "total_s_median": round(statistics.median(r["stability_s"] + r["parse_s"] + r["serialize_s"]
+                                                          for r in runs), 3),
                 "parse_s_all": [round(r["parse_s"], 3) for r in runs],
                 "tasks": first["tasks"], "task_groups": first["task_groups"],
                 "serialized_kib": round(first["serialized_bytes"] / 1024, 1),
@@ -153,12 +155,14 @@ def measure(sizes: list[int], cases_per_host: int, repeat: int, own_queue_every:
 def _line(r: dict) -> str:
     return (f"{r['hosts']:>6} hosts x {r['cases_per_host']} cases: parse {r['parse_s_median']:.2f} s, serialize "
             f"{r['serialize_s_median']:.2f} s, total {r['total_s_median']:.2f} s (median of {r['repeat']}); "
-            f"{r['tasks']} tasks, {r['serialized_kib']} KiB serialized, {r['task_instances_per_run']} task instances per run; "
-            f"largest map {r['largest_map']} ({'ok' if r['fits_default_max_map_length'] else 'over'} max_map_length 1024)")
+            f"{r['tasks']} tasks, {r['serialized_kib']} KiB serialized, {r['task_instances_per_run']} task instances "
+            f"per run; largest map {r['largest_map']} "
+            f"({'ok' if r['fits_default_max_map_length'] else 'over'} max_map_length 1024)")
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hosts", default="10,100,1000", help="comma-separated fleet sizes (default 10,100,1000)")
     ap.add_argument("--cases-per-host", type=int, default=20)
     ap.add_argument("--repeat", type=int, default=5, help="parses per size; the median is reported (default 5)")

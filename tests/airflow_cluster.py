@@ -116,7 +116,8 @@ class LocalAirflow:
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         proc = subprocess.run([AIRFLOW, *args], env=self.env, capture_output=True, text=True, timeout=300)
         if check and proc.returncode != 0:
-            raise RuntimeError(f"airflow {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+            raise RuntimeError(f"airflow {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n"
+                               f"{proc.stderr[-3000:]}")
         return proc
 
     def metadata(self):
@@ -129,7 +130,8 @@ class LocalAirflow:
         try:
             while time.monotonic() < deadline:
                 with engine.connect() as conn:
-                    found = conn.execute(text("select count(*) from serialized_dag where dag_id = :d"), {"d": dag_id}).scalar()
+                    found = conn.execute(text("select count(*) from serialized_dag where dag_id = :d"),
+                                         {"d": dag_id}).scalar()
                 if found:
                     return
                 time.sleep(1)

@@ -65,7 +65,8 @@ class RedisServer:
     def __enter__(self) -> "RedisServer":
         binary = shutil.which("redis-server")
         if not binary:
-            raise RuntimeError("redis-server not found: run `bash scripts/ensure-redis.sh` (Debian: apt-get install redis-server)")
+            raise RuntimeError("redis-server not found: run `bash scripts/ensure-redis.sh` "
+                               "(Debian: apt-get install redis-server)")
         self.folder.mkdir(parents=True, exist_ok=True)
         log = open(self.folder / "redis.log", "w")
         self.proc = subprocess.Popen([binary, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
@@ -75,7 +76,8 @@ class RedisServer:
         while not self.ping():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.__exit__()
-                raise RuntimeError(f"redis-server did not answer on {self.port}: {(self.folder / 'redis.log').read_text()[-2000:]}")
+                raise RuntimeError(f"redis-server did not answer on {self.port}: "
+                                   f"{(self.folder / 'redis.log').read_text()[-2000:]}")
             time.sleep(0.2)
         return self
 
@@ -244,10 +246,12 @@ def make_tls_material(folder: Path, client_cn: str = "fleetbench-central-worker"
         if ca:
             b = b.add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
                                               content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                              key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+                                              key_agreement=False, encipher_only=False, decipher_only=False),
+                                critical=True)
         elif server:
             b = b.add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                                                             x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+                                                             x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                                critical=False)
             b = b.add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         else:
             b = b.add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)

@@ -43,7 +43,8 @@ def pytest_sessionfinish(session, exitstatus):
 @pytest.fixture(scope="session")
 def airflow_db() -> None:
     """Migrate the throwaway Airflow metadata DB once per session."""
-    proc = subprocess.run([str(VENV_BIN / "airflow"), "db", "migrate"], capture_output=True, text=True, env=os.environ.copy())
+    proc = subprocess.run([str(VENV_BIN / "airflow"), "db", "migrate"], capture_output=True, text=True,
+                          env=os.environ.copy())
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 

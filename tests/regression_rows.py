@@ -1,4 +1,5 @@
-"""Reading the `regressions` table back in tests (the product writes it; the report reads it through its own queries)."""
+"""Reading the `regressions` table back in tests (the product writes it; the report reads it through its own
+queries)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ def fetch_regressions(engine, dag_id: str | None = None, run_id: str | None = No
 
     from fleetbench.warehouse.schema import regressions
 
-    query = select(regressions).order_by(regressions.c.run_id, regressions.c.host, regressions.c.case_key, regressions.c.metric)
+    query = select(regressions).order_by(regressions.c.run_id, regressions.c.host, regressions.c.case_key,
+                                         regressions.c.metric)
     if dag_id:
         query = query.where(regressions.c.dag_id == dag_id)
     if run_id:

@@ -11,21 +11,30 @@ from sqlalchemy import MetaData, Table, func, inspect, select
 from sqlalchemy.exc import IntegrityError
 
 from fleetbench.timestamps import utc as _dt
-from fleetbench.warehouse import (current_revision, downgrade, fetch_capacity_features, fetch_results, get_engine,
-                                  latest_run_id, store_run, upgrade)
+from fleetbench.warehouse import (
+    current_revision,
+    downgrade,
+    fetch_capacity_features,
+    fetch_results,
+    get_engine,
+    latest_run_id,
+    store_run,
+    upgrade,
+)
 from fleetbench.warehouse.schema import benchmark_results, regressions, runs, steps
 from warehouse_rows import DERIVED, result_row, run_row, step_rows
 
 HEAD = "0004"  # 0004: the report's rollups
 NEW_RESULT_COLUMNS = set(DERIVED)  # the derived-metric columns revision 0003 adds
 REGRESSION_COLUMNS = {  # name: nullable, as the regression detector expects them
-    "id": False, "dag_id": False, "run_id": False, "host": False, "case_key": False, "metric": False, "direction": False,
-    "baseline_value": False, "value": False, "delta_pct": False, "z_score": True, "p_value": True, "baseline_n": False,
-    "baseline_window": False, "changes": True, "severity": False, "detected_at": False,
+    "id": False, "dag_id": False, "run_id": False, "host": False, "case_key": False, "metric": False,
+    "direction": False, "baseline_value": False, "value": False, "delta_pct": False, "z_score": True,
+    "p_value": True, "baseline_n": False, "baseline_window": False, "changes": True, "severity": False,
+    "detected_at": False,
 }
-CAPACITY_COLUMNS = ["dag_id", "run_id", "logical_date", "host", "case_key", "model", "batch_size_per_device", "num_gpus",
-                    "precision", "gpu_model", "peak_gpu_mem_mib", "mean_power_w", "energy_source", "mean_gpu_util_pct",
-                    "images_per_sec", "status", "failure_class", "gpu_oom"]
+CAPACITY_COLUMNS = ["dag_id", "run_id", "logical_date", "host", "case_key", "model", "batch_size_per_device",
+                    "num_gpus", "precision", "gpu_model", "peak_gpu_mem_mib", "mean_power_w", "energy_source",
+                    "mean_gpu_util_pct", "images_per_sec", "status", "failure_class", "gpu_oom"]
 
 
 def count(engine, table, **where) -> int:
@@ -40,15 +49,17 @@ def count(engine, table, **where) -> int:
 def check_store_and_rerun_replaces(engine):
     upgrade(engine)
     upgrade(engine)  # idempotent
-    store_run(engine, run_row(), [], [result_row("a", **DERIVED), result_row("b")], step_rows("a", 3) + step_rows("b", 3))
+    store_run(engine, run_row(), [], [result_row("a", **DERIVED), result_row("b")],
+              step_rows("a", 3) + step_rows("b", 3))
     assert count(engine, benchmark_results) == 2 and count(engine, steps) == 6
     rows = {r["case_key"]: r for r in fetch_results(engine, run_id="r1")}
     for column, value in DERIVED.items():  # the derived metrics round-trip
         assert rows["a"][column] == (pytest.approx(value) if isinstance(value, float) else value), column
     assert all(rows["b"][c] is None for c in NEW_RESULT_COLUMNS)
     # A retry of the same run writes new numbers and fewer steps: replaced, not duplicated.
-    store_run(engine, run_row(), [], [result_row("a", ips=200.0, **{**DERIVED, "speedup_efficiency": 0.8, "cost_usd": 0.5}),
-                                      result_row("b")], step_rows("a", 2) + step_rows("b", 3))
+    store_run(engine, run_row(), [],
+              [result_row("a", ips=200.0, **{**DERIVED, "speedup_efficiency": 0.8, "cost_usd": 0.5}), result_row("b")],
+              step_rows("a", 2) + step_rows("b", 3))
     assert count(engine, benchmark_results) == 2 and count(engine, runs) == 1
     assert count(engine, steps, case_key="a") == 2
     rows = {r["case_key"]: r for r in fetch_results(engine, run_id="r1")}
@@ -72,7 +83,8 @@ def check_rerun_with_fewer_cases_leaves_no_stale_rows(engine):
     hosts = [{"dag_id": "fleet_benchmark", "run_id": "r1", "host": h, "verdict": "ready"} for h in ("h1", "h2")]
     both = [result_row("a"), result_row("b", host="h2")]
     store_run(engine, run_row(), hosts, both, step_rows("a", 3) + step_rows("b", 3, host="h2"))
-    store_run(engine, run_row("r2"), [], [result_row("b", run_id="r2", host="h2")], step_rows("b", 2, run_id="r2", host="h2"))
+    store_run(engine, run_row("r2"), [], [result_row("b", run_id="r2", host="h2")],
+              step_rows("b", 2, run_id="r2", host="h2"))
     assert count(engine, benchmark_results, run_id="r1") == 2 and count(engine, host_facts, run_id="r1") == 2
     store_run(engine, {**run_row(), "cases_total": 1}, hosts[:1], [result_row("a", ips=150.0)], step_rows("a", 3))
     assert [r["case_key"] for r in fetch_results(engine, run_id="r1")] == ["a"]
@@ -90,7 +102,8 @@ def check_failed_write_leaves_nothing(engine):
     bad = result_row("b")
     bad["status"] = None  # NOT NULL: the second row fails inside the transaction
     with pytest.raises(Exception):
-        store_run(engine, run_row("r9"), [], [result_row("a", run_id="r9"), {**bad, "run_id": "r9"}], step_rows("a", 3, run_id="r9"))
+        store_run(engine, run_row("r9"), [], [result_row("a", run_id="r9"), {**bad, "run_id": "r9"}],
+                  step_rows("a", 3, run_id="r9"))
     assert count(engine, benchmark_results, run_id="r9") == 0
     assert count(engine, steps, run_id="r9") == 0
     assert count(engine, runs, run_id="r9") == 0
@@ -103,17 +116,21 @@ def check_capacity_features(engine):
                    energy_source="measured", mean_gpu_util_pct=97.5),
         result_row("cnn.resnet50.bs512.g1.replicated", status="failed", ips=None, batch_size_per_device=512,
                    precision="fp32", peak_gpu_mem_mib=40536.0),
-        result_row("cnn.resnet50.bs64.g2.replicated", host="ghost", status="skipped", ips=None, failure_class="host_unfit"),
+        result_row("cnn.resnet50.bs64.g2.replicated", host="ghost", status="skipped", ips=None,
+                   failure_class="host_unfit"),
     ])
     rows = fetch_capacity_features(engine)
     assert [list(r) for r in rows[:1]] == [CAPACITY_COLUMNS]
     by_batch = {r["batch_size_per_device"]: r for r in rows}
     assert set(by_batch) == {64, 512}  # the skipped case never ran: not a capacity sample
     ok, oom = by_batch[64], by_batch[512]
-    assert (ok["model"], ok["num_gpus"], ok["precision"], ok["gpu_model"]) == ("resnet50", 1, "fp32", "NVIDIA A100-SXM4-40GB")
-    assert (ok["peak_gpu_mem_mib"], ok["mean_power_w"], ok["mean_gpu_util_pct"], ok["images_per_sec"]) == (30210.0, 310.5, 97.5, 100.0)
+    assert ((ok["model"], ok["num_gpus"], ok["precision"], ok["gpu_model"])
+            == ("resnet50", 1, "fp32", "NVIDIA A100-SXM4-40GB"))
+    assert ((ok["peak_gpu_mem_mib"], ok["mean_power_w"], ok["mean_gpu_util_pct"], ok["images_per_sec"])
+            == (30210.0, 310.5, 97.5, 100.0))
     assert (ok["status"], ok["failure_class"], ok["gpu_oom"], ok["energy_source"]) == ("ok", None, 0, "measured")
-    assert (oom["status"], oom["failure_class"], oom["gpu_oom"], oom["peak_gpu_mem_mib"]) == ("failed", "gpu_oom", 1, 40536.0)
+    assert ((oom["status"], oom["failure_class"], oom["gpu_oom"], oom["peak_gpu_mem_mib"])
+            == ("failed", "gpu_oom", 1, 40536.0))
     assert [r["batch_size_per_device"] for r in fetch_capacity_features(engine, model="resnet50")] == [512, 64]
     assert fetch_capacity_features(engine, model="vgg16") == []
 
@@ -156,11 +173,12 @@ def check_migrate_empty_database(engine):
     upgrade(engine)
     assert current_revision(engine) == HEAD
     insp = inspect(engine)
-    assert {"runs", "host_facts", "benchmark_results", "steps", "regressions", "alembic_version"} <= set(insp.get_table_names())
+    assert ({"runs", "host_facts", "benchmark_results", "steps", "regressions", "alembic_version"}
+            <= set(insp.get_table_names()))
     assert "capacity_features" in insp.get_view_names()
     assert NEW_RESULT_COLUMNS <= {c["name"] for c in insp.get_columns("benchmark_results")}
-    assert {"ix_benchmark_results_host_case_time", "ix_benchmark_results_logical_date", "ix_benchmark_results_case_time"} <= {
-        i["name"] for i in insp.get_indexes("benchmark_results")}
+    assert {"ix_benchmark_results_host_case_time", "ix_benchmark_results_logical_date",
+            "ix_benchmark_results_case_time"} <= {i["name"] for i in insp.get_indexes("benchmark_results")}
     assert "ix_regressions_host_case_time" in {i["name"] for i in insp.get_indexes("regressions")}
     # The schema module and the migrations agree on every table's columns.
     for table in (runs, steps, benchmark_results, regressions):
@@ -172,7 +190,8 @@ def _insert(engine, table_name: str, rows: list[dict]) -> None:
     with engine.begin() as conn:
         table = Table(table_name, MetaData(), autoload_with=conn)
         for r in rows:  # one by one: the rows have different columns
-            conn.execute(table.insert(), {k: (_dt(v) if k.endswith(("_at", "_date")) else json.dumps(v) if isinstance(v, list) else v)
+            conn.execute(table.insert(), {k: (_dt(v) if k.endswith(("_at", "_date"))
+                                              else json.dumps(v) if isinstance(v, list) else v)
                                           for k, v in r.items() if k in table.c})
 
 
@@ -190,7 +209,8 @@ def check_migrate_from_previous_revision(engine):
     rows = {r["case_key"]: r for r in fetch_results(engine, run_id="r1")}
     assert set(rows) == {"a", "b"} and count(engine, steps) == 3
     a, b = rows["a"], rows["b"]
-    assert (a["images_per_sec"], a["energy_j"], a["mean_power_w"], a["command"]) == (100.0, 7200.0, 120.0, '["python", "x.py"]')
+    assert ((a["images_per_sec"], a["energy_j"], a["mean_power_w"], a["command"])
+            == (100.0, 7200.0, 120.0, '["python", "x.py"]'))
     # Backfilled from what the row had: 7200 J / 3.6e6 = 0.002 kWh; 100 batches x 64 images / 100 images/s = 64 s.
     assert a["energy_kwh"] == pytest.approx(0.002) and a["time_for_batches_s"] == pytest.approx(64.0)
     assert b["energy_kwh"] is None and b["time_for_batches_s"] is None  # nothing to backfill from
@@ -271,8 +291,8 @@ def check_concurrent_writers(url: str, rounds: int = 6) -> None:
                                    .group_by(benchmark_results.c.run_id, benchmark_results.c.case_key)).all()
             written = conn.execute(select(benchmark_results.c.run_id, benchmark_results.c.case_key,
                                           benchmark_results.c.images_per_sec)).all()
-            step_sets = conn.execute(select(steps.c.run_id, steps.c.case_key, func.count(), func.min(steps.c.images_per_sec),
-                                            func.max(steps.c.images_per_sec))
+            step_sets = conn.execute(select(steps.c.run_id, steps.c.case_key, func.count(),
+                                            func.min(steps.c.images_per_sec), func.max(steps.c.images_per_sec))
                                      .group_by(steps.c.run_id, steps.c.case_key)).all()
         # Exactly one row per key, for every key either writer wrote, in every round.
         assert len(per_key) == rounds * len(KEYS) and {n for *_, n in per_key} == {1}

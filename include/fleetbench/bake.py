@@ -44,7 +44,15 @@ from docker.errors import APIError, DockerException, NotFound
 
 from fleetbench import __version__
 from fleetbench.config import BakeSpec
-from fleetbench.images import PERMANENT, PreparedImage, check_disk, classify_pull_error, free_disk_bytes, pull_with_progress, ref_tag
+from fleetbench.images import (
+    PERMANENT,
+    PreparedImage,
+    check_disk,
+    classify_pull_error,
+    free_disk_bytes,
+    pull_with_progress,
+    ref_tag,
+)
 from fleetbench.paths import PROJECT_ROOT
 from fleetbench.runs import LABEL_PREFIX
 
@@ -188,8 +196,9 @@ def _add_tree(tar: tarfile.TarFile, src: Path, dest: str) -> None:
 
 # -- the bake ---------------------------------------------------------------------------------
 def bake_image(api: docker.APIClient, name: str, spec: BakeSpec, base_ref: str, base_pinned_ref: str, base_digest: str,
-               push_auth_config: dict | None = None, project_root: Path = PROJECT_ROOT, min_free_gb: float | None = None,
-               free_bytes_hint: int | None = None, extra_labels: dict[str, str] | None = None) -> BakeResult:
+               push_auth_config: dict | None = None, project_root: Path = PROJECT_ROOT,
+               min_free_gb: float | None = None, free_bytes_hint: int | None = None,
+               extra_labels: dict[str, str] | None = None) -> BakeResult:
     """Bake `spec` on top of `base_pinned_ref`, or reuse the image these inputs already made. Raises BakeError."""
     sources = [(c, resolve_src(c.src, project_root)) for c in spec.copy_]
     copies = [{"dest": c.dest, "sha256": tree_hash(p)} for c, p in sources]
@@ -200,7 +209,8 @@ def bake_image(api: docker.APIClient, name: str, spec: BakeSpec, base_ref: str, 
     inputs = inputs_hash(base_digest, copies, git, list(spec.run), spec.network)
     repo, tag = baked_repository(name), baked_tag(base_ref, inputs)
     ref = f"{repo}:{tag}"
-    source = ",".join(([f"git:{git['url']}#{git['branch']}"] if git else []) + [f"copy:{c.src}" for c in spec.copy_]) or "run-only"
+    source = ",".join(([f"git:{git['url']}#{git['branch']}"] if git else [])
+                      + [f"copy:{c.src}" for c in spec.copy_]) or "run-only"
     copy_rev = hashlib.sha256("".join(c["sha256"] for c in copies).encode()).hexdigest() if copies else None
     revision = ",".join(([git["revision"]] if git else []) + ([f"sha256:{copy_rev}"] if copy_rev else [])) or "none"
     labels = {
@@ -242,13 +252,15 @@ def _cached(api: docker.APIClient, ref: str, inputs: str) -> str | None:
     return info["Id"]
 
 
-def _cached_in_registry(api: docker.APIClient, remote: str, tag: str, inputs: str, ref: str, auth: dict | None) -> str | None:
+def _cached_in_registry(api: docker.APIClient, remote: str, tag: str, inputs: str, ref: str,
+                        auth: dict | None) -> str | None:
     """Pull `<remote>:<tag>` if the fleet's registry has it (another host baked it); tag it as `ref`."""
     try:
         pull_with_progress(api, f"{remote}:{tag}", auth)
     except DockerException as exc:
         kind = classify_pull_error(exc)
-        (log.info if kind == "image_not_found" else log.warning)("bake: %s:%s not in the registry (%s)", remote, tag, kind)
+        (log.info if kind == "image_not_found" else log.warning)(
+            "bake: %s:%s not in the registry (%s)", remote, tag, kind)
         return None
     image_id = _cached(api, f"{remote}:{tag}", inputs)
     if image_id:
@@ -262,7 +274,8 @@ def _bake(api: docker.APIClient, name: str, spec: BakeSpec, base_pinned_ref: str
     """Run the setup container and commit it; the container is removed however this ends."""
     base = api.inspect_image(base_pinned_ref)["Config"] or {}
     container = api.create_container(
-        image=base_pinned_ref, command=list(spec.run) or ["true"], labels={**labels, STEP_LABEL: labels[f"{LABEL}.bake.inputs"]},
+        image=base_pinned_ref, command=list(spec.run) or ["true"],
+        labels={**labels, STEP_LABEL: labels[f"{LABEL}.bake.inputs"]},
         host_config=api.create_host_config(network_mode=spec.network), use_config_proxy=False,
     )
     cid = container["Id"]
@@ -275,8 +288,9 @@ def _bake(api: docker.APIClient, name: str, spec: BakeSpec, base_pinned_ref: str
                     _git("clone", "--quiet", "--depth", "1", "--branch", git["branch"], "--", git["url"], str(checkout))
                     head = _git("rev-parse", "HEAD", cwd=str(checkout)).strip()
                     if head != git["revision"]:
-                        raise BakeError("bake_failed", f"git: {git['branch']} moved from {git['revision'][:12]} to {head[:12]} "
-                                                       "while baking; the next try bakes the new commit")
+                        raise BakeError("bake_failed", f"git: {git['branch']} moved from {git['revision'][:12]} "
+                                                       f"to {head[:12]} while baking; the next try bakes "
+                                                       "the new commit")
                     _add_tree(tar, checkout, git["dest"])
                 for copy, path in sources:
                     _add_tree(tar, path, copy.dest)
@@ -311,7 +325,8 @@ def _run_step(api: docker.APIClient, cid: str, spec: BakeSpec) -> None:
     for line in output.splitlines()[-200:]:
         log.info("bake step: %s", line)
     if status is None:
-        raise BakeError("bake_failed", f"bake step {spec.run} timed out after {spec.timeout_s} s; last lines:\n{_tail(output)}")
+        raise BakeError("bake_failed", f"bake step {spec.run} timed out after {spec.timeout_s} s; last lines:\n"
+                                       f"{_tail(output)}")
     if status != 0:
         raise BakeError("bake_failed", f"bake step {spec.run} exited with {status}; last lines:\n{_tail(output)}")
 
@@ -332,7 +347,8 @@ def push(api: docker.APIClient, image_id: str, remote: str, tag: str, auth: dict
             kind = classify_pull_error(exc)
             if kind in PERMANENT or attempt == attempts:
                 raise BakeError(kind, f"push {remote}:{tag}: {getattr(exc, 'explanation', None) or exc}") from None
-            log.warning("push %s:%s failed (attempt %d/%d, %s); retrying in %d s", remote, tag, attempt, attempts, kind, 2 ** attempt)
+            log.warning("push %s:%s failed (attempt %d/%d, %s); retrying in %d s", remote, tag, attempt, attempts,
+                        kind, 2 ** attempt)
             time.sleep(2 ** attempt)
     raise AssertionError("unreachable")
 

@@ -102,9 +102,11 @@ def plan_cleanup(containers: list[dict], images: list[dict], now: float, contain
         elif c.get("State") not in STOPPED:
             kept.append({"id": c["Id"], "name": name, "reason": f"container is {c.get('State')}"})
         elif c["Age"] < container_max_age_s:
-            kept.append({"id": c["Id"], "name": name, "reason": f"stopped {c['Age']:.0f} s ago, younger than {container_max_age_s:.0f} s"})
+            kept.append({"id": c["Id"], "name": name,
+                         "reason": f"stopped {c['Age']:.0f} s ago, younger than {container_max_age_s:.0f} s"})
         else:
-            remove_c.append({"id": c["Id"], "name": name, "reason": f"stopped fleetbench container, {c['Age']:.0f} s old"})
+            remove_c.append({"id": c["Id"], "name": name,
+                             "reason": f"stopped fleetbench container, {c['Age']:.0f} s old"})
     removed = {c["id"] for c in remove_c}
     in_use = {c.get("ImageID"): (c.get("Names") or ["?"])[0].lstrip("/") for c in containers if c["Id"] not in removed}
 
@@ -122,11 +124,14 @@ def plan_cleanup(containers: list[dict], images: list[dict], now: float, contain
             if img is current:
                 kept.append({"id": img["Id"], "tags": tags, "reason": f"current bake of {name}"})
             elif img["Id"] in in_use:
-                kept.append({"id": img["Id"], "tags": tags, "reason": f"superseded but used by container {in_use[img['Id']]}"})
+                kept.append({"id": img["Id"], "tags": tags,
+                             "reason": f"superseded but used by container {in_use[img['Id']]}"})
             elif age < image_max_age_s:
-                kept.append({"id": img["Id"], "tags": tags, "reason": f"superseded {age:.0f} s old, younger than {image_max_age_s:.0f} s"})
+                kept.append({"id": img["Id"], "tags": tags,
+                             "reason": f"superseded {age:.0f} s old, younger than {image_max_age_s:.0f} s"})
             else:
-                remove_i.append({"id": img["Id"], "tags": tags, "reason": f"superseded bake of {name}, {age:.0f} s old"})
+                remove_i.append({"id": img["Id"], "tags": tags,
+                                 "reason": f"superseded bake of {name}, {age:.0f} s old"})
     return remove_c, remove_i, kept
 
 
@@ -174,7 +179,8 @@ def clean_engine(api: docker.APIClient, container_max_age_s: float = 24 * 3600, 
         if _labels(c).get(f"{LABEL}.managed") == "true":
             if c["ImageID"] not in image_labels:
                 try:
-                    image_labels[c["ImageID"]] = (api.inspect_image(c["ImageID"]).get("Config") or {}).get("Labels") or {}
+                    image_labels[c["ImageID"]] = ((api.inspect_image(c["ImageID"]).get("Config") or {}).get("Labels")
+                                                  or {})
                 except NotFound:
                     image_labels[c["ImageID"]] = {}
             try:
@@ -200,7 +206,8 @@ def clean_engine(api: docker.APIClient, container_max_age_s: float = 24 * 3600, 
         else:
             report.removed_containers.append(c)
     for img in remove_i:
-        log.info("%sremove image %s (%s): %s", "would " if dry_run else "", ", ".join(img["tags"]), img["id"][:19], img["reason"])
+        log.info("%sremove image %s (%s): %s", "would " if dry_run else "", ", ".join(img["tags"]), img["id"][:19],
+                 img["reason"])
         if dry_run:
             report.removed_images.append(img)
             continue

@@ -23,7 +23,8 @@ from typing import Sequence
 
 RESULT_TABLE = [  # (header, column)
     ("host", "host"), ("model", "model"), ("batch", "batch_size_per_device"), ("GPUs", "num_gpus"),
-    ("status", "status"), ("images/sec", "images_per_sec"), ("duration s", "duration_s"), ("image digest", "image_digest"),
+    ("status", "status"), ("images/sec", "images_per_sec"), ("duration s", "duration_s"),
+    ("image digest", "image_digest"),
 ]
 
 
@@ -145,7 +146,8 @@ def _host_check(args: argparse.Namespace) -> int:
         if not folder.is_dir():
             raise UsageError(f"--facts {args.facts}: not a folder")
         if not has_probe_outputs(folder):
-            raise UsageError(f"--facts {args.facts}: no probe outputs in it (uname-r.txt, nvidia-smi.txt, docker-info.json, ...)")
+            raise UsageError(f"--facts {args.facts}: no probe outputs in it "
+                             "(uname-r.txt, nvidia-smi.txt, docker-info.json, ...)")
     else:
         folder = Path(args.save or tempfile.mkdtemp(prefix="fleetbench-facts-"))
         if args.local:
@@ -260,7 +262,8 @@ def _report(args: argparse.Namespace) -> int:
     from fleetbench.warehouse import warehouse_display_url
 
     try:
-        filters = parse_filters(since=args.since, until=args.until, host=args.host, model=args.model, dag_id=args.dag_id)
+        filters = parse_filters(since=args.since, until=args.until, host=args.host, model=args.model,
+                                dag_id=args.dag_id)
     except FilterError as exc:
         raise UsageError(f"--{exc.field.replace('_', '-')}: {exc.message}") from None
     out = Path(args.out) if args.out else default_report_dir()
@@ -317,7 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --local/--ssh: run `docker run --rm --gpus all IMAGE nvidia-smi -L`")
     hc.set_defaults(func=_host_check)
 
-    pools_cmd = sub.add_parser("pools", help="Airflow pools of the fleet").add_subparsers(dest="pools_command", required=True)
+    pools_cmd = sub.add_parser("pools", help="Airflow pools of the fleet").add_subparsers(
+        dest="pools_command", required=True)
     export = pools_cmd.add_parser("export", help="print `airflow pools import` JSON: one single-slot pool per host")
     export.add_argument("--config", help="fleet config (default: FLEETBENCH_CONFIG or include/config/fleet.yaml)")
     export.set_defaults(func=_pools_export)

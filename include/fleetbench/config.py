@@ -13,7 +13,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 # Names that end up in container names, labels, file paths and command lines: a strict pattern,
 # so nothing from a config file or a trigger parameter can smuggle shell or path syntax.
@@ -46,7 +55,8 @@ class _UniqueKeyLoader(_BASE_LOADER):
 
     def __init__(self, stream):
         super().__init__(stream)
-        self.duplicate_keys: list[tuple[int, int, str]] = []  # (line, column, message): sorted, as mappings are built nested-last
+        # (line, column, message): sorted, as mappings are built nested-last
+        self.duplicate_keys: list[tuple[int, int, str]] = []
 
     def construct_mapping(self, node, deep=False):
         own = list(node.value)  # the mapping's own entries: flatten_mapping replaces `<<: *defaults` by what it merges
@@ -65,7 +75,8 @@ class _UniqueKeyLoader(_BASE_LOADER):
             mark = key_node.start_mark
             if key in first_line:
                 self.duplicate_keys.append((mark.line, mark.column, f"line {mark.line + 1}, column {mark.column + 1}: "
-                                            f"duplicate key {key!r} (first on line {first_line[key]}); YAML would keep only the last"))
+                                            f"duplicate key {key!r} (first on line {first_line[key]}); "
+                                            "YAML would keep only the last"))
             else:
                 first_line[key] = mark.line + 1
 
@@ -126,12 +137,14 @@ class RegressionSettings(_Model):
         if self.min_history > self.window:
             raise ValueError(f"min_history ({self.min_history}) must be <= window ({self.window})")
         if self.major_effect_pct < self.min_effect_pct:
-            raise ValueError(f"major_effect_pct ({self.major_effect_pct}) must be >= min_effect_pct ({self.min_effect_pct})")
+            raise ValueError(f"major_effect_pct ({self.major_effect_pct}) must be >= min_effect_pct "
+                             f"({self.min_effect_pct})")
         return self
 
 
 class NotifySettings(_Model):
-    """Where regressions are mailed (`fleetbench.notify`); the SMTP server and its secrets live in the Airflow Connection."""
+    """Where regressions are mailed (`fleetbench.notify`); the SMTP server and its secrets live in the Airflow
+    Connection."""
 
     smtp_conn_id: Name
     to: list[Email] = Field(min_length=1)
@@ -308,8 +321,8 @@ class BenchmarkSpec(_Model):
     models: Annotated[list[Name], Unique] = Field(min_length=1)
     batch_sizes: Annotated[list[Annotated[int, Field(gt=0, le=MAX_BATCH_SIZE)]], Unique] = Field(min_length=1)
     num_gpus: Annotated[list[Annotated[int, Field(ge=0, le=64)]], Unique] = Field([1], min_length=1)
-    variable_update: Annotated[list[Literal["parameter_server", "replicated", "independent", "horovod", "distributed_replicated"]],
-                               Unique] = ["parameter_server"]
+    variable_update: Annotated[list[Literal["parameter_server", "replicated", "independent", "horovod",
+                                            "distributed_replicated"]], Unique] = ["parameter_server"]
     num_batches: PositiveInt = 100
     num_warmup_batches: Annotated[int, Field(ge=0)] = 5
     device: Literal["gpu", "cpu"] = "gpu"
@@ -366,10 +379,12 @@ def _cross_check(cfg: FleetConfig) -> list[str]:
     image_names = {i.name for i in cfg.images}
     for i, bench in enumerate(cfg.benchmarks):
         if bench.image not in image_names:
-            errors.append(f"benchmarks[{i}].image: unknown image {bench.image!r} (known: {', '.join(sorted(image_names))})")
+            errors.append(f"benchmarks[{i}].image: unknown image {bench.image!r} "
+                          f"(known: {', '.join(sorted(image_names))})")
         for j, host in enumerate(bench.hosts or []):
             if host not in host_names:
-                errors.append(f"benchmarks[{i}].hosts[{j}]: unknown host {host!r} (known: {', '.join(sorted(host_names))})")
+                errors.append(f"benchmarks[{i}].hosts[{j}]: unknown host {host!r} "
+                              f"(known: {', '.join(sorted(host_names))})")
     return errors
 
 
@@ -426,7 +441,8 @@ def format_validation_error(exc: ValidationError) -> list[str]:
 
 def parse_config(data: Any, source: str = "<config>") -> FleetConfig:
     if not isinstance(data, dict):
-        raise ConfigError(source, [f"(top level): must be a mapping with hosts, images and benchmarks, got {type(data).__name__}"])
+        raise ConfigError(source, ["(top level): must be a mapping with hosts, images and benchmarks, "
+                                   f"got {type(data).__name__}"])
     try:
         cfg = FleetConfig.model_validate(data)
     except ValidationError as exc:

@@ -34,7 +34,8 @@ def docker_api_client(docker_url: str, tls: dict | None, timeout: int = 600, ver
 
     if not tls:
         return docker.APIClient(base_url=docker_url, version=version or "auto", timeout=timeout)
-    return _engine_tls_client()(base_url=docker_url, version=version or "auto", timeout=timeout, tls=docker_tls_config(tls))
+    return _engine_tls_client()(base_url=docker_url, version=version or "auto", timeout=timeout,
+                                tls=docker_tls_config(tls))
 
 
 @functools.cache

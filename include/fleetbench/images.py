@@ -103,7 +103,8 @@ def classify_pull_error(exc: Exception) -> str:
         return "image_not_found"
     if "denied" in text:
         return "registry_auth"
-    if any(s in text for s in ("connection refused", "no such host", "timeout", "timed out", "deadline exceeded", "dial tcp",
+    if any(s in text for s in ("connection refused", "no such host", "timeout", "timed out", "deadline exceeded",
+                               "dial tcp",
                                "connection reset", "no route to host", "unexpected eof", "tls handshake",
                                "service unavailable", "bad gateway", "503", "502")):
         return "registry_unreachable"
@@ -188,7 +189,8 @@ def _countdown_tick(previous: str | None, status: str) -> bool:
     return before is not None and now is not None and now < before
 
 
-def pull_with_progress(api: docker.APIClient, ref: str, auth_config: dict | None = None, every_s: float = 15.0) -> PullProgress:
+def pull_with_progress(api: docker.APIClient, ref: str, auth_config: dict | None = None,
+                       every_s: float = 15.0) -> PullProgress:
     """Pull `ref`, logging progress (see PullProgress); returns the progress with the resolved digest."""
     progress = PullProgress(ref, every_s=every_s)
     for event in api.pull(ref, stream=True, decode=True, auth_config=auth_config):
@@ -215,10 +217,12 @@ def check_disk(result: PreparedImage, min_free_gb: float | None, free_bytes: int
     if not min_free_gb:
         return True
     if free_bytes is None:
-        log.warning("free space on the Docker data root is unknown; %s %s without the min_free_gb=%s check", what, result.ref, min_free_gb)
+        log.warning("free space on the Docker data root is unknown; %s %s without the min_free_gb=%s check",
+                    what, result.ref, min_free_gb)
         return True
     if free_bytes < min_free_gb * GB:
-        result.fail("insufficient_disk", f"only {free_bytes / GB:.1f} GB free on Docker's data root, {result.name} needs "
+        result.fail("insufficient_disk", f"only {free_bytes / GB:.1f} GB free on Docker's data root, "
+                                         f"{result.name} needs "
                                          f"min_free_gb={min_free_gb:g}: refused before {what} {result.ref}")
         log.error("%s", result.error)
         return False
@@ -257,7 +261,8 @@ def prepare_image(api: docker.APIClient, name: str, ref: str, pull_policy: str =
             except DockerException as exc:
                 result.fail(classify_pull_error(exc), f"pull {ref}: {_reason(exc)}")
                 if result.failure_class in PERMANENT or attempt == attempts:
-                    log.error("pull %s failed (%s) after %d attempt(s): %s", ref, result.failure_class, attempt, _reason(exc))
+                    log.error("pull %s failed (%s) after %d attempt(s): %s", ref, result.failure_class, attempt,
+                              _reason(exc))
                     return result
                 delay = backoff_s * 2 ** (attempt - 1)
                 log.warning("pull %s failed (attempt %d/%d, %s: %s); retrying in %.1f s",

@@ -75,7 +75,8 @@ def classify(outcome: dict, parsed: ParsedLog | None, log_text: str) -> tuple[st
 
 def _last_line(text: str) -> str:
     """The harness's last words (the telemetry wrapper's report line is not the harness's)."""
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip() and not ln.startswith("FLEETBENCH_TELEMETRY ")]
+    lines = [ln.strip() for ln in text.strip().splitlines()
+             if ln.strip() and not ln.startswith("FLEETBENCH_TELEMETRY ")]
     return lines[-1][:300] if lines else ""
 
 
@@ -114,7 +115,8 @@ def measure(case: dict, outcome: dict) -> tuple[dict, list[dict]]:
     }
     fields.update(telemetry_fields(clean_report(parse_report(text))))
     steps = [
-        {"step": s.step, "images_per_sec": s.images_per_sec, "plusminus": s.plusminus, "jitter": s.jitter, "loss": s.loss}
+        {"step": s.step, "images_per_sec": s.images_per_sec, "plusminus": s.plusminus, "jitter": s.jitter,
+         "loss": s.loss}
         for s in (parsed.steps if parsed else [])
     ]
     return fields, steps
@@ -143,8 +145,8 @@ def not_run(status: str, failure_class: str | None, detail: str) -> dict:
     """Fields for a case that never ran (host unfit, image missing, task failed)."""
     now = datetime.now(timezone.utc).isoformat()
     return {"status": status, "failure_class": failure_class, "failure_detail": detail[:500], "images_per_sec": None,
-            "accuracy_top1": None, "step_count": 0, "exit_code": None, "started_at": None, "finished_at": now, "duration_s": None,
-            "log_path": None, "command": None, **telemetry_fields(None)}
+            "accuracy_top1": None, "step_count": 0, "exit_code": None, "started_at": None, "finished_at": now,
+            "duration_s": None, "log_path": None, "command": None, **telemetry_fields(None)}
 
 
 def outcome_from_file(log_dir: str, case_key: str) -> dict | None:

@@ -51,7 +51,8 @@ def _positive(x: float | None) -> bool:
 
 
 # -- 1. training time ---------------------------------------------------------------------------
-def time_for_batches_s(num_batches: int | None, batch_size_global: int | None, images_per_sec: float | None) -> float | None:
+def time_for_batches_s(num_batches: int | None, batch_size_global: int | None,
+                       images_per_sec: float | None) -> float | None:
     """Seconds the N measured batches took: t = N x B_global / X.
 
     tf_cnn_benchmarks computes its ``total images/sec`` X as N x B_global / t over the measured
@@ -112,7 +113,8 @@ def step_stats(values: Sequence[float | None], warmup_steps: int = 0) -> StepSta
 
 
 # -- 3. speedup efficiency ----------------------------------------------------------------------
-def speedup_efficiency(images_per_sec: float | None, num_gpus: int | None, one_gpu_images_per_sec: float | None) -> float | None:
+def speedup_efficiency(images_per_sec: float | None, num_gpus: int | None,
+                       one_gpu_images_per_sec: float | None) -> float | None:
     """E = X_N / (N x X_1): 1.0 is linear scaling, 0.5 means half of the added GPUs' worth is lost."""
     if not (num_gpus and num_gpus > 0 and _positive(images_per_sec) and _positive(one_gpu_images_per_sec)):
         return None
@@ -127,7 +129,8 @@ SPEEDUP_MATCH = ("dag_id", "run_id", "host", "benchmark", "image_name", "model",
 def match_speedup(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], tuple[float, str]]:
     """{(host, case_key): (efficiency, the 1-GPU case_key it was computed against)} for every ok GPU row
     whose run has an ok 1-GPU row with the same `SPEEDUP_MATCH` fields (the 1-GPU row itself gets 1.0)."""
-    ok = [r for r in rows if r.get("status") == "ok" and (r.get("num_gpus") or 0) >= 1 and _positive(r.get("images_per_sec"))]
+    ok = [r for r in rows
+          if r.get("status") == "ok" and (r.get("num_gpus") or 0) >= 1 and _positive(r.get("images_per_sec"))]
     baselines = {tuple(r.get(k) for k in SPEEDUP_MATCH): r for r in ok if r["num_gpus"] == 1}
     out = {}
     for r in ok:
@@ -180,7 +183,8 @@ def cost_usd(price_per_gpu_hour: float | None, num_gpus: int | None, duration_s:
     return price_per_gpu_hour * num_gpus * duration_s / SECONDS_PER_HOUR
 
 
-def cost_per_million_images_usd(price_per_gpu_hour: float | None, num_gpus: int | None, images_per_sec: float | None) -> float | None:
+def cost_per_million_images_usd(price_per_gpu_hour: float | None, num_gpus: int | None,
+                                images_per_sec: float | None) -> float | None:
     """What a million images cost at the measured throughput: P x N / (3600 x X) x 10^6.
 
     Startup and warm-up are not in it (they are in `cost_usd`), so it compares hosts and GPU
@@ -426,7 +430,8 @@ def derive(rows: Sequence[Mapping[str, Any]], steps: Iterable[Mapping[str, Any]]
         r["speedup_efficiency"], r["speedup_baseline_case_key"] = eff, base
 
         # 4. cost
-        price, price_source = (gpu_hour_price(config.host_prices.get(r.get("host")), gpu.price_per_gpu_hour_usd if gpu else None)
+        price, price_source = (gpu_hour_price(config.host_prices.get(r.get("host")),
+                                              gpu.price_per_gpu_hour_usd if gpu else None)
                                if gpus > 0 else (None, None))
         r["price_per_gpu_hour"], r["price_source"] = price, price_source
         r["cost_usd"] = cost_usd(price, gpus, duration)

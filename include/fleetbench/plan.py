@@ -47,8 +47,10 @@ def case_key(bench: str, model: str, batch_size: int, num_gpus: int, variable_up
     return f"{bench}.{model}.bs{batch_size}.g{num_gpus}.{variable_update}"
 
 
-def harness_command(prefix: Iterable[str], bench: BenchmarkSpec, model: str, batch_size: int, num_gpus: int, variable_update: str) -> list[str]:
-    """tf_cnn_benchmarks flags for one case. CPU cases run one device (`--num_gpus=1 --device=cpu`), as tf_cnn_benchmarks expects."""
+def harness_command(prefix: Iterable[str], bench: BenchmarkSpec, model: str, batch_size: int, num_gpus: int,
+                    variable_update: str) -> list[str]:
+    """tf_cnn_benchmarks flags for one case. CPU cases run one device (`--num_gpus=1 --device=cpu`), as
+    tf_cnn_benchmarks expects."""
     args = [
         *prefix,
         f"--model={model}",
@@ -64,7 +66,8 @@ def harness_command(prefix: Iterable[str], bench: BenchmarkSpec, model: str, bat
     return args + list(bench.extra_args)
 
 
-def expand_cases(cfg: FleetConfig, hosts: Iterable[str] | None = None, models: Iterable[str] | None = None) -> list[Case]:
+def expand_cases(cfg: FleetConfig, hosts: Iterable[str] | None = None,
+                 models: Iterable[str] | None = None) -> list[Case]:
     """Every (host, benchmark, model, batch size, GPU count, variable update) combination, in config order."""
     only_hosts = set(hosts) if hosts is not None else None
     only_models = set(models) if models is not None else None
@@ -126,7 +129,8 @@ def build_plan(cfg: FleetConfig, run: dict, params: dict | None = None) -> "RunP
         cudas = [i.cuda for i in images if i.cuda]
         needs = CaseNeeds(gpus=max(c.num_gpus for c in host_cases), image_cuda=max(cudas, key=_vkey) if cudas else None)
         hosts.append(PlannedHost(**dict(host), needs=needs, images=images))
-    info = RunInfo(**run, fleet=cfg.fleet.name, config_digest=cfg.digest(), started_at=datetime.now(timezone.utc).isoformat(),
+    info = RunInfo(**run, fleet=cfg.fleet.name, config_digest=cfg.digest(),
+                   started_at=datetime.now(timezone.utc).isoformat(),
                    fleetbench_version=__version__, dry_run=bool((params or {}).get("dry_run")), params=params or {},
                    fleet_settings=cfg.fleet)
     return RunPlan(run=info, hosts=hosts, cases=cases)

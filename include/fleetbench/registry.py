@@ -44,7 +44,8 @@ def registry_of(ref: str) -> str:
 
 
 def repository_of(ref: str) -> str:
-    """The fully qualified repository of a reference: `registry/path`, `library/` added for Docker Hub's official images."""
+    """The fully qualified repository of a reference: `registry/path`, `library/` added for Docker Hub's
+    official images."""
     registry, path = _split(ref)
     registry = _host(registry)
     if registry == DOCKER_HUB and "/" not in path:

@@ -60,7 +60,8 @@ def container_name(dag_id: str, run_id: str, host: str, case_key: str) -> str:
 
 
 def case_labels(dag_id: str, run_id: str, host: str, case_key: str, timeout_s: int) -> dict[str, str]:
-    """A case container's labels: what maintenance recognises it by, and its own timeout (an orphan past it is reaped)."""
+    """A case container's labels: what maintenance recognises it by, and its own timeout (an orphan past it is
+    reaped)."""
     return {
         label("managed"): "true",
         label("dag_id"): dag_id,

@@ -55,15 +55,17 @@ def nightly_rows(night: int) -> list[dict]:
         _ok("gpu-b", "resnet50", 1, 64, 900.0 + 2 * night, night, OLD_DRIVER, 900.0 + 2 * night),
     ]
     when = NIGHTS[night]
-    common = {"run_id": run_id(night), "logical_date": when.isoformat(), "started_at": (when + timedelta(minutes=1)).isoformat(),
+    common = {"run_id": run_id(night), "logical_date": when.isoformat(),
+              "started_at": (when + timedelta(minutes=1)).isoformat(),
               "finished_at": (when + timedelta(minutes=2)).isoformat()}
     if night == 4:
         rows.append(result_row("tf.vgg16.bs32.g1.replicated", host="gpu-b", ips=None, status="failed", model="vgg16",
                                batch_size_per_device=32, failure_class="timeout", driver_version=OLD_DRIVER,
                                gpu_model=GPU["gpu-b"][0], **common))
     rows += [
-        result_row("tf.resnet50.bs256.g1.replicated", host="gpu-c", ips=None, status="failed", batch_size_per_device=256,
-                   failure_class="gpu_oom", driver_version=OLD_DRIVER, gpu_model=GPU["gpu-c"][0], **common),
+        result_row("tf.resnet50.bs256.g1.replicated", host="gpu-c", ips=None, status="failed",
+                   batch_size_per_device=256, failure_class="gpu_oom", driver_version=OLD_DRIVER,
+                   gpu_model=GPU["gpu-c"][0], **common),
         result_row("tf.vgg16.bs32.g1.replicated", host="gpu-c", ips=None, status="failed", model="vgg16",
                    batch_size_per_device=32, failure_class="nonzero_exit", exit_code=1, driver_version=OLD_DRIVER,
                    gpu_model=GPU["gpu-c"][0], **common),
@@ -76,7 +78,8 @@ def run_row(night: int, rows: list[dict]) -> dict:
     return {"dag_id": DAG, "run_id": run_id(night), "logical_date": when.isoformat(), "run_type": "scheduled",
             "fleet": "test", "config_digest": "abc", "started_at": when.isoformat(),
             "finished_at": (when + timedelta(minutes=30)).isoformat(), "cases_total": len(rows),
-            "cases_ok": sum(r["status"] == "ok" for r in rows), "cases_failed": sum(r["status"] == "failed" for r in rows),
+            "cases_ok": sum(r["status"] == "ok" for r in rows),
+            "cases_failed": sum(r["status"] == "failed" for r in rows),
             "cases_skipped": sum(r["status"] == "skipped" for r in rows)}
 
 

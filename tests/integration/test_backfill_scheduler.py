@@ -4,7 +4,6 @@ rows and adds none."""
 
 from __future__ import annotations
 
-
 import pytest
 from sqlalchemy import text
 
@@ -19,7 +18,8 @@ def rows_by_night(engine):
     with engine.connect() as conn:
         return conn.execute(text(
             "select logical_date, count(*), min(stored_at), max(driver_version) is null, min(status) "
-            "from benchmark_results where logical_date < '2026-11-04' group by logical_date order by logical_date")).all()
+            "from benchmark_results where logical_date < '2026-11-04' "
+            "group by logical_date order by logical_date")).all()
 
 
 def test_backfill_three_nights_then_rerun_one(tmp_path, pg_url, smoke_image, docker_api):
@@ -54,7 +54,8 @@ def test_backfill_three_nights_then_rerun_one(tmp_path, pg_url, smoke_image, doc
         while time.monotonic() < deadline:
             nights = rows_by_night(engine)
             backfills = [r for r in airflow.runs("fleet_benchmark") if r["run_type"] == "backfill"]
-            if any(n[2] != first_store[n[0]] for n in nights) and all(r["state"] in ("success", "failed") for r in backfills):
+            if (any(n[2] != first_store[n[0]] for n in nights)
+                    and all(r["state"] in ("success", "failed") for r in backfills)):
                 break
             time.sleep(2)
         runs = [r for r in airflow.runs("fleet_benchmark") if r["run_type"] == "backfill"]

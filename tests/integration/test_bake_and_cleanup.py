@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from docker.errors import NotFound
+from test_images import REGISTRY, delete_manifest, registry_digest, remove_images, unique
 
 from fleet_configs import run_fleet_dag, smoke_config, write_config
 from fleetbench import __version__
@@ -19,7 +20,6 @@ from fleetbench.bake import tree_hash
 from fleetbench.cleanup import clean_engine
 from fleetbench.config import ImageSpec
 from fleetbench.prepare import prepare
-from test_images import REGISTRY, delete_manifest, registry_digest, remove_images, unique
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +52,8 @@ def run_in(api, image: str, script: str, **labels) -> str:
 
 
 def bake_spec(name: str, base: str, **bake) -> ImageSpec:
-    return ImageSpec.model_validate({"name": name, "ref": base, "pull_policy": "if-missing", "command": SMOKE_CMD, "bake": bake})
+    return ImageSpec.model_validate({"name": name, "ref": base, "pull_policy": "if-missing", "command": SMOKE_CMD,
+                                     "bake": bake})
 
 
 def smoke_digest(api, smoke_image: str) -> str:
@@ -72,7 +73,8 @@ def test_bake_copies_the_harness_labels_the_image_and_reuses_it(docker_api, smok
     assert first.bake_cache_hit is False
     assert first.digest == digest  # rows keep recording the pulled base's registry digest
     assert first.base_pinned_ref == f"{smoke_image.rsplit(':', 1)[0]}@{digest}"
-    assert first.pinned_ref == first.baked_id and first.baked_ref == f"fleetbench/{name}:latest-{first.bake_inputs[:12]}"
+    assert (first.pinned_ref == first.baked_id
+            and first.baked_ref == f"fleetbench/{name}:latest-{first.bake_inputs[:12]}")
 
     info = docker_api.inspect_image(first.pinned_ref)
     labels = info["Config"]["Labels"]
@@ -90,11 +92,13 @@ def test_bake_copies_the_harness_labels_the_image_and_reuses_it(docker_api, smok
     assert info["Config"]["Cmd"] == docker_api.inspect_image(smoke_image)["Config"]["Cmd"]  # not the setup step
     assert sorted(info["RepoTags"]) == [f"fleetbench/{name}:current", first.baked_ref]
 
-    out = run_in(docker_api, first.pinned_ref, "sha256sum /opt/harness/tf_cnn_benchmarks.py; grep 'total images/sec' /opt/harness/selftest.log",
+    out = run_in(docker_api, first.pinned_ref,
+                 "sha256sum /opt/harness/tf_cnn_benchmarks.py; grep 'total images/sec' /opt/harness/selftest.log",
                  **scope)
     assert out.split()[0] == hashlib.sha256((ROOT / HARNESS).read_bytes()).hexdigest()
     assert "total images/sec:" in out
-    assert docker_api.containers(all=True, filters={"label": ["org.fleetbench.bake.step", f"test.scope={scope['test.scope']}"]}) == []
+    assert docker_api.containers(all=True, filters={"label": ["org.fleetbench.bake.step",
+                                                              f"test.scope={scope['test.scope']}"]}) == []
 
     caplog.clear()
     second = prepare(docker_api, spec, extra_labels=scope)
@@ -108,7 +112,8 @@ def _git(cwd: Path, *args: str) -> str:
                           check=True, capture_output=True, text=True).stdout.strip()
 
 
-def test_bake_from_a_git_branch_is_pushed_and_reused_from_the_registry(docker_api, smoke_image, scope, tmp_path, caplog):
+def test_bake_from_a_git_branch_is_pushed_and_reused_from_the_registry(docker_api, smoke_image, scope, tmp_path,
+                                                                        caplog):
     """The runbook's checkout of tensorflow/benchmarks@cnn_tf_v1.15_compatible, from a local repository."""
     repo = tmp_path / "benchmarks"
     (repo / "scripts" / "tf_cnn_benchmarks").mkdir(parents=True)
@@ -135,7 +140,8 @@ def test_bake_from_a_git_branch_is_pushed_and_reused_from_the_registry(docker_ap
         labels = docker_api.inspect_image(first.pinned_ref)["Config"]["Labels"]
         assert labels["org.fleetbench.harness.source"] == f"git:file://{repo}#cnn_tf_v1.15_compatible"
         assert labels["org.fleetbench.harness.revision"] == first.harness_revision == revision
-        assert run_in(docker_api, first.pinned_ref, "ls -A /workspace/benchmarks", **scope).split() == ["scripts"]  # no .git, no master-only
+        # no .git, no master-only
+        assert run_in(docker_api, first.pinned_ref, "ls -A /workspace/benchmarks", **scope).split() == ["scripts"]
         assert first.pushed_ref == f"{remote}@{registry_digest(remote, first.baked_ref.rsplit(':', 1)[1])}"
 
         (repo / "scripts" / "README").write_text("new commit on the branch\n")
@@ -165,7 +171,8 @@ def test_bake_failures_are_named_with_the_log_tail(docker_api, smoke_image, scop
                         run=["sh", "-c", "echo preparing the harness; echo 'fatal: something broke' >&2; exit 3"])
     result = prepare(docker_api, failing, extra_labels=scope)
     assert result.failure_class == "bake_failed"
-    assert "exited with 3" in result.error and "preparing the harness" in result.error and "fatal: something broke" in result.error
+    assert ("exited with 3" in result.error and "preparing the harness" in result.error
+            and "fatal: something broke" in result.error)
     assert docker_api.images(name=f"fleetbench/{name}") == []
     assert docker_api.containers(all=True, filters={"label": f"test.scope={scope['test.scope']}"}) == []
 
@@ -173,7 +180,8 @@ def test_bake_failures_are_named_with_the_log_tail(docker_api, smoke_image, scop
     _git(tmp_path, "init", "-q", "-b", "master")
     _git(tmp_path, "add", ".")
     _git(tmp_path, "commit", "-q", "-m", "x")
-    no_branch = bake_spec(name, smoke_image, git={"url": f"file://{tmp_path}", "branch": "no-such-branch-anywhere", "dest": "/w"})
+    no_branch = bake_spec(name, smoke_image,
+                          git={"url": f"file://{tmp_path}", "branch": "no-such-branch-anywhere", "dest": "/w"})
     result = prepare(docker_api, no_branch, extra_labels=scope)
     assert result.failure_class == "bake_failed" and "no-such-branch-anywhere" in result.error
 
@@ -183,10 +191,12 @@ def test_bake_failures_are_named_with_the_log_tail(docker_api, smoke_image, scop
 
 
 @pytest.mark.dagrun
-def test_fleet_run_cases_run_the_baked_image_and_rows_keep_the_base_digest(airflow_db, data_dir, docker_api, smoke_image, tmp_path, monkeypatch):
+def test_fleet_run_cases_run_the_baked_image_and_rows_keep_the_base_digest(airflow_db, data_dir, docker_api,
+                                                                            smoke_image, tmp_path, monkeypatch):
     name = unique("test-bake-dag")
     cfg = smoke_config(smoke_image, models=("trivial",), batch_sizes=(8,), num_batches=3)
-    cfg["images"][0].update(name=name, command=["python3", "/opt/harness/tf_cnn_benchmarks.py"],  # only in the baked image
+    cfg["images"][0].update(name=name,
+                            command=["python3", "/opt/harness/tf_cnn_benchmarks.py"],  # only in the baked image
                             bake={"copy": [{"src": HARNESS, "dest": "/opt/harness/tf_cnn_benchmarks.py"}]})
     cfg["benchmarks"][0]["image"] = name
     try:
@@ -205,7 +215,8 @@ def test_fleet_run_cases_run_the_baked_image_and_rows_keep_the_base_digest(airfl
 def _container(api, image: str, scope: dict, start: str | None = None, **labels) -> str:
     """A container of `image` with `labels` (+ scope); started with `sh -c start` and waited for, if given."""
     cmd = ["sh", "-c", start] if start else ["true"]
-    cid = api.create_container(image, command=cmd, labels={**scope, **labels}, host_config=api.create_host_config(network_mode="none"))["Id"]
+    cid = api.create_container(image, command=cmd, labels={**scope, **labels},
+                               host_config=api.create_host_config(network_mode="none"))["Id"]
     if start:
         api.start(cid)
         if "sleep" not in start:
@@ -225,7 +236,8 @@ def test_cleanup_removes_only_stopped_fleetbench_containers_and_superseded_bakes
         docker_api, smoke_image, scope, airflow_db, tmp_path, monkeypatch):
     api = docker_api
     name = unique("test-clean")
-    bakes = [prepare(api, bake_spec(name, smoke_image, run=["sh", "-c", f"echo {i} > /v"]), extra_labels=scope) for i in (1, 2, 3)]
+    bakes = [prepare(api, bake_spec(name, smoke_image, run=["sh", "-c", f"echo {i} > /v"]), extra_labels=scope)
+             for i in (1, 2, 3)]
     assert all(b.ok for b in bakes), [b.error for b in bakes]
     v1, v2, v3 = (b.baked_id for b in bakes)  # v3 is current
     helper = _container(api, v3, scope)
@@ -233,19 +245,23 @@ def test_cleanup_removes_only_stopped_fleetbench_containers_and_superseded_bakes
     api.remove_container(helper)
     fb = {"org.fleetbench.managed": "true"}
     ours = {
-        "case_exited": _container(api, smoke_image, scope, "true", **fb, **{"org.fleetbench.run_id": scope["test.scope"]}),
-        "case_created": _container(api, smoke_image, scope, None, **fb, **{"org.fleetbench.run_id": scope["test.scope"]}),
+        "case_exited": _container(api, smoke_image, scope, "true", **fb,
+                                  **{"org.fleetbench.run_id": scope["test.scope"]}),
+        "case_created": _container(api, smoke_image, scope, None, **fb,
+                                   **{"org.fleetbench.run_id": scope["test.scope"]}),
         "bake_step_leaked": _container(api, smoke_image, scope, None, **fb, **{"org.fleetbench.bake.step": "abc"}),
     }
     theirs = {
-        "case_running": _container(api, smoke_image, scope, "sleep 60", **fb, **{"org.fleetbench.run_id": scope["test.scope"]}),
+        "case_running": _container(api, smoke_image, scope, "sleep 60", **fb,
+                                   **{"org.fleetbench.run_id": scope["test.scope"]}),
         "users_base": _container(api, "fleetbench/base:bookworm", scope, None, other="1"),  # inherits managed=true
         "users_of_v2": _container(api, v2, scope, "true"),  # inherits every bake label; keeps v2 in use
     }
     assert api.inspect_container(theirs["users_base"])["Config"]["Labels"]["org.fleetbench.managed"] == "true"
 
     dry = clean_engine(api, 0, 0, scope=scope, dry_run=True)
-    assert {c["id"] for c in dry.removed_containers} == set(ours.values()) and [i["id"] for i in dry.removed_images] == [v1]
+    assert ({c["id"] for c in dry.removed_containers} == set(ours.values())
+            and [i["id"] for i in dry.removed_images] == [v1])
     assert all(_exists(api, "container", c) for c in ours.values()) and _exists(api, "image", v1)
 
     report = clean_engine(api, 0, 0, scope=scope)

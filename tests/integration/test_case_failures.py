@@ -125,7 +125,8 @@ def test_container_settings_reach_the_container(case_run):
               "cat /proc/self/cgroup >/dev/null; ls /harness")
     outcome, fields = case_run(["sh", "-c", script], ulimit_map={"stack": 67108864}, shm_size="256m",
                                environment={"BENCH_MODE": "nightly"}, cpu_limit=1.5,
-                               mounts=[{"source": str(Path(__file__).parent), "target": "/harness", "type": "bind", "read_only": True}])
+                               mounts=[{"source": str(Path(__file__).parent), "target": "/harness", "type": "bind",
+                                        "read_only": True}])
     lines = Path(outcome["log_path"]).read_text().split()
     assert lines[0] == str(67108864 // 1024)  # ulimit -s prints KiB
     assert lines[1] == str(256 * 1024)

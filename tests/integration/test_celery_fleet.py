@@ -88,8 +88,8 @@ def test_own_queue_hosts_are_validated_prepared_and_run_on_their_queue(tmp_path,
 
 # -- topology (a): TLS -----------------------------------------------------------------------
 @pytest.mark.integration
-def test_tls_engine_is_reached_only_with_the_connection_certificates(certs, tls_engine, smoke_image, docker_api, data_dir,
-                                                                      sshd, monkeypatch, caplog):
+def test_tls_engine_is_reached_only_with_the_connection_certificates(certs, tls_engine, smoke_image, docker_api,
+                                                                      data_dir, sshd, monkeypatch, caplog):  # noqa: F811
     from fleetbench.airflow import pipeline
     from fleetbench.config import ImageSpec
 
@@ -141,8 +141,8 @@ def test_tls_engine_is_reached_only_with_the_connection_certificates(certs, tls_
 
 @pytest.mark.integration
 @pytest.mark.dagrun
-def test_both_topologies_with_dag_test(airflow_db, data_dir, certs, tls_engine, smoke_image, docker_api, sshd, tmp_path,
-                                       monkeypatch):
+def test_both_topologies_with_dag_test(airflow_db, data_dir, certs, tls_engine, smoke_image, docker_api,
+                                       sshd, tmp_path, monkeypatch):  # noqa: F811
     """The whole DAG in one process (queues are not honoured by dag.test): a TLS engine and an own-queue host."""
     define_ssh_connection(monkeypatch, SSH_CONN)
     monkeypatch.setenv("AIRFLOW_CONN_FB_DOCKER_TLS", tls_connection_json(certs))
@@ -185,7 +185,7 @@ def test_both_topologies_with_dag_test(airflow_db, data_dir, certs, tls_engine, 
 @pytest.mark.integration
 @pytest.mark.scheduler
 def test_celery_workers_run_each_host_on_its_own_queue(tmp_path, pg_url, certs, tls_engine, smoke_image, docker_api,
-                                                       sshd):
+                                                       sshd):  # noqa: F811
     cfg = two_topologies(smoke_image, tls_engine.url, models=("trivial", "lenet"), batch_sizes=(8,), num_batches=10)
     cfg["fleet"]["schedule"] = None  # only the run this test triggers
     config = write_config(tmp_path / "fleet.yaml", cfg)
@@ -210,7 +210,8 @@ def test_celery_workers_run_each_host_on_its_own_queue(tmp_path, pg_url, certs, 
             airflow.api("POST", "/api/v2/connections", {"connection_id": TLS_CONN, "conn_type": conn["conn_type"],
                                                         "extra": json.dumps(conn["extra"])})
             ssh = ssh_connection()  # the TLS host's probes run on it, over SSH
-            airflow.api("POST", "/api/v2/connections", {"connection_id": SSH_CONN, **ssh, "extra": json.dumps(ssh["extra"])})
+            airflow.api("POST", "/api/v2/connections", {"connection_id": SSH_CONN, **ssh,
+                                                        "extra": json.dumps(ssh["extra"])})
             airflow.wait_for_dag("fleet_benchmark")
             airflow.trigger_api("fleet_benchmark", run_id)
             run = airflow.wait_for_run_api("fleet_benchmark", run_id, timeout=600)
@@ -219,7 +220,8 @@ def test_celery_workers_run_each_host_on_its_own_queue(tmp_path, pg_url, certs, 
         assert airflow.stopped() and redis.proc.poll() is not None  # everything shut down
 
         ran = [ti for ti in tis if ti["state"] in ("success", "failed")]
-        on_host = [ti for ti in ran if ti["task_id"].startswith("host_gpu-b.") and ti["task_id"].split(".")[1] in LANE_ON_HOST]
+        on_host = [ti for ti in ran
+                   if ti["task_id"].startswith("host_gpu-b.") and ti["task_id"].split(".")[1] in LANE_ON_HOST]
         assert sorted({ti["task_id"] for ti in on_host}) == sorted(f"host_gpu-b.{s}" for s in LANE_ON_HOST)
         assert {(ti["queue"], ti["hostname"]) for ti in on_host} == {(OWN_QUEUE, "gpu-b")}, on_host
         central = [ti for ti in ran if ti not in on_host]
@@ -236,7 +238,8 @@ def test_celery_workers_run_each_host_on_its_own_queue(tmp_path, pg_url, certs, 
         engine.dispose()
         digest = docker_api.inspect_distribution(smoke_image)["Descriptor"]["digest"]
         assert sorted((r["host"], r["model"], r["status"]) for r in rows) == [
-            ("central-tls", "lenet", "ok"), ("central-tls", "trivial", "ok"), ("gpu-b", "lenet", "ok"), ("gpu-b", "trivial", "ok")]
+            ("central-tls", "lenet", "ok"), ("central-tls", "trivial", "ok"), ("gpu-b", "lenet", "ok"),
+            ("gpu-b", "trivial", "ok")]
         assert all(r["images_per_sec"] > 0 and r["image_digest"] == digest for r in rows), rows
         assert containers_of(docker_api, run_id) == []
     finally:

@@ -40,14 +40,17 @@ def test_smoke_fleet_stores_one_ok_row_per_case(airflow_db, data_dir, smoke_imag
 
     with engine.connect() as conn:
         steps = conn.execute(text("select count(*) from steps where run_id = :r"), {"r": dag_run.run_id}).scalar()
-        facts = conn.execute(text("select verdict, docker_version from host_facts where run_id = :r"), {"r": dag_run.run_id}).all()
-        run = conn.execute(text("select cases_total, cases_ok from runs where run_id = :r"), {"r": dag_run.run_id}).one()
+        facts = conn.execute(text("select verdict, docker_version from host_facts where run_id = :r"),
+                             {"r": dag_run.run_id}).all()
+        run = conn.execute(text("select cases_total, cases_ok from runs where run_id = :r"),
+                           {"r": dag_run.run_id}).one()
     assert steps == sum(r["step_count"] for r in rows)
     assert facts[0][0] == "ready" and facts[0][1]
     assert tuple(run) == (4, 4)
 
 
-def test_case_failures_are_rows_and_unfit_hosts_are_skipped(airflow_db, data_dir, smoke_image, docker_api, tmp_path, monkeypatch):
+def test_case_failures_are_rows_and_unfit_hosts_are_skipped(airflow_db, data_dir, smoke_image, docker_api, tmp_path,
+                                                            monkeypatch):
     """A harness that exits non-zero is a classified row; a host whose engine is gone is skipped; the run goes on."""
     cfg = smoke_config(smoke_image, models=("trivial",), batch_sizes=(8,),
                        hosts=[{"name": "localhost", "connection": "local"},

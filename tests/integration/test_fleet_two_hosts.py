@@ -36,8 +36,8 @@ def results_and_host_facts(run_id: str) -> tuple[dict, dict]:
     return rows, facts
 
 
-def test_unreachable_ssh_host_is_skipped_and_the_local_host_runs(airflow_db, data_dir, smoke_image, docker_api, sshd,
-                                                                 tmp_path, monkeypatch):
+def test_unreachable_ssh_host_is_skipped_and_the_local_host_runs(airflow_db, data_dir, smoke_image, docker_api,
+                                                                 sshd, tmp_path, monkeypatch):  # noqa: F811
     conn_id = define_ssh_connection(monkeypatch, "fleet_ssh_down", port=closed_port())
     cfg = smoke_config(smoke_image, models=("trivial",), batch_sizes=(8,), hosts=[
         {"name": "localhost", "connection": "local"},
@@ -61,7 +61,7 @@ def test_unreachable_ssh_host_is_skipped_and_the_local_host_runs(airflow_db, dat
 
 
 def test_ssh_host_runs_its_cases_while_the_unfit_local_host_is_skipped(airflow_db, data_dir, smoke_image, docker_api,
-                                                                      sshd, tmp_path, monkeypatch):
+                                                                      sshd, tmp_path, monkeypatch):  # noqa: F811
     conn_id = define_ssh_connection(monkeypatch, "fleet_ssh")
     cfg = smoke_config(smoke_image, models=("trivial",), batch_sizes=(8, 16), hosts=[
         {"name": "localhost", "connection": "local", "docker_url": "unix:///nonexistent/docker.sock"},

@@ -26,7 +26,8 @@ VENV_BIN = Path(sys.executable).parent
 SSHD_DIR = Path("/var/lib/fleetbench/sshd")
 SSHD_PORT = 2222
 GPU_SMOKE_IMAGE = "fleetbench/base:bookworm"
-CONTRACT_FACTS = {"kernel", "driver_version", "cuda_driver_version", "gpus", "docker_version", "nvidia_runtime", "default_runtime"}
+CONTRACT_FACTS = {"kernel", "driver_version", "cuda_driver_version", "gpus", "docker_version", "nvidia_runtime",
+                  "default_runtime"}
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hosts"
 
 
@@ -67,7 +68,8 @@ def ssh_conn(sshd, monkeypatch, tmp_path):
 
 
 def fleetbench(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(VENV_BIN / "fleetbench"), *args], capture_output=True, text=True, timeout=120, env=os.environ.copy())
+    return subprocess.run([str(VENV_BIN / "fleetbench"), *args], capture_output=True, text=True, timeout=120,
+                          env=os.environ.copy())
 
 
 def ssh_gather(conn_id: str, folder: Path, **kwargs) -> float:
@@ -112,7 +114,8 @@ def test_local_host_is_unfit_for_gpu_cases_and_the_smoke_container_fails_for_rea
     assert checks["gpu_smoke"]["status"] == "fail"
     assert 'could not select device driver "" with capabilities: [[gpu]]' in checks["gpu_smoke"]["detail"]
     assert 'could not select device driver "" with capabilities: [[gpu]]' in (saved / "gpu-smoke.txt").read_text()
-    smoke = next(p for p in json.loads((saved / "probes.json").read_text())["probes"] if p["filename"] == "gpu-smoke.txt")
+    smoke = next(p for p in json.loads((saved / "probes.json").read_text())["probes"]
+                 if p["filename"] == "gpu-smoke.txt")
     assert smoke["exit_code"] == 125 and "--gpus" in smoke["command"] and GPU_SMOKE_IMAGE in smoke["command"]
     assert docker_api.containers(all=True, filters={"label": GPU_SMOKE_LABEL}) == []
     # the saved folder is evaluated offline to the same answer
@@ -124,7 +127,8 @@ def test_a_docker_engine_that_is_gone_is_named(tmp_path):
     gather(LocalRunner(env={**os.environ, "DOCKER_HOST": "unix:///nonexistent/docker.sock"}), tmp_path)
     checks = {c.name: c for c in evaluate(facts_from_dir(tmp_path), HostNeeds())}
     assert checks["docker"].status == "fail"
-    assert checks["docker"].detail.startswith("Docker engine not reachable: docker-info.json: Cannot connect to the Docker daemon")
+    assert checks["docker"].detail.startswith(
+        "Docker engine not reachable: docker-info.json: Cannot connect to the Docker daemon")
 
 
 def test_a_probe_that_hangs_is_cut_off_and_its_fact_is_unknown(tmp_path):
@@ -134,10 +138,11 @@ def test_a_probe_that_hangs_is_cut_off_and_its_fact_is_unknown(tmp_path):
     assert facts_from_dir(tmp_path).unknown["kernel"] == "uname-r.txt: timed out after 0.5 s"
 
 
-def test_pipeline_validates_a_gpu_host_here_as_unfit_with_the_real_smoke_container(data_dir, smoke_image, docker_api, tmp_path):
-    """validate_host as the DAG calls it, on a plan from a config: GPU cases -> smoke container with the case's image."""
+def test_pipeline_validates_a_gpu_host_here_as_unfit_with_the_real_smoke_container(data_dir, smoke_image, docker_api,
+                                                                                    tmp_path):
+    """validate_host as the DAG calls it, on a plan from a config: GPU cases -> smoke container with the case's
+    image."""
     from fleet_configs import smoke_config, write_config
-
     from fleetbench.airflow.pipeline import make_plan, validate_host
 
     cfg = smoke_config(smoke_image, models=("trivial",), batch_sizes=(8,), device="gpu", num_gpus=[1])
@@ -154,7 +159,8 @@ def test_pipeline_validates_a_gpu_host_here_as_unfit_with_the_real_smoke_contain
     assert checks["gpu_smoke"]["status"] == "fail" and "[[gpu]]" in checks["gpu_smoke"]["detail"]
     assert checks["driver_cuda"]["detail"] == "driver version unknown; CUDA 12.1 needs >= 530.30.02"
     folder = Path(result["facts_dir"])
-    smoke = next(p for p in json.loads((folder / "probes.json").read_text())["probes"] if p["filename"] == "gpu-smoke.txt")
+    smoke = next(p for p in json.loads((folder / "probes.json").read_text())["probes"]
+                 if p["filename"] == "gpu-smoke.txt")
     assert smoke_image in smoke["command"]
     assert docker_api.containers(all=True, filters={"label": GPU_SMOKE_LABEL}) == []
 
@@ -182,8 +188,10 @@ def test_ssh_gives_the_same_facts_as_local(ssh_conn, tmp_path):
     assert remote.kernel == os.uname().release and remote.docker_version
     assert (remote.driver_state, remote.gpu_smoke) == (local.driver_state, local.gpu_smoke) == ("not_installed", "fail")
     assert remote.runner == "ssh:fleet_ssh" and remote.unreachable is None
-    assert sorted(p.name for p in (tmp_path / "ssh").iterdir()) == sorted(p.name for p in (tmp_path / "local").iterdir())
-    assert "nvidia-smi: command not found" in (tmp_path / "ssh" / "nvidia-smi.txt").read_text()  # the remote shell said it
+    assert (sorted(p.name for p in (tmp_path / "ssh").iterdir())
+            == sorted(p.name for p in (tmp_path / "local").iterdir()))
+    # the remote shell said it
+    assert "nvidia-smi: command not found" in (tmp_path / "ssh" / "nvidia-smi.txt").read_text()
     checks = evaluate(remote, HostNeeds(gpus=0))
     assert verdict(checks) == "ready" and checks[0].detail == "probes ran (ssh:fleet_ssh)"
     assert seconds < 30
@@ -271,7 +279,8 @@ def test_an_undefined_connection_is_unfit_not_a_crash(tmp_path):
 
 # -- the CLI contract ------------------------------------------------------------------------------------
 def test_cli_facts_folder_contract():
-    proc = fleetbench("host-check", "--facts", str(FIXTURES / "h100-590-cuda13.1"), "--image-cuda", "13.0", "--gpus", "1")
+    proc = fleetbench("host-check", "--facts", str(FIXTURES / "h100-590-cuda13.1"), "--image-cuda", "13.0",
+                      "--gpus", "1")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert set(result) == {"verdict", "facts", "checks"} and set(result["facts"]) == CONTRACT_FACTS

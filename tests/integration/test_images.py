@@ -76,7 +76,8 @@ def delete_manifest(repository: str, digest: str, auth: tuple[str, str] | None =
 
 def registry_digest(repository: str, tag: str, auth: tuple[str, str] | None = None) -> str | None:
     registry, _, repo = repository.partition("/")
-    r = requests.head(f"http://{registry}/v2/{repo}/manifests/{tag}", headers={"Accept": MANIFEST_V2}, auth=auth, timeout=10)
+    r = requests.head(f"http://{registry}/v2/{repo}/manifests/{tag}", headers={"Accept": MANIFEST_V2}, auth=auth,
+                      timeout=10)
     return r.headers.get("Docker-Content-Digest") if r.status_code == 200 else None
 
 
@@ -134,7 +135,8 @@ def auth_registry() -> tuple[str, str]:
     except (OSError, ValueError, requests.RequestException) as exc:
         ok, user, password = False, "", str(exc)
     if not ok:
-        pytest.fail(f"no registry with auth on {AUTH_REGISTRY} ({password}); run `make test` or scripts/ensure-registry-auth.sh")
+        pytest.fail(f"no registry with auth on {AUTH_REGISTRY} ({password}); "
+                    "run `make test` or scripts/ensure-registry-auth.sh")
     return user, password
 
 
@@ -143,7 +145,8 @@ def test_pull_by_tag_and_by_digest_pin_the_registry_digest(docker_api, pushed, c
     caplog.set_level(logging.INFO, logger="fleetbench.images")
     by_tag = prepare_image(docker_api, "smoke", pushed.ref, "always")
     assert by_tag.ok and by_tag.pulled, by_tag.error
-    assert (by_tag.digest, by_tag.pinned_ref, by_tag.image_id) == (pushed.digest, f"{pushed.repository}@{pushed.digest}", pushed.image_id)
+    assert ((by_tag.digest, by_tag.pinned_ref, by_tag.image_id)
+            == (pushed.digest, f"{pushed.repository}@{pushed.digest}", pushed.image_id))
     assert f"pull {pushed.ref}: Digest: {pushed.digest}" in caplog.text
     assert "layer(s)" in caplog.text and "MB downloaded" in caplog.text
 
@@ -151,7 +154,8 @@ def test_pull_by_tag_and_by_digest_pin_the_registry_digest(docker_api, pushed, c
     forget_local(docker_api, pushed.ref, by_digest_ref)
     by_digest = prepare_image(docker_api, "smoke", by_digest_ref, "if-missing")
     assert by_digest.ok and by_digest.pulled
-    assert (by_digest.digest, by_digest.pinned_ref, by_digest.image_id) == (pushed.digest, by_digest_ref, pushed.image_id)
+    assert ((by_digest.digest, by_digest.pinned_ref, by_digest.image_id)
+            == (pushed.digest, by_digest_ref, pushed.image_id))
 
     again = prepare_image(docker_api, "smoke", by_digest_ref, "if-missing")
     assert again.ok and not again.pulled and again.pinned_ref == by_digest_ref
@@ -242,7 +246,8 @@ def test_pipeline_takes_credentials_from_an_airflow_connection(docker_api, pushe
 
     def host(conn_id):
         spec = ImageSpec(name="smoke", ref=ref, command=["true"], credentials_conn_id=conn_id)
-        return {"name": "localhost", "docker_url": "unix:///var/run/docker.sock", "images": [spec.model_dump(mode="json")]}
+        return {"name": "localhost", "docker_url": "unix:///var/run/docker.sock",
+                "images": [spec.model_dump(mode="json")]}
 
     good = prepare_host_images(host("fb_test_registry"), validation)["images"]["smoke"]
     assert good["failure_class"] is None and good["pinned_ref"] == f"{ref.rsplit(':', 1)[0]}@{digest}"

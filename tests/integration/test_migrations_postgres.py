@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from warehouse_contract import (check_failed_migration_rolls_back, check_migrate_empty_database,
-                                check_migrate_from_previous_revision)
+from warehouse_contract import (
+    check_failed_migration_rolls_back,
+    check_migrate_empty_database,
+    check_migrate_from_previous_revision,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -101,26 +101,30 @@ def finding(severity: str = "major", metric: str = "images_per_sec", **extra) ->
     return {"dag_id": "fleet_benchmark", "run_id": "scheduled__2026-12-08T02:00:00+00:00", "host": "gpu-01",
             "case_key": "cnn.resnet50.bs64.g1", "metric": metric, "direction": "higher", "baseline_value": 1000.0,
             "value": 800.0, "delta_pct": -20.0, "z_score": -12.5, "p_value": 0.0004, "baseline_n": 7,
-            "baseline_window": ["r6", "r5"], "changes": {"driver_version": {"before": "535.104.05", "after": "550.54.14"}},
+            "baseline_window": ["r6", "r5"],
+            "changes": {"driver_version": {"before": "535.104.05", "after": "550.54.14"}},
             "severity": severity, "detected_at": "2026-12-08T02:30:00+00:00", **extra}
 
 
-RUN = {"dag_id": "fleet_benchmark", "run_id": "scheduled__2026-12-08T02:00:00+00:00", "logical_date": "2026-12-08T02:00:00+00:00"}
+RUN = {"dag_id": "fleet_benchmark", "run_id": "scheduled__2026-12-08T02:00:00+00:00",
+       "logical_date": "2026-12-08T02:00:00+00:00"}
 
 
 # -- notify ---------------------------------------------------------------------------------------
 def test_findings_are_mailed_through_the_airflow_connection(smtp_sink, caplog):
     caplog.set_level("INFO", logger="fleetbench.notify")
-    findings = [finding(), finding("minor", "duration_s", direction="lower", baseline_value=60.0, value=63.0, delta_pct=5.0,
-                                   z_score=4.1, p_value=None, host="gpu-<02>")]
+    findings = [finding(), finding("minor", "duration_s", direction="lower", baseline_value=60.0, value=63.0,
+                                   delta_pct=5.0, z_score=4.1, p_value=None, host="gpu-<02>")]
     out = notify(findings, NotifySettings(smtp_conn_id=CONN_ID, to=TO), RUN)
     assert out == {"logged": 2, "mailed": 2, "to": TO}
     [message] = smtp_sink.messages
     assert message["from"] == "fleetbench@example.org" and message["to"] == TO
     msg, body = html_of(message)
-    assert msg["Subject"] == "[fleetbench] 2 regression(s) (1 major) in fleet_benchmark run scheduled__2026-12-08T02:00:00+00:00"
+    assert msg["Subject"] == ("[fleetbench] 2 regression(s) (1 major) in fleet_benchmark run "
+                              "scheduled__2026-12-08T02:00:00+00:00")
     assert msg["To"] == ", ".join(TO)
-    assert "<td>gpu-01</td><td>cnn.resnet50.bs64.g1</td><td>images_per_sec</td><td>1000</td><td>800</td><td>-20.0</td>" in body
+    assert ("<td>gpu-01</td><td>cnn.resnet50.bs64.g1</td><td>images_per_sec</td><td>1000</td><td>800</td>"
+            "<td>-20.0</td>" in body)
     assert "driver_version: 535.104.05 -&gt; 550.54.14" in body
     assert "gpu-&lt;02&gt;" in body and "gpu-<02>" not in body  # values are escaped
     # Logged as well, one line per finding.
@@ -177,23 +181,24 @@ def seed_history(engine, host: str, case_key: str, digest: str, nights: int = 7,
 def test_the_compare_step_stores_logs_and_mails(smtp_sink, data_dir, tmp_path, caplog):
     """pipeline.detect_regressions with a fleet config that sets fleet.notify: rows, summary and one mail."""
     from fleetbench.airflow.pipeline import detect_regressions, make_plan
-    from regression_rows import fetch_regressions
     from fleetbench.warehouse import get_engine, store_run, upgrade
+    from regression_rows import fetch_regressions
 
     cfg = smoke_config("127.0.0.1:5000/fleetbench/cpu-smoke:latest", models=("trivial",), batch_sizes=(8,))
     cfg["fleet"]["notify"] = {"smtp_conn_id": CONN_ID, "to": TO, "min_severity": "major"}
     cfg["fleet"]["regressions"] = {"window": 5}
     now = datetime.now(timezone.utc).replace(microsecond=0)
-    plan = make_plan({"dag_id": "fleet_benchmark", "run_id": f"manual__{now.isoformat()}", "logical_date": now.isoformat(),
-                      "run_type": "manual"}, config_path=str(write_config(tmp_path / "fleet.yaml", cfg)))
+    plan = make_plan({"dag_id": "fleet_benchmark", "run_id": f"manual__{now.isoformat()}",
+                      "logical_date": now.isoformat(), "run_type": "manual"},
+                     config_path=str(write_config(tmp_path / "fleet.yaml", cfg)))
     case_key = plan["cases"][0]["case_key"]
     digest = "sha256:" + "c" * 64
     engine = get_engine()
     upgrade(engine)
     window = seed_history(engine, "localhost", case_key, digest)
     run_id = plan["run"]["run_id"]
-    row = result_row(case_key, run_id=run_id, host="localhost", ips=7e6, logical_date=now.isoformat(), image_digest=digest,
-                     duration_s=0.01, cost_usd=None)
+    row = result_row(case_key, run_id=run_id, host="localhost", ips=7e6, logical_date=now.isoformat(),
+                     image_digest=digest, duration_s=0.01, cost_usd=None)
     store_run(engine, {**run_row(run_id), "logical_date": now.isoformat()}, [], [row],
               step_rows(case_key, 5, run_id=run_id, host="localhost", base=7e6))
 
@@ -216,8 +221,8 @@ def test_fleet_benchmark_run_against_a_seeded_history_finds_and_mails_the_regres
     """The real DAG: the smoke case runs, store writes it, compare finds it far slower than the seeded nights."""
     from fleetbench.config import parse_config
     from fleetbench.plan import expand_cases
-    from regression_rows import fetch_regressions
     from fleetbench.warehouse import fetch_results, get_engine, upgrade
+    from regression_rows import fetch_regressions
 
     cfg = smoke_config(smoke_image, models=("trivial",), batch_sizes=(8,))
     cfg["fleet"]["notify"] = {"smtp_conn_id": CONN_ID, "to": TO}

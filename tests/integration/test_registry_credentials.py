@@ -14,10 +14,10 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from test_images import REGISTRY, delete_manifest, push_as, remove_images, unique_image
 
 from fleet_configs import run_fleet_dag, smoke_config, write_config
 from fleetbench.config import ImageSpec
-from test_images import REGISTRY, push_as, delete_manifest, remove_images, unique_image
 
 pytestmark = pytest.mark.integration
 
@@ -69,7 +69,8 @@ def password(monkeypatch) -> str:
     """A connection `fb_cred` for the fleet's registry 127.0.0.1:5000 (login svc, a fresh password)."""
     secret = uuid.uuid4().hex
     monkeypatch.setenv("AIRFLOW_CONN_FB_CRED",
-                       f'{{"conn_type": "docker", "host": "127.0.0.1", "port": 5000, "login": "{LOGIN}", "password": "{secret}"}}')
+                       f'{{"conn_type": "docker", "host": "127.0.0.1", "port": 5000, "login": "{LOGIN}", '
+                       f'"password": "{secret}"}}')
     return secret
 
 
@@ -93,7 +94,8 @@ def test_the_engine_sends_no_credentials_to_another_registry(docker_api, recorde
     # Positive control: credentials whose connection names the recorder do reach it.
     host, port = recorder.address.split(":")
     monkeypatch.setenv("AIRFLOW_CONN_FB_REC",
-                       f'{{"conn_type": "docker", "host": "{host}", "port": {port}, "login": "{LOGIN}", "password": "{password}"}}')
+                       f'{{"conn_type": "docker", "host": "{host}", "port": {port}, "login": "{LOGIN}", '
+                       f'"password": "{password}"}}')
     prepare(f"{recorder.address}/evil/x:1", "fb_rec")
     assert basic(password) in recorder.authorizations
     assert password not in caplog.text
@@ -115,7 +117,8 @@ def test_a_manual_run_cannot_send_the_fleet_credentials_elsewhere(
     from fleetbench.warehouse import fetch_results, get_engine
 
     evil = {"image": f"{recorder.address}/evil/x:1"}
-    refused = run_fleet_dag(monkeypatch, write_config(tmp_path / "default.yaml", fleet_with_credentials(smoke_image)), evil)
+    refused = run_fleet_dag(monkeypatch, write_config(tmp_path / "default.yaml", fleet_with_credentials(smoke_image)),
+                            evil)
     assert refused.state == "failed"
     assert recorder.requests == []
 
@@ -123,11 +126,13 @@ def test_a_manual_run_cannot_send_the_fleet_credentials_elsewhere(
     anonymous = run_fleet_dag(monkeypatch, write_config(tmp_path / "any.yaml", cfg), evil)
     assert recorder.requests and recorder.authorizations == []
     rows = fetch_results(get_engine(), run_id=anonymous.run_id)
-    assert [(r["status"], r["failure_class"], r["image_ref"]) for r in rows] == [("failed", "registry_auth", evil["image"])]
+    assert ([(r["status"], r["failure_class"], r["image_ref"]) for r in rows]
+            == [("failed", "registry_auth", evil["image"])])
 
 
 @pytest.mark.dagrun
-def test_an_overridden_image_is_never_baked_or_pushed(airflow_db, data_dir, docker_api, smoke_image, tmp_path, monkeypatch):
+def test_an_overridden_image_is_never_baked_or_pushed(airflow_db, data_dir, docker_api, smoke_image, tmp_path,
+                                                      monkeypatch):
     """Another tag of the configured repository (allowed by default) runs as it is: the configured bake
     (a setup step, then a push to the fleet registry) is not applied to it, so nothing is committed or pushed."""
     import requests
@@ -144,7 +149,8 @@ def test_an_overridden_image_is_never_baked_or_pushed(airflow_db, data_dir, dock
         cfg["benchmarks"][0]["image"] = name
         run = run_fleet_dag(monkeypatch, write_config(tmp_path / "fleet.yaml", cfg), {"image": f"{repository}:{uid}"})
         rows = fetch_results(get_engine(), run_id=run.run_id)
-        assert [(r["status"], r["image_ref"], r["image_digest"]) for r in rows] == [("ok", f"{repository}:{uid}", digest)]
+        assert ([(r["status"], r["image_ref"], r["image_digest"]) for r in rows]
+                == [("ok", f"{repository}:{uid}", digest)])
         assert docker_api.images(filters={"label": f"org.fleetbench.image={name}"}) == []
         tags = requests.get(f"http://{REGISTRY}/v2/fleetbench/{name}/tags/list", timeout=5)
         assert tags.status_code == 404 or not tags.json().get("tags"), tags.text

@@ -41,7 +41,8 @@ def result(n: int, host: str, case: str, ips: float, duration: float, **extra) -
 
 
 def store_night(engine, n: int, h1a_ips: float | None = None) -> None:
-    """Night n (0..7). Night 7: h1 runs driver NEW, h1/a is 20 % slower (or `h1a_ips`), h2/a 15 % faster, h2/b a new image."""
+    """Night n (0..7). Night 7: h1 runs driver NEW, h1/a is 20 % slower (or `h1a_ips`), h2/a 15 % faster, h2/b a
+    new image."""
     w = 1 + NOISE[n] / 100
     last = n == 7
     rows = []
@@ -158,9 +159,11 @@ def test_compare_report_before_and_after_the_driver_upgrade(warehouse, capsys, m
     monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", url)
     assert main(["compare", "--before", OLD, "--after", NEW, "--host", "h1"]) == 0
     out = capsys.readouterr().out
-    assert "before img/s (n)" in out and "regression (major)" in out and "3 case(s): 1 regression(s), 0 improvement(s)" in out
+    assert ("before img/s (n)" in out and "regression (major)" in out
+            and "3 case(s): 1 regression(s), 0 improvement(s)" in out)
     assert main(["compare", "--before", OLD, "--after", NEW, "--format", "json"]) == 0
-    assert {(r["host"], r["case_key"], r["verdict"]) for r in json.loads(capsys.readouterr().out)} >= {("h1", "a", "regression")}
+    assert ({(r["host"], r["case_key"], r["verdict"]) for r in json.loads(capsys.readouterr().out)}
+            >= {("h1", "a", "regression")})
     for before, after, message in (("999.1", NEW, "no ok results with driver version '999.1'"),
                                    ("2026-02-30", NEW, "--before/--after: '2026-02-30' is not a date")):
         assert main(["compare", "--before", before, "--after", after]) == 2

@@ -82,7 +82,6 @@ def cells(seen: dict, table: str, key: str, value: str) -> dict:
 def pg_warehouse(pg_url):
 
     from fleetbench.warehouse import get_engine
-
     from pg_databases import fresh_database
 
     with fresh_database(pg_url, prefix="fb_report") as url:
@@ -138,7 +137,8 @@ class ApiServer:
             "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
             "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
+            "AIRFLOW__CORE__AUTH_MANAGER":
+                "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": USERS,
             "AIRFLOW__CORE__MULTI_TEAM": "True",
             "AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST": json.dumps([
@@ -226,7 +226,8 @@ def test_airflow_loads_the_plugin(airflow_ui):
     assert status == 200
     listed = next(p for p in json.loads(body)["plugins"] if p["name"] == "fleetbench")
     assert listed["fastapi_apps"][0]["url_prefix"] == "/fleetbench"
-    assert listed["external_views"][0]["href"] == "/fleetbench/" and listed["external_views"][0]["url_route"] == "fleetbench"
+    assert (listed["external_views"][0]["href"] == "/fleetbench/"
+            and listed["external_views"][0]["url_route"] == "fleetbench")
 
 
 def test_view_needs_an_airflow_user(airflow_ui):
@@ -352,10 +353,9 @@ def test_fleet_dag_writes_the_report_and_updates_the_asset(browser, airflow_db, 
     report = data_dir / "reports" / "report.html"
     assert report.is_file() and (data_dir / "reports" / "report.json").is_file()
 
-    from sqlalchemy import select
-
     from airflow.models.asset import AssetEvent, AssetModel
     from airflow.utils.session import create_session
+    from sqlalchemy import select
 
     with create_session() as session:
         events = session.execute(select(AssetEvent.extra, AssetEvent.source_run_id, AssetEvent.source_task_id)
@@ -369,7 +369,8 @@ def test_fleet_dag_writes_the_report_and_updates_the_asset(browser, airflow_db, 
     from fleetbench.warehouse import fetch_results, get_engine
 
     rows = {(r["host"], r["case_key"]): r["images_per_sec"] for r in fetch_results(get_engine(), run_id=dag_run.run_id)}
-    seen = open_page(report.as_uri(), "report-after-dag-run.png", "--wait", "table#throughput-table", "--wait", "svg.plot")
+    seen = open_page(report.as_uri(), "report-after-dag-run.png", "--wait", "table#throughput-table", "--wait",
+                     "svg.plot")
     assert seen["state"] == "ok" and any("Only one run so far" in n for n in seen["notes"])
     assert {(r["host"]["text"], r["case_key"]["text"]): r["latest"]["value"]
             for r in seen["tables"]["throughput-table"]["rows"]} == rows

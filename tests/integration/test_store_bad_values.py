@@ -38,21 +38,25 @@ def harness_log() -> str:
 
 TELEMETRY = {
     "smoke.trivial.bs8.g0.parameter_server": MARKER + '{"nvml": true, "energy_source": "measured", "energy_j": "lots", '
-                                                      '"mean_power_w": NaN, "gpus": [{"index": 0, "mean_util_pct": 1e400}]}',
+                                                      '"mean_power_w": NaN, '
+                                                      '"gpus": [{"index": 0, "mean_util_pct": 1e400}]}',
     "smoke.trivial.bs16.g0.parameter_server": MARKER + "[1, 2]",
-    "smoke.lenet.bs8.g0.parameter_server": MARKER + '{"nvml": true, "gpus": [1], "energy_j": 5.0, "energy_source": "measured"}',
+    "smoke.lenet.bs8.g0.parameter_server": MARKER + '{"nvml": true, "gpus": [1], "energy_j": 5.0, '
+                                                    '"energy_source": "measured"}',
 }
 
 
 def test_a_night_of_bad_values_is_stored_whole(pg_database, harness_log, tmp_path, monkeypatch, smoke_image):
+    from sqlalchemy import select
+
     from fleetbench.airflow.pipeline import collect, make_plan, store
     from fleetbench.warehouse import fetch_results, get_engine
     from fleetbench.warehouse.schema import host_facts
-    from sqlalchemy import select
 
     monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", pg_database)
     monkeypatch.setenv("FLEETBENCH_DATA_DIR", str(tmp_path / "data"))
-    cfg = write_config(tmp_path / "fleet.yaml", smoke_config(smoke_image, models=("trivial", "lenet"), batch_sizes=(8, 16)))
+    cfg = write_config(tmp_path / "fleet.yaml",
+                       smoke_config(smoke_image, models=("trivial", "lenet"), batch_sizes=(8, 16)))
     plan = make_plan({"dag_id": "fleet_benchmark", "run_id": "bad-values", "logical_date": "2026-12-01T02:00:00+00:00",
                       "run_type": "manual"}, str(cfg))
     keys = [c["case_key"] for c in plan["cases"]]

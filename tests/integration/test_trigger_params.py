@@ -16,11 +16,13 @@ def test_subset_run_stores_only_the_chosen_cases(airflow_db, data_dir, smoke_ima
     from fleetbench.warehouse import fetch_results, get_engine
 
     rows = fetch_results(get_engine(), run_id=dag_run.run_id)
-    assert [(r["model"], r["batch_size_per_device"], r["num_batches"], r["status"]) for r in rows] == [("lenet", 4, 3, "ok")]
+    assert ([(r["model"], r["batch_size_per_device"], r["num_batches"], r["status"]) for r in rows]
+            == [("lenet", 4, 3, "ok")])
     assert containers_of(docker_api, dag_run.run_id) == []
 
 
-def test_dry_run_plans_and_validates_but_runs_and_stores_nothing(airflow_db, data_dir, smoke_image, docker_api, tmp_path, monkeypatch):
+def test_dry_run_plans_and_validates_but_runs_and_stores_nothing(airflow_db, data_dir, smoke_image, docker_api,
+                                                                 tmp_path, monkeypatch):
     config = write_config(tmp_path / "fleet.yaml", smoke_config(smoke_image))
     dag_run = run_fleet_dag(monkeypatch, config, run_conf={"dry_run": True})
     assert dag_run.state == "success"
@@ -39,7 +41,8 @@ def test_dry_run_plans_and_validates_but_runs_and_stores_nothing(airflow_db, dat
     ({"hosts": ["gpu-99"]}, "gpu-99"),
     ({"batch_sizes": [-1]}, "-1"),
 ])
-def test_invalid_trigger_is_refused_before_anything_runs(airflow_db, data_dir, smoke_image, tmp_path, monkeypatch, conf, needle):
+def test_invalid_trigger_is_refused_before_anything_runs(airflow_db, data_dir, smoke_image, tmp_path, monkeypatch,
+                                                         conf, needle):
     from airflow.sdk.exceptions import ParamValidationError
 
     config = write_config(tmp_path / "fleet.yaml", smoke_config(smoke_image))

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from warehouse_contract import (check_capacity_features, check_concurrent_writers, check_failed_write_leaves_nothing,
-                                check_regressions_table, check_rerun_with_fewer_cases_leaves_no_stale_rows,
-                                check_store_and_rerun_replaces)
+from warehouse_contract import (
+    check_capacity_features,
+    check_concurrent_writers,
+    check_failed_write_leaves_nothing,
+    check_regressions_table,
+    check_rerun_with_fewer_cases_leaves_no_stale_rows,
+    check_store_and_rerun_replaces,
+)
 
 pytestmark = pytest.mark.integration
 

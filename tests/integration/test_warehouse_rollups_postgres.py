@@ -10,11 +10,18 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 
-from test_warehouse_rollups import (check_driver_changes_back_and_forth, check_failed_write_leaves_rollups_alone,  # noqa: E402
-                                    check_fleet_throughput, check_migration_backfills_rollups,
-                                    check_report_windows_across_months, check_rerun_moving_a_run_to_another_month,
-                                    check_rollups_match_results, check_store_rerun_and_upsert_keep_rollups_equal,
-                                    nightly, run_of)
+from test_warehouse_rollups import (  # noqa: E402
+    check_driver_changes_back_and_forth,
+    check_failed_write_leaves_rollups_alone,
+    check_fleet_throughput,
+    check_migration_backfills_rollups,
+    check_report_windows_across_months,
+    check_rerun_moving_a_run_to_another_month,
+    check_rollups_match_results,
+    check_store_rerun_and_upsert_keep_rollups_equal,
+    nightly,
+    run_of,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -29,8 +29,10 @@ def warehouse(tmp_path) -> str:
     url = f"sqlite:///{tmp_path}/w.db"
     engine = get_engine(url)
     upgrade(engine)
-    store_run(engine, run_row("r1"), [], [result_row("a", run_id="r1", ips=101.5), result_row("b", run_id="r1", status="failed", ips=None)])
-    store_run(engine, {**run_row("r2"), "finished_at": "2026-12-02T02:10:00+00:00"}, [], [result_row("a", run_id="r2", ips=99.0)])
+    store_run(engine, run_row("r1"), [], [result_row("a", run_id="r1", ips=101.5),
+                                          result_row("b", run_id="r1", status="failed", ips=None)])
+    store_run(engine, {**run_row("r2"), "finished_at": "2026-12-02T02:10:00+00:00"}, [],
+              [result_row("a", run_id="r2", ips=99.0)])
     engine.dispose()
     return url
 
@@ -40,15 +42,18 @@ def test_table_shows_the_latest_run(warehouse):
     assert proc.returncode == 0
     lines = proc.stdout.splitlines()
     assert lines[0] == "run r2"
-    assert lines[1].split() == ["host", "model", "batch", "GPUs", "status", "images/sec", "duration", "s", "image", "digest"]
+    assert lines[1].split() == ["host", "model", "batch", "GPUs", "status", "images/sec", "duration", "s", "image",
+                                "digest"]
     assert "99.00" in lines[3] and lines[-1] == "1 case(s): 1 ok, 0 failed, 0 skipped"
 
 
 def test_json_and_csv_of_a_run(warehouse):
     rows = json.loads(cli("results", "--format", "json", "--run-id", "r1", url=warehouse).stdout)
-    assert [(r["case_key"], r["status"], r["images_per_sec"]) for r in rows] == [("a", "ok", 101.5), ("b", "failed", None)]
+    assert ([(r["case_key"], r["status"], r["images_per_sec"]) for r in rows]
+            == [("a", "ok", 101.5), ("b", "failed", None)])
     assert {"run_id", "logical_date", "host", "case_key", "model", "batch_size_per_device", "num_gpus", "image_ref",
-            "image_digest", "status", "failure_class", "images_per_sec", "started_at", "finished_at", "duration_s"} <= set(rows[0])
+            "image_digest", "status", "failure_class", "images_per_sec", "started_at", "finished_at",
+            "duration_s"} <= set(rows[0])
     table = list(csv.DictReader(io.StringIO(cli("results", "--format", "csv", "--all", url=warehouse).stdout)))
     assert len(table) == 3
 
@@ -74,7 +79,8 @@ def test_bad_warehouse_urls_are_one_line_without_the_password(url, message):
 
 
 def test_csv_quotes_text_that_a_spreadsheet_would_run_as_a_formula(tmp_path):
-    """A failure detail comes from a container's log: text such as `=HYPERLINK(...)` must reach a spreadsheet as text."""
+    """A failure detail comes from a container's log: text such as `=HYPERLINK(...)` must reach a spreadsheet as
+    text."""
     url = f"sqlite:///{tmp_path}/w.db"
     engine = get_engine(url)
     upgrade(engine)

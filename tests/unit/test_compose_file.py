@@ -28,7 +28,8 @@ LONG_RUNNING = {"postgres", "redis"} | AIRFLOW_SERVICES - {"airflow-init"}
 # Secrets every machine needs (compose requires them), and those of the central machine only.
 FLEET_SECRETS = ("REDIS_PASSWORD", "CELERY_RESULTS_PASSWORD")
 CENTRAL_SECRETS = ("AIRFLOW__API_AUTH__JWT_SECRET", "AIRFLOW__CORE__FERNET_KEY", "POSTGRES_PASSWORD",
-                   "FLEETBENCH_WAREHOUSE_PASSWORD", "FLEETBENCH_WAREHOUSE_READER_PASSWORD", "_AIRFLOW_WWW_USER_PASSWORD")
+                   "FLEETBENCH_WAREHOUSE_PASSWORD", "FLEETBENCH_WAREHOUSE_READER_PASSWORD",
+                   "_AIRFLOW_WWW_USER_PASSWORD")
 SECRETS = FLEET_SECRETS + CENTRAL_SECRETS
 MOUNTS = {"/opt/airflow/dags", "/opt/airflow/plugins", "/opt/airflow/include", "/opt/airflow/config"}
 
@@ -97,7 +98,8 @@ def test_every_airflow_service_shares_executor_settings_and_the_central_ones_the
         # one value for the central services, from .env (checked by airflow-init, see below)
         assert values == {f"${{{key}:-}}"}, (key, values)
     for name in CENTRAL:  # the metadata database: the central services only (workers: see below)
-        assert variables(envs[name]["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]) >= {"POSTGRES_USER", "POSTGRES_PASSWORD"}, name
+        assert (variables(envs[name]["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+                >= {"POSTGRES_USER", "POSTGRES_PASSWORD"}), name
 
 
 def test_workers_get_no_metadata_database_fernet_key_or_jwt_secret(compose):
@@ -258,7 +260,8 @@ def test_docker_compose_config_accepts_the_file(tmp_path):
     assert jwt == {"test-airflow__api_auth__jwt_secret"}
     assert not any("AIRFLOW__API_AUTH__JWT_SECRET" in resolved[name]["environment"] for name in WORKERS)
     # .env.example as it is (secrets empty): refused, naming what is missing
-    empty = subprocess.run([*base, "--env-file", str(ENV_EXAMPLE), "config"], capture_output=True, text=True, timeout=120)
+    empty = subprocess.run([*base, "--env-file", str(ENV_EXAMPLE), "config"], capture_output=True, text=True,
+                           timeout=120)
     assert empty.returncode != 0 and "in .env" in empty.stderr
     # a GPU host's .env: the two fleet secrets, none of the central ones
     gpu_env = tmp_path / "gpu-env"
@@ -331,7 +334,8 @@ def pg_roles(pg_url, request):
                    "CELERY_RESULTS_PASSWORD": names.celery_pw,
                    "FLEETBENCH_WAREHOUSE_USER": names.wh, "FLEETBENCH_WAREHOUSE_DB": names.wh_db,
                    "FLEETBENCH_WAREHOUSE_PASSWORD": names.wh_pw,
-                   "FLEETBENCH_WAREHOUSE_READER_USER": names.reader, "FLEETBENCH_WAREHOUSE_READER_PASSWORD": names.reader_pw}
+                   "FLEETBENCH_WAREHOUSE_READER_USER": names.reader,
+                   "FLEETBENCH_WAREHOUSE_READER_PASSWORD": names.reader_pw}
             run_roles_script(env)
             run_roles_script(env)
             names.warehouse_url = url_of(names.wh, names.wh_pw, names.wh_db)
@@ -413,7 +417,8 @@ def check_roles(names, stored_before: int = 0) -> None:
                           "CREATE TEMP TABLE x (i int)", "DROP TABLE runs CASCADE"):
             assert sqlstate(reader, statement, read_write=True) == "42501", statement  # ... and no privilege
 
-        for user, password in ((names.wh, names.wh_pw), (names.reader, names.reader_pw), (names.celery, names.celery_pw)):
+        for user, password in ((names.wh, names.wh_pw), (names.reader, names.reader_pw),
+                               (names.celery, names.celery_pw)):
             assert "CONNECT privilege" in connect_error(url_of(user, password, names.metadata_db)), user
         assert "CONNECT privilege" in connect_error(url_of(names.reader, names.reader_pw, names.celery_db))
         assert "CONNECT privilege" in connect_error(url_of(names.celery, names.celery_pw, names.wh_db))

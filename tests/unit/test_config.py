@@ -45,11 +45,13 @@ def test_defaults():
 
 
 @pytest.mark.parametrize("mutate, expected", [
-    (lambda d: d["benchmarks"][0]["batch_sizes"].__setitem__(1, -1), "benchmarks[0].batch_sizes[1]: must be > 0, got -1"),
+    (lambda d: d["benchmarks"][0]["batch_sizes"].__setitem__(1, -1),
+     "benchmarks[0].batch_sizes[1]: must be > 0, got -1"),
     (lambda d: d["benchmarks"][0]["models"].append("resnet50; rm -rf /"),
      "benchmarks[0].models[2]: must match ^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$, got 'resnet50; rm -rf /'"),
     (lambda d: d["benchmarks"][0].update(image="tf2"), "benchmarks[0].image: unknown image 'tf2' (known: tf1)"),
-    (lambda d: d["benchmarks"][0].update(hosts=["gpu-02"]), "benchmarks[0].hosts[0]: unknown host 'gpu-02' (known: gpu-01)"),
+    (lambda d: d["benchmarks"][0].update(hosts=["gpu-02"]),
+     "benchmarks[0].hosts[0]: unknown host 'gpu-02' (known: gpu-01)"),
     (lambda d: d["hosts"].append({"name": "gpu-01"}), "hosts[1].name: duplicate name 'gpu-01'"),
     (lambda d: d["images"][0].update(pull_policy="sometimes"),
      "images[0].pull_policy: must be one of 'always', 'if-missing' or 'never', got 'sometimes'"),
@@ -59,7 +61,8 @@ def test_defaults():
     (lambda d: d["benchmarks"][0].pop("models"), "benchmarks[0].models: is required"),
     (lambda d: d["benchmarks"][0].update(num_gpus=[0]), "benchmarks[0]: device gpu needs num_gpus >= 1"),
     (lambda d: d.update(fleet={"timezone": "Mars/Olympus"}), "fleet.timezone: unknown time zone 'Mars/Olympus'"),
-    (lambda d: d.update(fleet={"schedule": "every night"}), "fleet.schedule: not a valid cron expression: 'every night'"),
+    (lambda d: d.update(fleet={"schedule": "every night"}),
+     "fleet.schedule: not a valid cron expression: 'every night'"),
     (lambda d: d["benchmarks"][0].update(extra_args=["--x=1; reboot"]), "benchmarks[0].extra_args[0]: must match"),
 ])
 def test_each_mistake_names_its_field(mutate, expected):
@@ -116,14 +119,16 @@ def test_cli_config_check(tmp_path):
     assert proc.stderr.strip() == f"{bad}: benchmarks[0].batch_sizes[1]: must be > 0, got -1"
     assert "Traceback" not in proc.stderr
 
-    proc = subprocess.run([*FLEETBENCH, "config", "check", str(tmp_path / "missing.yaml")], capture_output=True, text=True)
+    proc = subprocess.run([*FLEETBENCH, "config", "check", str(tmp_path / "missing.yaml")], capture_output=True,
+                          text=True)
     assert proc.returncode == 2 and "cannot read file" in proc.stderr and "Traceback" not in proc.stderr
 
 
 # -- a host's facts come from one machine -----------------------------------------------------
 @pytest.mark.parametrize("host", [
     {"name": "gpu-01", "connection": "local", "docker_url": "tcp://gpu-01:2376"},
-    {"name": "gpu-01", "docker_url": "tcp://gpu-01:2376", "docker_tls_conn_id": "fleet_tls"},  # connection defaults to local
+    # connection defaults to local
+    {"name": "gpu-01", "docker_url": "tcp://gpu-01:2376", "docker_tls_conn_id": "fleet_tls"},
     {"name": "gpu-01", "connection": "local", "docker_url": "ssh://bench@gpu-01"},
 ])
 def test_local_connection_refuses_a_remote_engine(host):
@@ -135,7 +140,8 @@ def test_local_connection_refuses_a_remote_engine(host):
 
 
 @pytest.mark.parametrize("host", [
-    {"name": "gpu-01", "connection": "ssh_gpu_01", "docker_url": "tcp://gpu-01:2376", "docker_tls_conn_id": "fleet_tls"},
+    {"name": "gpu-01", "connection": "ssh_gpu_01", "docker_url": "tcp://gpu-01:2376",
+     "docker_tls_conn_id": "fleet_tls"},
     {"name": "gpu-01", "connection": "ssh_gpu_01", "docker_url": "ssh://bench@gpu-01"},
     {"name": "gpu-01", "connection": "local", "docker_url": "unix:///run/user/1000/docker.sock"},
 ])
@@ -154,10 +160,12 @@ def test_non_utf8_file_names_the_byte_offset(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert info.value.source == str(path)
-    assert info.value.errors == [f"byte {offset}: not UTF-8 text (invalid continuation byte 0xe9); save the file as UTF-8"]
+    assert info.value.errors == [f"byte {offset}: not UTF-8 text (invalid continuation byte 0xe9); "
+                                 "save the file as UTF-8"]
 
     proc = subprocess.run([*FLEETBENCH, "config", "check", str(path)], capture_output=True, text=True)
-    assert proc.returncode == 2 and f"{path}: byte {offset}: not UTF-8" in proc.stderr and "Traceback" not in proc.stderr
+    assert (proc.returncode == 2 and f"{path}: byte {offset}: not UTF-8" in proc.stderr
+            and "Traceback" not in proc.stderr)
 
 
 def test_duplicate_keys_are_refused_at_any_depth_all_at_once(tmp_path):
@@ -229,24 +237,32 @@ def container(**fields):
      "benchmarks[0].batch_sizes: must not repeat a value: 32 at [0] and [2]"),
     (lambda d: d["benchmarks"][0].update(models=["resnet50", "vgg16", "resnet50", "vgg16"]),
      "benchmarks[0].models: must not repeat a value: 'resnet50' at [0] and [2], 'vgg16' at [1] and [3]"),
-    (lambda d: d["benchmarks"][0].update(num_gpus=[1, 1]), "benchmarks[0].num_gpus: must not repeat a value: 1 at [0] and [1]"),
+    (lambda d: d["benchmarks"][0].update(num_gpus=[1, 1]),
+     "benchmarks[0].num_gpus: must not repeat a value: 1 at [0] and [1]"),
     (lambda d: d["benchmarks"][0].update(variable_update=["replicated", "replicated"]),
      "benchmarks[0].variable_update: must not repeat a value: 'replicated' at [0] and [1]"),
-    (lambda d: d["benchmarks"][0].update(batch_sizes=[32, 100000]), "benchmarks[0].batch_sizes[1]: must be <= 65536, got 100000"),
-    (lambda d: d["benchmarks"][0].update(timeout_s=10**14), "benchmarks[0].timeout_s: must be <= 604800, got 100000000000000"),
+    (lambda d: d["benchmarks"][0].update(batch_sizes=[32, 100000]),
+     "benchmarks[0].batch_sizes[1]: must be <= 65536, got 100000"),
+    (lambda d: d["benchmarks"][0].update(timeout_s=10**14),
+     "benchmarks[0].timeout_s: must be <= 604800, got 100000000000000"),
     (lambda d: d["benchmarks"][0].update(timeout_s=INF), "benchmarks[0].timeout_s: must be a finite number, got inf"),
-    (lambda d: d["benchmarks"][0].update(telemetry_period_s=NAN), "benchmarks[0].telemetry_period_s: must be a finite number, got nan"),
+    (lambda d: d["benchmarks"][0].update(telemetry_period_s=NAN),
+     "benchmarks[0].telemetry_period_s: must be a finite number, got nan"),
     (container(cpus=INF), "benchmarks[0].container.cpus: must be a finite number, got inf"),
     (container(cpus=4096), "benchmarks[0].container.cpus: must be <= 1024.0, got 4096"),
     (container(cpus=NAN), "benchmarks[0].container.cpus: must be a finite number, got nan"),
     (lambda d: d["hosts"][0].update(min_free_gb=INF), "hosts[0].min_free_gb: must be a finite number, got inf"),
     (lambda d: d["hosts"][0].update(min_free_gb=2e6), "hosts[0].min_free_gb: must be <= 1000000.0, got 2000000.0"),
-    (lambda d: d["hosts"][0].update(price_per_gpu_hour=NAN), "hosts[0].price_per_gpu_hour: must be a finite number, got nan"),
-    (lambda d: d["hosts"][0].update(price_per_gpu_hour=-INF), "hosts[0].price_per_gpu_hour: must be a finite number, got -inf"),
+    (lambda d: d["hosts"][0].update(price_per_gpu_hour=NAN),
+     "hosts[0].price_per_gpu_hour: must be a finite number, got nan"),
+    (lambda d: d["hosts"][0].update(price_per_gpu_hour=-INF),
+     "hosts[0].price_per_gpu_hour: must be a finite number, got -inf"),
     (lambda d: d["images"][0].update(min_free_gb=NAN), "images[0].min_free_gb: must be a finite number, got nan"),
-    (lambda d: d["images"][0].update(bake={"run": ["true"], "timeout_s": 10**9}), "images[0].bake.timeout_s: must be <= 604800"),
+    (lambda d: d["images"][0].update(bake={"run": ["true"], "timeout_s": 10**9}),
+     "images[0].bake.timeout_s: must be <= 604800"),
     (lambda d: d.update(fleet={"carbon_g_per_kwh": INF}), "fleet.carbon_g_per_kwh: must be a finite number, got inf"),
-    (lambda d: d.update(fleet={"regressions": {"z_threshold": NAN}}), "fleet.regressions.z_threshold: must be a finite number, got nan"),
+    (lambda d: d.update(fleet={"regressions": {"z_threshold": NAN}}),
+     "fleet.regressions.z_threshold: must be a finite number, got nan"),
 ])
 def test_values_that_would_fail_later_are_refused(mutate, expected):
     data = good()

@@ -92,8 +92,10 @@ def test_every_number_has_a_source_or_is_marked_unsourced(catalog):
 def test_the_numbers_are_plausible(catalog):
     by_name = {g.name: g for g in catalog.gpus}
     # Datasheet figures the sources state (see the catalog): spot-check a few.
-    assert (by_name["A100 SXM4 40GB"].tdp_w, by_name["A100 PCIe 40GB"].tdp_w, by_name["A100 PCIe 80GB"].tdp_w) == (400, 250, 300)
-    assert (by_name["H100 SXM5 80GB"].tdp_w, by_name["H100 PCIe 80GB"].tdp_w, by_name["H200 SXM 141GB"].memory_gib) == (700, 350, 141)
+    assert ((by_name["A100 SXM4 40GB"].tdp_w, by_name["A100 PCIe 40GB"].tdp_w, by_name["A100 PCIe 80GB"].tdp_w)
+            == (400, 250, 300))
+    assert ((by_name["H100 SXM5 80GB"].tdp_w, by_name["H100 PCIe 80GB"].tdp_w, by_name["H200 SXM 141GB"].memory_gib)
+            == (700, 350, 141))
     assert (by_name["T4"].tdp_w, by_name["T4"].memory_gib) == (70, 16)
     for g in catalog.gpus:
         assert 1 <= g.memory_gib <= 200 and 50 <= g.tdp_w <= 1000, g.name
@@ -115,7 +117,8 @@ def entry(**over) -> dict:
     (entry(unsourced=[]), "gpus[0]: no source and not marked unsourced: price_per_gpu_hour_usd"),
     (entry(tdp_w=-5), "gpus[0].tdp_w: must be > 0.0, got -5"),
     (entry(patterns=["A100("]), "gpus[0].patterns: not a regular expression"),
-    (entry(sources=[{"url": "ftp://x", "read_on": "2026-12-01", "supports": ["tdp_w"], "says": "x"}]), "gpus[0].sources[0].url"),
+    (entry(sources=[{"url": "ftp://x", "read_on": "2026-12-01", "supports": ["tdp_w"], "says": "x"}]),
+     "gpus[0].sources[0].url"),
     (entry(sources=[{"url": "https://x", "read_on": "2026-12-01", "supports": ["colour"], "says": "x"}]),
      "gpus[0].sources[0].supports[0]: must be one of"),
 ])

@@ -50,7 +50,8 @@ def test_table_rows_of_the_processes_block_are_not_gpus():
 def test_query_csv_columns_are_found_by_name_with_units():
     """A 212-field CSV with units: driver_version is column 2 and index column 29, not where our probe puts them."""
     text = (HOSTS / "h100-590-cuda13.1" / "nvidia-smi-query.csv").read_text()
-    assert F.parse_gpu_query(text) == [F.Gpu(0, "NVIDIA H100 80GB HBM3", "GPU-00000000-0000-0000-0000-000000000000", 81559)]
+    assert F.parse_gpu_query(text) == [F.Gpu(0, "NVIDIA H100 80GB HBM3", "GPU-00000000-0000-0000-0000-000000000000",
+                                             81559)]
     assert F.query_driver_version(text) == "590.48.01"
 
 
@@ -71,7 +72,8 @@ def test_query_csv_error_text_is_no_gpu_list():
 
 def test_h100_folder_prefers_the_query_csv_over_the_table():
     facts = facts_of("h100-590-cuda13.1")
-    assert (facts.kernel, facts.driver_version, facts.cuda_driver_version) == ("5.15.0-185-generic", "590.48.01", "13.1")
+    assert ((facts.kernel, facts.driver_version, facts.cuda_driver_version)
+            == ("5.15.0-185-generic", "590.48.01", "13.1"))
     assert gpu_summary(facts) == [(0, "NVIDIA H100 80GB HBM3", "GPU-00000000-0000-0000-0000-000000000000", 81559)]
     assert facts.gpu_model == "NVIDIA H100 80GB HBM3"
 
@@ -87,7 +89,8 @@ def test_driver_library_mismatch_with_loaded_module_version():
 
 def test_driver_library_mismatch_names_the_nvml_library():
     facts = facts_of("mismatch-570-nvml-library")
-    assert (facts.driver_state, facts.nvml_library_version, facts.kernel) == (F.MISMATCH, "570.124", "5.15.0-157-generic")
+    assert ((facts.driver_state, facts.nvml_library_version, facts.kernel)
+            == (F.MISMATCH, "570.124", "5.15.0-157-generic"))
     assert facts.driver_version is None
 
 
@@ -112,9 +115,11 @@ def test_no_driver_installed(folder, said):
 @pytest.mark.parametrize("text, state", [
     # nvidia-smi's own messages, typed by hand from their well-known wording:
     ("No devices were found\n", F.NO_DEVICES),
-    ("Unable to determine the device handle for GPU 0000:3B:00.0: GPU is lost.  Reboot the system to recover this GPU\n", F.GPU_LOST),
+    ("Unable to determine the device handle for GPU 0000:3B:00.0: GPU is lost.  "
+     "Reboot the system to recover this GPU\n", F.GPU_LOST),
     ("Failed to initialize NVML: Unknown Error\n", F.NVML_ERROR),
-    ("NVIDIA-SMI has failed because it couldn‘t communicate with the NVIDIA driver.", F.NOT_LOADED),  # curly quote, as pasted in qixuema/envs#4
+    # curly quote, as pasted in qixuema/envs#4
+    ("NVIDIA-SMI has failed because it couldn‘t communicate with the NVIDIA driver.", F.NOT_LOADED),
 ])
 def test_other_driver_problems(text, state):
     assert F.driver_problem(text)[0] == state
@@ -124,7 +129,8 @@ def test_kernel_module_version_variants():
     proprietary = (HOSTS / "mismatch-520-debian" / "proc-driver-nvidia-version.txt").read_text()
     assert F.parse_kernel_module_version(proprietary) == "520.56.06"
     # Hand-written in the open-kernel-module wording of R515 and newer:
-    open_module = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  535.104.05  Release Build  (dvs-builder@U16)\n"
+    open_module = ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  535.104.05  Release Build  "
+                   "(dvs-builder@U16)\n")
     assert F.parse_kernel_module_version(open_module) == "535.104.05"
     assert F.parse_kernel_module_version("cat: /proc/driver/nvidia/version: No such file or directory") is None
 
@@ -145,21 +151,25 @@ def test_docker_info_layouts(folder, version, nvidia, default):
 def test_docker_info_text_fields():
     text = (HOSTS / "docker-18.06-kata" / "docker-info.txt").read_text()
     assert F.parse_docker_info_text(text)["runtimes"] == ["kata-runtime", "runc"]
-    assert F.parse_docker_info_text((HOSTS / "docker-19.03-fedora" / "docker-info.txt").read_text())["root_dir"] == "/var/lib/docker"
+    assert (F.parse_docker_info_text((HOSTS / "docker-19.03-fedora" / "docker-info.txt").read_text())["root_dir"]
+            == "/var/lib/docker")
     assert F.parse_docker_info_text("Cannot connect to the Docker daemon at unix:///var/run/docker.sock.") is None
 
 
 def test_docker_info_json_with_nvidia_runtime_and_cdi():
     # Hand-written: the fields of `docker info --format '{{json .}}'` on a host with the NVIDIA Container Toolkit.
     text = json.dumps({"ServerVersion": "26.1.3", "DefaultRuntime": "runc", "CDISpecDirs": ["/etc/cdi", "/var/run/cdi"],
-                       "Runtimes": {"io.containerd.runc.v2": {"path": "runc"}, "nvidia": {"path": "nvidia-container-runtime"}}})
+                       "Runtimes": {"io.containerd.runc.v2": {"path": "runc"},
+                                    "nvidia": {"path": "nvidia-container-runtime"}}})
     info = F.parse_docker_info_json(text)
-    assert info["runtimes"] == ["io.containerd.runc.v2", "nvidia"] and info["cdi_spec_dirs"] == ["/etc/cdi", "/var/run/cdi"]
+    assert (info["runtimes"] == ["io.containerd.runc.v2", "nvidia"]
+            and info["cdi_spec_dirs"] == ["/etc/cdi", "/var/run/cdi"])
 
 
 def test_docker_version_text():
     assert F.parse_docker_version_text((HOSTS / "docker-18.06-kata" / "docker-version.txt").read_text()) == "18.06.1-ce"
-    assert F.parse_docker_version_text((HOSTS / "local-vm-nogpu" / "docker-version.txt").read_text()) == "20.10.24+dfsg1"
+    assert (F.parse_docker_version_text((HOSTS / "local-vm-nogpu" / "docker-version.txt").read_text())
+            == "20.10.24+dfsg1")
 
 
 def test_df_of_docker_root():
@@ -185,8 +195,10 @@ def test_gpu_smoke_failures(folder, status, needle):
 def test_gpu_smoke_success_and_unknowns():
     # `nvidia-smi -L` line as in the H100 capture (run on the host there, not in a container).
     listed = "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-00000000-0000-0000-0000-000000000000)\n"
-    assert F.parse_gpu_smoke(listed, failed=False) == ("pass", "a GPU container started and saw 1 GPU(s): NVIDIA H100 80GB HBM3")
-    pull = "Unable to find image 'nvidia/cuda:12.1.0-base-ubuntu22.04' locally\ndocker: Error response from daemon: pull access denied"
+    assert (F.parse_gpu_smoke(listed, failed=False)
+            == ("pass", "a GPU container started and saw 1 GPU(s): NVIDIA H100 80GB HBM3"))
+    pull = ("Unable to find image 'nvidia/cuda:12.1.0-base-ubuntu22.04' locally\n"
+            "docker: Error response from daemon: pull access denied")
     assert F.parse_gpu_smoke(pull, failed=True)[0] == "unknown"
     assert F.parse_gpu_smoke("timed out after 120 s", failed=True)[0] == "unknown"
     assert F.parse_gpu_smoke("", failed=False)[0] == "fail"
@@ -205,7 +217,8 @@ def test_failed_probes_are_unknown_with_their_error(tmp_path):
     (tmp_path / "docker-info.json").write_text("{}\nCannot connect to the Docker daemon at unix:///x.sock.")
     (tmp_path / "nvidia-smi-query.csv").write_bytes(b"\x00\xff garbage \xfe")
     (tmp_path / "probes.json").write_text(json.dumps({"runner": "local", "unreachable": None, "probes": [
-        {"filename": "uname-r.txt", "command": ["uname", "-r"], "exit_code": None, "duration_s": 15.0, "error": "timed out after 15 s"},
+        {"filename": "uname-r.txt", "command": ["uname", "-r"], "exit_code": None, "duration_s": 15.0,
+         "error": "timed out after 15 s"},
         {"filename": "docker-info.json", "command": ["docker", "info"], "exit_code": 1, "duration_s": 0.1,
          "error": "Cannot connect to the Docker daemon at unix:///x.sock."}]}))
     facts = facts_from_dir(tmp_path)
@@ -216,7 +229,9 @@ def test_failed_probes_are_unknown_with_their_error(tmp_path):
 
 
 def test_unreachable_host_folder(tmp_path):
-    (tmp_path / "probes.json").write_text(json.dumps({"runner": "ssh:x", "unreachable": "unreachable: 10.0.0.9:22: connection refused", "probes": []}))
+    (tmp_path / "probes.json").write_text(json.dumps({"runner": "ssh:x",
+                                                      "unreachable": "unreachable: 10.0.0.9:22: connection refused",
+                                                      "probes": []}))
     facts = facts_from_dir(tmp_path)
     assert facts.unreachable == "unreachable: 10.0.0.9:22: connection refused" and facts.kernel is None
 

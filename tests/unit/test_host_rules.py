@@ -10,7 +10,8 @@ from fleetbench.hosts import HostFacts, HostNeeds, evaluate, facts_from_dir, hos
 from fleetbench.hosts.rules import Check, check_driver_for_cuda, min_driver_for_cuda, version_tuple
 
 HOSTS = Path(__file__).resolve().parents[1] / "fixtures" / "hosts"
-CONTRACT_FACTS = {"kernel", "driver_version", "cuda_driver_version", "gpus", "docker_version", "nvidia_runtime", "default_runtime"}
+CONTRACT_FACTS = {"kernel", "driver_version", "cuda_driver_version", "gpus", "docker_version", "nvidia_runtime",
+                  "default_runtime"}
 
 
 def checks_of(folder: str, **needs) -> dict[str, Check]:
@@ -76,7 +77,8 @@ def test_version_tuple():
 # -- verdicts of real captures --------------------------------------------------------------------------
 def test_this_vm_is_ready_for_cpu_cases():
     checks = checks_of("local-vm-nogpu", gpus=0)
-    assert {n: c.status for n, c in checks.items()} == {"reachable": "pass", "kernel": "pass", "docker": "pass", "disk": "pass"}
+    assert {n: c.status for n, c in checks.items()} == {"reachable": "pass", "kernel": "pass", "docker": "pass",
+                                                        "disk": "pass"}
     assert verdict(list(checks.values())) == "ready" and reasons(list(checks.values())) == ""
 
 
@@ -143,7 +145,8 @@ def test_old_docker_fails_gpu_cases_and_warns_cpu_cases():
 
 
 def test_kernel_older_than_3_10_fails():
-    checks = evaluate(HostFacts(kernel="2.6.32-754.el6.x86_64", docker_version="19.03.15", docker_root_free_bytes=10**11),
+    checks = evaluate(HostFacts(kernel="2.6.32-754.el6.x86_64", docker_version="19.03.15",
+                                docker_root_free_bytes=10**11),
                       HostNeeds())
     assert [c.status for c in checks] == ["fail", "pass", "pass"]
 
@@ -165,11 +168,13 @@ def test_unreachable_host_is_unfit_with_only_that_reason():
     facts = HostFacts(unreachable="unreachable: 127.0.0.1:40123: connection refused", runner="ssh:x")
     result = host_check(facts, HostNeeds(gpus=1))
     assert result["verdict"] == "unfit"
-    assert result["checks"] == [{"name": "reachable", "status": "fail", "detail": "unreachable: 127.0.0.1:40123: connection refused"}]
+    assert result["checks"] == [{"name": "reachable", "status": "fail",
+                                 "detail": "unreachable: 127.0.0.1:40123: connection refused"}]
 
 
 def test_verdict_order_and_reasons():
-    ok, warn, unknown, fail = (Check("a", "pass", "ok"), Check("b", "warn", "w"), Check("c", "unknown", "u"), Check("d", "fail", "f"))
+    ok, warn, unknown, fail = (Check("a", "pass", "ok"), Check("b", "warn", "w"), Check("c", "unknown", "u"),
+                               Check("d", "fail", "f"))
     assert verdict([ok]) == "ready"
     assert verdict([ok, warn]) == verdict([ok, unknown]) == "degraded"
     assert verdict([ok, warn, fail]) == "unfit"

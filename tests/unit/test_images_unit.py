@@ -16,18 +16,23 @@ from fleetbench.images import PreparedImage, PullProgress, _repository, check_di
 
 # What the engine said, verbatim (docker-py wraps the daemon's message in an APIError or NotFound).
 ENGINE_ERRORS = [
-    (NotFound, 'manifest for 127.0.0.1:5000/fleetbench/cpu-smoke:nope not found: manifest unknown: manifest unknown', "image_not_found"),
-    (APIError, 'Get "http://127.0.0.1:57809/v2/": dial tcp 127.0.0.1:57809: connect: connection refused', "registry_unreachable"),
-    (APIError, 'Head "http://127.0.0.1:5001/v2/fleetbench/cpu-smoke/manifests/latest": no basic auth credentials', "registry_auth"),
+    (NotFound, 'manifest for 127.0.0.1:5000/fleetbench/cpu-smoke:nope not found: manifest unknown: manifest unknown',
+     "image_not_found"),
+    (APIError, 'Get "http://127.0.0.1:57809/v2/": dial tcp 127.0.0.1:57809: connect: connection refused',
+     "registry_unreachable"),
+    (APIError, 'Head "http://127.0.0.1:5001/v2/fleetbench/cpu-smoke/manifests/latest": no basic auth credentials',
+     "registry_auth"),
     (APIError, "unauthorized: authentication required", "registry_auth"),
-    (APIError, "pull access denied for nope, repository does not exist or may require 'docker login'", "image_not_found"),
+    (APIError, "pull access denied for nope, repository does not exist or may require 'docker login'",
+     "image_not_found"),
     (APIError, "write /var/lib/docker/tmp/GetImageBlob123: no space left on device", "insufficient_disk"),
     (APIError, "received unexpected HTTP status: 503 Service Unavailable", "registry_unreachable"),
     (APIError, "something nobody has seen before", "pull_failed"),
 ]
 
 
-@pytest.mark.parametrize("cls, message, expected", ENGINE_ERRORS, ids=[e[2] + str(i) for i, e in enumerate(ENGINE_ERRORS)])
+@pytest.mark.parametrize("cls, message, expected", ENGINE_ERRORS,
+                         ids=[e[2] + str(i) for i, e in enumerate(ENGINE_ERRORS)])
 def test_engine_errors_get_their_names(cls, message, expected):
     assert classify_pull_error(cls(message)) == expected
 
@@ -82,7 +87,8 @@ def test_disk_check_refuses_with_the_numbers():
     result = PreparedImage("tf1", "nvcr.io/nvidia/tensorflow:23.03-tf1-py3")
     assert not check_disk(result, 40, 12 * 10**9, "pulling")
     assert result.failure_class == "insufficient_disk"
-    assert "only 12.0 GB free" in result.error and "min_free_gb=40" in result.error and "refused before pulling" in result.error
+    assert ("only 12.0 GB free" in result.error and "min_free_gb=40" in result.error
+            and "refused before pulling" in result.error)
     assert check_disk(PreparedImage("a", "b"), 40, 41 * 10**9, "pulling")
     assert check_disk(PreparedImage("a", "b"), 40, None, "pulling")  # unknown: warned, not refused
     assert check_disk(PreparedImage("a", "b"), None, 1, "pulling")
@@ -91,7 +97,8 @@ def test_disk_check_refuses_with_the_numbers():
 # -- bake identity ----------------------------------------------------------------------------
 def test_inputs_hash_is_deterministic_and_covers_every_input():
     base = dict(base_digest="sha256:" + "1" * 64, copies=[{"dest": "/opt/h", "sha256": "ab"}],
-                git={"url": "https://x/y.git", "branch": "b", "dest": "/w", "revision": "c" * 40}, run=["sh", "-c", "true"], network="none")
+                git={"url": "https://x/y.git", "branch": "b", "dest": "/w", "revision": "c" * 40},
+                run=["sh", "-c", "true"], network="none")
     h = inputs_hash(**base)
     assert h == inputs_hash(**base) and len(h) == 64
     for key, other in [("base_digest", "sha256:" + "2" * 64), ("copies", [{"dest": "/opt/h", "sha256": "ac"}]),
@@ -130,20 +137,24 @@ def test_copy_sources_must_stay_under_include(tmp_path):
 
 def _config(bake: dict) -> dict:
     return {"hosts": [{"name": "h"}],
-            "images": [{"name": "tf1", "ref": "nvcr.io/nvidia/tensorflow:23.03-tf1-py3", "command": ["python"], "bake": bake}],
+            "images": [{"name": "tf1", "ref": "nvcr.io/nvidia/tensorflow:23.03-tf1-py3", "command": ["python"],
+                        "bake": bake}],
             "benchmarks": [{"name": "b", "image": "tf1", "models": ["resnet50"], "batch_sizes": [64]}]}
 
 
 def test_bake_config_loads_and_names_bad_fields():
-    cfg = parse_config(_config({"git": {"url": "https://github.com/tensorflow/benchmarks.git", "branch": "cnn_tf_v1.15_compatible",
-                                        "dest": "/workspace/benchmarks"},
-                                "copy": [{"src": "include/images/cpu-smoke", "dest": "/opt/smoke"}], "push_to": "127.0.0.1:5000"}))
+    cfg = parse_config(_config({"git": {"url": "https://github.com/tensorflow/benchmarks.git",
+                                        "branch": "cnn_tf_v1.15_compatible", "dest": "/workspace/benchmarks"},
+                                "copy": [{"src": "include/images/cpu-smoke", "dest": "/opt/smoke"}],
+                                "push_to": "127.0.0.1:5000"}))
     assert cfg.images[0].bake.copy_[0].dest == "/opt/smoke"
     assert cfg.images[0].model_dump(mode="json")["bake"]["copy"][0]["src"] == "include/images/cpu-smoke"
     with pytest.raises(ConfigError) as info:
-        parse_config(_config({"copy": [{"src": "include/../../etc", "dest": "opt"}], "git": {"url": "-uhttps://x", "branch": "--upload-pack=x", "dest": "/w"}}))
+        parse_config(_config({"copy": [{"src": "include/../../etc", "dest": "opt"}],
+                              "git": {"url": "-uhttps://x", "branch": "--upload-pack=x", "dest": "/w"}}))
     fields = sorted(e.split(":")[0] for e in info.value.errors)
-    assert fields == ["images[0].bake.copy[0].dest", "images[0].bake.copy[0].src", "images[0].bake.git.branch", "images[0].bake.git.url"]
+    assert fields == ["images[0].bake.copy[0].dest", "images[0].bake.copy[0].src", "images[0].bake.git.branch",
+                      "images[0].bake.git.url"]
     with pytest.raises(ConfigError, match="bake needs at least one of copy, git or run"):
         parse_config(_config({}))
 
@@ -155,7 +166,8 @@ SMOKE_LABELS = {"org.fleetbench.managed": "true", "org.fleetbench.kind": "benchm
 def test_inherited_fleetbench_labels_do_not_make_a_container_fleetbenchs():
     case = {**SMOKE_LABELS, "org.fleetbench.run_id": "manual__1", "org.fleetbench.case_key": "k"}
     assert created_by_fleetbench(case, SMOKE_LABELS)
-    assert not created_by_fleetbench({**SMOKE_LABELS, "other": "1"}, SMOKE_LABELS)  # someone's `docker run` of our image
+    # someone's `docker run` of our image
+    assert not created_by_fleetbench({**SMOKE_LABELS, "other": "1"}, SMOKE_LABELS)
     baked = {**SMOKE_LABELS, "org.fleetbench.bake.step": ""}
     assert not created_by_fleetbench(baked, baked)  # a container of a baked image
     assert created_by_fleetbench({**baked, "org.fleetbench.bake.step": "abc"}, baked)  # a setup container
@@ -171,11 +183,14 @@ def _baked(iid: str, name: str, inputs: str, created: int, tags: list[str], **la
 
 def test_cleanup_plan_removes_only_old_superseded_bakes_and_stopped_fleetbench_containers():
     now = 1_000_000
-    old = _baked("sha256:old", "TF1", "a" * 64, now - 9000, ["fleetbench/tf1:23.03-aaaaaaaaaaaa", "reg:5000/fleetbench/tf1:23.03-aaaaaaaaaaaa"])
-    current = _baked("sha256:cur", "TF1", "b" * 64, now - 99000, ["fleetbench/tf1:23.03-bbbbbbbbbbbb", "fleetbench/tf1:current"])
+    old = _baked("sha256:old", "TF1", "a" * 64, now - 9000,
+                 ["fleetbench/tf1:23.03-aaaaaaaaaaaa", "reg:5000/fleetbench/tf1:23.03-aaaaaaaaaaaa"])
+    current = _baked("sha256:cur", "TF1", "b" * 64, now - 99000,
+                     ["fleetbench/tf1:23.03-bbbbbbbbbbbb", "fleetbench/tf1:current"])
     young = _baked("sha256:young", "TF1", "c" * 64, now - 10, ["fleetbench/tf1:23.03-cccccccccccc"])
     used = _baked("sha256:used", "TF1", "d" * 64, now - 9000, ["fleetbench/tf1:23.03-dddddddddddd"])
-    child = _baked("sha256:child", "TF1", "a" * 64, now - 9000, ["someone/derived:1"])  # FROM a bake: labels, not the tag
+    # FROM a bake: labels, not the tag
+    child = _baked("sha256:child", "TF1", "a" * 64, now - 9000, ["someone/derived:1"])
     assert bake_tag_of(old) == "fleetbench/tf1:23.03-aaaaaaaaaaaa" and bake_tag_of(child) is None
     containers = [
         {"Id": "c1", "Names": ["/fb-case"], "State": "exited", "Age": 7200, "ImageID": "sha256:x",
@@ -187,7 +202,8 @@ def test_cleanup_plan_removes_only_old_superseded_bakes_and_stopped_fleetbench_c
         {"Id": "c4", "Names": ["/users"], "State": "exited", "Age": 7200, "ImageID": "sha256:used",
          "Labels": SMOKE_LABELS, "ImageLabels": SMOKE_LABELS},
     ]
-    rc, ri, kept = plan_cleanup(containers, [old, current, young, used, child], now, container_max_age_s=3600, image_max_age_s=3600)
+    rc, ri, kept = plan_cleanup(containers, [old, current, young, used, child], now, container_max_age_s=3600,
+                                image_max_age_s=3600)
     assert [c["id"] for c in rc] == ["c1"]
     assert [i["id"] for i in ri] == ["sha256:old"]
     assert ri[0]["tags"] == sorted(old["RepoTags"])
@@ -212,7 +228,8 @@ def test_cleanup_plan_stops_case_containers_running_past_their_timeout():
                 "ImageID": "sha256:x", "Labels": labels, "ImageLabels": SMOKE_LABELS}
 
     containers = [running("orphan", 600 + 301), running("in-time", 600 + 299), running("no-label", 99999, {
-        **SMOKE_LABELS, "org.fleetbench.run_id": "r"}), running("odd-label", 99999, {**case, "org.fleetbench.timeout_s": "x"})]
+        **SMOKE_LABELS, "org.fleetbench.run_id": "r"}),
+        running("odd-label", 99999, {**case, "org.fleetbench.timeout_s": "x"})]
     rc, _, kept = plan_cleanup(containers, [], 1_000_000, 3600, 3600, orphan_grace_s=300)
     assert [(c["id"], c["running"]) for c in rc] == [("orphan", True)]
     assert "past its timeout of 600 s" in rc[0]["reason"]
@@ -237,7 +254,9 @@ benchmarks: [{name: b, image: i, models: [m], batch_sizes: [1]}]
     assert engines == [
         {"queue": None, "docker_url": "unix:///var/run/docker.sock", "docker_tls_conn_id": None,
          "hosts": ["central-a", "central-b"]},
-        {"queue": "fleet-gpu-b", "docker_url": "unix:///var/run/docker.sock", "docker_tls_conn_id": None, "hosts": ["gpu-b"]},
-        {"queue": "fleet-gpu-c", "docker_url": "unix:///var/run/docker.sock", "docker_tls_conn_id": None, "hosts": ["gpu-c"]},
+        {"queue": "fleet-gpu-b", "docker_url": "unix:///var/run/docker.sock", "docker_tls_conn_id": None,
+         "hosts": ["gpu-b"]},
+        {"queue": "fleet-gpu-c", "docker_url": "unix:///var/run/docker.sock", "docker_tls_conn_id": None,
+         "hosts": ["gpu-c"]},
         {"queue": None, "docker_url": "tcp://gpu-7:2376", "docker_tls_conn_id": "certs", "hosts": ["remote"]},
     ]

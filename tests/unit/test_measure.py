@@ -77,11 +77,12 @@ def test_reported_accuracy_reaches_the_row_and_gives_time_to_accuracy(tmp_path):
     from fleetbench.metrics import MetricSettings, derive
 
     log = tmp_path / "eval.log"
-    log.write_text((Path(__file__).resolve().parents[1] / "fixtures" / "logs" / "tf_cnn_eval_accuracy_real_data.log").read_text())
+    log.write_text((Path(__file__).resolve().parents[1] / "fixtures" / "logs"
+                    / "tf_cnn_eval_accuracy_real_data.log").read_text())
     fields, steps = measure({"command": ["x"]}, outcome(log_path=str(log), duration_s=42.0))
     assert fields["status"] == "ok" and fields["accuracy_top1"] == 0.75
-    row = {"host": "h", "case_key": "k", "num_gpus": 1, "device": "gpu", "model": "resnet50", "batch_size_per_device": 64,
-           "gpu_model": None, "command": ["x"], **fields}
+    row = {"host": "h", "case_key": "k", "num_gpus": 1, "device": "gpu", "model": "resnet50",
+           "batch_size_per_device": 64, "gpu_model": None, "command": ["x"], **fields}
     steps = [{"host": "h", "case_key": "k", **s} for s in steps]
     [reached] = derive([dict(row)], steps, None, MetricSettings(target_accuracy_top1=0.7))
     [missed] = derive([dict(row)], steps, None, MetricSettings(target_accuracy_top1=0.8))

@@ -64,7 +64,8 @@ def test_time_for_batches_from_real_logs():
     assert 21 <= time_for_batches_s(100, 64, 292.85) <= 22
 
 
-@pytest.mark.parametrize("args", [(None, 64, 292.85), (100, None, 292.85), (100, 64, None), (100, 64, 0.0), (0, 64, 1.0)])
+@pytest.mark.parametrize("args", [(None, 64, 292.85), (100, None, 292.85), (100, 64, None), (100, 64, 0.0),
+                                  (0, 64, 1.0)])
 def test_time_for_batches_needs_every_input(args):
     assert time_for_batches_s(*args) is None
 
@@ -240,8 +241,8 @@ def run_rows() -> tuple[list[dict], list[dict]]:
     two = lambda_row(RESNET_2GPU_2080TI, "lambda-2080ti", gpu_model="GeForce RTX 2080 Ti", duration_s=75.0)
     v100 = lambda_row(RESNET_8GPU_V100, "lambda-v100", gpu_model="Tesla V100-SXM3-32GB", duration_s=90.0,
                       mean_gpu_util_pct=60.0, command=["python", "tf_cnn_benchmarks.py", "--use_fp16=True"])
-    cpu = {**lambda_row(RESNET_1GPU_2080TI, "localhost", duration_s=5.0), "case_key": "smoke.trivial.bs8.g0.parameter_server",
-           "num_gpus": 0, "device": "cpu", "model": "trivial"}
+    cpu = {**lambda_row(RESNET_1GPU_2080TI, "localhost", duration_s=5.0),
+           "case_key": "smoke.trivial.bs8.g0.parameter_server", "num_gpus": 0, "device": "cpu", "model": "trivial"}
     skipped = {**lambda_row(RESNET_1GPU_2080TI, "ghost", gpu_model=None, duration_s=None), "status": "skipped",
                "images_per_sec": None, "failure_class": "host_unfit", "command": None}
     steps = step_rows_of(RESNET_1GPU_2080TI, one) + step_rows_of(RESNET_2GPU_2080TI, two)
@@ -264,9 +265,11 @@ def test_derive_fills_every_metric():
     assert (one["price_per_gpu_hour"], one["price_source"]) == (0.35, "host")
     assert one["cost_usd"] == pytest.approx(0.0058333, abs=1e-7)
     assert one["time_for_batches_s"] == pytest.approx(21.8542, abs=1e-4)
-    assert one["step_median_images_per_sec"] == pytest.approx(293.8) and one["step_cv"] == pytest.approx(0.0022021, abs=1e-7)
+    assert (one["step_median_images_per_sec"] == pytest.approx(293.8)
+            and one["step_cv"] == pytest.approx(0.0022021, abs=1e-7))
     assert one["step_spread_images_per_sec"] == pytest.approx(2.1)
-    assert (one["speedup_efficiency"], one["precision"], one["gpu_catalog_name"]) == (1.0, "fp32", "GeForce RTX 2080 Ti")
+    assert ((one["speedup_efficiency"], one["precision"], one["gpu_catalog_name"])
+            == (1.0, "fp32", "GeForce RTX 2080 Ti"))
 
     # 2-GPU 2080 Ti: not measured -> estimated from the catalog's 260 W: 2 x 260 x 1.0 = 520 W,
     # x 75 s = 39000 J = 0.0108333 kWh; 530.29 / 520 = 1.019788 images/J; carbon 0.0108333 x 400 = 4.33333 g
@@ -291,7 +294,8 @@ def test_derive_fills_every_metric():
     assert v100["speedup_efficiency"] is None and v100["step_median_images_per_sec"] is None
 
     # A CPU case: no GPU, so no GPU-hour cost and no energy; a skipped case has nothing to derive.
-    assert (cpu["energy_source"], cpu["energy_j"], cpu["cost_usd"], cpu["speedup_efficiency"]) == (NONE, None, None, None)
+    assert ((cpu["energy_source"], cpu["energy_j"], cpu["cost_usd"], cpu["speedup_efficiency"])
+            == (NONE, None, None, None))
     assert cpu["time_for_batches_s"] == pytest.approx(21.8542, abs=1e-4)
     assert (skipped["energy_source"], skipped["time_for_batches_s"], skipped["precision"], skipped["carbon_g"]) == (
         NONE, None, None, None)
@@ -313,7 +317,8 @@ def test_derive_takes_the_price_from_the_catalog_when_the_host_has_none():
 def test_derive_without_a_catalog_estimates_nothing():
     rows, steps = run_rows()
     two = derive(rows, steps, None, None)[1]
-    assert (two["energy_source"], two["energy_j"], two["gpu_catalog_name"], two["price_source"]) == (NONE, None, None, None)
+    assert ((two["energy_source"], two["energy_j"], two["gpu_catalog_name"], two["price_source"])
+            == (NONE, None, None, None))
     assert two["speedup_efficiency"] == pytest.approx(0.905395, abs=1e-6)  # needs no catalog
 
 
@@ -391,12 +396,14 @@ def test_store_writes_derived_metrics_for_every_row(data_dir, tmp_path):
 
     rows = {r["num_gpus"]: r for r in fetch_results(get_engine(), run_id="manual__1")}
     one, two = rows[1], rows[2]
-    assert (one["precision"], one["gpu_catalog_name"], one["speedup_efficiency"]) == ("fp32", "GeForce RTX 2080 Ti", 1.0)
+    assert ((one["precision"], one["gpu_catalog_name"], one["speedup_efficiency"])
+            == ("fp32", "GeForce RTX 2080 Ti", 1.0))
     # 530.29 / (2 x 292.85) = 0.905395, matched to the 1-GPU case of the same run
     assert two["speedup_efficiency"] == pytest.approx(0.905395, abs=1e-6)
     assert two["speedup_baseline_case_key"] == one["case_key"] == "cnn.resnet50.bs64.g1.replicated"
     # steps: median 538.5, cv 0.0066067 (see test_step_stats_of_the_2gpu_2080ti_log)
-    assert two["step_median_images_per_sec"] == pytest.approx(538.5) and two["step_cv"] == pytest.approx(0.0066067, abs=1e-7)
+    assert (two["step_median_images_per_sec"] == pytest.approx(538.5)
+            and two["step_cv"] == pytest.approx(0.0066067, abs=1e-7))
     # the host's price: 0.35 x 2 x 75 / 3600 = 0.0145833 USD
     assert (two["price_source"], two["cost_usd"]) == ("host", pytest.approx(0.0145833, abs=1e-7))
     # no telemetry in Lambda's logs: estimated, 2 x 260 W x 75 s = 39000 J; 0.0108333 kWh x 400 g/kWh = 4.33333 g

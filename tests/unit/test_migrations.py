@@ -56,7 +56,8 @@ def test_later_batch_alter_keeps_the_view_and_the_rollups(tmp_path):
     assert current_revision(engine) == "0099"
     assert [r["case_key"] for r in fetch_capacity_features(engine)] == ["a"]
     assert "later_metric" in {c["name"] for c in inspect(engine).get_columns("benchmark_results")}
-    assert "ix_benchmark_results_host_case_date" in {i["name"] for i in inspect(engine).get_indexes("benchmark_results")}
+    assert ("ix_benchmark_results_host_case_date"
+            in {i["name"] for i in inspect(engine).get_indexes("benchmark_results")})
     rows = nightly(3)
     store_run(engine, run_of(rows), [], rows)
     check_rollups_match_results(engine)

@@ -13,7 +13,8 @@ from fleetbench.plan import expand_cases
 def cfg():
     return parse_config({
         "hosts": [{"name": "gpu-01"}, {"name": "gpu-02"}],
-        "images": [{"name": "tf1", "ref": "nvcr.io/nvidia/tensorflow:23.03-tf1-py3", "command": ["python", "tf_cnn_benchmarks.py"]}],
+        "images": [{"name": "tf1", "ref": "nvcr.io/nvidia/tensorflow:23.03-tf1-py3",
+                    "command": ["python", "tf_cnn_benchmarks.py"]}],
         "benchmarks": [{"name": "cnn", "image": "tf1", "models": ["resnet50", "vgg16"], "batch_sizes": [32, 64],
                         "num_gpus": [1, 2]},
                        {"name": "cpu", "image": "tf1", "device": "cpu", "models": ["trivial"], "batch_sizes": [8],
@@ -61,7 +62,8 @@ def test_unknown_names_are_refused_again_at_run_time():
 
 def test_subset_and_overrides():
     narrowed = apply_params(cfg(), {"hosts": ["gpu-01"], "models": ["vgg16"], "batch_sizes": [128],
-                                    "num_gpus": [4], "num_batches": 20, "image": "nvcr.io/nvidia/tensorflow:24.01-tf1-py3"})
+                                    "num_gpus": [4], "num_batches": 20,
+                                    "image": "nvcr.io/nvidia/tensorflow:24.01-tf1-py3"})
     cases = expand_cases(narrowed)
     assert [(c.host, c.case_key) for c in cases] == [("gpu-01", "cnn.vgg16.bs128.g4.parameter_server")]
     assert "--num_batches=20" in cases[0].command

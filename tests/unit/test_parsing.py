@@ -444,7 +444,8 @@ def test_cpu_only_devices_count_zero_gpus():
 
 
 def test_import_error_before_header_vs_after():
-    before = 'Traceback (most recent call last):\n  File "tf_cnn_benchmarks.py", line 29\nModuleNotFoundError: No module named \'absl\'\n'
+    before = ('Traceback (most recent call last):\n  File "tf_cnn_benchmarks.py", line 29\n'
+              'ModuleNotFoundError: No module named \'absl\'\n')
     log = parse_log(before)
     assert (log.failure_class, log.failure_detail) == ("import_error", "ModuleNotFoundError: No module named 'absl'")
 

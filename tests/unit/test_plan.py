@@ -29,7 +29,8 @@ def test_matrix_is_hosts_x_models_x_gpus_x_batches_in_order():
 
 
 def test_plan_is_deterministic():
-    assert [c.to_dict() for c in expand_cases(parse_config(config()))] == [c.to_dict() for c in expand_cases(parse_config(config()))]
+    assert ([c.to_dict() for c in expand_cases(parse_config(config()))]
+            == [c.to_dict() for c in expand_cases(parse_config(config()))])
 
 
 def test_gpu_command_line():

@@ -75,7 +75,8 @@ def test_default_policy_refuses_the_same_path_on_another_registry():
 
 def test_same_repository_override_keeps_credentials_and_drops_the_bake():
     image = apply_params(parse_config(fleet()), {"image": "127.0.0.1:5001/fleet/tf:23.05"}).images[0]
-    assert (image.ref, image.credentials_conn_id, image.bake) == ("127.0.0.1:5001/fleet/tf:23.05", "fleet_registry", None)
+    assert ((image.ref, image.credentials_conn_id, image.bake)
+            == ("127.0.0.1:5001/fleet/tf:23.05", "fleet_registry", None))
 
 
 def test_none_policy_refuses_every_override():

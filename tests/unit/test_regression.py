@@ -12,8 +12,20 @@ import pytest
 
 from fleetbench.config import ConfigError, RegressionSettings, parse_config
 from fleetbench.regression.compare import compare_case, parse_side
-from fleetbench.regression.detect import (MAD_TO_SIGMA, average_ranks, check_metric, describe, detect_case, mad,
-                                          mann_whitney_u, median, robust_scale, robust_z, sm_clock_mhz, what_changed)
+from fleetbench.regression.detect import (
+    MAD_TO_SIGMA,
+    average_ranks,
+    check_metric,
+    describe,
+    detect_case,
+    mad,
+    mann_whitney_u,
+    median,
+    robust_scale,
+    robust_z,
+    sm_clock_mhz,
+    what_changed,
+)
 
 DIGEST = "sha256:" + "a" * 64
 SETTINGS = RegressionSettings()
@@ -155,7 +167,8 @@ def test_what_changed_names_driver_image_and_clocks():
     changes = what_changed(now, base, previous_digest="sha256:" + "b" * 64)
     assert changes["driver_version"] == {"before": "535.104.05", "after": "550.54.14"}
     assert changes["image_digest"] == {"before": "sha256:" + "b" * 64, "after": DIGEST}
-    assert changes["gpu_sm_clock_mhz"] == {"before": 1410.0, "after": 1200.0, "delta_pct": pytest.approx(-14.89, abs=0.01)}
+    assert changes["gpu_sm_clock_mhz"] == {"before": 1410.0, "after": 1200.0,
+                                           "delta_pct": pytest.approx(-14.89, abs=0.01)}
     assert "cuda_driver_version" not in changes and "gpu_model" not in changes
     assert what_changed(row("now", telemetry_json=telemetry(1405.0)), base, previous_digest=DIGEST) == {}
 
@@ -192,10 +205,12 @@ def test_compare_case_with_and_without_enough_runs_before():
     before = history(QUIET, energy_source="measured", energy_j=1000.0, cost_usd=0.05)
     after = history([90.0, 90.5], energy_source="measured", energy_j=1100.0, cost_usd=0.055, driver_version="550.54.14")
     r = compare_case(before, after, SETTINGS, before_steps=[100.0] * 30, after_steps=[90.0] * 20)
-    assert (r["verdict"], r["basis"], r["severity"], r["before_n"], r["after_n"]) == ("regression", "runs", "minor", 7, 2)
+    assert ((r["verdict"], r["basis"], r["severity"], r["before_n"], r["after_n"])
+            == ("regression", "runs", "minor", 7, 2))
     assert r["delta_pct"] == pytest.approx(-9.75)
     assert r["energy_delta_pct"] == pytest.approx(10.0) and r["cost_delta_pct"] == pytest.approx(10.0)
-    assert (r["before_driver_version"], r["after_driver_version"], r["image_changed"]) == ("535.104.05", "550.54.14", False)
+    assert ((r["before_driver_version"], r["after_driver_version"], r["image_changed"])
+            == ("535.104.05", "550.54.14", False))
     # One night each side: the step samples decide.
     one = compare_case(before[:1], after[:1], SETTINGS, before_steps=[100.0 + i * 0.01 for i in range(20)],
                        after_steps=[90.0 + i * 0.01 for i in range(20)])
@@ -225,7 +240,8 @@ def test_settings_are_part_of_the_fleet_config_with_field_paths():
     assert parse_config(base).fleet.notify is None
     with pytest.raises(ConfigError) as err:
         parse_config({**base, "fleet": {"regressions": {"window": 2},
-                                        "notify": {"smtp_conn_id": "smtp ops", "to": ["nobody"], "min_severity": "all"}}})
+                                        "notify": {"smtp_conn_id": "smtp ops", "to": ["nobody"],
+                                                   "min_severity": "all"}}})
     text = "\n".join(err.value.errors)
     assert "fleet.regressions: min_history (3) must be <= window (2)" in text
     assert "fleet.notify.smtp_conn_id: must match" in text
@@ -288,7 +304,8 @@ def evaluate(histories: list[dict]) -> dict:
     negatives = Counter()
     p_values = []
     for h in histories:
-        found = {f["metric"]: f for f in detect_case(h["now"], h["baseline"], SETTINGS, h["run_steps"], h["baseline_steps"])}
+        found = {f["metric"]: f
+                 for f in detect_case(h["now"], h["baseline"], SETTINGS, h["run_steps"], h["baseline_steps"])}
         for metric, (kind, effect) in h["truth"].items():
             hit = metric in found
             if kind == "regression":
@@ -318,9 +335,11 @@ def test_detector_precision_and_recall_on_synthetic_histories():
     rng = np.random.default_rng(SEED)
     result = evaluate([synthetic_history(rng, i) for i in range(HISTORIES)])
     print()
-    print(f"regression detector on {HISTORIES} synthetic histories ({HISTORIES * len(EVALUATED)} history x metric units; "
+    print(f"regression detector on {HISTORIES} synthetic histories "
+          f"({HISTORIES * len(EVALUATED)} history x metric units; "
           f"seed {SEED}; window 7, z >= {SETTINGS.z_threshold}, effect >= {SETTINGS.min_effect_pct} %)")
-    print(f"  precision {result['precision']:.3f} (TP {result['tp']}, FP {result['fp']}), recall {result['recall']:.3f} "
+    print(f"  precision {result['precision']:.3f} (TP {result['tp']}, FP {result['fp']}), "
+          f"recall {result['recall']:.3f} "
           f"(FN {result['fn']}); recall for effects >= 10 %: {result['recall_10pct_up']:.3f}")
     print("  recall by injected effect: " + ", ".join(
         f"{e:.0%}: {r:.2f} (n={result['n_by_effect'][e]})" for e, r in result["recall_by_effect"].items()))

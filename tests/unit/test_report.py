@@ -203,7 +203,8 @@ def test_host_with_only_failures(engine, tmp_path):
     assert [(r["host"][0], r["ok"][1], r["failed"][1], r["skipped"][1]) for r in page.tables["hosts-table"]] == [
         ("sick", 0, 2, 1)]
     assert "throughput-table-empty" in page.empties and not any(p.startswith("throughput") for p in page.plots)
-    failures = {r["failure_class"][0]: (r["status"][0], r["count"][1], r["hosts_text"][0]) for r in page.tables["failures-table"]}
+    failures = {r["failure_class"][0]: (r["status"][0], r["count"][1], r["hosts_text"][0])
+                for r in page.tables["failures-table"]}
     assert failures == {"gpu_oom": ("failed", 1, "sick ×1"), "nonzero_exit": ("failed", 1, "sick ×1"),
                         "host_unfit": ("skipped", 1, "sick ×1")}
     assert sorted(page.plots["failures"]["cases"]) == [1.0, 1.0, 1.0]
@@ -230,11 +231,12 @@ def test_history_report_shows_the_warehouse_numbers(history, tmp_path):
     # the throughput plot: one series per host and case, every night's value in order
     for model in ("resnet50", "vgg16"):
         assert page.plots[f"throughput-{model}"] == {
-            f"{h} · {c}": [r["images_per_sec"] for r in rows] for (h, c), rows in by_case.items() if rows[0]["model"] == model}
+            f"{h} · {c}": [r["images_per_sec"] for r in rows]
+            for (h, c), rows in by_case.items() if rows[0]["model"] == model}
         assert page.markers[f"throughput-{model}"] == [f"gpu-a: driver {OLD_DRIVER} → {NEW_DRIVER}"]
     # the driver change, on the night it happened
-    assert [(r["logical_date"][0], r["host"][0], r["from"][0], r["to"][0]) for r in page.tables["driver-changes-table"]] == [
-        ("2026-11-04 02:00", "gpu-a", OLD_DRIVER, NEW_DRIVER)]
+    assert [(r["logical_date"][0], r["host"][0], r["from"][0], r["to"][0])
+            for r in page.tables["driver-changes-table"]] == [("2026-11-04 02:00", "gpu-a", OLD_DRIVER, NEW_DRIVER)]
     # scaling efficiency per GPU count: the mean of the rows' speedup_efficiency (1-GPU rows are the reference)
     scaling = {(r["model"][0], int(r["num_gpus"][1])): r["mean"][1] for r in page.tables["scaling-table"]}
     expected = {}
@@ -300,7 +302,8 @@ def test_filters_narrow_every_section(history, tmp_path):
     assert rep["latest_run"]["run_id"] == run_id(2)
     # as of night 4, night 4's findings were open (both of them)
     rep = report_of(history, until="2026-11-04")
-    assert sorted(r["case_key"] for r in rep["regressions"]) == ["tf.resnet50.bs64.g1.replicated", "tf.resnet50.bs64.g2.replicated"]
+    assert sorted(r["case_key"] for r in rep["regressions"]) == ["tf.resnet50.bs64.g1.replicated",
+                                                                 "tf.resnet50.bs64.g2.replicated"]
     rep = report_of(history, host="nobody")
     assert rep["state"] == "no_match" and rep["hosts"] == []
 
@@ -441,7 +444,8 @@ def test_warehouse_errors_are_logged_without_the_password(caplog):
 
     engine = get_engine("postgresql+psycopg2://fbreader:s3cret@db.example:5432/fleet")
     with caplog.at_level("WARNING", logger="fleetbench.report.web"):
-        exc = warehouse_error(engine, OperationalError("connect", {}, Exception("invalid dsn: password=s3cret host=db")))
+        exc = warehouse_error(engine, OperationalError("connect", {},
+                                                       Exception("invalid dsn: password=s3cret host=db")))
         other = warehouse_error(engine, ProgrammingError("SELECT 1", {}, Exception('relation "x" does not exist')))
     assert exc.status_code == other.status_code == 503
     assert other.detail == UNREADABLE and "db.example" not in exc.detail + other.detail
@@ -485,7 +489,8 @@ def test_view_shows_only_the_dags_the_reader_may_read(two_dags):
     with _client(two_dags) as everyone:  # without a restriction the other DAG's results are there
         page = everyone.get("/").text
         assert _options(page) == {"host": sorted(["gpu-a", "gpu-b", "gpu-c", HOST]),
-                                  "model": sorted(["resnet50", "vgg16", MODEL]), "dag_id": sorted(["fleet_benchmark", DAG])}
+                                  "model": sorted(["resnet50", "vgg16", MODEL]),
+                                  "dag_id": sorted(["fleet_benchmark", DAG])}
         assert secrets_in(page) and secrets_in(everyone.get("/throughput.csv").text)
     with _client(two_dags, frozenset({"fleet_benchmark", "not_in_the_warehouse"})) as reader:
         resp = reader.get("/")
@@ -597,7 +602,8 @@ def test_pipeline_report_writes_into_the_data_dir(history, data_dir):
     plan = {"run": {"dag_id": "fleet_benchmark", "run_id": run_id(4)}, "hosts": [], "cases": []}
     stored = {"run_id": run_id(4), "total": 8, "ok": 5, "failed": 3, "skipped": 0}
     summary = write_report(plan, stored)
-    assert summary == {"dag_id": "fleet_benchmark", "run_id": run_id(4), "report": str(data_dir / "reports" / "report.html"),
+    assert summary == {"dag_id": "fleet_benchmark", "run_id": run_id(4),
+                       "report": str(data_dir / "reports" / "report.html"),
                        "state": "ok", "total": 8, "ok": 5, "failed": 3, "skipped": 0}
     assert json.dumps(summary)  # the asset event's extra must be JSON
     with pytest.raises(RuntimeError, match="were not stored"):

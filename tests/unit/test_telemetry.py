@@ -140,6 +140,6 @@ def test_cli_usage_and_report_parsing():
     assert proc.returncode == 2 and "usage" in proc.stderr
     assert parse_report("noise\nFLEETBENCH_TELEMETRY {\"nvml\": false}\n") == {"nvml": False}
     assert parse_report("FLEETBENCH_TELEMETRY {cut") is None and parse_report("") is None
-    assert wrap_command(["python3", "b.py"], 0.5) == ["python3", "/opt/fleetbench-telemetry/wrapper.py", "--period", "0.5",
-                                                      "--", "python3", "b.py"]
+    assert wrap_command(["python3", "b.py"], 0.5) == ["python3", "/opt/fleetbench-telemetry/wrapper.py", "--period",
+                                                      "0.5", "--", "python3", "b.py"]
     json.dumps(parse_report('x FLEETBENCH_TELEMETRY {"a": 1}'))

@@ -32,7 +32,8 @@ def night(day: int) -> datetime:
     return datetime(2026, 1, 29, 2, tzinfo=timezone.utc) + timedelta(days=day)
 
 
-def nightly(day: int, run_id: str | None = None, ips_scale: float = 1.0, driver_of=None, hosts=tuple(HOSTS)) -> list[dict]:
+def nightly(day: int, run_id: str | None = None, ips_scale: float = 1.0, driver_of=None,
+            hosts=tuple(HOSTS)) -> list[dict]:
     """A night: per host, resnet50 on 1, 2 and 4 GPUs and vgg16 on 1 GPU; gpu-b's vgg16 fails on odd days,
     gpu-c's 4-GPU case is skipped; energy measured on gpu-a, estimated elsewhere."""
     when = night(day)
@@ -41,7 +42,8 @@ def nightly(day: int, run_id: str | None = None, ips_scale: float = 1.0, driver_
     for i, host in enumerate(hosts):
         gpu_model, catalog = HOSTS[host]
         driver = driver_of(host, day) if driver_of else OLD
-        for model, gpus, base in (("resnet50", 1, 400.0), ("resnet50", 2, 780.0), ("resnet50", 4, 1500.0), ("vgg16", 1, 250.0)):
+        for model, gpus, base in (("resnet50", 1, 400.0), ("resnet50", 2, 780.0), ("resnet50", 4, 1500.0),
+                                  ("vgg16", 1, 250.0)):
             case_key = f"tf.{model}.bs64.g{gpus}.replicated"
             status = "ok"
             if host == "gpu-b" and model == "vgg16" and day % 2:
@@ -53,7 +55,8 @@ def nightly(day: int, run_id: str | None = None, ips_scale: float = 1.0, driver_
             rows.append(result_row(
                 case_key, run_id=run_id, host=host, ips=ips, status=status, model=model, num_gpus=gpus,
                 batch_size_per_device=64, batch_size_global=64 * gpus, logical_date=when.isoformat(),
-                started_at=(when + timedelta(minutes=1)).isoformat(), finished_at=(when + timedelta(minutes=2)).isoformat(),
+                started_at=(when + timedelta(minutes=1)).isoformat(),
+                finished_at=(when + timedelta(minutes=2)).isoformat(),
                 driver_version=driver, gpu_model=gpu_model, gpu_catalog_name=catalog,
                 failure_class=None if status == "ok" else ("gpu_oom" if status == "failed" else "host_unfit"),
                 speedup_efficiency=ips / (gpus * one) if ips is not None and gpus > 1 and model == "resnet50" else None,
@@ -94,13 +97,16 @@ def _sum(values):
 
 def _energy(rows: list[dict]) -> dict:
     ok = [r for r in rows if r["status"] == "ok"]
-    return {"energy_cost_n": sum(1 for r in ok if r["images_per_joule"] is not None or r["cost_per_million_images_usd"] is not None),
+    return {"energy_cost_n": sum(1 for r in ok
+                                 if r["images_per_joule"] is not None or r["cost_per_million_images_usd"] is not None),
             "images_per_joule_n": sum(1 for r in ok if r["images_per_joule"] is not None),
             "images_per_joule_sum": _sum(r["images_per_joule"] for r in ok),
             "cost_per_million_n": sum(1 for r in ok if r["cost_per_million_images_usd"] is not None),
             "cost_per_million_sum": _sum(r["cost_per_million_images_usd"] for r in ok),
-            "energy_measured": sum(1 for r in ok if r["images_per_joule"] is not None and r["energy_source"] == "measured"),
-            "energy_estimated": sum(1 for r in ok if r["images_per_joule"] is not None and r["energy_source"] == "estimated")}
+            "energy_measured": sum(1 for r in ok
+                                   if r["images_per_joule"] is not None and r["energy_source"] == "measured"),
+            "energy_estimated": sum(1 for r in ok
+                                    if r["images_per_joule"] is not None and r["energy_source"] == "estimated")}
 
 
 def _status(rows: list[dict]) -> dict:
@@ -118,9 +124,11 @@ def _mask(rows: list[dict]) -> int:
 def expected_host_rollup(rows: list[dict]) -> list[dict]:
     groups = defaultdict(list)
     for r in rows:
-        groups[(r["dag_id"], r["run_id"], r["host"], r["model"], _gpu(r), r["driver_version"], r["logical_date"])].append(r)
+        groups[(r["dag_id"], r["run_id"], r["host"], r["model"], _gpu(r), r["driver_version"],
+                r["logical_date"])].append(r)
     return [{"dag_id": k[0], "run_id": k[1], "host": k[2], "model": k[3], "gpu": k[4], "driver_version": k[5],
-             "logical_date": k[6], "stored_at": max(r["stored_at"] for r in rs), "gpu_model": _max(r["gpu_model"] for r in rs),
+             "logical_date": k[6], "stored_at": max(r["stored_at"] for r in rs),
+             "gpu_model": _max(r["gpu_model"] for r in rs),
              **_status(rs), **_energy(rs), "scaled_gpus": _mask(rs)} for k, rs in groups.items()]
 
 
@@ -133,9 +141,9 @@ def expected_month_rollup(rows: list[dict]) -> list[dict]:
         host_runs[(r["dag_id"], r["host"], month)].add(r["run_id"])
     return [{"dag_id": k[0], "host": k[1], "model": k[2], "gpu": k[3], "driver_version": k[4], "month": k[5],
              "first_date": min(r["logical_date"] for r in rs), "last_date": max(r["logical_date"] for r in rs),
-             "last_ok": _max(r["logical_date"] for r in rs if r["status"] == "ok"), "runs": len({r["run_id"] for r in rs}),
-             "host_runs": len(host_runs[(k[0], k[1], k[5])]), **_status(rs), "gpu_model": _max(r["gpu_model"] for r in rs),
-             "scaled_gpus": _mask(rs)} for k, rs in groups.items()]
+             "last_ok": _max(r["logical_date"] for r in rs if r["status"] == "ok"),
+             "runs": len({r["run_id"] for r in rs}), "host_runs": len(host_runs[(k[0], k[1], k[5])]), **_status(rs),
+             "gpu_model": _max(r["gpu_model"] for r in rs), "scaled_gpus": _mask(rs)} for k, rs in groups.items()]
 
 
 def expected_case_rollup(rows: list[dict]) -> list[dict]:
@@ -144,7 +152,8 @@ def expected_case_rollup(rows: list[dict]) -> list[dict]:
         groups[(r["dag_id"], r["run_id"], r["case_key"], _gpu(r), r["logical_date"])].append(r)
     out = []
     for k, rs in groups.items():
-        points = [r for r in rs if r["status"] == "ok" and r["images_per_sec"] is not None and math.isfinite(r["images_per_sec"])]
+        points = [r for r in rs
+                  if r["status"] == "ok" and r["images_per_sec"] is not None and math.isfinite(r["images_per_sec"])]
         values = [r["images_per_sec"] for r in points]
         eff = [r["speedup_efficiency"] for r in rs if r["status"] == "ok" and r["speedup_efficiency"] is not None]
         out.append({"dag_id": k[0], "run_id": k[1], "case_key": k[2], "gpu": k[3], "logical_date": k[4],
@@ -224,7 +233,8 @@ def check_store_rerun_and_upsert_keep_rollups_equal(engine) -> None:
                                                                        run_host_rollup.c.model == "vgg16")).scalar()
     assert hosts_night3 == 1
     # A partial write: one host's cases of the same run again (a retried task), the rest stays.
-    store(engine, [r for r in nightly(3, ips_scale=1.1, driver_of=upgrade_driver) if r["host"] == "gpu-c"], complete=False)
+    store(engine, [r for r in nightly(3, ips_scale=1.1, driver_of=upgrade_driver) if r["host"] == "gpu-c"],
+          complete=False)
     check_rollups_match_results(engine)
     # A second DAG on the same night.
     other = [{**r, "dag_id": "fleet_other"} for r in nightly(10)]
@@ -283,7 +293,8 @@ def check_migration_backfills_rollups(engine) -> None:
     downgrade(engine, "0003")
     names = set(inspect(engine).get_table_names())
     assert not names & {"run_host_rollup", "host_month_rollup", "run_case_rollup"}
-    assert "ix_benchmark_results_host_case_date" not in {i["name"] for i in inspect(engine).get_indexes("benchmark_results")}
+    assert ("ix_benchmark_results_host_case_date"
+            not in {i["name"] for i in inspect(engine).get_indexes("benchmark_results")})
     upgrade(engine)
     check_rollups_match_results(engine)
 
@@ -292,7 +303,8 @@ def check_migration_backfills_rollups(engine) -> None:
 def expected_hosts(rows: list[dict], since: datetime | None, until: datetime | None, model: str | None = None) -> dict:
     """The hosts section from the rows: runs, counts, newest result and ok result, GPU model, drivers."""
     inside = [r for r in rows if (since is None or datetime.fromisoformat(r["logical_date"]) >= since)
-              and (until is None or datetime.fromisoformat(r["logical_date"]) < until) and (model is None or r["model"] == model)]
+              and (until is None or datetime.fromisoformat(r["logical_date"]) < until)
+              and (model is None or r["model"] == model)]
     out = {}
     for host in sorted({r["host"] for r in inside}):
         rs = [r for r in inside if r["host"] == host]
@@ -314,9 +326,9 @@ def check_report_windows_across_months(engine) -> None:
     for day in (0, 1, 2, 3, 5, 17, 30, 31, 33):
         store(engine, nightly(day, driver_of=upgrade_driver))
     rows = fetch_results(engine)
-    for since, until, model in ((None, None, None), ("2026-01-30", "2026-03-01", None), ("2026-02-01", "2026-02-28", None),
-                                ("2026-01-01", "2026-03-31", None), ("2026-01-31", "2026-03-02", "resnet50"),
-                                ("2026-02-02", "2026-02-10", "vgg16")):
+    for since, until, model in ((None, None, None), ("2026-01-30", "2026-03-01", None),
+                                ("2026-02-01", "2026-02-28", None), ("2026-01-01", "2026-03-31", None),
+                                ("2026-01-31", "2026-03-02", "resnet50"), ("2026-02-02", "2026-02-10", "vgg16")):
         f = parse_filters(since=since, until=until, model=model)
         report = build_report(engine, f)
         lo = datetime.fromisoformat(report["window"]["since"])
@@ -324,13 +336,16 @@ def check_report_windows_across_months(engine) -> None:
         expected = expected_hosts(rows, lo, hi, model)
         assert {h["host"]: h for h in report["hosts"]} == expected, (since, until, model)
         inside = [r for r in rows if datetime.fromisoformat(r["logical_date"]) >= lo
-                  and (hi is None or datetime.fromisoformat(r["logical_date"]) < hi) and (model is None or r["model"] == model)]
+                  and (hi is None or datetime.fromisoformat(r["logical_date"]) < hi)
+                  and (model is None or r["model"] == model)]
         s = report["summary"]
         assert (s["runs"], s["results"], s["hosts"], s["models"]) == (
-            len({r["run_id"] for r in inside}), len(inside), len({r["host"] for r in inside}), len({r["model"] for r in inside}))
+            len({r["run_id"] for r in inside}), len(inside), len({r["host"] for r in inside}),
+            len({r["model"] for r in inside}))
         assert (s["ok"], s["failed"], s["skipped"]) == tuple(sum(1 for r in inside if r["status"] == st)
                                                              for st in ("ok", "failed", "skipped"))
-        assert (s["first"], s["last"]) == (min(r["logical_date"] for r in inside), max(r["logical_date"] for r in inside))
+        assert (s["first"], s["last"]) == (min(r["logical_date"] for r in inside),
+                                           max(r["logical_date"] for r in inside))
         # scaling: the mean, min, max of the rows' efficiencies per model and GPU count, and the hosts with one
         scaling = {}
         for r in inside:
@@ -340,11 +355,13 @@ def check_report_windows_across_months(engine) -> None:
             k: (len(v), len({r["host"] for r in v}), min(r["speedup_efficiency"] for r in v),
                 max(r["speedup_efficiency"] for r in v)) for k, v in scaling.items()}
         for x in report["scaling"]:
-            assert x["mean"] == pytest.approx(statistics.fmean(r["speedup_efficiency"] for r in scaling[(x["model"], x["num_gpus"])]))
+            assert x["mean"] == pytest.approx(statistics.fmean(r["speedup_efficiency"]
+                                                               for r in scaling[(x["model"], x["num_gpus"])]))
         # efficiency per GPU type and model
         eff = defaultdict(list)
         for r in inside:
-            if r["status"] == "ok" and _gpu(r) and (r["images_per_joule"] is not None or r["cost_per_million_images_usd"] is not None):
+            if r["status"] == "ok" and _gpu(r) and (r["images_per_joule"] is not None
+                                                    or r["cost_per_million_images_usd"] is not None):
                 eff[(_gpu(r), r["model"])].append(r)
         assert {(x["gpu"], x["model"]): x["n"] for x in report["efficiency"]} == {k: len(v) for k, v in eff.items()}
         for x in report["efficiency"]:
@@ -375,9 +392,12 @@ def check_driver_changes_back_and_forth(engine) -> None:
 
     for day in (0, 2, 3, 4, 5, 31):
         store(engine, nightly(day, driver_of=driver_of))
-    got = [(c["logical_date"][:10], c["host"], c["from"], c["to"]) for c in build_report(engine, parse_filters(since="2026-01-01"))["driver_changes"]]
-    assert got == [("2026-02-01", "gpu-a", OLD, NEW), ("2026-02-01", "gpu-b", OLD, NEW), ("2026-02-03", "gpu-b", NEW, OLD)]
-    got = [(c["logical_date"][:10], c["host"]) for c in build_report(engine, parse_filters(since="2026-02-02", host="gpu-b"))["driver_changes"]]
+    got = [(c["logical_date"][:10], c["host"], c["from"], c["to"])
+           for c in build_report(engine, parse_filters(since="2026-01-01"))["driver_changes"]]
+    assert got == [("2026-02-01", "gpu-a", OLD, NEW), ("2026-02-01", "gpu-b", OLD, NEW),
+                   ("2026-02-03", "gpu-b", NEW, OLD)]
+    got = [(c["logical_date"][:10], c["host"])
+           for c in build_report(engine, parse_filters(since="2026-02-02", host="gpu-b"))["driver_changes"]]
     assert got == [("2026-02-03", "gpu-b")]
 
 
@@ -394,7 +414,8 @@ def check_fleet_throughput(engine) -> None:
     rows = [r for r in fetch_results(engine) if r["status"] == "ok"]
     f = parse_filters(since="2026-01-01")
     full = build_report(engine, f)
-    assert full["throughput_mode"] == "hosts" and len(full["throughput"]) == len({(r["host"], r["case_key"]) for r in rows})
+    assert (full["throughput_mode"] == "hosts"
+            and len(full["throughput"]) == len({(r["host"], r["case_key"]) for r in rows}))
 
     for report in (build_report(engine, f, max_series=3), build_report(engine, f, max_points=5)):
         assert report["throughput_mode"] == "fleet"

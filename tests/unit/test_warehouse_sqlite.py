@@ -5,8 +5,13 @@ from __future__ import annotations
 from sqlalchemy import inspect
 
 from fleetbench.warehouse import get_engine, upgrade, warehouse_url
-from warehouse_contract import (check_capacity_features, check_failed_write_leaves_nothing, check_regressions_table,
-                                check_rerun_with_fewer_cases_leaves_no_stale_rows, check_store_and_rerun_replaces)
+from warehouse_contract import (
+    check_capacity_features,
+    check_failed_write_leaves_nothing,
+    check_regressions_table,
+    check_rerun_with_fewer_cases_leaves_no_stale_rows,
+    check_store_and_rerun_replaces,
+)
 
 
 def test_default_url_is_sqlite_in_data_dir(data_dir):
@@ -20,9 +25,10 @@ def test_migration_creates_tables_and_indexes(tmp_path):
     engine = get_engine(f"sqlite:///{tmp_path}/w.db")
     upgrade(engine)
     insp = inspect(engine)
-    assert {"runs", "host_facts", "benchmark_results", "steps", "regressions", "alembic_version"} <= set(insp.get_table_names())
-    assert {"ix_benchmark_results_host_case_time", "ix_benchmark_results_logical_date", "ix_benchmark_results_case_time"} <= {
-        i["name"] for i in insp.get_indexes("benchmark_results")}
+    assert ({"runs", "host_facts", "benchmark_results", "steps", "regressions", "alembic_version"}
+            <= set(insp.get_table_names()))
+    assert {"ix_benchmark_results_host_case_time", "ix_benchmark_results_logical_date",
+            "ix_benchmark_results_case_time"} <= {i["name"] for i in insp.get_indexes("benchmark_results")}
 
 
 def test_store_and_rerun_replaces(tmp_path):

@@ -36,11 +36,10 @@ from docker import APIClient
 from docker.errors import APIError, NotFound
 from docker.types import DeviceRequest, LogConfig, Ulimit
 
-from fleetbench import telemetry
+from fleetbench import runs, telemetry
 from fleetbench.airflow import pipeline
 from fleetbench.airflow.connections import docker_tls_files
 from fleetbench.engines import docker_api_client
-from fleetbench import runs
 from fleetbench.run_model import CaseOutcome, HostImages, HostVerdict, Measurement, RunPlan, by_host
 from fleetbench.runs import log_path as case_log_path
 from fleetbench.runs import outcome_path
@@ -50,7 +49,8 @@ log = logging.getLogger(__name__)
 STOP_GRACE_S = 10
 CASE_LOG_MAX_SIZE, CASE_LOG_MAX_FILES = "100m", "3"
 # What a lost engine looks like to docker-py (its HTTP errors, APIError, are answers, not losses).
-ENGINE_LOST = (requests.exceptions.ConnectionError, requests.exceptions.Timeout, requests.exceptions.ChunkedEncodingError)
+ENGINE_LOST = (requests.exceptions.ConnectionError, requests.exceptions.Timeout,
+               requests.exceptions.ChunkedEncodingError)
 MAX_TASK_LOG_LINE = 4000  # a case's log line in the task log; the log file keeps it whole
 
 
@@ -208,8 +208,8 @@ def container_settings(container: dict) -> dict:
 class BenchmarkCaseOperator(DockerOperator):
     template_fields = tuple(DockerOperator.template_fields)
 
-    def __init__(self, *, case: dict | None = None, timeout_s: int = 3600, log_dir: str | None = None, num_gpus: int = 0,
-                 gpu_device_ids: list[str] | None = None, ulimit_map: dict[str, int] | None = None,
+    def __init__(self, *, case: dict | None = None, timeout_s: int = 3600, log_dir: str | None = None,
+                 num_gpus: int = 0, gpu_device_ids: list[str] | None = None, ulimit_map: dict[str, int] | None = None,
                  cpu_limit: float | None = None, telemetry_period_s: float = 0, docker_tls_conn_id: str | None = None,
                  container: dict | None = None, **kwargs: Any) -> None:
         if container is not None:  # the case's ContainerSpec (plain data): its docker run settings
@@ -361,7 +361,8 @@ class BenchmarkCaseOperator(DockerOperator):
                 if time.monotonic() - waited_from < self.timeout_s * 0.98:
                     raise
                 outcome["timed_out"] = True
-                self.log.error("case %s passed its timeout of %d s: stopping the container", self.case["case_key"], self.timeout_s)
+                self.log.error("case %s passed its timeout of %d s: stopping the container", self.case["case_key"],
+                               self.timeout_s)
                 self.cli.stop(cid, timeout=STOP_GRACE_S)
             if self._killed:  # on_kill recorded the case and removed its container: the task fails, as killed
                 raise AirflowException(f"case {self.case['case_key']} was killed from Airflow; its outcome is recorded")
@@ -372,7 +373,8 @@ class BenchmarkCaseOperator(DockerOperator):
             outcome["started_at"] = docker_time(state.get("StartedAt")) or t0.isoformat()
             outcome["finished_at"] = docker_time(state.get("FinishedAt")) or datetime.now(timezone.utc).isoformat()
             outcome["duration_s"] = round(
-                (datetime.fromisoformat(outcome["finished_at"]) - datetime.fromisoformat(outcome["started_at"])).total_seconds(), 3)
+                (datetime.fromisoformat(outcome["finished_at"])
+                 - datetime.fromisoformat(outcome["started_at"])).total_seconds(), 3)
             self._save_log(cid, log_path)
             streamer.join(timeout=5)
             self._live_path().unlink(missing_ok=True)
@@ -391,7 +393,8 @@ class BenchmarkCaseOperator(DockerOperator):
         """Record a case whose engine stopped answering: `engine_unreachable`, with what it printed until then."""
         now = datetime.now(timezone.utc)
         outcome["engine_unreachable"] = True
-        outcome["error"] = f"the Docker engine at {self.docker_url} stopped answering {after_s:.0f} s into the case: {exc}"
+        outcome["error"] = (f"the Docker engine at {self.docker_url} stopped answering {after_s:.0f} s "
+                            f"into the case: {exc}")
         outcome["started_at"] = outcome["started_at"] or t0.isoformat()
         outcome["finished_at"] = now.isoformat()
         outcome["duration_s"] = round((now - t0).total_seconds(), 3)
@@ -417,7 +420,8 @@ class BenchmarkCaseOperator(DockerOperator):
 
     # -- pieces -----------------------------------------------------------------------------
     def _create_container(self) -> dict:
-        log_config = {k: v for k, v in (("max-size", self.log_opts_max_size), ("max-file", self.log_opts_max_file)) if v is not None}
+        log_config = {k: v for k, v in (("max-size", self.log_opts_max_size), ("max-file", self.log_opts_max_file))
+                      if v is not None}
         command = self.format_command(self.command)
         if self.telemetry_period_s:  # the wrapper runs the harness as its child and passes everything through
             command = telemetry.wrap_command(list(command), self.telemetry_period_s)

@@ -138,7 +138,8 @@ def _prepare_one(api, spec, free_hint: int | None) -> dict:
         push_auth = (registry_auth(spec.bake.push_conn_id, server_host(spec.bake.push_to))
                      if spec.bake and spec.bake.push_to else None)
     except Exception as exc:  # a missing or broken connection is a named failure, not a crash
-        return PreparedImage(spec.name, spec.ref, failure_class="registry_auth", error=f"registry credentials: {exc}").to_dict()
+        return PreparedImage(spec.name, spec.ref, failure_class="registry_auth",
+                             error=f"registry credentials: {exc}").to_dict()
     return prepare(api, spec, auth_config=auth, push_auth_config=push_auth, free_bytes_hint=free_hint).to_dict()
 
 
@@ -224,7 +225,8 @@ def detect_regressions(plan, stored: dict) -> dict:
         "regressions": len(result.findings), "major": sum(1 for f in result.findings if f["severity"] == "major"),
         "improvements": len(result.improvements), "mailed": sent["mailed"],
         "findings": [{k: (round(f[k], 3) if isinstance(f[k], float) else f[k])
-                      for k in ("host", "case_key", "metric", "baseline_value", "value", "delta_pct", "z_score", "severity")}
+                      for k in ("host", "case_key", "metric", "baseline_value", "value", "delta_pct", "z_score",
+                                "severity")}
                      | {"changed": sorted(f["changes"])} for f in result.findings[:SUMMARY_FINDINGS]],
     }
 

@@ -5,4 +5,5 @@ from fleetbench.hosts.probes import PROBES, HostUnreachable, LocalRunner, gather
 from fleetbench.hosts.rules import Check, HostNeeds, evaluate, host_check, reasons, verdict
 
 __all__ = ["Check", "Gpu", "HostFacts", "HostNeeds", "HostUnreachable", "LocalRunner", "PROBES", "evaluate",
-           "facts_from_dir", "gather", "gpu_smoke_probe", "has_probe_outputs", "host_check", "reasons", "runner_for", "verdict"]
+           "facts_from_dir", "gather", "gpu_smoke_probe", "has_probe_outputs", "host_check", "reasons", "runner_for",
+           "verdict"]

@@ -21,8 +21,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from fleetbench.hosts.probes import GPU_SMOKE_FILE, PROBES, PROBES_FILE
 from fleetbench.files import NotRegularFile, open_regular
+from fleetbench.hosts.probes import GPU_SMOKE_FILE, PROBES, PROBES_FILE
 
 #: A probe output is read up to this size; real ones are a few KB.
 MAX_PROBE_BYTES = 4 * 1024 * 1024
@@ -34,11 +34,13 @@ NOT_INSTALLED, NOT_LOADED, MISMATCH, NO_DEVICES, NVML_ERROR, GPU_LOST = (
     "not_installed", "not_loaded", "mismatch", "no_devices", "nvml_error", "gpu_lost")
 _DRIVER_ERRORS: tuple[tuple[re.Pattern, str, str], ...] = (
     (re.compile(r"Driver/library version mismatch", re.I), MISMATCH,
-     "driver/library version mismatch: the NVIDIA driver was upgraded but the old kernel module is still loaded (reboot the host)"),
+     "driver/library version mismatch: the NVIDIA driver was upgraded but the old kernel module is still loaded "
+     "(reboot the host)"),
     (re.compile(r"couldn.t communicate with the NVIDIA driver", re.I), NOT_LOADED,
      "NVIDIA driver not loaded: nvidia-smi couldn't communicate with the NVIDIA driver"),
     (re.compile(r"No devices were found", re.I), NO_DEVICES, "the NVIDIA driver found no GPU"),
-    (re.compile(r"GPU is lost|fallen off the bus", re.I), GPU_LOST, "a GPU fell off the bus (GPU is lost): the host needs a reset"),
+    (re.compile(r"GPU is lost|fallen off the bus", re.I), GPU_LOST,
+     "a GPU fell off the bus (GPU is lost): the host needs a reset"),
     (re.compile(r"nvidia-smi: (command )?not found|No such file or directory.{0,200}nvidia-smi"
                 r"|nvidia-smi.{0,200}No such file", re.I),
      NOT_INSTALLED, "no NVIDIA driver: nvidia-smi not found"),
@@ -52,11 +54,13 @@ _SMOKE_FAILURES: tuple[tuple[re.Pattern, str, str], ...] = (
     (re.compile(r"nvidia-container-cli: initialization error: ([^\\\n\"]{1,300})"), "fail",
      "nvidia-container-cli: initialization error"),
     (re.compile(r"unknown flag: --gpus"), "fail", "this docker CLI has no --gpus (needs Docker >= 19.03)"),
-    (re.compile(r"unknown or invalid runtime name: nvidia|Unknown runtime specified nvidia", re.I), "fail", "the nvidia runtime is not registered"),
-    (re.compile(r"Unable to find image|pull access denied|manifest unknown|No such image|not found: manifest", re.I), "unknown",
-     "the smoke image could not be pulled, so the GPU container was not tried"),
+    (re.compile(r"unknown or invalid runtime name: nvidia|Unknown runtime specified nvidia", re.I), "fail",
+     "the nvidia runtime is not registered"),
+    (re.compile(r"Unable to find image|pull access denied|manifest unknown|No such image|not found: manifest", re.I),
+     "unknown", "the smoke image could not be pulled, so the GPU container was not tried"),
     (re.compile(r"timed out", re.I), "unknown", "the GPU smoke container did not finish in time"),
-    (re.compile(r"Cannot connect to the Docker daemon|error during connect", re.I), "unknown", "no Docker engine to run it"),
+    (re.compile(r"Cannot connect to the Docker daemon|error during connect", re.I), "unknown",
+     "no Docker engine to run it"),
 )
 # Versions: bounded digit runs, so that a garbage line can neither take long to scan nor give a huge number.
 _VERSION = r"[0-9]{1,6}(?:\.[0-9]{1,6}){0,3}(?![0-9])"
@@ -97,7 +101,8 @@ class HostFacts:
     cdi_spec_dirs: list[str] | None = None
     docker_root_free_bytes: int | None = None
     driver_error: str | None = None  # what nvidia-smi said instead of a GPU list, for people
-    driver_state: str | None = None  # None when nvidia-smi worked or was not captured; else NOT_INSTALLED, MISMATCH, ...
+    # None when nvidia-smi worked or was not captured; else NOT_INSTALLED, MISMATCH, ...
+    driver_state: str | None = None
     kernel_module_version: str | None = None  # /proc/driver/nvidia/version: the driver actually loaded
     nvml_library_version: str | None = None  # what a mismatching nvidia-smi says its library is
     gpu_smoke: str | None = None  # pass | fail | unknown; None: not run
@@ -228,7 +233,8 @@ def driver_problem(text: str) -> tuple[str, str] | None:
 
 
 def parse_kernel_module_version(text: str) -> str | None:
-    """`/proc/driver/nvidia/version`: "NVRM version: NVIDIA UNIX x86_64 Kernel Module  520.56.06 ..." (also "Open Kernel Module for x86_64")."""
+    """`/proc/driver/nvidia/version`: "NVRM version: NVIDIA UNIX x86_64 Kernel Module  520.56.06 ..."
+    (also "Open Kernel Module for x86_64")."""
     return m.group(1) if (m := _NVRM.search(text)) else None
 
 
@@ -284,7 +290,8 @@ def parse_docker_info_text(text: str) -> dict | None:
     if not _short(fields.get("Server Version")):
         return None
     return {"docker_version": fields["Server Version"], "runtimes": fields.get("Runtimes", "").split(),
-            "default_runtime": fields.get("Default Runtime"), "cdi_spec_dirs": cdi, "root_dir": fields.get("Docker Root Dir")}
+            "default_runtime": fields.get("Default Runtime"), "cdi_spec_dirs": cdi,
+            "root_dir": fields.get("Docker Root Dir")}
 
 
 def _cdi_dirs(lines: list[str]):
@@ -311,7 +318,8 @@ def parse_gpu_smoke(text: str, failed: bool | None) -> tuple[str, str]:
     """
     listed = _SMOKE_GPU.findall(text)
     if listed and not failed:
-        return "pass", f"a GPU container started and saw {len(listed)} GPU(s): {', '.join(sorted({n for _, n, _ in listed}))}"
+        return "pass", (f"a GPU container started and saw {len(listed)} GPU(s): "
+                        f"{', '.join(sorted({n for _, n, _ in listed}))}")
     for pattern, status, meaning in _SMOKE_FAILURES:
         if m := pattern.search(text):
             cause = m.group(1).strip() if m.groups() else _line_at(text, m.start())
@@ -328,7 +336,8 @@ def _line_at(text: str, pos: int) -> str:
 
 
 def _last_line(text: str) -> str:
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip() and not ln.startswith("Run 'docker run --help'")]
+    lines = [ln.strip() for ln in text.strip().splitlines()
+             if ln.strip() and not ln.startswith("Run 'docker run --help'")]
     return lines[-1][-300:] if lines else ""
 
 
@@ -460,9 +469,11 @@ def _nvidia_facts(src: _Folder, facts: HostFacts) -> None:
         facts.kernel_module_version = parse_kernel_module_version(proc)
 
     gpus = parse_gpu_query(query) if "nvidia-smi-query.csv" not in src.errors else []
-    table_driver, table_cuda, table_gpus = parse_smi_table(table) if "nvidia-smi.txt" not in src.errors else (None, None, [])
+    table_driver, table_cuda, table_gpus = (parse_smi_table(table) if "nvidia-smi.txt" not in src.errors
+                                            else (None, None, []))
     facts.cuda_driver_version = table_cuda
-    facts.driver_version = (query_driver_version(query) if gpus else None) or table_driver or facts.kernel_module_version
+    facts.driver_version = ((query_driver_version(query) if gpus else None) or table_driver
+                            or facts.kernel_module_version)
     if gpus or table_gpus:
         facts.gpus = gpus or table_gpus
     elif facts.driver_state in (NOT_INSTALLED, NO_DEVICES, NOT_LOADED):
@@ -478,7 +489,8 @@ def _nvidia_facts(src: _Folder, facts: HostFacts) -> None:
 
 
 def _docker_facts(src: _Folder, facts: HostFacts) -> None:
-    """Engine version and runtimes from `docker info` (JSON, else plain text), else the version from `docker version`."""
+    """Engine version and runtimes from `docker info` (JSON, else plain text), else the version from
+    `docker version`."""
     info, reasons = None, []
     for name, parse in (("docker-info.json", parse_docker_info_json), ("docker-info.txt", parse_docker_info_text)):
         text = src.read(name)

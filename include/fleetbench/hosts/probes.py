@@ -45,7 +45,8 @@ PROBES: tuple[Probe, ...] = (
     Probe("proc-driver-nvidia-version.txt", ("cat", "/proc/driver/nvidia/version")),
     Probe("docker-version.txt", ("docker", "version")),
     Probe("docker-info.json", ("docker", "info", "--format", "{{json .}}")),
-    Probe("df-docker-root.txt", ("sh", "-c", "df -Pk \"$(docker info --format '{{.DockerRootDir}}' 2>/dev/null || echo /var/lib/docker)\"")),
+    Probe("df-docker-root.txt", ("sh", "-c", "df -Pk \"$(docker info --format '{{.DockerRootDir}}' 2>/dev/null "
+                                             "|| echo /var/lib/docker)\"")),
 )
 
 
@@ -57,7 +58,8 @@ def gpu_smoke_probe(image: str) -> Probe:
     """
     if not _IMAGE_REF.match(image or ""):
         raise ValueError(f"not an image reference: {image!r}")
-    argv = ("docker", "run", "--rm", "--network", "none", "--label", GPU_SMOKE_LABEL, "--gpus", "all", image, "nvidia-smi", "-L")
+    argv = ("docker", "run", "--rm", "--network", "none", "--label", GPU_SMOKE_LABEL, "--gpus", "all", image,
+            "nvidia-smi", "-L")
     return Probe(GPU_SMOKE_FILE, argv, timeout_s=GPU_SMOKE_TIMEOUT_S)
 
 

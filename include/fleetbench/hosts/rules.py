@@ -104,10 +104,12 @@ def check_driver_for_cuda(driver: str | None, cuda: str, gpu_names: list[str] | 
     if floor and have >= version_tuple(floor):
         consumer = sorted({n for n in gpu_names or [] if any(m.lower() in n.lower() for m in CONSUMER_GPU_MARKERS)})
         if consumer:
-            return Check("driver_cuda", "fail", f"driver {driver} is too old for CUDA {cuda} (needs >= {need}); forward "
-                                                f"compatibility is for data-center GPUs, not {', '.join(consumer)}")
-        return Check("driver_cuda", "warn", f"driver {driver} is older than {need} (CUDA {cuda}); runs only through "
-                                            f"data-center forward compatibility (R{branch} >= {floor}) with cuda-compat")
+            return Check("driver_cuda", "fail",
+                         f"driver {driver} is too old for CUDA {cuda} (needs >= {need}); forward "
+                         f"compatibility is for data-center GPUs, not {', '.join(consumer)}")
+        return Check("driver_cuda", "warn",
+                     f"driver {driver} is older than {need} (CUDA {cuda}); runs only through "
+                     f"data-center forward compatibility (R{branch} >= {floor}) with cuda-compat")
     return Check("driver_cuda", "fail", f"driver {driver} is too old for CUDA {cuda}: needs >= {need}")
 
 
@@ -148,7 +150,8 @@ def check_disk(facts: HostFacts, needs: HostNeeds) -> Check:
         return Check("disk", "unknown", facts.unknown.get("disk", "free space on Docker's data root unknown"))
     if free >= needs.min_free_bytes:
         return Check("disk", "pass", f"{free / GB:.1f} GB free on Docker's data root")
-    return Check("disk", "fail", f"only {free / GB:.1f} GB free on Docker's data root, need {needs.min_free_bytes / GB:.1f} GB")
+    return Check("disk", "fail",
+                 f"only {free / GB:.1f} GB free on Docker's data root, need {needs.min_free_bytes / GB:.1f} GB")
 
 
 def check_nvidia_driver(facts: HostFacts) -> Check:
@@ -166,7 +169,8 @@ def check_nvidia_driver(facts: HostFacts) -> Check:
 
 
 def check_driver_library(facts: HostFacts) -> Check:
-    """Driver upgraded without a reboot: nvidia-smi says "Failed to initialize NVML: Driver/library version mismatch"."""
+    """Driver upgraded without a reboot: nvidia-smi says
+    "Failed to initialize NVML: Driver/library version mismatch"."""
     if facts.driver_state == F.MISMATCH:
         parts = [f"kernel module {facts.kernel_module_version}" if facts.kernel_module_version else None,
                  f"NVML library {facts.nvml_library_version}" if facts.nvml_library_version else None]
@@ -184,12 +188,14 @@ def check_nvidia_runtime(facts: HostFacts) -> Check:
         return Check("nvidia_runtime", "pass", f"CDI available ({', '.join(facts.cdi_spec_dirs)})")
     if facts.nvidia_runtime is None:
         return Check("nvidia_runtime", "unknown", "Docker runtimes unknown")
-    return Check("nvidia_runtime", "fail", "no NVIDIA runtime registered in Docker and no CDI: install the NVIDIA Container Toolkit")
+    return Check("nvidia_runtime", "fail",
+                 "no NVIDIA runtime registered in Docker and no CDI: install the NVIDIA Container Toolkit")
 
 
 def check_gpu_smoke(facts: HostFacts) -> Check:
     if facts.gpu_smoke is None:
-        return Check("gpu_smoke", "unknown", "GPU smoke container not run (gpu-smoke.txt not captured; give a smoke image)")
+        return Check("gpu_smoke", "unknown",
+                     "GPU smoke container not run (gpu-smoke.txt not captured; give a smoke image)")
     return Check("gpu_smoke", facts.gpu_smoke, facts.gpu_smoke_detail or "")
 
 

@@ -40,7 +40,8 @@ class SSHRunner:
             return None, b"", f"{exc} after {timeout_s:g} s".encode()
         except (OSError, EOFError, paramiko.SSHException) as exc:  # the connection dropped under us
             self.close()
-            raise HostUnreachable(f"unreachable: {self._address()}: connection lost ({exc or type(exc).__name__})") from exc
+            raise HostUnreachable(f"unreachable: {self._address()}: connection lost "
+                                  f"({exc or type(exc).__name__})") from exc
 
     def close(self) -> None:
         if self._client is not None:
@@ -57,17 +58,21 @@ class SSHRunner:
             self._client = self._hook.get_conn()
         except paramiko.BadHostKeyException as exc:
             raise HostUnreachable(
-                f"host key for {self._address()} does not match known_hosts: the server offered {_fingerprint(exc.key)}, "
-                f"expected {_fingerprint(exc.expected_key)}; refusing to connect (connection {self.conn_id!r})") from None
+                f"host key for {self._address()} does not match known_hosts: the server offered "
+                f"{_fingerprint(exc.key)}, expected {_fingerprint(exc.expected_key)}; refusing to connect "
+                f"(connection {self.conn_id!r})") from None
         except paramiko.AuthenticationException as exc:
-            raise HostUnreachable(f"unreachable: {self._address()}: SSH login as {self._hook.username!r} refused ({exc})") from None
+            raise HostUnreachable(f"unreachable: {self._address()}: SSH login as {self._hook.username!r} "
+                                  f"refused ({exc})") from None
         except paramiko.SSHException as exc:
             if "not found in known_hosts" in str(exc):
                 raise HostUnreachable(
-                    f"host key for {self._address()} is unknown: not in known_hosts and connection {self.conn_id!r} has "
-                    "no host_key extra; refusing to connect (add the key, or set allow_host_key_change explicitly)") from None
+                    f"host key for {self._address()} is unknown: not in known_hosts and connection "
+                    f"{self.conn_id!r} has no host_key extra; refusing to connect (add the key, or set "
+                    "allow_host_key_change explicitly)") from None
             if "banner" in str(exc) or "No existing session" in str(exc):  # TCP connected, SSH never answered
-                raise HostUnreachable(f"unreachable: {self._address()}: no SSH answer within {self.connect_timeout_s} s") from None
+                raise HostUnreachable(f"unreachable: {self._address()}: no SSH answer within "
+                                      f"{self.connect_timeout_s} s") from None
             raise HostUnreachable(f"unreachable: {self._address()}: {exc}") from None
         except (OSError, EOFError) as exc:  # refused, no route, timed out (NoValidConnectionsError is an OSError)
             raise HostUnreachable(f"unreachable: {self._address()}: {_socket_reason(exc)}") from None

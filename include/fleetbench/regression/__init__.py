@@ -6,9 +6,22 @@
 """
 
 from fleetbench.regression.compare import NoResults, compare, compare_case, format_compare, parse_side
-from fleetbench.regression.detect import (MAD_TO_SIGMA, METRICS, SEVERITIES, MetricCheck, assess_case, average_ranks,
-                                          check_metric, describe, detect_case, mad, mann_whitney_u, median, robust_z,
-                                          what_changed)
+from fleetbench.regression.detect import (
+                                          MAD_TO_SIGMA,
+                                          METRICS,
+                                          SEVERITIES,
+                                          MetricCheck,
+                                          assess_case,
+                                          average_ranks,
+                                          check_metric,
+                                          describe,
+                                          detect_case,
+                                          mad,
+                                          mann_whitney_u,
+                                          median,
+                                          robust_z,
+                                          what_changed,
+)
 from fleetbench.regression.store import RunAssessment, assess_run, store_findings
 
 __all__ = ["MAD_TO_SIGMA", "METRICS", "SEVERITIES", "MetricCheck", "NoResults", "RunAssessment", "assess_case",

@@ -10,8 +10,16 @@ from datetime import date, datetime, time, timedelta, timezone
 from typing import Any, Mapping, Sequence
 
 from fleetbench.config import RegressionSettings
-from fleetbench.regression.detect import (ENERGY_SOURCES, Row, check_metric, delta_pct, mann_whitney_u, median,
-                                          most_common, severity_of)
+from fleetbench.regression.detect import (
+    ENERGY_SOURCES,
+    Row,
+    check_metric,
+    delta_pct,
+    mann_whitney_u,
+    median,
+    most_common,
+    severity_of,
+)
 
 
 def _medians(rows: Sequence[Mapping[str, Any]], column: str) -> float | None:
@@ -84,7 +92,8 @@ def _num(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
-COMPARE_TABLE = ("host", "case", "before img/s (n)", "after img/s (n)", "delta %", "z", "p", "verdict", "energy %", "cost %")
+COMPARE_TABLE = ("host", "case", "before img/s (n)", "after img/s (n)", "delta %", "z", "p", "verdict", "energy %",
+                 "cost %")
 
 
 def format_compare(rows: Sequence[Mapping[str, Any]]) -> str:

@@ -192,8 +192,8 @@ def check_metric(metric: str, value: float | None, history: Sequence[float | Non
     bad_z, bad_d = sign * z, sign * d
     regression = bad_z >= settings.z_threshold and bad_d >= settings.min_effect_pct
     improvement = -bad_z >= settings.z_threshold and -bad_d >= settings.min_effect_pct
-    return MetricCheck(metric=metric, direction=direction, value=float(value), baseline_value=base, baseline_n=len(hist),
-                       delta_pct=d, z_score=z, regression=regression, improvement=improvement,
+    return MetricCheck(metric=metric, direction=direction, value=float(value), baseline_value=base,
+                       baseline_n=len(hist), delta_pct=d, z_score=z, regression=regression, improvement=improvement,
                        severity=severity_of(bad_d, settings) if regression else None)
 
 
@@ -278,8 +278,9 @@ def assess_case(row: Mapping[str, Any], baseline: Sequence[Mapping[str, Any]],
     return out
 
 
-def detect_case(row: Mapping[str, Any], baseline: Sequence[Mapping[str, Any]], settings: RegressionSettings | None = None,
-                run_steps: Sequence[float] = (), baseline_steps: Sequence[float] = (), previous_digest: str | None = None,
+def detect_case(row: Mapping[str, Any], baseline: Sequence[Mapping[str, Any]],
+                settings: RegressionSettings | None = None, run_steps: Sequence[float] = (),
+                baseline_steps: Sequence[float] = (), previous_digest: str | None = None,
                 detected_at: str | None = None) -> list[dict]:
     """The regressions of one result against its baseline rows (newest first), as `regressions` rows.
 
@@ -293,8 +294,8 @@ def detect_case(row: Mapping[str, Any], baseline: Sequence[Mapping[str, Any]], s
 
 
 def findings_of(row: Mapping[str, Any], baseline: Sequence[Mapping[str, Any]], checks: Sequence[MetricCheck],
-                run_steps: Sequence[float] = (), baseline_steps: Sequence[float] = (), previous_digest: str | None = None,
-                detected_at: str | None = None) -> list[dict]:
+                run_steps: Sequence[float] = (), baseline_steps: Sequence[float] = (),
+                previous_digest: str | None = None, detected_at: str | None = None) -> list[dict]:
     """`regressions` rows for the checks that are regressions (see `detect_case`)."""
     checks = [c for c in checks if c.regression]
     if not checks:
@@ -318,11 +319,13 @@ def findings_of(row: Mapping[str, Any], baseline: Sequence[Mapping[str, Any]], c
 
 
 def describe(finding: Mapping[str, Any]) -> str:
-    """One line for logs and mails: `host case: metric 100.0 -> 80.0 (-20.0 %, z -12.3, major); driver_version 535 -> 550`."""
+    """One line for logs and mails:
+    `host case: metric 100.0 -> 80.0 (-20.0 %, z -12.3, major); driver_version 535 -> 550`."""
     changes = finding.get("changes") or {}
     if isinstance(changes, str):
         changes = json.loads(changes)
-    what = "; ".join(f"{k} {v.get('before')} -> {v.get('after')}" for k, v in changes.items()) or "nothing recorded changed"
+    what = ("; ".join(f"{k} {v.get('before')} -> {v.get('after')}" for k, v in changes.items())
+            or "nothing recorded changed")
     z = finding.get("z_score")
     p = finding.get("p_value")
     return (f"{finding['host']} {finding['case_key']}: {finding['metric']} {finding['baseline_value']:.4g} -> "

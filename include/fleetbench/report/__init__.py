@@ -15,7 +15,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from fleetbench.report.queries import Filters, FilterError, build_report, parse_filters
+from fleetbench.report.queries import FilterError, Filters, build_report, parse_filters
 
 __all__ = ["Filters", "FilterError", "build_report", "parse_filters", "write_report", "default_report_dir"]
 

@@ -127,9 +127,10 @@ def efficiency_charts(report: dict) -> list[BarChart]:
     gpus = sorted({r["gpu"] for r in rows})
     models = sorted({r["model"] for r in rows})
     out = []
-    for key, cid, title, unit in (("images_per_joule", "images-per-joule", "Images per joule per GPU model", "images/J"),
-                                  ("cost_per_million_images_usd", "cost-per-million", "Cost per million images per GPU model",
-                                   "USD per 10⁶ images")):
+    for key, cid, title, unit in (("images_per_joule", "images-per-joule", "Images per joule per GPU model",
+                                   "images/J"),
+                                  ("cost_per_million_images_usd", "cost-per-million",
+                                   "Cost per million images per GPU model", "USD per 10⁶ images")):
         val = {(r["gpu"], r["model"]): r[key] for r in rows if r[key] is not None}
         if not val:
             continue
@@ -216,7 +217,8 @@ def to_svg(chart: Chart) -> str:
              f'role="img" aria-label="{escape(chart.title)}">',
              f'<title>{escape(chart.title)}</title>',
              f'<rect x="0" y="0" width="{WIDTH}" height="{height}" fill="#fff"/>',
-             f'<text x="{WIDTH / 2}" y="20" text-anchor="middle" font-size="14" font-weight="bold">{escape(chart.title)}</text>',
+             f'<text x="{WIDTH / 2}" y="20" text-anchor="middle" font-size="14" font-weight="bold">'
+             f'{escape(chart.title)}</text>',
              f'<text transform="translate(16 {(y0 + y1) / 2}) rotate(-90)" text-anchor="middle" font-size="11">'
              f'{escape(chart.y_label)}</text>']
     values = ([y for s in chart.series for _, y in s.points] if chart.kind == "line"
@@ -262,9 +264,11 @@ def _svg_lines(chart: LineChart, x0, x1, y0, y1, ypos) -> list[str]:
                      f'<text x="{xpos(t):.1f}" y="{y0 + 16}" text-anchor="middle" font-size="10">{t:%Y-%m-%d}</text>')
     for i, m in enumerate(chart.markers):
         x = xpos(m.x)
-        parts.append(f'<g class="marker" data-label="{escape(m.label)}"><title>{escape(m.label)} ({m.x:%Y-%m-%d})</title>'
+        parts.append(f'<g class="marker" data-label="{escape(m.label)}">'
+                     f'<title>{escape(m.label)} ({m.x:%Y-%m-%d})</title>'
                      f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y0}" y2="{y1}" stroke="#c00" stroke-dasharray="4 3"/>'
-                     f'<text x="{x + 3:.1f}" y="{y1 + 10 + 11 * (i % 3)}" font-size="10" fill="#c00">{escape(m.label)}</text></g>')
+                     f'<text x="{x + 3:.1f}" y="{y1 + 10 + 11 * (i % 3)}" font-size="10" fill="#c00">'
+                     f'{escape(m.label)}</text></g>')
     for i, s in enumerate(chart.series):
         color = PALETTE[i % len(PALETTE)]
         pts = [(xpos(t), ypos(v), t, v) for t, v in s.points]
@@ -301,7 +305,8 @@ def _svg_bars(chart: BarChart, x0, x1, y0, ypos) -> list[str]:
                 continue
             x = x0 + group * ci + group * 0.1 + bar * si
             top, base = ypos(max(v, 0)), ypos(0)
-            parts.append(f'<rect class="bar" x="{x:.1f}" y="{top:.1f}" width="{bar:.1f}" height="{max(base - top, 0.5):.1f}" '
+            parts.append(f'<rect class="bar" x="{x:.1f}" y="{top:.1f}" width="{bar:.1f}" '
+                         f'height="{max(base - top, 0.5):.1f}" '
                          f'fill="{color}" data-value="{v!r}" data-category="{escape(chart.categories[ci])}">'
                          f'<title>{escape(s.label)}, {escape(chart.categories[ci])}: {fmt(v)}</title></rect>')
         parts.append("</g>")
@@ -328,7 +333,8 @@ def to_png(chart: Chart, path: Path) -> Path:
     if chart.kind == "line":
         for i, s in enumerate(chart.series):
             xs = [t.replace(tzinfo=None) for t, _ in s.points]
-            ax.plot(xs, [v for _, v in s.points], marker="o", markersize=4, color=PALETTE[i % len(PALETTE)], label=s.label)
+            ax.plot(xs, [v for _, v in s.points], marker="o", markersize=4, color=PALETTE[i % len(PALETTE)],
+                    label=s.label)
         for m in chart.markers:
             ax.axvline(m.x.replace(tzinfo=None), color="#c00", linestyle="--", linewidth=1)
             ax.annotate(m.label, (m.x.replace(tzinfo=None), 1), xycoords=("data", "axes fraction"), fontsize=7,
@@ -349,7 +355,8 @@ def to_png(chart: Chart, path: Path) -> Path:
         width = 0.8 / n
         for i, s in enumerate(chart.series):
             xs = [ci - 0.4 + width * (i + 0.5) for ci, v in enumerate(s.values) if v is not None]
-            ax.bar(xs, [v for v in s.values if v is not None], width=width, color=PALETTE[i % len(PALETTE)], label=s.label)
+            ax.bar(xs, [v for v in s.values if v is not None], width=width, color=PALETTE[i % len(PALETTE)],
+                   label=s.label)
         ax.set_xticks(range(len(chart.categories)), chart.categories, rotation=20 if len(chart.categories) > 3 else 0,
                       ha="right" if len(chart.categories) > 3 else "center", fontsize=8)
         if chart.integer:

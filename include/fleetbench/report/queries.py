@@ -42,8 +42,22 @@ from dataclasses import dataclass, replace
 from datetime import date, datetime, time, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import (DateTime, Engine, String, and_, case, cast, distinct, func, inspect, literal, select, text,
-                        type_coerce, union_all)
+from sqlalchemy import (
+    DateTime,
+    Engine,
+    String,
+    and_,
+    case,
+    cast,
+    distinct,
+    func,
+    inspect,
+    literal,
+    select,
+    text,
+    type_coerce,
+    union_all,
+)
 
 from fleetbench.config import NAME_PATTERN
 from fleetbench.warehouse.rollup import month_of, next_month
@@ -190,7 +204,8 @@ def resolve_window(conn, f: Filters) -> tuple[datetime | None, datetime | None, 
                                 .where(*_scope(f, window=(None, f.until), table=hr))).scalar())
     if newest is None:
         return None, f.until, True
-    return datetime.combine(newest.date() - timedelta(days=DEFAULT_DAYS - 1), time(), tzinfo=timezone.utc), f.until, True
+    return (datetime.combine(newest.date() - timedelta(days=DEFAULT_DAYS - 1), time(), tzinfo=timezone.utc),
+            f.until, True)
 
 
 def _distinct_values(conn, col) -> list[str]:
@@ -422,7 +437,8 @@ def _lagged_driver_changes(conn, f: Filters, hosts: list[tuple[str, str]]) -> li
         one = replace(f, host=host, dag_id=dag_id, model=None)
         per_run = (select(hr.c.dag_id, hr.c.host, hr.c.run_id, _ts(func.max(hr.c.logical_date)).label("logical_date"),
                           func.max(hr.c.driver_version).label("driver"))
-                   .where(*_scope(one, window=(None, one.until), model=False, table=hr), hr.c.driver_version.is_not(None))
+                   .where(*_scope(one, window=(None, one.until), model=False, table=hr),
+                          hr.c.driver_version.is_not(None))
                    .group_by(hr.c.dag_id, hr.c.host, hr.c.run_id).subquery("per_run"))
         lagged = select(
             per_run.c.dag_id, per_run.c.host, per_run.c.run_id, per_run.c.logical_date, per_run.c.driver,
@@ -450,7 +466,8 @@ def scaling(conn, f: Filters) -> list[dict]:
         hosts = {(r.model, r.num_gpus): r.hosts for r in rows}
     else:  # the fleet's per case and night; hosts from the GPU counts each host had an efficiency for
         rows = conn.execute(select(
-            cr.c.model, cr.c.num_gpus, func.sum(cr.c.efficiency_n).label("n"), func.sum(cr.c.efficiency_sum).label("total"),
+            cr.c.model, cr.c.num_gpus, func.sum(cr.c.efficiency_n).label("n"),
+            func.sum(cr.c.efficiency_sum).label("total"),
             func.min(cr.c.efficiency_min).label("min"), func.max(cr.c.efficiency_max).label("max"),
         ).where(*_scope(f, table=cr), cr.c.efficiency_n > 0, cr.c.num_gpus >= 2)
             .group_by(cr.c.model, cr.c.num_gpus).order_by(cr.c.model, cr.c.num_gpus)).all()
@@ -514,8 +531,8 @@ def failures(conn, f: Filters, run: dict | None) -> list[dict]:
     if run is None:
         return []
     rows = conn.execute(select(br.c.status, br.c.failure_class, br.c.host, func.count().label("n"))
-                        .where(*_scope(f, window=(None, None)), br.c.dag_id == run["dag_id"], br.c.run_id == run["run_id"],
-                               br.c.status != "ok")
+                        .where(*_scope(f, window=(None, None)), br.c.dag_id == run["dag_id"],
+                               br.c.run_id == run["run_id"], br.c.status != "ok")
                         .group_by(br.c.status, br.c.failure_class, br.c.host)).all()
     classes: dict[tuple[str, str], dict] = {}
     for r in rows:  # a handful of aggregated rows: (status, class, host) -> count

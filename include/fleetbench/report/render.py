@@ -34,7 +34,7 @@ tr.bad td{background:#fdecea}.sev-major{color:#b00020;font-weight:bold}.sev-mino
 .empty{color:#666;font-style:italic;font-size:13px}form.filters{background:#fff;border:1px solid #ddd;padding:8px 12px;
 display:flex;gap:12px;align-items:end;flex-wrap:wrap;font-size:13px}form.filters label{display:flex;flex-direction:column;gap:2px}
 .error{background:#fdecea;border:1px solid #e0a0a0;padding:8px 12px;margin:12px 0;font-size:14px}a{color:#2a5db0}
-"""
+"""  # noqa: E501
 
 
 def _v(value: Any, kind: str = "num") -> str:
@@ -68,7 +68,8 @@ def table(table_id: str, columns: Sequence[tuple[str, str, str]], rows: Iterable
             if kind == "html":
                 cells.append(f'<td data-col="{key}">{value}</td>')
             elif kind in ("num", "int", "pct") and value is not None:
-                cells.append(f'<td class="num" data-col="{key}" data-value="{float(value)!r}">{escape(_v(value, kind))}</td>')
+                cells.append(f'<td class="num" data-col="{key}" data-value="{float(value)!r}">'
+                             f'{escape(_v(value, kind))}</td>')
             else:
                 cells.append(f'<td data-col="{key}">{escape(_v(value, kind))}</td>')
         body.append(f'<tr{f" class={cls!r}" if cls else ""}>{"".join(cells)}</tr>')
@@ -82,7 +83,8 @@ def _plots(charts: Sequence[Chart], prefix: str, png: dict[str, str] | None) -> 
         return ""
     items = []
     for c in chosen:
-        link = f'<div class="meta"><a href="{escape(png[c.id])}">{escape(png[c.id])}</a></div>' if png and c.id in png else ""
+        link = (f'<div class="meta"><a href="{escape(png[c.id])}">{escape(png[c.id])}</a></div>'
+                if png and c.id in png else "")
         items.append(f"<figure style=\"margin:0\">{to_svg(c)}{link}</figure>")
     return f'<div class="plots">{"".join(items)}</div>'
 
@@ -127,7 +129,8 @@ def _filters_form(report: dict, values: dict[str, str]) -> str:
 
     opts = report["options"]
     query = urlencode({k: v for k, v in values.items() if v})
-    dates = "".join(f'<label>{label}<input type="date" name="{name}" value="{escape((values.get(name) or "")[:10])}"></label>'
+    dates = "".join(f'<label>{label}<input type="date" name="{name}" '
+                    f'value="{escape((values.get(name) or "")[:10])}"></label>'
                     for name, label in (("since", "from"), ("until", "to")))
     return (f'<form class="filters" method="get" action="" id="filters">{select("host", opts["hosts"], "host")}'
             f'{select("model", opts["models"], "model")}{dates}'
@@ -146,7 +149,8 @@ def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str,
     if report["warehouse"]:
         meta.append(f"from {report['warehouse']}")
     if w["since"]:
-        meta.append(f"results from {_v(w['since'], 'date')}" + (f" to before {_v(w['until'], 'date')}" if w["until"] else "")
+        meta.append(f"results from {_v(w['since'], 'date')}"
+                    + (f" to before {_v(w['until'], 'date')}" if w["until"] else "")
                     + (f" (the last {DEFAULT_DAYS} days with results)" if w["defaulted"] else ""))
     meta += [f"{k} = {v}" for k, v in report["filters"].items() if v is not None and k in ("host", "model", "dag_id")]
     parts = [f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
@@ -158,7 +162,8 @@ def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str,
     if error:
         parts.append(f'<div class="error" id="error">{escape(error)}</div>')
     if report["notes"]:
-        parts.append('<ul class="notes" id="notes">' + "".join(f"<li>{escape(n)}</li>" for n in report["notes"]) + "</ul>")
+        parts.append('<ul class="notes" id="notes">' + "".join(f"<li>{escape(n)}</li>" for n in report["notes"])
+                     + "</ul>")
     if error or report["state"] in (NO_TABLES, OUTDATED, EMPTY, NO_MATCH):
         parts.append("</body></html>")
         return "".join(parts)
@@ -192,45 +197,54 @@ def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str,
     else:
         parts.append("<h2>Throughput per model and host</h2>")
         if report["throughput"]:
-            parts.append('<p class="meta">ok results only; dashed red lines mark nights on which a host reported a new driver.</p>')
+            parts.append('<p class="meta">ok results only; dashed red lines mark nights on which a host reported '
+                         'a new driver.</p>')
         parts.append(_plots(charts, "throughput-", png))
         parts.append(table("throughput-table", [
-            ("model", "model", "text"), ("host", "host", "text"), ("case", "case_key", "text"), ("GPUs", "num_gpus", "int"),
-            ("batch/GPU", "batch_size_per_device", "int"), ("nights", "n", "int"), ("latest images/sec", "latest", "num"),
-            ("previous", "previous", "num"), ("change", "change_pct", "pct"), ("min", "min", "num"), ("max", "max", "num"),
-            ("driver", "latest_driver", "text"), ("latest night", "latest_date", "date")],
+            ("model", "model", "text"), ("host", "host", "text"), ("case", "case_key", "text"),
+            ("GPUs", "num_gpus", "int"), ("batch/GPU", "batch_size_per_device", "int"), ("nights", "n", "int"),
+            ("latest images/sec", "latest", "num"), ("previous", "previous", "num"), ("change", "change_pct", "pct"),
+            ("min", "min", "num"), ("max", "max", "num"), ("driver", "latest_driver", "text"),
+            ("latest night", "latest_date", "date")],
             report["throughput"], empty="No ok results with a throughput in this range."))
     if report["driver_changes"]:
         parts.append("<h2>Driver changes</h2>")
         parts.append(table("driver-changes-table", [("night", "logical_date", "date"), ("host", "host", "text"),
-                                                    ("from", "from", "text"), ("to", "to", "text"), ("run", "run_id", "text")],
+                                                    ("from", "from", "text"), ("to", "to", "text"),
+                                                    ("run", "run_id", "text")],
                            report["driver_changes"]))
 
     parts.append("<h2>Scaling efficiency per GPU count</h2>")
-    parts.append('<p class="meta">N-GPU images/sec ÷ (N × 1-GPU images/sec) of the same host, model, batch and run; 1.0 is linear.</p>')
+    parts.append('<p class="meta">N-GPU images/sec ÷ (N × 1-GPU images/sec) of the same host, model, batch and run; '
+                 '1.0 is linear.</p>')
     parts.append(_plots(charts, "scaling", png))
     parts.append(table("scaling-table", [("model", "model", "text"), ("GPUs", "num_gpus", "int"), ("cases", "n", "int"),
                                          ("hosts", "hosts", "int"), ("mean", "mean", "num"), ("min", "min", "num"),
                                          ("max", "max", "num")],
-                       report["scaling"], empty="No GPU cases with a 1-GPU counterpart in this range (CPU cases do not scale)."))
+                       report["scaling"],
+                       empty="No GPU cases with a 1-GPU counterpart in this range (CPU cases do not scale)."))
 
     parts.append("<h2>Energy and cost per GPU model</h2>")
     parts.append(_plots(charts, "images-per-joule", png) + _plots(charts, "cost-per-million", png))
-    parts.append(table("efficiency-table", [("GPU model", "gpu", "text"), ("model", "model", "text"), ("cases", "n", "int"),
-                                            ("images/J (mean)", "images_per_joule", "num"),
+    parts.append(table("efficiency-table", [("GPU model", "gpu", "text"), ("model", "model", "text"),
+                                            ("cases", "n", "int"), ("images/J (mean)", "images_per_joule", "num"),
                                             ("USD per 10⁶ images (mean)", "cost_per_million_images_usd", "num"),
-                                            ("energy measured", "measured", "int"), ("energy estimated", "estimated", "int")],
+                                            ("energy measured", "measured", "int"),
+                                            ("energy estimated", "estimated", "int")],
                        report["efficiency"],
-                       empty="No energy or cost figures in this range (CPU cases, and GPUs without a price or TDP, have none)."))
+                       empty="No energy or cost figures in this range (CPU cases, and GPUs without a price or TDP, "
+                             "have none)."))
 
     run = report["latest_run"]
     parts.append("<h2>Latest run: failures by class</h2>")
     if run:
-        parts.append(f'<p class="meta" id="latest-run" data-run-id="{escape(run["run_id"])}">run {escape(run["run_id"])} '
-                     f'({escape(run["dag_id"])}, {_v(run["logical_date"], "date")}): {run["total"]} case(s), {run["ok"]} ok, '
-                     f'{run["failed"]} failed, {run["skipped"]} skipped</p>')
+        parts.append(f'<p class="meta" id="latest-run" data-run-id="{escape(run["run_id"])}">'
+                     f'run {escape(run["run_id"])} '
+                     f'({escape(run["dag_id"])}, {_v(run["logical_date"], "date")}): {run["total"]} case(s), '
+                     f'{run["ok"]} ok, {run["failed"]} failed, {run["skipped"]} skipped</p>')
     parts.append(_plots(charts, "failures", png))
-    rows = [{**f, "hosts_text": ", ".join(f"{h} ×{n}" for h, n in sorted(f["hosts"].items()))} for f in report["failures"]]
+    rows = [{**f, "hosts_text": ", ".join(f"{h} ×{n}" for h, n in sorted(f["hosts"].items()))}
+            for f in report["failures"]]
     parts.append(table("failures-table", [("failure class", "failure_class", "text"), ("status", "status", "text"),
                                           ("cases", "count", "int"), ("hosts", "hosts_text", "text")],
                        rows, empty="No failed or skipped case in the latest run."))
@@ -238,12 +252,14 @@ def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str,
     parts.append("<h2>Open regressions</h2>")
     regs = [{**r, "case": r["case_key"],
              "sev_html": f'<span class="sev-{escape(r["severity"])}">{escape(r["severity"])}</span>',
-             "changes_text": "; ".join(f"{k} {v.get('before')} → {v.get('after')}" if isinstance(v, dict) else f"{k} {v}"
+             "changes_text": "; ".join(f"{k} {v.get('before')} → {v.get('after')}" if isinstance(v, dict)
+                                       else f"{k} {v}"
                                        for k, v in (r["changes"] or {}).items()) or "–"} for r in report["regressions"]]
     parts.append(table("regressions-table", [
-        ("severity", "sev_html", "html"), ("host", "host", "text"), ("case", "case", "text"), ("metric", "metric", "text"),
-        ("baseline", "baseline_value", "num"), ("value", "value", "num"), ("change", "delta_pct", "pct"),
-        ("z", "z_score", "num"), ("night", "logical_date", "date"), ("what changed", "changes_text", "text")],
+        ("severity", "sev_html", "html"), ("host", "host", "text"), ("case", "case", "text"),
+        ("metric", "metric", "text"), ("baseline", "baseline_value", "num"), ("value", "value", "num"),
+        ("change", "delta_pct", "pct"), ("z", "z_score", "num"), ("night", "logical_date", "date"),
+        ("what changed", "changes_text", "text")],
         regs, empty="No open regressions."))
     parts.append("</body></html>")
     return "".join(parts)

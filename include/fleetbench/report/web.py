@@ -122,8 +122,8 @@ def create_app(engine_factory: Callable | None = None, readable_dags: Callable =
             f, values = filters_from(request)
         except FilterError as exc:
             raw = {k: v for k, v in request.query_params.items() if k in FILTER_FIELDS}
-            return HTMLResponse(render_html(blank_report(), [], form_values=raw, error=f"Bad filter: {exc}", title=TITLE),
-                                status_code=400)
+            return HTMLResponse(render_html(blank_report(), [], form_values=raw, error=f"Bad filter: {exc}",
+                                            title=TITLE), status_code=400)
         try:
             report = read(f, dag_ids)
         except HTTPException as exc:
@@ -164,12 +164,11 @@ async def airflow_readable_dags(request: Request,
     `ReadableDagRunsFilterDep`). Airflow's security module is imported on the first request, not when the
     plugin is loaded: plugins are imported by every Airflow process, and that import is slow.
     """
-    from starlette.concurrency import run_in_threadpool
-
     from airflow.api_fastapi.app import get_auth_manager
     from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
     from airflow.api_fastapi.core_api.security import get_user
     from airflow.models.dag import DagModel
+    from starlette.concurrency import run_in_threadpool
 
     user = await get_user(request, None, credentials)
     dag_id = request.query_params.get("dag_id") or None

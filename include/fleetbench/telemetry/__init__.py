@@ -11,11 +11,13 @@ from fleetbench.telemetry.wrapper import MARKER, NvmlSource, NvmlUnavailable, Sa
 CONTAINER_DIR = "/opt/fleetbench-telemetry"
 WRAPPER = Path(__file__).with_name("wrapper.py")
 
-__all__ = ["CONTAINER_DIR", "MARKER", "NvmlSource", "NvmlUnavailable", "Sampler", "bundle", "parse_report", "wrap_command"]
+__all__ = ["CONTAINER_DIR", "MARKER", "NvmlSource", "NvmlUnavailable", "Sampler", "bundle", "parse_report",
+           "wrap_command"]
 
 
 def bundle() -> bytes:
-    """A tar of the wrapper plus nvidia-ml-py's `pynvml` module, for `put_archive(cid, "/", ...)` into a created container.
+    """A tar of the wrapper plus nvidia-ml-py's `pynvml` module, for `put_archive(cid, "/", ...)` into a
+    created container.
 
     pynvml goes into a `fallback/` folder that the wrapper appends to sys.path last, so an image's own
     pynvml wins.

@@ -117,7 +117,8 @@ class GpuTrack:
 
     def summary(self) -> dict:
         mean = {k: (self.sums[k] / self.counts[k] if self.counts[k] else None) for k in self.FIELDS}
-        counter_ok = self.energy_start_mj is not None and self.energy_end_mj is not None and self.energy_end_mj >= self.energy_start_mj
+        counter_ok = (self.energy_start_mj is not None and self.energy_end_mj is not None
+                      and self.energy_end_mj >= self.energy_start_mj)
         return {
             **self.device,
             "samples": self.n,
@@ -127,7 +128,8 @@ class GpuTrack:
             "peak_mem_used_mib": _round(self.peaks["mem_used_mib"]),
             "mean_sm_clock_mhz": _round(mean["sm_clock_mhz"]),
             "max_temp_c": self.peaks["temp_c"],
-            "energy_j": _round((self.energy_end_mj - self.energy_start_mj) / 1000.0) if counter_ok else _round(self.trapezoid_j) if self.counts["power_w"] >= 2 else None,
+            "energy_j": (_round((self.energy_end_mj - self.energy_start_mj) / 1000.0) if counter_ok
+                         else _round(self.trapezoid_j) if self.counts["power_w"] >= 2 else None),
             "energy_method": "counter" if counter_ok else "trapezoid" if self.counts["power_w"] >= 2 else None,
         }
 

@@ -29,6 +29,6 @@ from fleetbench.warehouse.engine import (
 from fleetbench.warehouse.read import fetch_capacity_features, fetch_results, latest_run_id
 from fleetbench.warehouse.store import WRITE_ATTEMPTS, store_run, upsert_rows
 
-__all__ = ["MIGRATIONS", "WRITE_ATTEMPTS", "WarehouseURLError", "current_revision", "downgrade", "fetch_capacity_features",
-           "fetch_results", "get_engine", "latest_run_id", "store_run", "upgrade", "upsert_rows", "warehouse_display_url",
-           "warehouse_read_url", "warehouse_url"]
+__all__ = ["MIGRATIONS", "WRITE_ATTEMPTS", "WarehouseURLError", "current_revision", "downgrade",
+           "fetch_capacity_features", "fetch_results", "get_engine", "latest_run_id", "store_run", "upgrade",
+           "upsert_rows", "warehouse_display_url", "warehouse_read_url", "warehouse_url"]

@@ -53,7 +53,8 @@ def delete_keys(conn, table: Table, key: Sequence[str], keys: list[tuple]) -> No
         value = "(" + ", ".join("?" * len(key)) + ")"
         for i in range(0, len(keys), DELETE_CHUNK):
             chunk = keys[i:i + DELETE_CHUNK]
-            conn.exec_driver_sql(f"DELETE FROM {q(table.name)} WHERE ({cols}) IN (VALUES {', '.join([value] * len(chunk))})",
+            values = ", ".join([value] * len(chunk))
+            conn.exec_driver_sql(f"DELETE FROM {q(table.name)} WHERE ({cols}) IN (VALUES {values})",
                                  tuple(v for k in chunk for v in k))
         return
     cols = tuple_(*[table.c[k] for k in key])

@@ -78,7 +78,8 @@ def get_engine(url: str | None = None) -> Engine:
     try:
         return create_engine(url, pool_pre_ping=True)
     except ImportError as exc:
-        raise WarehouseURLError(f"FLEETBENCH_WAREHOUSE_URL {warehouse_display_url(url)}: driver not installed ({exc})") from None
+        raise WarehouseURLError(f"FLEETBENCH_WAREHOUSE_URL {warehouse_display_url(url)}: "
+                                f"driver not installed ({exc})") from None
 
 
 def _alembic(engine: Engine, action, revision: str, script_location: Path = MIGRATIONS) -> None:

@@ -99,7 +99,8 @@ def fit_results(rows: Iterable[tuple], columns: Sequence[str], table: Table) -> 
         row, dropped = fitter(row)
         if dropped:
             row = list(row)
-            log.warning("result %s: stored as failed (%s): %s", row[columns.index("case_key")], STORE_ERROR, "; ".join(dropped))
+            log.warning("result %s: stored as failed (%s): %s", row[columns.index("case_key")], STORE_ERROR,
+                        "; ".join(dropped))
             before = f" (was {row[status]}: {row[klass]}: {row[detail]})" if row[klass] else f" (was {row[status]})"
             row[status], row[klass] = "failed", STORE_ERROR
             row[detail] = ("could not be stored as measured: " + "; ".join(dropped) + before)[:4000]

@@ -63,7 +63,8 @@ def host_rollup_sql(where: str) -> str:
     return f"""
 INSERT INTO run_host_rollup (dag_id, run_id, host, model, gpu, driver_version, logical_date, stored_at, gpu_model,
     results, ok, failed, skipped, {ENERGY_COLUMNS}, scaled_gpus)
-SELECT dag_id, run_id, host, model, {GPU}, driver_version, logical_date, MAX(stored_at), MAX(gpu_model),{STATUS},{ENERGY},
+SELECT dag_id, run_id, host, model, {GPU}, driver_version, logical_date, MAX(stored_at), MAX(gpu_model),
+    {STATUS},{ENERGY},
     COALESCE(CAST(SUM(DISTINCT CASE WHEN status = 'ok' AND speedup_efficiency IS NOT NULL AND num_gpus BETWEEN 2 AND 62
                                     THEN CAST(1 AS BIGINT) << num_gpus END) AS BIGINT), 0)
 FROM benchmark_results
@@ -191,7 +192,8 @@ def rebuild(conn) -> None:
     conn.execute(text(host_rollup_sql("1 = 1")))
     conn.execute(text(case_rollup_sql("1 = 1")))
     h = run_host_rollup.c
-    spans = conn.execute(select(h.dag_id, type_coerce(func.min(h.logical_date), _TS), type_coerce(func.max(h.logical_date), _TS))
+    spans = conn.execute(select(h.dag_id, type_coerce(func.min(h.logical_date), _TS),
+                                type_coerce(func.max(h.logical_date), _TS))
                          .group_by(h.dag_id)).all()
     for dag_id, first, last in spans:
         if first is None:

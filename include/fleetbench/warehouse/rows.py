@@ -12,7 +12,8 @@ def run_row(run, counts: dict[str, int], total: int) -> dict:
         "dag_id": run.dag_id, "run_id": run.run_id, "logical_date": run.logical_date, "run_type": run.run_type,
         "fleet": run.fleet, "config_digest": run.config_digest, "started_at": run.started_at,
         "finished_at": datetime.now(timezone.utc).isoformat(), "cases_total": total,
-        "cases_ok": counts.get("ok", 0), "cases_failed": counts.get("failed", 0), "cases_skipped": counts.get("skipped", 0),
+        "cases_ok": counts.get("ok", 0), "cases_failed": counts.get("failed", 0),
+        "cases_skipped": counts.get("skipped", 0),
     }
 
 

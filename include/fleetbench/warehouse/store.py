@@ -51,7 +51,8 @@ def upsert_rows(conn, table, rows: list[dict], key: tuple[str, ...]) -> None:
         return
     stmt = insert(table)
     updates = {c: stmt.excluded[c] for c in rows[0] if c not in key}
-    stmt = stmt.on_conflict_do_update(index_elements=list(key), set_=updates) if updates else stmt.on_conflict_do_nothing()
+    stmt = (stmt.on_conflict_do_update(index_elements=list(key), set_=updates) if updates
+            else stmt.on_conflict_do_nothing())
     conn.execute(stmt, rows)
 
 
@@ -72,7 +73,8 @@ class _Rows:
     @classmethod
     def of_dicts(cls, table, rows: list[dict], key: tuple[str, ...]) -> "_Rows":
         columns = _columns(table, rows)
-        return cls(table, columns, fit.fit_rows((tuple(r.get(c) for c in columns) for r in rows), columns, table, key), key)
+        fitted = fit.fit_rows((tuple(r.get(c) for c in columns) for r in rows), columns, table, key)
+        return cls(table, columns, fitted, key)
 
     def upsert(self, conn) -> None:
         bulk.upsert(conn, self.table, self.columns, self.rows, self.key)
@@ -103,7 +105,8 @@ def store_run(engine: Engine, run: dict, hosts: Iterable[dict], results: Iterabl
                "finished_at": dt(run.get("finished_at"))}
     host_rows = _Rows.of_dicts(host_facts, [{**h, "collected_at": dt(h.get("collected_at"))} for h in hosts], HOST_KEY)
     result_rows = _Rows(benchmark_results, RESULT_COLUMNS,
-                        fit.fit_results(_result_tuples(results, now, dt), RESULT_COLUMNS, benchmark_results), RESULT_KEY)
+                        fit.fit_results(_result_tuples(results, now, dt), RESULT_COLUMNS, benchmark_results),
+                        RESULT_KEY)
     step_upserts = _Rows.of_dicts(steps, list(step_rows), STEP_KEY)
     run_keys = {k[:2] for k in result_rows.keys} | ({(run_row["dag_id"], run_row["run_id"])} if complete else set())
     for attempt in range(1, WRITE_ATTEMPTS + 1):
