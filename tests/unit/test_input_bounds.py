@@ -268,3 +268,25 @@ def test_db_upgrade_to_a_bad_revision_names_it(tmp_path, revision):
     proc = db_upgrade(f"sqlite:///{tmp_path}/w.db", "--revision", revision)
     assert proc.returncode == 2
     assert proc.stderr.startswith(f"fleetbench db: --revision {revision}: ") and proc.stderr.count("\n") == 1
+
+
+def test_a_huge_failed_log_is_classified_from_its_head_and_tail(tmp_path, monkeypatch):
+    """Past twice FAILURE_WINDOW, failure evidence is read from the first and last FAILURE_WINDOW bytes only:
+    an error at either end still names the failure; one lost in the middle does not (a bound, said in the docs)."""
+    from fleetbench.parsing import detect
+
+    monkeypatch.setattr(detect, "FAILURE_WINDOW", 64 * 1024)
+    filler = "2026-12-01 02:00:00.000000: I tensorflow/core/common_runtime/executor.cc:1 still running\n" * 12_000
+    nccl = "tensorflow.python.framework.errors_impl.UnknownError: ncclInternalError: unhandled system error\n"
+    oom = "ResourceExhaustedError: OOM when allocating tensor with shape[64,3,224,224]\n"
+
+    def parsed(text):
+        path = tmp_path / "run.log"
+        path.write_text(text)
+        return parse_log_file(path, "tf_cnn_benchmarks")
+
+    assert len(filler) > 8 * detect.FAILURE_WINDOW
+    assert parsed(filler + nccl).failure_class == "nccl"  # in the tail
+    assert parsed(oom + filler).failure_class == "oom"  # in the head
+    assert parsed(filler + oom + filler).failure_class != "oom"  # beyond both windows
+    assert parse_log(filler + oom + filler, "tf_cnn_benchmarks").failure_class == "oom"  # text in memory: all of it
