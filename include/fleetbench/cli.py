@@ -286,8 +286,11 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from fleetbench import __version__
+
     parser = argparse.ArgumentParser(prog="fleetbench", description="Benchmark fleets of GPU hosts.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"fleetbench {__version__}")
+    sub = parser.add_subparsers(dest="command")
 
     config = sub.add_parser("config", help="fleet config tools").add_subparsers(dest="config_command", required=True)
     check = config.add_parser("check", help="validate a fleet config file")
@@ -364,7 +367,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # bare `fleetbench`: what it can do
+        parser.print_help()
+        return 0
     try:
         return args.func(args)
     except UsageError as exc:

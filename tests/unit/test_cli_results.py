@@ -93,3 +93,13 @@ def test_csv_quotes_text_that_a_spreadsheet_would_run_as_a_formula(tmp_path):
     [row] = list(csv.DictReader(io.StringIO(proc.stdout)))
     assert row["failure_detail"] == '\'=HYPERLINK("http://x","y")' and row["image_ref"] == "'@SUM(1)"
     assert row["batch_size_per_device"] == "64"  # numbers stay numbers
+
+
+def test_version_and_bare_command_print_and_exit_0(tmp_path):
+    from fleetbench import __version__
+
+    version = cli("--version", url=f"sqlite:///{tmp_path}/w.db")
+    assert (version.returncode, version.stdout.strip()) == (0, f"fleetbench {__version__}")
+    bare = cli(url=f"sqlite:///{tmp_path}/w.db")
+    assert bare.returncode == 0 and "usage: fleetbench" in bare.stdout and "host-check" in bare.stdout
+    assert bare.stderr == ""
