@@ -33,14 +33,16 @@ class UsageError(Exception):
 
 
 def _config_check(args: argparse.Namespace) -> int:
-    from fleetbench.config import ConfigError, load_config
+    from fleetbench.config import ConfigError, config_warnings, load_config
 
     try:
-        load_config(args.file)
+        cfg = load_config(args.file)
     except ConfigError as exc:
         for line in exc.errors:
             print(f"{exc.source}: {line}", file=sys.stderr)
         return 2
+    for line in config_warnings(cfg):
+        print(f"{args.file}: warning: {line}", file=sys.stderr)
     print("ok")
     return 0
 

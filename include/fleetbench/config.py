@@ -366,23 +366,33 @@ class FleetConfig(_Model):
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def _cross_check(cfg: FleetConfig) -> list[str]:
-    """References between sections: names must be unique and must exist."""
+def _cross_check(data: dict) -> list[str]:
+    """References between sections: names must be unique and must exist. Reads the raw data (a section or
+    item of the wrong shape is the field checks' to report), so these come with the field errors, at once."""
+    def items(section: str) -> list[tuple[int, dict]]:
+        value = data.get(section)
+        return [(i, item) for i, item in enumerate(value) if isinstance(item, dict)] if isinstance(value, list) else []
+
+    def names(section: str) -> set[str]:
+        return {item["name"] for _, item in items(section) if isinstance(item.get("name"), str)}
+
     errors: list[str] = []
     for section in ("hosts", "images", "benchmarks"):
         seen: set[str] = set()
-        for i, item in enumerate(getattr(cfg, section)):
-            if item.name in seen:
-                errors.append(f"{section}[{i}].name: duplicate name {item.name!r}")
-            seen.add(item.name)
-    host_names = {h.name for h in cfg.hosts}
-    image_names = {i.name for i in cfg.images}
-    for i, bench in enumerate(cfg.benchmarks):
-        if bench.image not in image_names:
-            errors.append(f"benchmarks[{i}].image: unknown image {bench.image!r} "
+        for i, item in items(section):
+            name = item.get("name")
+            if isinstance(name, str) and name in seen:
+                errors.append(f"{section}[{i}].name: duplicate name {name!r}")
+            seen.add(name)
+    host_names, image_names = names("hosts"), names("images")
+    for i, bench in items("benchmarks"):
+        image = bench.get("image")
+        if isinstance(image, str) and image_names and image not in image_names:
+            errors.append(f"benchmarks[{i}].image: unknown image {image!r} "
                           f"(known: {', '.join(sorted(image_names))})")
-        for j, host in enumerate(bench.hosts or []):
-            if host not in host_names:
+        hosts = bench.get("hosts")
+        for j, host in enumerate(hosts if isinstance(hosts, list) else []):
+            if isinstance(host, str) and host_names and host not in host_names:
                 errors.append(f"benchmarks[{i}].hosts[{j}]: unknown host {host!r} "
                               f"(known: {', '.join(sorted(host_names))})")
     return errors
@@ -443,14 +453,22 @@ def parse_config(data: Any, source: str = "<config>") -> FleetConfig:
     if not isinstance(data, dict):
         raise ConfigError(source, ["(top level): must be a mapping with hosts, images and benchmarks, "
                                    f"got {type(data).__name__}"])
+    errors = _cross_check(data)  # references between sections, read off the raw data: all errors come at once
     try:
         cfg = FleetConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(source, format_validation_error(exc)) from None
-    errors = _cross_check(cfg)
+        raise ConfigError(source, format_validation_error(exc) + errors) from None
     if errors:
         raise ConfigError(source, errors)
     return cfg
+
+
+def config_warnings(cfg: FleetConfig) -> list[str]:
+    """What is valid but probably not meant: a Docker engine over plain tcp:// (no TLS) is root on its host for
+    anyone who reaches the port."""
+    return [f"hosts[{i}].docker_url: {h.docker_url} without docker_tls_conn_id: the engine's API is unauthenticated "
+            "(root on that host for anyone who reaches the port); use TLS (README 'Two fleet topologies')"
+            for i, h in enumerate(cfg.hosts) if h.docker_url.startswith("tcp://") and not h.docker_tls_conn_id]
 
 
 def load_config(path: str | Path) -> FleetConfig:

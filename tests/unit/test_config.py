@@ -104,6 +104,33 @@ def test_digest_is_stable_and_sensitive():
     assert parse_config(other).digest() != parse_config(good()).digest()
 
 
+def test_field_errors_and_references_come_in_one_round():
+    """A bad field, a duplicate name, an unknown image and an unknown host: one ConfigError lists all four."""
+    data = good()
+    data["hosts"].append({"name": "gpu-01", "connection": "ssh_gpu_02", "docker_url": "tcp://gpu-02:2376"})
+    data["benchmarks"][0]["batch_sizes"] = [0]
+    data["benchmarks"].append({"name": "other", "image": "tf9", "models": ["m"], "batch_sizes": [1],
+                               "hosts": ["gpu-77"]})
+    assert sorted(errors_of(data)) == sorted([
+        "benchmarks[0].batch_sizes[0]: must be > 0, got 0",
+        "hosts[1].name: duplicate name 'gpu-01'",
+        "benchmarks[1].image: unknown image 'tf9' (known: tf1)",
+        "benchmarks[1].hosts[0]: unknown host 'gpu-77' (known: gpu-01)",
+    ])
+
+
+def test_config_check_warns_on_a_plain_tcp_engine(tmp_path):
+    data = good()
+    data["hosts"].append({"name": "gpu-02", "connection": "ssh_gpu_02", "docker_url": "tcp://gpu-02:2376",
+                          "docker_tls_conn_id": "fleet_tls"})
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump(data))
+    proc = subprocess.run([*FLEETBENCH, "config", "check", str(path)], capture_output=True, text=True)
+    assert (proc.returncode, proc.stdout.strip()) == (0, "ok")
+    assert proc.stderr.count("warning") == 1
+    assert f"{path}: warning: hosts[0].docker_url: tcp://gpu-01:2376 without docker_tls_conn_id" in proc.stderr
+
+
 def test_cli_config_check(tmp_path):
     ok = tmp_path / "ok.yaml"
     ok.write_text(yaml.safe_dump(good()))
