@@ -11,7 +11,7 @@ from pathlib import Path
 
 from fleet_configs import smoke_config, write_config
 
-REAL_LOGS = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "real-logs"
+REAL_LOGS = Path(__file__).resolve().parent / "fixtures" / "real-logs"  # SOURCES.md there
 REAL_LOG = REAL_LOGS / "tfcnn_resnet50_1gpu_lambda-2080ti-tf115.log"
 AIRFLOW = str(Path(sys.executable).parent / "airflow")
 

@@ -24,6 +24,7 @@ without an engine; `clean_engine` gathers the listings and removes.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import time
 from dataclasses import asdict, dataclass, field
@@ -145,7 +146,7 @@ def _overdue(c: dict, grace_s: float) -> str | None:
     except ValueError:
         return None
     running_s = c.get("RunningFor")
-    if running_s is None or not timeout_s == timeout_s or running_s <= timeout_s + grace_s:
+    if running_s is None or math.isnan(timeout_s) or running_s <= timeout_s + grace_s:
         return None
     return f"case container running for {running_s:.0f} s, past its timeout of {timeout_s:.0f} s: its task is gone"
 

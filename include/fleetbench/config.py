@@ -381,7 +381,9 @@ def _cross_check(data: dict) -> list[str]:
         seen: set[str] = set()
         for i, item in items(section):
             name = item.get("name")
-            if isinstance(name, str) and name in seen:
+            if not isinstance(name, str):  # a missing or mistyped name is the field checks' to report
+                continue
+            if name in seen:
                 errors.append(f"{section}[{i}].name: duplicate name {name!r}")
             seen.add(name)
     host_names, image_names = names("hosts"), names("images")

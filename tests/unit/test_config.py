@@ -326,3 +326,14 @@ def test_bounds_and_repeats_come_all_at_once_from_the_file(tmp_path):
         "benchmarks[0].timeout_s: must be <= 604800, got 100000000000000",
         "benchmarks[0].container.cpus: must be a finite number, got inf",
     ]
+
+
+def test_mistyped_names_are_field_errors_not_a_crash():
+    """The reference checks read the raw data: a name that is a list or a mapping is the field checks' to name."""
+    data = good()
+    data["hosts"].append({"name": ["gpu-02"], "connection": "ssh_gpu_02", "docker_url": "tcp://gpu-02:2376"})
+    data["images"][0]["name"] = {"a": 1}
+    data["benchmarks"][0]["image"] = ["tf1"]
+    errs = errors_of(data)
+    assert {"hosts[1].name: must be a string", "images[0].name: must be a string",
+            "benchmarks[0].image: must be a string"} <= set(errs)
