@@ -67,12 +67,17 @@ def bench_parse(quick: bool) -> dict:
     out = {}
     workdir = Path(tempfile.mkdtemp(prefix="fleetbench-parse-"))
     try:
-        for hosts in (10, 100, 1000):
+        # the two topologies: lanes on central workers, and every host on a Celery queue of its own
+        for hosts, own_queue in ((10, False), (100, False), (1000, False), (1000, True)):
             config = fleet_config([f"gpu-{i:04d}" for i in range(hosts)],
                                   ["resnet50", "vgg16", "inception3", "resnet152"], [32, 64, 128, 256, 512], 100)
             config["benchmarks"][0]["device"] = "gpu"
             config["benchmarks"][0]["num_gpus"] = [1]
-            path = workdir / f"fleet-{hosts}.yaml"
+            if own_queue:
+                for host in config["hosts"]:
+                    host["queue"] = host["name"]
+            name = f"{hosts}_hosts" + ("_own_queues" if own_queue else "")
+            path = workdir / f"fleet-{name}.yaml"
             path.write_text(yaml.safe_dump(config))
             env = {**os.environ, **airflow_env(workdir / "airflow", ROOT / "dags"), "FLEETBENCH_CONFIG": str(path)}
             runs = []
@@ -80,12 +85,12 @@ def bench_parse(quick: bool) -> dict:
                 proc = subprocess.run([sys.executable, "-c", PARSE_SNIPPET, str(ROOT / "dags")], env=env,
                                       capture_output=True, text=True, check=True)
                 runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-            out[f"{hosts}_hosts"] = {"cases": hosts * 20, "parse_s": round(median([r["parse_s"] for r in runs]), 3),
+            out[name] = {"cases": hosts * 20, "parse_s": round(median([r["parse_s"] for r in runs]), 3),
                                      "serialize_s": round(median([r["serialize_s"] for r in runs]), 3),
                                      "tasks": runs[0]["tasks"], "import_errors": runs[0]["errors"],
                                      "maxrss_mib": round(median([r["maxrss_mib"] for r in runs]), 1)}
         out["target_parse_s_at_1000_hosts"] = TARGET_PARSE_S
-        out["target_met"] = out["1000_hosts"]["parse_s"] < TARGET_PARSE_S
+        out["target_met"] = max(out["1000_hosts"]["parse_s"], out["1000_hosts_own_queues"]["parse_s"]) < TARGET_PARSE_S
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return out

@@ -6,14 +6,14 @@ Wiring only; every step is a function in `fleetbench.airflow.pipeline`. The flee
 and the host names; a config error shows up as this file's import error with the field that is wrong.
 
 Each host gets a lane: `host_<name>.cases` picks the host's runnable cases and
-`host_<name>.run_case` runs them, dynamically mapped, in the host's own pool (`fleetbench_<name>`,
-one slot: one benchmark at a time per host, different hosts in parallel). Pools are created with
-`fleetbench pools export > pools.json && airflow pools import pools.json` (see README).
+`host_<name>.run_case` runs them, dynamically mapped, one at a time (`max_active_tis_per_dag=1`;
+with `fleet.host_pools` also in the host's own one-slot pool `fleetbench_<name>`, exclusive across
+DAGs; pools come from `fleetbench pools export > pools.json && airflow pools import pools.json`).
 
-With the CeleryExecutor, a host with a `queue` (a Celery worker on the GPU host itself, README
-"Deploying at fleet scale") is validated, prepared and run in its lane on that queue
-(`host_<name>.validate_host` -> `host_<name>.prepare_image` -> `host_<name>.run_case`); the
-top-level `validate_host` / `prepare_image` map over the other hosts, on the default queue.
+The top-level `validate_host` / `prepare_image` map over the hosts without a queue, on the default
+queue. With the CeleryExecutor, a host with a `queue` (a Celery worker on the GPU host itself, README
+"Deploying at fleet scale") is validated and prepared by its lane's `cases` task on that queue (its
+engine is the worker's own socket), and its cases run there too.
 """
 
 from __future__ import annotations
@@ -26,10 +26,11 @@ from airflow.sdk import DAG, Asset, Param, TaskGroup, TriggerRule, get_current_c
 
 from fleetbench.airflow import parse_speed, pipeline
 from fleetbench.airflow.operators import (
+    LANE_IMAGES,
+    LANE_VALIDATION,
     BenchmarkCaseOperator,
     HostCasesOperator,
-    LanePrepareOperator,
-    LaneValidateOperator,
+    LaneCasesOperator,
 )
 from fleetbench.airflow.operators import all_items as items
 from fleetbench.config import load_config
@@ -41,16 +42,25 @@ CONFIG = load_config(default_config_path())
 parse_speed.cache_operator_defaults()  # before the first .partial(): see fleetbench/airflow/parse_speed.py
 
 
+# The `cases` tasks of the lanes of hosts with a queue of their own: they validate and prepare their host too.
+OWN_QUEUE_LANES = [f"host_{h.name}.cases" for h in CONFIG.hosts if h.queue]
+
+
 def every_host(results: list) -> list:
-    """One step's results for every host, as one list: the top-level mapped task's (central hosts) and the
-    own-queue lanes' (one each; None for a lane whose host the run does not plan)."""
+    """A step's results of every host, as one list: the lanes' mapped `run_case` outcomes, each lane's list."""
     out = []
     for r in results:
-        if isinstance(r, dict):
-            out.append(r)
-        elif r is not None:
+        if r is not None:
             out.extend(items(r))
     return out
+
+
+def own_queue_lanes(key: str) -> list:
+    """`validation` or `images` of each own-queue lane (None where the run has no case on the host), read when
+    collect runs: handed over as arguments they would be 2,000 more dependency edges in a 1,000-host DAG."""
+    if not OWN_QUEUE_LANES:
+        return []
+    return list(get_current_context()["ti"].xcom_pull(task_ids=OWN_QUEUE_LANES, key=key) or [])
 
 
 LONGEST_CASE_S = max(b.timeout_s for b in CONFIG.benchmarks)
@@ -123,11 +133,13 @@ with DAG(
 
     @task(trigger_rule=TriggerRule.ALL_DONE, retries=0, execution_timeout=COLLECT_TIMEOUT)
     def collect(the_plan: dict, validations: list, prepared: list, outcomes: list) -> dict:
-        return pipeline.collect(the_plan, every_host(validations), every_host(prepared), every_host(outcomes))
+        """Every planned case as a row; the run's host verdicts ride along for store and check_fleet."""
+        return pipeline.collect(the_plan, items(validations) + own_queue_lanes(LANE_VALIDATION),
+                                items(prepared) + own_queue_lanes(LANE_IMAGES), every_host(outcomes))
 
     @task(trigger_rule=TriggerRule.ALL_DONE)
-    def store(the_plan: dict, validations: list, collected: dict) -> dict:
-        return pipeline.store(the_plan, every_host(validations), collected)
+    def store(the_plan: dict, collected: dict) -> dict:
+        return pipeline.store(the_plan, collected)
 
     @task(retries=0)
     def compare(the_plan: dict, stored: dict) -> dict:
@@ -142,9 +154,9 @@ with DAG(
         get_current_context()["outlet_events"][WAREHOUSE].extra = summary
         return summary
 
-    @task(retries=0, trigger_rule=TriggerRule.NONE_FAILED)  # no central host: validate_host is skipped
-    def check_fleet(validations: list, stored: dict, regressions: dict) -> dict:
-        pipeline.check_fleet(every_host(validations))
+    @task(retries=0)
+    def check_fleet(collected: dict, stored: dict, regressions: dict) -> dict:
+        pipeline.check_fleet(collected["validations"])
         return {**stored, "regressions": regressions}  # the run's summary
 
     p = plan()
@@ -153,23 +165,14 @@ with DAG(
     go = proceed(p, validations)
     prepared = prepare_image.partial(validations=validations).expand(host=hosts)
     go >> prepared
-    # Each step's results of every host travel as one list: the top-level mapped task's, then each lane's.
-    all_validations, all_prepared, outcomes = [validations], [prepared], []
+    # Every host's lane is `cases` -> `run_case`; the lanes' outcomes travel to collect as one list.
+    outcomes = []
     for host in CONFIG.hosts:
         with lane(host.name) as in_lane:
             on_host = {"queue": host.queue} if host.queue else {}  # Celery: the worker on the GPU host
-            if host.queue:  # its engine is the worker's local socket: validate and pull there too
-                validate_op = LaneValidateOperator(task_id=in_lane("validate_host"), retries=0, host=host.name, plan=p,
-                                                   execution_timeout=VALIDATE_TIMEOUT, **on_host)
-                p >> validate_op
-                lane_v = validate_op.output
-                lane_p = LanePrepareOperator(task_id=in_lane("prepare_image"), host=host.name, validation=lane_v,
-                                             plan=p, **on_host).output
-                go >> lane_p
-                all_validations.append(lane_v)
-                all_prepared.append(lane_p)
-                cases = HostCasesOperator(task_id=in_lane("cases"), retries=0, host=host.name, prepared=[lane_p],
-                                          plan=p, validations=[lane_v])
+            if host.queue:  # its engine is the worker's local socket: validated and pulled there, in `cases`
+                cases = LaneCasesOperator(task_id=in_lane("cases"), host=host.name, plan=p, **on_host)
+                p >> cases
             else:
                 cases = HostCasesOperator(task_id=in_lane("cases"), retries=0, host=host.name, prepared=prepared,
                                           plan=p, validations=validations)
@@ -183,10 +186,10 @@ with DAG(
                 **on_host,
             ).expand_kwargs(cases.output)
         outcomes.append(runs.output)
-    collected = collect(p, all_validations, all_prepared, outcomes)
-    stored = store(p, all_validations, collected)
+    collected = collect(p, validations, prepared, outcomes)
+    stored = store(p, collected)
     regressions = compare(p, stored)
-    check = check_fleet(all_validations, stored, regressions)
+    check = check_fleet(collected, stored, regressions)
     rep = report(p, stored)
     regressions >> rep
 

@@ -117,7 +117,7 @@ def parse_once(config: Path, home: Path) -> dict:
 
 def task_instances_per_run(hosts: int, cases_per_host: int, own_queue_hosts: int, fixed_tasks: int) -> int:
     """Task instances one run creates: the unmapped tasks + one per mapped item (validate/prepare per central
-    host, run_case per case); an own-queue lane has unmapped validate/prepare tasks instead."""
+    host, run_case per case); an own-queue lane's unmapped `cases` task validates and prepares its host."""
     central = hosts - own_queue_hosts
     # fixed_tasks counts every task once (the mapped ones too); mapped ones expand to their items
     # (a map over nothing still leaves one skipped task instance)

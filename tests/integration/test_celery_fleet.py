@@ -28,7 +28,7 @@ DAGS = Path(__file__).resolve().parents[2] / "dags"
 TLS_CONN = "fb_docker_tls"
 SSH_CONN = "fb_central_tls_ssh"  # topology (a): the TLS host's own SSH connection, for its probes
 OWN_QUEUE = "fleet-gpu-b"
-LANE_ON_HOST = {"validate_host", "prepare_image", "run_case"}  # what a topology (b) host's own worker runs
+LANE_ON_HOST = {"cases", "run_case"}  # what a topology (b) host's own worker runs: its lane (validate, pull, cases)
 
 
 def two_topologies(image: str, tls_url: str, **kwargs) -> dict:
@@ -83,7 +83,11 @@ def test_own_queue_hosts_are_validated_prepared_and_run_on_their_queue(tmp_path,
     assert {tid: q for tid, q in queues.items() if q != "default"} == {
         f"host_gpu-b.{step}": OWN_QUEUE for step in LANE_ON_HOST}
     # topology (a): validated and prepared by the top-level mapped tasks, run by central workers
-    assert "host_central-tls.validate_host" not in queues and queues["host_central-tls.run_case"] == "default"
+    assert queues["host_central-tls.cases"] == queues["host_central-tls.run_case"] == "default"
+    # every lane has the same shape: cases -> run_case, one edge from the plan (a 1,000-host DAG parses fast)
+    dag = bag.dags["fleet_benchmark"]
+    assert {t for t in queues if t.startswith("host_gpu-b.")} == {f"host_gpu-b.{s}" for s in LANE_ON_HOST}
+    assert dag.get_task("host_gpu-b.cases").upstream_task_ids == {"plan"}
 
 
 # -- topology (a): TLS -----------------------------------------------------------------------
@@ -159,24 +163,25 @@ def test_both_topologies_with_dag_test(airflow_db, data_dir, certs, tls_engine, 
     assert containers_of(docker_api, dag_run.run_id) == []
 
     # A run on the own-queue host only: the top-level validate_host/prepare_image map over no host (skipped);
-    # the run still validates, runs, stores and checks the fleet.
+    # the lane's cases task validates and prepares the host, and the run stores and checks the fleet.
     subset = run_fleet_dag(monkeypatch, config, run_conf={"hosts": ["gpu-b"]})
     assert subset.state == "success"
     states = {ti.task_id: ti.state for ti in subset.get_task_instances()}
     assert states["validate_host"] == states["prepare_image"] == "skipped"
     assert states["host_gpu-b.run_case"] == states["store"] == states["check_fleet"] == "success"
-    validated = next(ti for ti in subset.get_task_instances() if ti.task_id == "host_gpu-b.validate_host")
-    assert validated.xcom_pull(task_ids="host_gpu-b.validate_host")["verdict"] == "ready"
+    validated = next(ti for ti in subset.get_task_instances() if ti.task_id == "host_gpu-b.cases")
+    assert validated.xcom_pull(task_ids="host_gpu-b.cases", key="validation")["verdict"] == "ready"
+    assert validated.xcom_pull(task_ids="host_gpu-b.cases", key="images")["images"]["cpu-smoke"]["digest"]
     assert [(r["host"], r["status"]) for r in fetch_results(get_engine(), run_id=subset.run_id)] == [
         ("gpu-b", "ok"), ("gpu-b", "ok")]
 
-    # A run without it: its lane's validate_host and prepare_image find the host unplanned and do nothing.
+    # A run without it: its lane's cases task finds the host unplanned and does nothing.
     others = run_fleet_dag(monkeypatch, config, run_conf={"hosts": ["central-tls"]})
     assert others.state == "success"
     lane = {ti.task_id: ti for ti in others.get_task_instances() if ti.task_id.startswith("host_gpu-b.")}
-    assert {tid: ti.state for tid, ti in lane.items() if tid != "host_gpu-b.run_case"} == {
-        "host_gpu-b.validate_host": "success", "host_gpu-b.prepare_image": "success", "host_gpu-b.cases": "success"}
-    assert lane["host_gpu-b.validate_host"].xcom_pull(task_ids="host_gpu-b.validate_host") is None
+    assert lane["host_gpu-b.cases"].state == "success"
+    assert lane["host_gpu-b.cases"].xcom_pull(task_ids="host_gpu-b.cases", key="validation") is None
+    assert lane["host_gpu-b.cases"].xcom_pull(task_ids="host_gpu-b.cases") == []
     assert [(r["host"], r["status"]) for r in fetch_results(get_engine(), run_id=others.run_id)] == [
         ("central-tls", "ok"), ("central-tls", "ok")]
 

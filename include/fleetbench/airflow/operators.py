@@ -144,13 +144,18 @@ class HostCasesOperator(BaseOperator):
         return case_kwargs(plan, all_items(validations), all_items(self.prepared), host=self.host)
 
 
-class _LaneStepOperator(BaseOperator):
-    """A step of a host with its own queue (topology b), run on its worker: validate or prepare.
+class LaneCasesOperator(BaseOperator):
+    """`host_<name>.cases` of a host with its own queue (topology b), run on that host's worker: the host is
+    validated, its images pulled and pinned (its engine is the worker's own socket), then its runnable cases
+    are returned, the map source of the lane's `run_case`. The verdict and the images go to XCom under the
+    keys `validation` and `images`, which `collect` reads.
 
-    A plain operator for the same reason as HostCasesOperator (one per own-queue host in the DAG). The
-    run's plan is resolved when the task runs rather than templated (a rendered field is serialized for
-    the UI: the whole plan, per lane); the DAG sets the plan task upstream of it. The step returns None
-    when the run has no case on the host.
+    One task where a central host has three (validate_host and prepare_image, mapped over the central
+    hosts, then its lane's `cases`): every host's lane has the same shape, `cases` -> `run_case`, and a
+    1,000-host fleet of own-queue hosts parses as fast as a central one (each task and each dependency edge
+    of a DAG costs time in proportion to the DAG's size). The plan is resolved when the task runs rather
+    than templated (a rendered field is serialized for the UI: the whole plan, per lane); the DAG sets the
+    plan task upstream of it. A dry run stops after the verdict; a run without a case on the host does nothing.
     """
 
     def __init__(self, *, host: str, plan: Any, **kwargs: Any) -> None:
@@ -158,36 +163,23 @@ class _LaneStepOperator(BaseOperator):
         self.host = host
         self.plan_ref = plan
 
-    def execute(self, context) -> dict | None:
+    def execute(self, context) -> list[dict]:
         plan = self.render_template(self.plan_ref, context)
-        planned = pipeline.planned_host(plan, self.host)
-        return self.step(planned, plan) if planned else None
+        host = pipeline.planned_host(plan, self.host)
+        if host is None:
+            log.info("the run has no case on %s", self.host)
+            return []
+        ti = context["ti"]
+        validation = pipeline.validate_host(host, plan["run"])
+        ti.xcom_push(key=LANE_VALIDATION, value=validation)
+        if not pipeline.proceed(plan, [validation]):
+            return []
+        images = pipeline.prepare_host_images(host, [validation])
+        ti.xcom_push(key=LANE_IMAGES, value=images)
+        return case_kwargs(plan, [validation], [images], host=self.host)
 
-    def step(self, host: dict, plan: dict) -> dict:
-        raise NotImplementedError
 
-
-class LaneValidateOperator(_LaneStepOperator):
-    """`host_<name>.validate_host`: checks the host on its own worker."""
-
-    def step(self, host: dict, plan: dict) -> dict:
-        return pipeline.validate_host(host, plan["run"])
-
-
-class LanePrepareOperator(_LaneStepOperator):
-    """`host_<name>.prepare_image`: pulls and pins the host's images on its own worker.
-
-    `validation` (the lane's validate_host) is the templated input and its one dependency edge.
-    """
-
-    template_fields = ("validation",)
-
-    def __init__(self, *, validation: Any, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.validation = validation
-
-    def step(self, host: dict, plan: dict) -> dict:
-        return pipeline.prepare_host_images(host, [self.validation])
+LANE_VALIDATION, LANE_IMAGES = "validation", "images"
 
 
 def container_settings(container: dict) -> dict:

@@ -167,11 +167,11 @@ def collect(plan, validations: list, prepared: list, outcomes: list) -> dict:
         rows.append(result_row(run, case, verdict, image, fields))
         step_rows += [{"dag_id": run.dag_id, "run_id": run.run_id, "host": case.host, "case_key": case.case_key, **s}
                       for s in steps]
-    return {"rows": rows, "steps": step_rows}
+    return {"rows": rows, "steps": step_rows, "validations": [v.to_xcom() for v in verdicts.values()]}
 
 
 # -- store ------------------------------------------------------------------------------------
-def store(plan, validations: list, collected: dict) -> dict:
+def store(plan, collected: dict) -> dict:
     """Derive the metrics of every row and store the run whole, in one transaction (`fleetbench.warehouse`)."""
     from fleetbench.metrics import MetricSettings, derive, load_catalog_or_none
     from fleetbench.warehouse import get_engine, store_run, upgrade
@@ -182,7 +182,7 @@ def store(plan, validations: list, collected: dict) -> dict:
     # Derived metrics (training time, step spread, speedup, cost, energy) on every row before it is written.
     rows = derive(collected["rows"], collected["steps"], load_catalog_or_none(), MetricSettings.from_plan(plan))
     counts = {s: sum(1 for r in rows if r["status"] == s) for s in (OK, FAILED, SKIPPED)}
-    hosts = [host_row(run, HostVerdict.load(v)) for v in validations if v]
+    hosts = [host_row(run, HostVerdict.load(v)) for v in collected["validations"]]
     engine = get_engine()
     try:
         upgrade(engine)
