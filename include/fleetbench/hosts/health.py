@@ -245,3 +245,24 @@ def evaluate_health(facts: HostFacts, needs: HostNeeds) -> list[Check]:
 HEALTH_CHECKS = ("gpu_remapped_rows", "gpu_retired_pages", "gpu_xid", "gpu_dcgm_diag", "gpu_mig", "gpu_pcie_link",
                  "gpu_clock_events", "gpu_power_limit", "gpu_persistence", "gpu_ecc_mode", "gpu_correctable_remaps",
                  "gpu_health_probes")
+
+
+def _status_of(check) -> tuple[str, str]:
+    return (check.name, check.status) if isinstance(check, Check) else (check["name"], check["status"])
+
+
+def health_state(checks) -> str | None:
+    """healthy | degraded | unfit from the GPU health checks among `checks` (Check objects or their dicts);
+    None when there are none (not checked). An unknown health check counts as degraded, as in the verdict."""
+    statuses = [status for name, status in map(_status_of, checks) if name in HEALTH_CHECKS]
+    if not statuses:
+        return None
+    if "fail" in statuses:
+        return "unfit"
+    return "degraded" if set(statuses) - {"pass"} else "healthy"
+
+
+def health_issues(checks) -> str:
+    """The health checks that did not pass: "gpu_pcie_link:warn, gpu_persistence:warn"."""
+    return ", ".join(f"{name}:{status}" for name, status in map(_status_of, checks)
+                     if name in HEALTH_CHECKS and status != "pass")
