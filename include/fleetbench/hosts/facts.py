@@ -568,6 +568,11 @@ def _health_output(src: _Folder, name: str, fact: str, parse) -> dict | None:
     or could not be read (`probe_unreadable`, and `unknown` too)."""
     if name in src.errors:
         said = src.read(name) or ""
+        if name == DCGM_FILE:  # dcgmi diag exits non-zero when a test fails; its table still says which
+            try:
+                return parse(said)
+            except gpu_health.Unreadable:
+                pass
         reason = src.errors[name]
         if name == XID_FILE and (_PERMISSION.search(said) or _PERMISSION.search(reason)):
             reason = "permission denied reading the kernel log: " + " | ".join(
