@@ -365,3 +365,16 @@ def test_xid_probe_says_permission_denied_not_healthy(tmp_path):
     facts.gpu_health = G.parse_smi_xml(P100_XML.read_text())["gpus"]
     check = by_name(evaluate(facts, GPU_NEEDS))["gpu_xid"]
     assert check.status == "unknown" and "permission denied" in check.detail
+
+
+def test_a_regression_says_when_its_hosts_gpu_health_changed():
+    from fleetbench.regression.detect import what_changed
+    from warehouse_rows import result_row
+
+    baseline = [result_row("a", run_id=f"r{i}", host_gpu_health="healthy") for i in range(4)]
+    now = result_row("a", run_id="r9", ips=80.0, host_gpu_health="degraded")
+    assert what_changed(now, baseline)["host_gpu_health"] == {"before": "healthy", "after": "degraded"}
+    assert "host_gpu_health" not in what_changed(result_row("a", host_gpu_health="healthy"), baseline)
+    # results stored before the health checks existed (None) are no change
+    unchecked = [result_row("a", run_id=f"r{i}") for i in range(4)]
+    assert "host_gpu_health" not in what_changed(now, unchecked)
