@@ -172,3 +172,28 @@ def test_cli_table_and_strict_exit_codes(hosts, tmp_path):
     assert cli("--facts", str(health_only)).returncode == 0
     bad = cli("--facts", str(health_only), "--dcgm-level", "1")
     assert bad.returncode == 2 and "use them with --local or --ssh" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_validate_host_takes_the_hosts_gpu_health_settings(hosts, data_dir, smoke_image, tmp_path):
+    """validate_host as the DAG calls it, on a plan from a config whose GPU host is reached over SSH: the
+    host's probe_path and gpu_health settings reach the probes and the rules, and host_facts keeps the result."""
+    from fleet_configs import smoke_config, write_config
+    from fleetbench.airflow.pipeline import make_plan, validate_host
+
+    conn, _, rtx_bin = hosts
+    cfg = smoke_config(smoke_image, models=("trivial",), batch_sizes=(8,), device="gpu", num_gpus=[1])
+    cfg["hosts"][0].update(connection=conn, probe_path=[str(rtx_bin)],
+                           gpu_health={"require_persistence": False, "dcgm_diag_level": 1, "xid_window_hours": 6})
+    run = {"dag_id": "fleet_benchmark", "run_id": "health_test", "logical_date": None, "run_type": "manual"}
+    plan = make_plan(run, str(write_config(tmp_path / "fleet.yaml", cfg)))
+    result = HostVerdict.load(validate_host(plan["hosts"][0], plan["run"]))
+    checks = {c["name"]: c for c in result.checks}
+    assert checks["gpu_pcie_link"]["status"] == "warn" and "gpu_persistence" not in checks
+    # dcgmi is not installed on this host (the fake exits 127): unknown, saying so
+    assert checks["gpu_dcgm_diag"]["status"] == "unknown" and "dcgmi-diag.txt" in checks["gpu_dcgm_diag"]["detail"]
+    probes = json.loads((Path(result.facts_dir) / "probes.json").read_text())["probes"]
+    xid = next(p for p in probes if p["filename"] == "kernel-xid.txt")
+    assert xid["command"][-1] == "6" and xid["command"][3] == str(rtx_bin)  # the window, and the probe path
+    assert result.host_facts.xid["window_s"] == 6 * 3600
+    row = host_row(SimpleNamespace(dag_id="fleet_benchmark", run_id="health_test"), result)
+    assert row["gpu_health"] == "degraded" and "gpu_dcgm_diag:unknown" in row["gpu_health_issues"]
