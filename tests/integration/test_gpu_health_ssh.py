@@ -99,9 +99,38 @@ def test_probe_facts_rules_warehouse_report_over_ssh(hosts, tmp_path):
     assert rtx_by["gpu_xid"].status == "pass" and "62" in rtx_by["gpu_xid"].detail  # not fatal
     assert health_state(rtx_checks) == "degraded"
 
-    # warehouse: host_facts keeps the health, each result row its host's health state
     engine = get_engine(f"sqlite:///{tmp_path}/w.db")
     upgrade(engine)
+    check_warehouse_and_report(engine, {"p100": (p100, p100_checks), "rtx": (rtx, rtx_checks)})
+
+
+def test_health_rows_and_report_on_postgres(pg_engine, tmp_path):
+    """The same rows and report on PostgreSQL, from folders of the real outputs (no SSH needed for that part)."""
+    p100_dir, rtx_dir = tmp_path / "p100", tmp_path / "rtx"
+    p100_dir.mkdir()
+    rtx_dir.mkdir()
+    (p100_dir / "nvidia-smi-q.xml").write_bytes((FIX / "nvidia-smi-q-x_1xteslap100_510.47.03_ecc-aggregate-sbe.xml")
+                                                .read_bytes())
+    (p100_dir / "kernel-xid.txt").write_text("# kernel log: journalctl -k --since -24h, window 86400 s\n"
+                                             + (FIX / "journalctl-k_xid79_gpu-fallen-off-bus.txt").read_text())
+    (p100_dir / "dcgmi-diag.txt").write_bytes((FIX / "dcgmi-diag-r1_8xh200_dcgm3.1.8_persistence-mode-fail.txt")
+                                              .read_bytes())
+    (rtx_dir / "nvidia-smi-q.txt").write_bytes((FIX / "nvidia-smi-q_2xrtx4060ti_550.54.14_pcie-x4-downtrained.txt")
+                                               .read_bytes())
+    (rtx_dir / "kernel-xid.txt").write_text("# kernel log: dmesg, window 86400 s, uptime 300\n"
+                                            + (FIX / "dmesg_xid62_gtx.txt").read_text())
+    hosts = {}
+    for name, folder in (("p100", p100_dir), ("rtx", rtx_dir)):
+        facts = facts_from_dir(folder)
+        hosts[name] = (facts, evaluate(facts, HostNeeds(gpus=1)))
+    upgrade(pg_engine)
+    check_warehouse_and_report(pg_engine, hosts)
+
+
+def check_warehouse_and_report(engine, hosts: dict) -> None:
+    """host_facts keeps the health, each result row its host's health state; the report shows the table."""
+    (p100, p100_checks), (rtx, rtx_checks) = hosts["p100"], hosts["rtx"]
+    # warehouse: host_facts keeps the health, each result row its host's health state
     run = SimpleNamespace(dag_id="fleet_benchmark", run_id="r1")
     now = datetime.now(timezone.utc).isoformat()
     verdicts = {name: HostVerdict(host=name, verdict=verdict(checks), reasons=reasons(checks),
