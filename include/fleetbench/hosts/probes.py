@@ -57,6 +57,7 @@ SMI_TEXT_FILE = "nvidia-smi-q.txt"
 TOPO_FILE = "nvidia-smi-topo-m.txt"
 XID_FILE = "kernel-xid.txt"
 DCGM_FILE = "dcgmi-diag.txt"
+HEALTH_TIMEOUT_S = 60.0
 # dcgmi diag takes about a minute at -r 1, minutes at -r 2, tens of minutes at -r 3 and 4.
 DCGM_TIMEOUT_S = {1: 300.0, 2: 1200.0, 3: 3600.0, 4: 7200.0}
 _TOOL_DIR = re.compile(r"^(/[A-Za-z0-9_.+-]{1,100}){1,20}/?$")
@@ -90,9 +91,11 @@ def health_probes(xid_window_hours: int = 24, dcgm_level: int | None = None) -> 
     """The GPU health probes; raises ValueError for a window or level out of range, before anything runs."""
     if type(xid_window_hours) is not int or not 1 <= xid_window_hours <= 24 * 90:
         raise ValueError(f"XID window must be 1 to 2160 hours, got {xid_window_hours!r}")
-    probes = [Probe(SMI_XML_FILE, ("nvidia-smi", "-q", "-x")), Probe(SMI_TEXT_FILE, ("nvidia-smi", "-q")),
-              Probe(TOPO_FILE, ("nvidia-smi", "topo", "-m")),
-              Probe(XID_FILE, ("sh", "-c", XID_SCRIPT, "xid", str(xid_window_hours)))]
+    # nvidia-smi -q takes seconds per GPU on a busy 8-GPU host: more time than the one-line probes get.
+    probes = [Probe(SMI_XML_FILE, ("nvidia-smi", "-q", "-x"), timeout_s=HEALTH_TIMEOUT_S),
+              Probe(SMI_TEXT_FILE, ("nvidia-smi", "-q"), timeout_s=HEALTH_TIMEOUT_S),
+              Probe(TOPO_FILE, ("nvidia-smi", "topo", "-m"), timeout_s=HEALTH_TIMEOUT_S),
+              Probe(XID_FILE, ("sh", "-c", XID_SCRIPT, "xid", str(xid_window_hours)), timeout_s=HEALTH_TIMEOUT_S)]
     if dcgm_level is not None:
         if dcgm_level not in DCGM_TIMEOUT_S:
             raise ValueError(f"dcgmi diag level must be 1 to 4, got {dcgm_level!r}")
