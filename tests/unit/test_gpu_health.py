@@ -211,8 +211,9 @@ def test_dcgm_fail_makes_the_host_unfit_and_names_the_test(tmp_path):
     assert check.status == "fail" and "DCGM 3.1.8" in check.detail and "Persistence Mode: Persistence mode for " \
         "GPU 0 is currently disabled" in check.detail
     assert verdict(checks) == "unfit"
+    (tmp_path / "4").mkdir()
     passing = facts_from_dir(folder(tmp_path / "4", nvidia_smi_q_xml=P100_XML.read_text(), xid=journal(),
-                                    dcgm=DCGM4.read_text())) if (tmp_path / "4").mkdir() is None else None
+                                    dcgm=DCGM4.read_text()))
     assert by_name(evaluate(passing, GPU_NEEDS))["gpu_dcgm_diag"].detail == "dcgmi diag (DCGM 4.4.2): 3 test(s) " \
         "passed, 0 skipped"
 
@@ -274,8 +275,8 @@ def test_truncated_xml_is_unreadable_and_the_text_fallback_is_used(tmp_path):
                                   xid=journal()))
     assert facts.gpu_health[0]["name"] == "Tesla V100-PCIE-32GB"
     assert facts.gpu_health_source.startswith("nvidia-smi-q.txt (nvidia-smi-q.xml: nvidia-smi -q -x: not complete XML")
-    alone = facts_from_dir(folder(tmp_path / "x", nvidia_smi_q_xml=xml[:len(xml) // 2], xid=journal())) \
-        if (tmp_path / "x").mkdir() is None else None
+    (tmp_path / "x").mkdir()
+    alone = facts_from_dir(folder(tmp_path / "x", nvidia_smi_q_xml=xml[:len(xml) // 2], xid=journal()))
     assert "not complete XML" in alone.probe_unreadable["nvidia-smi-q.xml"]
     assert "may be truncated" in alone.probe_unreadable["nvidia-smi-q.xml"]
     checks = evaluate(alone, GPU_NEEDS)

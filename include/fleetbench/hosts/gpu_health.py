@@ -30,6 +30,7 @@ _XID_WINDOW = re.compile(r"window (\d{1,9}) s")
 _UPTIME = re.compile(r"uptime (\d{1,10}(?:\.\d{1,9})?)")
 _TOPO_LINK = re.compile(r"^(X|NV\d{1,3}|PIX|PXB|PHB|NODE|SYS|SOC)$")
 _DCGM_VERSION = re.compile(r"^(\d{1,3})\.")
+_DCGM_SECTION = re.compile(r"^[|+]-{2,}\s{1,4}(\w[\w ]{0,40}?)\s{1,4}-")
 DCGM_RESULTS = ("Pass", "Fail", "Skip", "Warn")
 
 
@@ -395,8 +396,8 @@ def parse_dcgm_diag(text: str) -> dict:
     meta: dict[str, str] = {}
     seen_header = False
     for line in text.splitlines():
-        if re.match(r"^[|+]-{2,}\s{1,4}(\w[\w ]{0,40}?)\s{1,4}-", line):
-            section = re.match(r"^[|+]-{2,}\s{1,4}(\w[\w ]{0,40}?)\s{1,4}-", line).group(1)
+        if sec := _DCGM_SECTION.match(line):
+            section = sec.group(1)
             continue
         if not line.startswith("|") or line.startswith("|="):
             continue
