@@ -4,6 +4,7 @@
     fleetbench results [--format table|json|csv] [--run-id ID] [--dag-id ID]
     fleetbench parse [--format auto|tf_cnn_benchmarks|horovod_synthetic] FILE...
     fleetbench host-check (--facts DIR | --local [--docker-url URL]) [--image-cuda X.Y] [--gpus N]
+                          [--format json|table] [--strict] [--dcgm-level N] [--probe-path DIR]
     fleetbench pools export [--config FILE]
     fleetbench compare --before DRIVER_OR_DATE --after DRIVER_OR_DATE [--host H] [--format table|json]
     fleetbench report [--since DATE] [--until DATE] [--host H] [--model M] [--dag-id ID] [--out DIR]
@@ -129,6 +130,8 @@ def _host_check(args: argparse.Namespace) -> int:
         has_probe_outputs,
         host_check,
     )
+    from fleetbench.hosts.probes import health_probes, on_path
+    from fleetbench.hosts.text import STRICT_EXIT, format_table
 
     if args.image_cuda is not None and not re.fullmatch(r"\d+\.\d+", args.image_cuda):
         raise UsageError(f"--image-cuda must look like 12.1, got {args.image_cuda!r}")
@@ -143,6 +146,13 @@ def _host_check(args: argparse.Namespace) -> int:
             gpu_smoke_probe(args.gpu_smoke_image)
         except ValueError as exc:
             raise UsageError(f"--gpu-smoke-image: {exc}") from None
+    if args.facts and (args.dcgm_level is not None or args.probe_path):
+        raise UsageError("--dcgm-level and --probe-path run probes: use them with --local or --ssh, not --facts")
+    try:
+        health = health_probes(dcgm_level=args.dcgm_level) if args.gpus else ()
+        on_path(health, tuple(args.probe_path))
+    except ValueError as exc:
+        raise UsageError(f"--dcgm-level/--probe-path: {exc}") from None
     if args.facts:
         folder = Path(args.facts)
         if not folder.is_dir():
@@ -160,13 +170,14 @@ def _host_check(args: argparse.Namespace) -> int:
 
             runner = SSHRunner(args.ssh)
         with contextlib.redirect_stdout(sys.stderr):  # the SSH provider logs to stdout, which is for the JSON
-            gather(runner, folder, gpu_smoke_image=args.gpu_smoke_image)
+            gather(runner, folder, gpu_smoke_image=args.gpu_smoke_image, extra=health, path=tuple(args.probe_path))
     needs = HostNeeds(gpus=args.gpus, image_cuda=args.image_cuda, min_free_bytes=int(args.min_free_gb * 1024**3))
     facts = facts_from_dir(folder)
     for name, problem in facts.probe_problems.items():  # the facts it held are unknown; say why, beside the JSON
         print(f"fleetbench host-check: note: {folder / name}: {problem}", file=sys.stderr)
-    print(json.dumps(host_check(facts, needs), indent=2))
-    return 0
+    result = host_check(facts, needs)
+    print(format_table(result) if args.format == "table" else json.dumps(result, indent=2))
+    return STRICT_EXIT[result["verdict"]] if args.strict else 0
 
 
 def _pools_export(args: argparse.Namespace) -> int:
@@ -323,6 +334,13 @@ def build_parser() -> argparse.ArgumentParser:
     hc.add_argument("--min-free-gb", type=float, default=2.0, help="free space Docker's data root must have")
     hc.add_argument("--gpu-smoke-image", metavar="IMAGE",
                     help="with --local/--ssh: run `docker run --rm --gpus all IMAGE nvidia-smi -L`")
+    hc.add_argument("--format", choices=["json", "table"], default="json",
+                    help="json (the contract scripts read) or a table for people")
+    hc.add_argument("--strict", action="store_true", help="exit 1 when the host is unfit, 3 when it is degraded")
+    hc.add_argument("--dcgm-level", type=int, choices=[1, 2, 3, 4],
+                    help="with --gpus and --local/--ssh: also run `dcgmi diag -r N` (minutes at 2 and more)")
+    hc.add_argument("--probe-path", action="append", default=[], metavar="DIR",
+                    help="folder put before PATH for the probes (e.g. where nvidia-smi lives); repeatable")
     hc.set_defaults(func=_host_check)
 
     pools_cmd = sub.add_parser("pools", help="Airflow pools of the fleet").add_subparsers(

@@ -191,6 +191,29 @@ class FleetSettings(_Model):
         return value
 
 
+class GpuHealthSpec(_Model):
+    """GPU health thresholds of a host (README "GPU health"); fleetbench.hosts.health.HealthThresholds."""
+
+    xid_window_hours: int = Field(24, ge=1, le=24 * 90)
+    unfit_xids: list[int] = Field([48, 63, 64, 74, 79, 92, 94, 95], max_length=100)
+    max_correctable_remapped_rows: int = Field(0, ge=0)
+    min_power_limit_ratio: float = Field(1.0, ge=0, le=1)
+    idle_clock_reasons: list[Literal["hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown",
+                                     "sw_thermal_slowdown", "sw_power_cap", "applications_clocks_setting",
+                                     "sync_boost", "display_clocks_setting"]] = [
+        "hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown"]
+    require_persistence: bool = True
+    allow_mig: bool = False
+    dcgm_diag_level: int | None = Field(None, ge=1, le=4)  # dcgmi diag -r N; None: not run
+
+    def thresholds(self):
+        from fleetbench.hosts.health import HealthThresholds
+
+        data = self.model_dump()
+        return HealthThresholds(**{**data, "unfit_xids": tuple(data["unfit_xids"]),
+                                   "idle_clock_reasons": tuple(data["idle_clock_reasons"])})
+
+
 class HostSpec(_Model):
     name: Name
     # "local" probes and runs on this machine's engine; anything else names an Airflow SSH connection.
@@ -202,6 +225,10 @@ class HostSpec(_Model):
     # container (`docker run --gpus all IMAGE nvidia-smi -L`; default: the host's first benchmark image).
     min_free_gb: float = Field(2.0, ge=0, le=MAX_FREE_GB)  # GB (10^9 bytes)
     gpu_smoke_image: str | None = Field(None, pattern=IMAGE_REF_PATTERN)
+    # GPU health checks (run when the host's cases need GPUs) and folders put before PATH for every probe
+    # (e.g. /usr/local/nvidia/bin when a non-interactive SSH login does not find nvidia-smi or dcgmi).
+    gpu_health: GpuHealthSpec = GpuHealthSpec()
+    probe_path: list[Annotated[str, Field(pattern=r"^(/[A-Za-z0-9_.+-]{1,100}){1,20}/?$")]] = Field([], max_length=8)
     # Fleet topology with the CeleryExecutor (README "Deploying at fleet scale"):
     # (a) central workers drive the host's engine over TLS: docker_url tcp://host:2376 and an Airflow
     #     Connection with the CA, client certificate and key (extra: ca_cert, client_cert, client_key);

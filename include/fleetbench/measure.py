@@ -173,6 +173,13 @@ def case_fields(case, verdict, image: dict | None, outcome: dict | None) -> tupl
     return measure({"command": case.command}, outcome)
 
 
+def _gpu_health(verdict) -> str | None:
+    """healthy | degraded | unfit: the host's GPUs when the case ran (None: not checked)."""
+    from fleetbench.hosts.health import health_state
+
+    return health_state(verdict.checks) if verdict is not None else None
+
+
 def result_row(run, case, verdict, image: dict | None, fields: dict) -> dict:
     """A `benchmark_results` row: the case's identity and provenance (run, host facts, image) and its fields."""
     facts = verdict.host_facts if verdict is not None else None
@@ -187,5 +194,6 @@ def result_row(run, case, verdict, image: dict | None, fields: dict) -> dict:
         "driver_version": facts.driver_version if facts else None,
         "cuda_driver_version": facts.cuda_driver_version if facts else None,
         "gpu_model": facts.gpu_model if facts else None,
+        "host_gpu_health": _gpu_health(verdict),
         **fields,
     }

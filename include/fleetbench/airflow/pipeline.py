@@ -74,13 +74,18 @@ def validate_host(host, run) -> dict:
     host's first benchmark image). An unreachable host is a verdict (`reachable: fail`), not a crash.
     """
     from fleetbench.hosts import HostFacts, HostNeeds, evaluate, facts_from_dir, gather, reasons, runner_for, verdict
+    from fleetbench.hosts.probes import health_probes
 
     host, run = PlannedHost.load(host), RunInfo.load(run)
     folder = runs.facts_dir(run.dag_id, run.run_id, host.name)
-    needs = HostNeeds(gpus=host.needs.gpus, image_cuda=host.needs.image_cuda, min_free_bytes=int(host.min_free_gb * GB))
+    needs = HostNeeds(gpus=host.needs.gpus, image_cuda=host.needs.image_cuda, min_free_bytes=int(host.min_free_gb * GB),
+                      health=host.gpu_health.thresholds())
     smoke_image = (host.gpu_smoke_image or next((i.ref for i in host.images), None)) if needs.gpus else None
+    health = (health_probes(host.gpu_health.xid_window_hours, host.gpu_health.dcgm_diag_level) if needs.gpus
+              else ())
     try:
-        gather(runner_for(host.connection, host.docker_url), folder, gpu_smoke_image=smoke_image)
+        gather(runner_for(host.connection, host.docker_url), folder, gpu_smoke_image=smoke_image, extra=health,
+               path=tuple(host.probe_path))
         facts = facts_from_dir(folder)
     except Exception as exc:  # e.g. the artifact folder cannot be written: still a verdict, with the reason
         log.exception("gathering facts on %s failed", host.name)

@@ -22,7 +22,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from fleetbench.files import NotRegularFile, open_regular
-from fleetbench.hosts.probes import GPU_SMOKE_FILE, PROBES, PROBES_FILE
+from fleetbench.hosts import gpu_health
+from fleetbench.hosts.probes import (
+    DCGM_FILE,
+    GPU_SMOKE_FILE,
+    PROBES,
+    PROBES_FILE,
+    SMI_TEXT_FILE,
+    SMI_XML_FILE,
+    TOPO_FILE,
+    XID_FILE,
+)
 
 #: A probe output is read up to this size; real ones are a few KB.
 MAX_PROBE_BYTES = 4 * 1024 * 1024
@@ -78,7 +88,10 @@ _SMOKE_GPU = re.compile(r"^GPU (\d{1,4}): ([^\n]{1,200}?) \(UUID: (GPU-[0-9a-fA-
 _INT = re.compile(r"(?<!\d)-?\d{1,12}(?!\d)")
 _SMALL_INT = re.compile(r"\d{1,9}")
 _DF_KIB = re.compile(r"\d{1,18}")
-_KNOWN_FILES = {p.filename for p in PROBES} | {GPU_SMOKE_FILE, "docker-info.txt", PROBES_FILE}
+HEALTH_FILES = (SMI_XML_FILE, SMI_TEXT_FILE, TOPO_FILE, XID_FILE, DCGM_FILE)
+_KNOWN_FILES = {p.filename for p in PROBES} | {GPU_SMOKE_FILE, "docker-info.txt", PROBES_FILE, *HEALTH_FILES}
+_PERMISSION = re.compile(r"Operation not permitted|Permission denied|insufficient permissions|not seeing messages",
+                         re.I)
 
 
 @dataclass
@@ -110,6 +123,14 @@ class HostFacts:
     docker_unreachable: bool = False  # the docker probes ran and failed (as opposed to: not captured)
     runner: str | None = None  # "local" or "ssh:<conn_id>", from probes.json
     unreachable: str | None = None  # why the host could not be reached at all
+    # GPU health (see gpu_health.py); None: not captured, or unknown (then `unknown` says why).
+    gpu_health: list[dict] | None = None  # one dict per GPU: ECC, retired pages, remapped rows, clocks, PCIe, ...
+    gpu_health_source: str | None = None  # the file it was read from: the XML, else the `-q` text
+    cuda_not_found: bool = False  # nvidia-smi -q says "CUDA Version: Not Found" (no libcuda for the driver)
+    topology: dict | None = None
+    xid: dict | None = None  # {"source", "window_s", "events"}
+    dcgm_diag: dict | None = None  # {"dcgm_version", "layout", "tests"}
+    probe_unreadable: dict[str, str] = field(default_factory=dict)  # file -> why its output could not be read
     unknown: dict[str, str] = field(default_factory=dict)  # fact -> why it is unknown
     probe_problems: dict[str, str] = field(default_factory=dict)  # file -> why it was not (wholly) read
 
@@ -129,6 +150,13 @@ class HostFacts:
             "nvidia_runtime": self.nvidia_runtime,
             "default_runtime": self.default_runtime,
         }
+
+    def health(self) -> dict:
+        """The GPU health facts, for the host-check JSON (`gpu_health`) and the warehouse."""
+        return {"gpus": self.gpu_health, "source": self.gpu_health_source, "cuda_not_found": self.cuda_not_found,
+                "topology": self.topology, "xid": self.xid, "dcgm_diag": self.dcgm_diag,
+                "probe_unreadable": self.probe_unreadable,
+                "unknown": {k: v for k, v in self.unknown.items() if k in HEALTH_FACTS}}
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -452,6 +480,7 @@ def facts_from_dir(folder: Path) -> HostFacts:
     _nvidia_facts(src, facts)
     _docker_facts(src, facts)
     _smoke_facts(src, facts)
+    _health_facts(src, facts)
     return facts
 
 
@@ -529,3 +558,62 @@ def _smoke_facts(src: _Folder, facts: HostFacts) -> None:
     ran = {p["filename"]: p for p in src.record.get("probes", [])}.get(GPU_SMOKE_FILE)
     failed = None if ran is None else ran.get("exit_code") != 0
     facts.gpu_smoke, facts.gpu_smoke_detail = parse_gpu_smoke(text, failed)
+
+
+HEALTH_FACTS = ("gpu_health", "topology", "xid", "dcgm_diag")
+
+
+def _health_output(src: _Folder, name: str, fact: str, parse) -> dict | None:
+    """A health probe's parsed output; None when it was not captured (nothing recorded), failed (`unknown`)
+    or could not be read (`probe_unreadable`, and `unknown` too)."""
+    if name in src.errors:
+        said = src.read(name) or ""
+        if name == DCGM_FILE:  # dcgmi diag exits non-zero when a test fails; its table still says which
+            try:
+                return parse(said)
+            except gpu_health.Unreadable:
+                pass
+        reason = src.errors[name]
+        if name == XID_FILE and (_PERMISSION.search(said) or _PERMISSION.search(reason)):
+            reason = "permission denied reading the kernel log: " + " | ".join(
+                ln.strip() for ln in said.splitlines()[1:] if ln.strip())[:400]
+        src.facts.unknown.setdefault(fact, f"{name}: {reason}")
+        return None
+    text = src.read(name)
+    if text is None:
+        if problem := src.facts.probe_problems.get(name):
+            src.facts.probe_unreadable[name] = problem
+            src.facts.unknown.setdefault(fact, f"{name}: {problem}")
+        return None
+    if name in src.facts.probe_problems:  # over MAX_PROBE_BYTES: no real output is that long, and it is cut
+        detail = f"{src.facts.probe_problems[name]}; a real output is a few hundred KB at most, so it was not parsed"
+    else:
+        try:
+            return parse(text)
+        except gpu_health.Unreadable as exc:
+            detail = str(exc)
+    src.facts.probe_unreadable[name] = detail
+    src.facts.unknown.setdefault(fact, f"{name}: {detail}")
+    return None
+
+
+def _health_facts(src: _Folder, facts: HostFacts) -> None:
+    """nvidia-smi -q (XML, else text), topo -m, the kernel log's XIDs and dcgmi diag, when captured."""
+    for name, parse in ((SMI_XML_FILE, gpu_health.parse_smi_xml), (SMI_TEXT_FILE, gpu_health.parse_smi_text)):
+        if (parsed := _health_output(src, name, "gpu_health", parse)) is not None:
+            facts.gpu_health, facts.gpu_health_source = parsed["gpus"], name
+            facts.cuda_not_found = parsed["cuda_not_found"]
+            if facts.gpus is None and not facts.driver_state:  # neither the query CSV nor the table listed GPUs
+                facts.gpus = [Gpu(g["index"], g["name"] or "unknown", g["uuid"], g["memory_total_mib"])
+                              for g in parsed["gpus"]]
+                facts.unknown.pop("gpus", None)
+            facts.driver_version = facts.driver_version or parsed["driver_version"]
+            facts.cuda_driver_version = facts.cuda_driver_version or parsed["cuda_version"]
+            facts.unknown.pop("gpu_health", None)
+            if name == SMI_TEXT_FILE and SMI_XML_FILE in facts.probe_unreadable:  # the fallback did its job
+                why = facts.probe_unreadable.pop(SMI_XML_FILE)
+                facts.gpu_health_source = f"{SMI_TEXT_FILE} ({SMI_XML_FILE}: {why})"
+            break
+    facts.topology = _health_output(src, TOPO_FILE, "topology", gpu_health.parse_topology)
+    facts.xid = _health_output(src, XID_FILE, "xid", gpu_health.parse_xid_log)
+    facts.dcgm_diag = _health_output(src, DCGM_FILE, "dcgm_diag", gpu_health.parse_dcgm_diag)

@@ -50,6 +50,72 @@ PROBES: tuple[Probe, ...] = (
 )
 
 
+# GPU health (only when the host's cases need GPUs): nvidia-smi's full query (XML, and text as a fallback),
+# the topology matrix, the kernel log's XID lines and, when configured, a DCGM diagnostic.
+SMI_XML_FILE = "nvidia-smi-q.xml"
+SMI_TEXT_FILE = "nvidia-smi-q.txt"
+TOPO_FILE = "nvidia-smi-topo-m.txt"
+XID_FILE = "kernel-xid.txt"
+DCGM_FILE = "dcgmi-diag.txt"
+HEALTH_TIMEOUT_S = 60.0
+# dcgmi diag takes about a minute at -r 1, minutes at -r 2, tens of minutes at -r 3 and 4.
+DCGM_TIMEOUT_S = {1: 300.0, 2: 1200.0, 3: 3600.0, 4: 7200.0}
+_TOOL_DIR = re.compile(r"^(/[A-Za-z0-9_.+-]{1,100}){1,20}/?$")
+# The kernel log's XID lines of the last N hours: journalctl -k (already limited to the window), else dmesg
+# (seconds since boot; the first line carries the uptime, so the window is applied when reading). A log that
+# cannot be read (no permission, no journal) says so and fails, so that it never reads as "no XID".
+XID_SCRIPT = r"""h=$1
+if out=$(journalctl -k --since "-${h}h" --no-pager -q 2>&1); then
+  case "$out" in
+    *"insufficient permissions"*|*"No journal files"*|*"not seeing messages"*) ;;
+    *) echo "# kernel log: journalctl -k --since -${h}h, window $((h * 3600)) s"
+       printf '%s
+' "$out" | grep 'NVRM: Xid' | tail -n 1000; exit 0 ;;
+  esac
+fi
+jout=$out
+if out=$(dmesg 2>&1); then
+  echo "# kernel log: dmesg, window $((h * 3600)) s, uptime $(cut -d' ' -f1 /proc/uptime)"
+  printf '%s
+' "$out" | grep 'NVRM: Xid' | tail -n 1000; exit 0
+fi
+echo "# kernel log: none"
+printf 'journalctl -k: %s
+' "$jout" | tail -n 3
+printf 'dmesg: %s
+' "$out" | tail -n 3
+exit 1"""
+
+
+def health_probes(xid_window_hours: int = 24, dcgm_level: int | None = None) -> tuple[Probe, ...]:
+    """The GPU health probes; raises ValueError for a window or level out of range, before anything runs."""
+    if type(xid_window_hours) is not int or not 1 <= xid_window_hours <= 24 * 90:
+        raise ValueError(f"XID window must be 1 to 2160 hours, got {xid_window_hours!r}")
+    # nvidia-smi -q takes seconds per GPU on a busy 8-GPU host: more time than the one-line probes get.
+    probes = [Probe(SMI_XML_FILE, ("nvidia-smi", "-q", "-x"), timeout_s=HEALTH_TIMEOUT_S),
+              Probe(SMI_TEXT_FILE, ("nvidia-smi", "-q"), timeout_s=HEALTH_TIMEOUT_S),
+              Probe(TOPO_FILE, ("nvidia-smi", "topo", "-m"), timeout_s=HEALTH_TIMEOUT_S),
+              Probe(XID_FILE, ("sh", "-c", XID_SCRIPT, "xid", str(xid_window_hours)), timeout_s=HEALTH_TIMEOUT_S)]
+    if dcgm_level is not None:
+        if dcgm_level not in DCGM_TIMEOUT_S:
+            raise ValueError(f"dcgmi diag level must be 1 to 4, got {dcgm_level!r}")
+        probes.append(Probe(DCGM_FILE, ("dcgmi", "diag", "-r", str(dcgm_level)), timeout_s=DCGM_TIMEOUT_S[dcgm_level]))
+    return tuple(probes)
+
+
+def on_path(probes: tuple[Probe, ...], folders: tuple[str, ...]) -> tuple[Probe, ...]:
+    """The probes with `folders` put before PATH (where nvidia-smi or dcgmi live when a non-interactive SSH
+    login does not find them). Each must be an absolute path of plain characters: raises ValueError else."""
+    for folder in folders:
+        if not isinstance(folder, str) or not _TOOL_DIR.match(folder):
+            raise ValueError(f"not a plain absolute folder: {folder!r}")
+    if not folders:
+        return probes
+    prefix = ":".join(folders)
+    return tuple(Probe(p.filename, ("sh", "-c", 'PATH="$0:$PATH"; export PATH; exec "$@"', prefix, *p.argv),
+                       p.timeout_s) for p in probes)
+
+
 def gpu_smoke_probe(image: str) -> Probe:
     """`docker run --rm --network none --gpus all IMAGE nvidia-smi -L`: does a GPU container start at all?
 
@@ -116,16 +182,21 @@ class LocalRunner:
 
 
 def gather(runner: CommandRunner, out_dir: Path, timeout_s: float = PROBE_TIMEOUT_S, probes: tuple[Probe, ...] = PROBES,
-           gpu_smoke_image: str | None = None) -> list[ProbeResult]:
+           gpu_smoke_image: str | None = None, extra: tuple[Probe, ...] = (),
+           path: tuple[str, ...] = ()) -> list[ProbeResult]:
     """Run every probe, write `<filename>` (its stdout; stdout and stderr when it failed) and `probes.json`.
 
+    `extra` probes (the GPU health probes) run after `probes`; `path` folders go before PATH for all
+    of them (see `on_path`; a folder that is not a plain absolute path raises ValueError before anything runs).
     With `gpu_smoke_image` (only when the host's cases need GPUs) the GPU smoke container runs last;
     an image that is not an image reference raises ValueError before anything runs. An unreachable
     host is recorded in `probes.json` (`unreachable`) and ends the gathering; that never raises.
     """
-    out_dir.mkdir(parents=True, exist_ok=True)
+    probes = (*probes, *extra)
     if gpu_smoke_image:
         probes = (*probes, gpu_smoke_probe(gpu_smoke_image))
+    probes = on_path(probes, tuple(path))
+    out_dir.mkdir(parents=True, exist_ok=True)
     results: list[ProbeResult] = []
     unreachable = None
     try:

@@ -8,6 +8,7 @@ CPU-only host without a driver is ready.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from fleetbench.hosts import facts as F
 from fleetbench.hosts.facts import HostFacts
@@ -39,9 +40,16 @@ class Check:
     name: str
     status: str  # pass | warn | fail | unknown
     detail: str
+    # GPU health checks: [{"gpu", "bus_id", "value", "threshold"}, ...]; left out of to_dict when empty.
+    evidence: tuple[dict, ...] = ()
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        if not self.evidence:
+            del data["evidence"]
+        else:
+            data["evidence"] = list(self.evidence)
+        return data
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,7 @@ class HostNeeds:
     gpus: int = 0
     image_cuda: str | None = None
     min_free_bytes: int = 2 * GB
+    health: Any = None  # fleetbench.hosts.health.HealthThresholds; None: the defaults
 
 
 def version_tuple(text: str | None) -> tuple[int, ...] | None:
@@ -220,7 +229,9 @@ def evaluate(facts: HostFacts, needs: HostNeeds) -> list[Check]:
         names = [g.name for g in facts.gpus or []]
         checks.append(check_driver_for_cuda(facts.driver_version, needs.image_cuda, names, facts.cuda_driver_version))
     checks += [check_nvidia_runtime(facts), check_gpu_smoke(facts), check_gpu_count(facts, needs)]
-    return checks
+    from fleetbench.hosts.health import evaluate_health  # health imports this module
+
+    return checks + evaluate_health(facts, needs)
 
 
 def verdict(checks: list[Check]) -> str:
@@ -241,4 +252,8 @@ def reasons(checks: list[Check]) -> str:
 def host_check(facts: HostFacts, needs: HostNeeds) -> dict:
     """The host-check JSON contract."""
     checks = evaluate(facts, needs)
-    return {"verdict": verdict(checks), "facts": facts.public(), "checks": [c.to_dict() for c in checks]}
+    result = {"verdict": verdict(checks), "facts": facts.public(), "checks": [c.to_dict() for c in checks]}
+    if any(getattr(facts, name) is not None for name in ("gpu_health", "topology", "xid", "dcgm_diag")) \
+            or facts.probe_unreadable:
+        result["gpu_health"] = facts.health()
+    return result

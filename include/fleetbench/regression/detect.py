@@ -230,13 +230,17 @@ def what_changed(row: Mapping[str, Any], baseline: Sequence[Mapping[str, Any]], 
     image_digest: the baseline has the row's digest by construction, so it is listed when the latest
     earlier result of the case (any digest, `previous_digest`) had another one. gpu_sm_clock_mhz: the
     baseline's median mean SM clock against the row's, when both have telemetry and they differ by
-    at least `clock_change_pct` %.
+    at least `clock_change_pct` %. host_gpu_health: the host's GPU health state (healthy, degraded,
+    unfit) when both sides were checked and it differs.
     """
     changes: dict[str, dict] = {}
     for name in CHANGE_FIELDS:
         before = most_common(r.get(name) for r in baseline)
         if before != row.get(name):
             changes[name] = {"before": before, "after": row.get(name)}
+    health = most_common(r.get("host_gpu_health") for r in baseline)
+    if health and row.get("host_gpu_health") and health != row.get("host_gpu_health"):  # None: not checked
+        changes["host_gpu_health"] = {"before": health, "after": row.get("host_gpu_health")}
     if previous_digest is not None and previous_digest != row.get("image_digest"):
         changes["image_digest"] = {"before": previous_digest, "after": row.get("image_digest")}
     now = sm_clock_mhz(row)

@@ -62,10 +62,12 @@ from sqlalchemy import (
 from fleetbench.config import NAME_PATTERN
 from fleetbench.warehouse.rollup import month_of, next_month
 from fleetbench.warehouse.schema import benchmark_results as br
+from fleetbench.warehouse.schema import host_facts as hf
 from fleetbench.warehouse.schema import host_month_rollup as hm
 from fleetbench.warehouse.schema import regressions as rg
 from fleetbench.warehouse.schema import run_case_rollup as cr
 from fleetbench.warehouse.schema import run_host_rollup as hr
+from fleetbench.warehouse.schema import runs as rn
 
 DEFAULT_DAYS = 30
 # Throughput one series per (host, case) up to these many series and points, else the fleet's per case.
@@ -575,6 +577,49 @@ def open_regressions(conn, f: Filters) -> list[dict]:
     return out
 
 
+def fleet_health(conn, f: Filters, hosts: list[str]) -> list[dict]:
+    """Per host of the report: its newest host check with GPU health in the window (by the run's logical date),
+    each health check's status, and how many of the host's results in the window were measured while its
+    GPUs were degraded or unfit (benchmark_results.host_gpu_health)."""
+    from fleetbench.hosts.health import HEALTH_CHECKS
+
+    if not hosts:
+        return []
+    conds = [hf.c.gpu_health.isnot(None), hf.c.host.in_(hosts)]
+    if f.dag_ids is not None:
+        conds.append(hf.c.dag_id.in_(sorted(f.dag_ids)))
+    if f.dag_id:
+        conds.append(hf.c.dag_id == f.dag_id)
+    if f.since is not None:
+        conds.append(rn.c.logical_date >= f.since)
+    if f.until is not None:
+        conds.append(rn.c.logical_date < f.until)
+    ranked = (select(hf.c.host, hf.c.run_id, hf.c.gpu_health, hf.c.gpu_health_issues, hf.c.checks_json,
+                     _ts(rn.c.logical_date).label("logical_date"),
+                     func.row_number().over(partition_by=hf.c.host,
+                                            order_by=(rn.c.logical_date.desc(), hf.c.collected_at.desc()))
+                     .label("nth"))
+              .join(rn, and_(rn.c.dag_id == hf.c.dag_id, rn.c.run_id == hf.c.run_id)).where(*conds).subquery())
+    newest = conn.execute(select(ranked).where(ranked.c.nth == 1).order_by(ranked.c.host)).all()
+    if not newest:
+        return []
+    measured = dict(conn.execute(
+        select(br.c.host, func.count()).where(*_scope(f), br.c.host.in_([r.host for r in newest]),
+                                              br.c.host_gpu_health.in_(("degraded", "unfit")))
+        .group_by(br.c.host)).all())
+    out = []
+    for r in newest:
+        try:
+            checks = {c["name"]: c["status"] for c in json.loads(r.checks_json or "[]")
+                      if isinstance(c, dict) and c.get("name") in HEALTH_CHECKS}
+        except (ValueError, TypeError):
+            checks = {}
+        out.append({"host": r.host, "gpu_health": r.gpu_health, "issues": r.gpu_health_issues, "run_id": r.run_id,
+                    "logical_date": _iso(r.logical_date), "checks": checks,
+                    "degraded_results": _int(measured.get(r.host))})
+    return out
+
+
 # Every section as (connection, filters) -> data, e.g. to time them one by one.
 SECTIONS = {
     "resolve_window": resolve_window, "filter_options": filter_options, "summary": summary,
@@ -596,7 +641,7 @@ def blank_report(f: Filters | None = None, warehouse: str = "") -> dict:
         "summary": {"runs": 0, "results": 0, "ok": 0, "failed": 0, "skipped": 0, "hosts": 0, "models": 0,
                     "first": None, "last": None},
         "hosts": [], "throughput": [], "throughput_mode": HOSTS, "driver_changes": [], "scaling": [], "efficiency": [],
-        "latest_run": None, "failures": [], "regressions": [],
+        "latest_run": None, "failures": [], "regressions": [], "fleet_health": [],
     }
 
 
@@ -626,6 +671,8 @@ def build_report(engine: Engine, f: Filters | None = None, *, max_series: int | 
                                "and regressions and revision 0004's rollups): run `fleetbench db upgrade`, or let "
                                "the fleet DAG's next run do it.")
         return report
+    # GPU health (revision 0006): read when the warehouse has it.
+    health = "gpu_health" in {c["name"] for c in inspect(engine).get_columns(hf.name)}
     with engine.connect() as conn:
         report["options"] = filter_options(conn, f)
         if not report["options"]["hosts"]:
@@ -654,8 +701,19 @@ def build_report(engine: Engine, f: Filters | None = None, *, max_series: int | 
         report["latest_run"] = latest_run(conn, scoped)
         report["failures"] = failures(conn, scoped, report["latest_run"])
         report["regressions"] = open_regressions(conn, scoped)
+        if health:
+            report["fleet_health"] = fleet_health(conn, scoped, [h["host"] for h in report["hosts"]])
+            _mark_health(report)
     report["notes"] += notes(report)
     return report
+
+
+def _mark_health(report: dict) -> None:
+    """Mark the throughput series and open regressions of hosts whose GPUs are not healthy (newest check)."""
+    state = {h["host"]: h["gpu_health"] for h in report["fleet_health"]}
+    for row in (*report["throughput"], *report["regressions"]):
+        if row.get("host") in state:
+            row["gpu_health"] = state[row["host"]]
 
 
 def notes(report: dict) -> list[str]:
@@ -669,6 +727,11 @@ def notes(report: dict) -> list[str]:
         if h["ok"] == 0:
             out.append(f"Host {h['host']} has no ok result among these results ({h['failed']} failed, "
                        f"{h['skipped']} skipped): nothing of it to plot; see the failures.")
+    issues = {h["host"]: h for h in report.get("fleet_health", []) if h["gpu_health"] != "healthy"}
+    for host in sorted({r["host"] for r in report["regressions"]} & set(issues)):
+        h = issues[host]
+        out.append(f"Host {host} has open regressions and its GPUs were {h['gpu_health']} at its newest check "
+                   f"({h['issues']}): the drop may be the hardware, not the software.")
     if not report["throughput"]:
         out.append("No ok results with a throughput in this range.")
     elif report["throughput_mode"] == FLEET:

@@ -29,7 +29,8 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bott
 table.data{border-collapse:collapse;background:#fff;font-size:12px;margin:6px 0 10px}
 table.data th,table.data td{border:1px solid #ddd;padding:3px 8px;text-align:left;white-space:nowrap}
 table.data th{background:#f0f0f0}table.data td.num{text-align:right;font-variant-numeric:tabular-nums}
-tr.bad td{background:#fdecea}.sev-major{color:#b00020;font-weight:bold}.sev-minor{color:#a15c00}
+tr.bad td{background:#fdecea}tr.degraded td{background:#fff8e1}.st-fail{color:#b00020;font-weight:bold}
+.st-warn,.st-unknown{color:#a15c00}.st-pass{color:#2e7d32}.sev-major{color:#b00020;font-weight:bold}.sev-minor{color:#a15c00}
 .plots{display:flex;flex-wrap:wrap;gap:12px}.plots svg{border:1px solid #ddd;max-width:100%;height:auto}
 .empty{color:#666;font-style:italic;font-size:13px}form.filters{background:#fff;border:1px solid #ddd;padding:8px 12px;
 display:flex;gap:12px;align-items:end;flex-wrap:wrap;font-size:13px}form.filters label{display:flex;flex-direction:column;gap:2px}
@@ -75,6 +76,27 @@ def table(table_id: str, columns: Sequence[tuple[str, str, str]], rows: Iterable
         body.append(f'<tr{f" class={cls!r}" if cls else ""}>{"".join(cells)}</tr>')
     return (f'<table class="data" id="{table_id}"><thead><tr>{head}</tr></thead>'
             f'<tbody>{"".join(body)}</tbody></table>')
+
+
+def _health_class(row: dict) -> str:
+    """Rows measured on a host whose GPUs were degraded or unfit at its newest check."""
+    return {"unfit": "bad", "degraded": "degraded"}.get(row.get("gpu_health") or "", "")
+
+
+def _fleet_health(hosts: list[dict]) -> str:
+    """Host x check: each host's newest GPU health check, and its results measured on unhealthy GPUs."""
+    from fleetbench.hosts.health import HEALTH_CHECKS
+
+    names = [n for n in HEALTH_CHECKS if any(n in h["checks"] for h in hosts)]
+    rows = [{**h, **{f"c_{n}": (f'<span class="st-{escape(h["checks"][n])}">{escape(h["checks"][n])}</span>'
+                                if n in h["checks"] else "–") for n in names}} for h in hosts]
+    columns = [("host", "host", "text"), ("GPU health", "gpu_health", "text")]
+    columns += [(n.removeprefix("gpu_").replace("_", " "), f"c_{n}", "html") for n in names]
+    columns += [("results on degraded/unfit GPUs", "degraded_results", "int"), ("checked", "logical_date", "date")]
+    return ("<h2>Fleet GPU health</h2>"
+            '<p class="meta" id="fleet-health-note">each host\'s newest GPU health check in this range; '
+            "rows of the throughput and regression tables of a degraded host are marked yellow, of an unfit one "
+            "red</p>" + table("fleet-health-table", columns, rows, row_class=_health_class))
 
 
 def _plots(charts: Sequence[Chart], prefix: str, png: dict[str, str] | None) -> str:
@@ -180,6 +202,9 @@ def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str,
                                        ("GPU model", "gpu_model", "text"), ("drivers seen", "drivers", "int")],
                        report["hosts"], row_class=lambda r: "bad" if r["ok"] == 0 else ""))
 
+    if report.get("fleet_health"):
+        parts.append(_fleet_health(report["fleet_health"]))
+
     if report.get("throughput_mode") == "fleet":
         parts.append("<h2>Throughput per model and case across the fleet</h2>")
         parts.append('<p class="meta" id="throughput-fleet">ok results only; each night the median images/sec of the '
@@ -205,8 +230,8 @@ def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str,
             ("GPUs", "num_gpus", "int"), ("batch/GPU", "batch_size_per_device", "int"), ("nights", "n", "int"),
             ("latest images/sec", "latest", "num"), ("previous", "previous", "num"), ("change", "change_pct", "pct"),
             ("min", "min", "num"), ("max", "max", "num"), ("driver", "latest_driver", "text"),
-            ("latest night", "latest_date", "date")],
-            report["throughput"], empty="No ok results with a throughput in this range."))
+            ("latest night", "latest_date", "date"), ("GPU health", "gpu_health", "text")],
+            report["throughput"], row_class=_health_class, empty="No ok results with a throughput in this range."))
     if report["driver_changes"]:
         parts.append("<h2>Driver changes</h2>")
         parts.append(table("driver-changes-table", [("night", "logical_date", "date"), ("host", "host", "text"),
@@ -259,8 +284,8 @@ def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str,
         ("severity", "sev_html", "html"), ("host", "host", "text"), ("case", "case", "text"),
         ("metric", "metric", "text"), ("baseline", "baseline_value", "num"), ("value", "value", "num"),
         ("change", "delta_pct", "pct"), ("z", "z_score", "num"), ("night", "logical_date", "date"),
-        ("what changed", "changes_text", "text")],
-        regs, empty="No open regressions."))
+        ("what changed", "changes_text", "text"), ("GPU health (newest check)", "gpu_health", "text")],
+        regs, row_class=_health_class, empty="No open regressions."))
     parts.append("</body></html>")
     return "".join(parts)
 

@@ -19,7 +19,10 @@ def run_row(run, counts: dict[str, int], total: int) -> dict:
 
 def host_row(run, verdict) -> dict:
     """The `host_facts` row of a host's HostVerdict: key facts as columns, all of them as JSON."""
+    from fleetbench.hosts.health import health_issues, health_state
+
     facts = verdict.host_facts
+    state = health_state(verdict.checks)
     return {
         "dag_id": run.dag_id, "run_id": run.run_id, "host": verdict.host, "verdict": verdict.verdict,
         "reasons": verdict.reasons, "kernel": facts.kernel, "docker_version": facts.docker_version,
@@ -27,4 +30,6 @@ def host_row(run, verdict) -> dict:
         "gpu_count": len(facts.gpus) if facts.gpus is not None else None, "gpu_model": facts.gpu_model,
         "nvidia_runtime": facts.nvidia_runtime, "facts_json": json.dumps(verdict.facts),
         "checks_json": json.dumps(verdict.checks), "collected_at": verdict.collected_at,
+        "gpu_health": state, "gpu_health_issues": health_issues(verdict.checks) or None,
+        "gpu_health_json": json.dumps(facts.health()) if state else None,
     }

@@ -58,6 +58,11 @@ host_facts = Table(
     Column("facts_json", Text),
     Column("checks_json", Text),
     Column("collected_at", DateTime(timezone=True)),
+    # GPU health (revision 0006): healthy | degraded | unfit, NULL when not checked; the health checks that
+    # did not pass ("gpu_pcie_link:warn, ..."); the health facts (ECC, remaps, XIDs, topology, DCGM) as JSON.
+    Column("gpu_health", String(20)),
+    Column("gpu_health_issues", Text),
+    Column("gpu_health_json", Text),
 )
 
 benchmark_results = Table(
@@ -119,6 +124,8 @@ benchmark_results = Table(
     Column("images_per_joule", Float),
     Column("carbon_g_per_kwh", Float),
     Column("carbon_g", Float),
+    # The health of the host's GPUs when the case ran: host_facts.gpu_health of its run (revision 0006).
+    Column("host_gpu_health", String(20)),
     UniqueConstraint(*RESULT_KEY, name="uq_benchmark_results_key"),
     Index("ix_benchmark_results_host_case_time", "host", "case_key", "started_at"),
     Index("ix_benchmark_results_logical_date", "logical_date"),

@@ -1,0 +1,381 @@
+"""GPU health: parsers and rules on real published tool outputs (tests/fixtures/gpu-tools, see its SOURCES.md).
+
+Every expected value below is read off the fixture file named in the test. Rule cases that no published
+output shows (a remap failure, MIG on) change one field of a GPU parsed from a real file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from fleetbench.hosts import HostNeeds, LocalRunner, evaluate, facts_from_dir, gather, verdict
+from fleetbench.hosts import gpu_health as G
+from fleetbench.hosts.facts import MAX_PROBE_BYTES
+from fleetbench.hosts.health import (
+    HEALTH_CHECKS,
+    HealthThresholds,
+    check_clock_events,
+    check_correctable_remaps,
+    check_mig,
+    check_power_limit,
+    check_remapped_rows,
+    check_retired_pages,
+)
+from fleetbench.hosts.probes import XID_FILE, health_probes, on_path
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "gpu-tools"
+P100_XML = FIX / "nvidia-smi-q-x_1xteslap100_510.47.03_ecc-aggregate-sbe.xml"
+V100_TXT = FIX / "nvidia-smi-q-i1_v100-pcie-32gb_470.129.06_retired-pages-sbe1.txt"
+RTX4060_TXT = FIX / "nvidia-smi-q_2xrtx4060ti_550.54.14_pcie-x4-downtrained.txt"
+TOPO_4H100 = FIX / "nvidia-smi-topo-m_4xh100_nv18_8nic-phb_nic-legend.txt"
+TOPO_8H100 = FIX / "nvidia-smi-topo-m_8xh100_nv18_2numa_spaces.txt"
+TOPO_8V100 = FIX / "nvidia-smi-topo-m_8xv100-pcie_pix-node-sys_2xmlx5.txt"
+DCGM3 = FIX / "dcgmi-diag-r1_8xh200_dcgm3.1.8_persistence-mode-fail.txt"
+DCGM4 = FIX / "dcgmi-diag-r2_1gpu_dcgm4.4.2_pass_new-format.txt"
+JOURNAL_79 = FIX / "journalctl-k_xid79_gpu-fallen-off-bus.txt"
+DMESG_62 = FIX / "dmesg_xid62_gtx.txt"
+GPU_NEEDS = HostNeeds(gpus=1)
+JOURNAL_HEAD = "# kernel log: journalctl -k --since -24h, window 86400 s\n"
+
+
+def journal(lines: str = "") -> str:
+    return JOURNAL_HEAD + lines
+
+
+def folder(tmp_path: Path, **files: str | bytes) -> Path:
+    """A captured probe folder: keyword names use _ for - and . (nvidia_smi_q_xml -> nvidia-smi-q.xml)."""
+    names = {"nvidia_smi_q_xml": "nvidia-smi-q.xml", "nvidia_smi_q_txt": "nvidia-smi-q.txt",
+             "topo": "nvidia-smi-topo-m.txt", "xid": "kernel-xid.txt", "dcgm": "dcgmi-diag.txt"}
+    for key, content in files.items():
+        path = tmp_path / names[key]
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    return tmp_path
+
+
+def by_name(checks) -> dict:
+    return {c.name: c for c in checks}
+
+
+# -- nvidia-smi -q -x / -q -----------------------------------------------------------------------
+def test_xml_p100_values_read_off_the_file():
+    parsed = G.parse_smi_xml(P100_XML.read_text())
+    assert (parsed["driver_version"], parsed["cuda_version"], parsed["cuda_not_found"]) == ("510.47.03", "11.6", False)
+    [gpu] = parsed["gpus"]
+    assert gpu["name"] == "Tesla P100-PCIE-16GB" and gpu["bus_id"] == "00000000:00:04.0"
+    assert gpu["uuid"] == "GPU-d3da8716-eaab-75db-efc1-60e88e1cd55e" and gpu["memory_total_mib"] == 16384
+    assert gpu["persistence"] is False and gpu["mig_mode"] is None and gpu["ecc_mode"] == "Enabled"
+    assert (gpu["volatile_correctable"], gpu["aggregate_correctable"], gpu["aggregate_uncorrectable"]) == (0, 3, 0)
+    assert (gpu["retired_sbe"], gpu["retired_dbe"], gpu["retired_pending"]) == (0, 0, False)
+    assert gpu["remap_pending"] is None  # <remapped_rows>N/A</remapped_rows> on Pascal
+    assert (gpu["pcie_gen_current"], gpu["pcie_gen_max"], gpu["pcie_width_current"], gpu["pcie_width_max"]) == \
+        (3, 3, 16, 16)
+    assert (gpu["power_limit_w"], gpu["default_power_limit_w"], gpu["temperature_c"]) == (250.0, 250.0, 38.0)
+    assert gpu["clock_reasons"]["gpu_idle"] is True and gpu["clock_reasons"]["hw_slowdown"] is False
+    assert gpu["performance_state"] == "P0"
+
+
+def test_text_v100_clocks_throttle_reasons_layout_and_retired_pages():
+    parsed = G.parse_smi_text(V100_TXT.read_text())
+    assert (parsed["driver_version"], parsed["cuda_version"]) == ("470.129.06", "11.4")
+    [gpu] = parsed["gpus"]  # nvidia-smi -q -i 1: one GPU section of the 8 attached
+    assert gpu["bus_id"] == "00000000:1C:00.0" and gpu["name"] == "Tesla V100-PCIE-32GB"
+    assert gpu["persistence"] is True and gpu["ecc_mode"] == "Enabled"
+    assert (gpu["retired_sbe"], gpu["retired_dbe"], gpu["retired_pending"]) == (1, 0, False)
+    assert (gpu["aggregate_correctable"], gpu["aggregate_uncorrectable"]) == (3, 0)
+    assert set(gpu["clock_reasons"]) == set(G.CLOCK_REASONS) and gpu["clock_reasons"]["gpu_idle"] is True
+    assert not any(v for k, v in gpu["clock_reasons"].items() if k != "gpu_idle")
+    assert (gpu["power_limit_w"], gpu["default_power_limit_w"], gpu["temperature_c"]) == (250.0, 250.0, 29.0)
+    assert gpu["memory_total_mib"] == 32510
+
+
+def test_text_rtx4060ti_clocks_event_reasons_layout_and_downtrained_link():
+    parsed = G.parse_smi_text(RTX4060_TXT.read_text())
+    assert (parsed["driver_version"], parsed["cuda_version"]) == ("550.54.14", "12.4")
+    g0, g1 = parsed["gpus"]
+    assert (g0["bus_id"], g1["bus_id"]) == ("00000000:03:00.0", "00000000:09:00.0")
+    assert (g0["pcie_width_current"], g0["pcie_width_max"], g1["pcie_width_current"], g1["pcie_width_max"]) == \
+        (4, 8, 8, 8)
+    assert (g0["pcie_gen_current"], g0["pcie_gen_max"]) == (4, 4)
+    assert g0["clock_reasons"]["gpu_idle"] is True and g0["clock_reasons"]["display_clocks_setting"] is False
+    assert (g0["remap_correctable"], g0["remap_uncorrectable"], g0["remap_pending"], g0["remap_failure"]) == \
+        (0, 0, False, False)
+    assert g0["ecc_mode"] is None and g0["aggregate_correctable"] is None  # ECC Mode: N/A on GeForce
+    assert (g0["power_limit_w"], g0["default_power_limit_w"]) == (165.0, 165.0)  # "GPU Power Readings" (R550)
+    assert g0["brand"] == "GeForce" and g0["persistence"] is False
+
+
+def test_xml_and_text_give_the_same_fields():
+    xml_keys = set(G.parse_smi_xml(P100_XML.read_text())["gpus"][0])
+    assert xml_keys == set(G.parse_smi_text(V100_TXT.read_text())["gpus"][0])
+
+
+# -- topo -m, XID, dcgmi --------------------------------------------------------------------------
+def test_topology_all_nvlink_with_nic_legend():
+    topo = G.parse_topology(TOPO_4H100.read_text())
+    assert topo["gpus"] == ["GPU0", "GPU1", "GPU2", "GPU3"] and set(topo["links"].values()) == {"NV18"}
+    assert len(topo["links"]) == 6 and topo["nics"]["NIC7"] == "mlx5_7" and topo["gpu_nic"]["GPU0-NIC0"] == "PHB"
+    assert topo["affinity"]["GPU3"] == {"cpu": "0-79", "numa": "0"}
+    assert topo["summary"][0] == "all 6 GPU pairs NVLink (NV18)"
+
+
+def test_topology_two_numa_nodes():
+    topo = G.parse_topology(TOPO_8H100.read_text())
+    assert topo["affinity"]["GPU0"]["cpu"] == "0-47,96-143" and topo["affinity"]["GPU7"]["numa"] == "1"
+    assert topo["summary"] == ["all 28 GPU pairs NVLink (NV18)", "8 GPU(s) on NUMA node(s) 0, 1"]
+
+
+def test_topology_pcie_only_with_named_nics():
+    topo = G.parse_topology(TOPO_8V100.read_text())
+    assert topo["links"]["GPU0-GPU1"] == "PIX" and topo["links"]["GPU3-GPU4"] == "NODE"
+    assert topo["gpu_nic"]["GPU7-mlx5_1"] == "SYS" and set(topo["nics"]) == {"mlx5_0", "mlx5_1"}
+    assert topo["summary"][0] == "GPU pairs: 16 NODE, 12 PIX"
+
+
+def test_dcgm3_fail_with_its_wrapped_error_text():
+    diag = G.parse_dcgm_diag(DCGM3.read_text())
+    assert (diag["dcgm_version"], diag["layout"]) == ("3.1.8", "3.x")
+    tests = {t["name"]: t for t in diag["tests"]}
+    assert tests["Persistence Mode"]["result"] == "Fail" and tests["Denylist"]["result"] == "Pass"
+    error = tests["Persistence Mode"]["error"]
+    assert error.startswith("Persistence mode for GPU 0 is currently disabled. The DCGM diagnostic requires "
+                            "peristence mode to be enabled.")
+    assert "Persistence mode for GPU 3 is currently disabled." in error
+    assert len(diag["tests"]) == 9
+
+
+def test_dcgm4_per_gpu_results():
+    diag = G.parse_dcgm_diag(DCGM4.read_text())
+    assert (diag["dcgm_version"], diag["layout"]) == ("4.4.2", "4.x")
+    assert [(t["name"], t["section"], t["result"], t["gpus"]) for t in diag["tests"]] == [
+        ("software", "Deployment", "Pass", {"0": "Pass"}), ("memory", "Hardware", "Pass", {"0": "Pass"}),
+        ("pcie", "Integration", "Pass", {"0": "Pass"})]
+
+
+def test_xid_from_the_journal():
+    xid = G.parse_xid_log(journal(JOURNAL_79.read_text()))
+    assert xid["source"] == "journalctl" and xid["window_s"] == 86400
+    assert [(e["bus_id"], e["xid"], e["detail"]) for e in xid["events"]] == [
+        ("0000:01:00", 79, "GPU has fallen off the bus.")]
+
+
+def test_xid_from_dmesg_is_windowed_by_uptime():
+    lines = DMESG_62.read_text()
+    recent = G.parse_xid_log(f"# kernel log: dmesg, window 86400 s, uptime 200.5\n{lines}")
+    assert [(e["xid"], e["detail"]) for e in recent["events"]] == [(62, "12b2(1fa0) 00000000 00000000")]
+    old = G.parse_xid_log(f"# kernel log: dmesg, window 3600 s, uptime {121.33 + 3600 + 60}\n{lines}")
+    assert old["events"] == [] and old["window_s"] == 3600
+
+
+# -- rules ---------------------------------------------------------------------------------------
+def test_rtx4060ti_host_is_degraded_by_its_x4_link_and_persistence_off(tmp_path):
+    facts = facts_from_dir(folder(tmp_path, nvidia_smi_q_txt=RTX4060_TXT.read_text(), xid=journal()))
+    checks = by_name(evaluate(facts, GPU_NEEDS))
+    assert checks["gpu_pcie_link"].status == "warn"
+    assert checks["gpu_pcie_link"].evidence == ({"gpu": 0, "bus_id": "00000000:03:00.0", "value": "x4",
+                                                 "threshold": "x8"},)
+    assert checks["gpu_persistence"].status == "warn" and [e["gpu"] for e in checks["gpu_persistence"].evidence] \
+        == [0, 1]
+    assert checks["gpu_ecc_mode"].status == "pass"  # no ECC on GeForce: not a fault
+    assert checks["gpu_remapped_rows"].status == "pass" and checks["gpu_xid"].status == "pass"
+    assert checks["gpu_power_limit"].status == "pass" and checks["gpu_clock_events"].status == "pass"
+    assert "gpu_dcgm_diag" not in checks  # off by default
+    assert verdict(list(checks.values())) == "degraded"
+    # the GPU list comes from -q when neither the query CSV nor the table was captured
+    assert [g.name for g in facts.gpus] == ["NVIDIA GeForce RTX 4060 Ti"] * 2
+    assert facts.driver_version == "550.54.14"
+
+
+def test_xid_79_in_the_window_makes_the_host_unfit(tmp_path):
+    facts = facts_from_dir(folder(tmp_path, nvidia_smi_q_xml=P100_XML.read_text(), xid=journal(JOURNAL_79.read_text())))
+    check = by_name(evaluate(facts, GPU_NEEDS))["gpu_xid"]
+    assert check.status == "fail" and "XID 79 on 0000:01:00" in check.detail
+    assert check.evidence[0]["value"] == 79 and check.evidence[0]["threshold"] == [48, 63, 64, 74, 79, 92, 94, 95]
+
+
+def test_xid_62_is_reported_but_not_fatal(tmp_path):
+    xid = f"# kernel log: dmesg, window 86400 s, uptime 300\n{DMESG_62.read_text()}"
+    facts = facts_from_dir(folder(tmp_path, nvidia_smi_q_xml=P100_XML.read_text(), xid=xid))
+    check = by_name(evaluate(facts, GPU_NEEDS))["gpu_xid"]
+    assert check.status == "pass" and "(62: application-level, not judged)" in check.detail
+
+
+def test_dcgm_fail_makes_the_host_unfit_and_names_the_test(tmp_path):
+    facts = facts_from_dir(folder(tmp_path, nvidia_smi_q_xml=P100_XML.read_text(), xid=journal(),
+                                  dcgm=DCGM3.read_text()))
+    checks = evaluate(facts, GPU_NEEDS)
+    check = by_name(checks)["gpu_dcgm_diag"]
+    assert check.status == "fail" and "DCGM 3.1.8" in check.detail and "Persistence Mode: Persistence mode for " \
+        "GPU 0 is currently disabled" in check.detail
+    assert verdict(checks) == "unfit"
+    (tmp_path / "4").mkdir()
+    passing = facts_from_dir(folder(tmp_path / "4", nvidia_smi_q_xml=P100_XML.read_text(), xid=journal(),
+                                    dcgm=DCGM4.read_text()))
+    assert by_name(evaluate(passing, GPU_NEEDS))["gpu_dcgm_diag"].detail == "dcgmi diag (DCGM 4.4.2): 3 test(s) " \
+        "passed, 0 skipped"
+
+
+def test_p100_healthy_but_persistence_off(tmp_path):
+    facts = facts_from_dir(folder(tmp_path, nvidia_smi_q_xml=P100_XML.read_text(), xid=journal()))
+    checks = by_name(evaluate(facts, GPU_NEEDS))
+    bad = {n: c.status for n, c in checks.items() if n in HEALTH_CHECKS and c.status != "pass"}
+    assert bad == {"gpu_persistence": "warn"}
+    assert checks["gpu_retired_pages"].status == "pass" and checks["gpu_ecc_mode"].detail == "ECC enabled on 1 GPU(s)"
+    assert checks["gpu_power_limit"].detail == "GPU 0 250 W"
+    lenient = HostNeeds(gpus=1, health=HealthThresholds(require_persistence=False))
+    assert "gpu_persistence" not in by_name(evaluate(facts, lenient))
+
+
+def test_rules_on_one_changed_field_of_a_real_gpu():
+    [p100] = G.parse_smi_xml(P100_XML.read_text())["gpus"]
+    [rtx, _] = G.parse_smi_text(RTX4060_TXT.read_text())["gpus"]
+    t = HealthThresholds()
+    failed = check_remapped_rows([dict(rtx, remap_failure=True)])
+    assert failed.status == "fail" and failed.evidence[0]["gpu"] == 0
+    assert check_remapped_rows([dict(rtx, remap_pending=True, remap_uncorrectable=1)]).status == "fail"
+    assert check_remapped_rows([rtx]).status == "pass"
+    assert check_retired_pages([dict(p100, retired_pending=True, retired_dbe=2)]).status == "fail"
+    assert check_retired_pages([dict(p100, retired_pending=True, retired_sbe=4)]).status == "warn"
+    corr = check_correctable_remaps([dict(rtx, remap_correctable=3)], t)
+    assert corr.status == "warn" and corr.evidence[0]["value"] == 3 and corr.evidence[0]["threshold"] == 0
+    assert check_correctable_remaps([dict(rtx, remap_correctable=3)],
+                                    HealthThresholds(max_correctable_remapped_rows=8)).status == "pass"
+    mig = check_mig([dict(p100, mig_mode="Enabled", mig_devices=7)], t)
+    assert mig.status == "fail" and mig.evidence[0]["value"] == {"mig_mode": "Enabled", "mig_devices": 7}
+    assert check_mig([dict(p100, mig_mode="Enabled")], HealthThresholds(allow_mig=True)).status == "pass"
+    capped = check_power_limit([dict(p100, power_limit_w=200.0)], t)
+    assert capped.status == "warn" and capped.evidence[0]["value"] == 200.0 and capped.evidence[0]["threshold"] == 250
+    assert check_power_limit([dict(p100, power_limit_w=200.0)], HealthThresholds(min_power_limit_ratio=0.8)).status \
+        == "pass"
+    hot = check_clock_events([dict(p100, clock_reasons={**p100["clock_reasons"], "hw_thermal_slowdown": True})], t)
+    assert hot.status == "warn" and hot.evidence[0]["value"] == "hw_thermal_slowdown"
+
+
+def test_check_json_carries_evidence_only_for_checks_that_have_it(tmp_path):
+    facts = facts_from_dir(folder(tmp_path, nvidia_smi_q_txt=RTX4060_TXT.read_text(), xid=journal()))
+    as_json = {c["name"]: c for c in json.loads(json.dumps([c.to_dict() for c in evaluate(facts, GPU_NEEDS)]))}
+    assert as_json["gpu_pcie_link"]["evidence"][0] == {"gpu": 0, "bus_id": "00000000:03:00.0", "value": "x4",
+                                                       "threshold": "x8"}
+    assert set(as_json["kernel"]) == {"name", "status", "detail"}
+
+
+def test_old_folders_without_health_outputs_get_no_health_checks():
+    facts = facts_from_dir(Path(__file__).resolve().parents[1] / "fixtures" / "hosts" / "h100-590-cuda13.1")
+    assert not [c for c in evaluate(facts, GPU_NEEDS) if c.name.startswith("gpu_") and c.name != "gpu_smoke"
+                and c.name != "gpu_count"]
+
+
+# -- bad input -----------------------------------------------------------------------------------
+def test_truncated_xml_is_unreadable_and_the_text_fallback_is_used(tmp_path):
+    xml = P100_XML.read_text()
+    facts = facts_from_dir(folder(tmp_path, nvidia_smi_q_xml=xml[:len(xml) // 2], nvidia_smi_q_txt=V100_TXT.read_text(),
+                                  xid=journal()))
+    assert facts.gpu_health[0]["name"] == "Tesla V100-PCIE-32GB"
+    assert facts.gpu_health_source.startswith("nvidia-smi-q.txt (nvidia-smi-q.xml: nvidia-smi -q -x: not complete XML")
+    (tmp_path / "x").mkdir()
+    alone = facts_from_dir(folder(tmp_path / "x", nvidia_smi_q_xml=xml[:len(xml) // 2], xid=journal()))
+    assert "not complete XML" in alone.probe_unreadable["nvidia-smi-q.xml"]
+    assert "may be truncated" in alone.probe_unreadable["nvidia-smi-q.xml"]
+    checks = evaluate(alone, GPU_NEEDS)
+    probe = by_name(checks)["gpu_health_probes"]
+    assert probe.status == "unknown" and probe.evidence[0]["value"].startswith("nvidia-smi-q.xml: nvidia-smi -q -x")
+    assert verdict(checks) != "ready"
+
+
+@pytest.mark.parametrize("content, says", [
+    (bytes(range(256)) * 64, "binary data"),
+    (JOURNAL_79.read_text(), "no GPU section"),  # real text, but no layout these parsers know
+    ("", "empty output"),
+])
+def test_garbage_and_unknown_layouts_are_probe_unreadable(tmp_path, content, says):
+    facts = facts_from_dir(folder(tmp_path, nvidia_smi_q_txt=content, topo=content, dcgm=content, xid=content))
+    for name in ("nvidia-smi-q.txt", "nvidia-smi-topo-m.txt", "dcgmi-diag.txt", "kernel-xid.txt"):
+        assert name in facts.probe_unreadable, name
+    assert says in facts.probe_unreadable["nvidia-smi-q.txt"]
+    assert facts.gpu_health is None and facts.topology is None and facts.xid is None and facts.dcgm_diag is None
+
+
+def test_xml_with_entities_is_not_parsed(tmp_path):
+    bomb = '<?xml version="1.0"?><!DOCTYPE x [<!ENTITY a "aaaaaaaaaa">]><nvidia_smi_log>&a;</nvidia_smi_log>'
+    with pytest.raises(G.Unreadable, match="declares XML entities"):
+        G.parse_smi_xml(bomb)
+
+
+def test_a_50_mb_output_is_read_bounded_and_unreadable(tmp_path):
+    big = tmp_path / "nvidia-smi-q.xml"
+    unit = P100_XML.read_bytes()
+    with big.open("wb") as out:
+        for _ in range(50 * 2**20 // len(unit) + 1):
+            out.write(unit)
+    assert big.stat().st_size >= 50 * 2**20
+    (tmp_path / XID_FILE).write_text(journal())
+    facts = facts_from_dir(tmp_path)
+    detail = facts.probe_unreadable["nvidia-smi-q.xml"]
+    assert f"only its first {MAX_PROBE_BYTES // 2**20} MiB were read" in detail and "not parsed" in detail
+    assert by_name(evaluate(facts, GPU_NEEDS))["gpu_health_probes"].status == "unknown"
+
+
+def test_probe_path_and_ranges_are_checked_before_anything_runs():
+    with pytest.raises(ValueError, match="not a plain absolute folder"):
+        on_path(health_probes(), ("bin; rm -rf /",))
+    with pytest.raises(ValueError, match="level must be 1 to 4"):
+        health_probes(dcgm_level=7)
+    with pytest.raises(ValueError, match="XID window"):
+        health_probes(xid_window_hours=0)
+    assert health_probes(dcgm_level=2)[-1].argv == ("dcgmi", "diag", "-r", "2")
+
+
+# -- the XID probe script itself, with fake journalctl/dmesg on PATH -------------------------------
+def fake_tools(bin_dir: Path, **scripts: str) -> Path:
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for name, body in scripts.items():
+        path = bin_dir / name
+        path.write_text(f"#!/bin/sh\n{body}\n")
+        path.chmod(0o755)
+    return bin_dir
+
+
+def run_xid_probe(tmp_path: Path, bin_dir: Path):
+    out = tmp_path / "out"
+    env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    gather(LocalRunner(env=env), out, probes=(), extra=health_probes(xid_window_hours=6)[3:4])
+    return facts_from_dir(out), out
+
+
+def test_xid_probe_reads_the_journal(tmp_path):
+    bin_dir = fake_tools(tmp_path / "bin", journalctl=f'echo "$@" > {tmp_path}/args; cat {JOURNAL_79}',
+                         dmesg="exit 1")
+    facts, out = run_xid_probe(tmp_path, bin_dir)
+    assert (tmp_path / "args").read_text().split() == ["-k", "--since", "-6h", "--no-pager", "-q"]
+    assert facts.xid["source"] == "journalctl" and facts.xid["window_s"] == 6 * 3600
+    assert [e["xid"] for e in facts.xid["events"]] == [79]
+
+
+def test_xid_probe_says_permission_denied_not_healthy(tmp_path):
+    bin_dir = fake_tools(
+        tmp_path / "bin",
+        journalctl='echo "No journal files were opened due to insufficient permissions."',
+        dmesg='echo "dmesg: read kernel buffer failed: Operation not permitted" >&2; exit 1')
+    facts, _ = run_xid_probe(tmp_path, bin_dir)
+    assert facts.xid is None
+    assert facts.unknown["xid"].startswith("kernel-xid.txt: permission denied reading the kernel log")
+    assert "read kernel buffer failed: Operation not permitted" in facts.unknown["xid"]
+    facts.gpu_health = G.parse_smi_xml(P100_XML.read_text())["gpus"]
+    check = by_name(evaluate(facts, GPU_NEEDS))["gpu_xid"]
+    assert check.status == "unknown" and "permission denied" in check.detail
+
+
+def test_a_regression_says_when_its_hosts_gpu_health_changed():
+    from fleetbench.regression.detect import what_changed
+    from warehouse_rows import result_row
+
+    baseline = [result_row("a", run_id=f"r{i}", host_gpu_health="healthy") for i in range(4)]
+    now = result_row("a", run_id="r9", ips=80.0, host_gpu_health="degraded")
+    assert what_changed(now, baseline)["host_gpu_health"] == {"before": "healthy", "after": "degraded"}
+    assert "host_gpu_health" not in what_changed(result_row("a", host_gpu_health="healthy"), baseline)
+    # results stored before the health checks existed (None) are no change
+    unchecked = [result_row("a", run_id=f"r{i}") for i in range(4)]
+    assert "host_gpu_health" not in what_changed(now, unchecked)
