@@ -350,12 +350,15 @@ def test_settings_from_the_plan(tmp_path):
     assert settings.host_prices == {"a100": 2.9, "rtx": None}
     assert settings.carbon_g_per_kwh == 436.0
     assert MetricSettings.from_config(load_config(path)) == MetricSettings(
-        host_prices={"a100": 2.9, "rtx": None}, carbon_g_per_kwh=436.0)
+        host_prices={"a100": 2.9, "rtx": None}, carbon_g_per_kwh=436.0, host_hour_prices={"a100": None, "rtx": None},
+        host_cpu_tdp_w={"a100": None, "rtx": None})
     # The plan carries its settings: editing or removing the file afterwards does not change this run's figures.
     path.write_text(yaml.safe_dump(gpu_fleet(100.0)))
     assert settings_from_plan(plan).carbon_g_per_kwh == 436.0
     path.unlink()
-    assert settings_from_plan(plan) == MetricSettings(host_prices={"a100": 2.9, "rtx": None}, carbon_g_per_kwh=436.0)
+    assert settings_from_plan(plan) == MetricSettings(
+        host_prices={"a100": 2.9, "rtx": None}, carbon_g_per_kwh=436.0, host_hour_prices={"a100": None, "rtx": None},
+        host_cpu_tdp_w={"a100": None, "rtx": None})
 
 
 def test_carbon_intensity_is_validated():

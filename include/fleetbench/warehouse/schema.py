@@ -119,6 +119,10 @@ benchmark_results = Table(
     Column("images_per_joule", Float),
     Column("carbon_g_per_kwh", Float),
     Column("carbon_g", Float),
+    # Cost and energy of CPU cases (revision 0010).
+    Column("price_per_hour", Float),
+    Column("cpu_tdp_w", Float),
+    Column("mean_cpu_util_pct", Float),
     UniqueConstraint(*RESULT_KEY, name="uq_benchmark_results_key"),
     Index("ix_benchmark_results_host_case_time", "host", "case_key", "started_at"),
     Index("ix_benchmark_results_logical_date", "logical_date"),
