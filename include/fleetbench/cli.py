@@ -56,9 +56,9 @@ def _cell(row: dict, column: str) -> str:
     if column == "duration_s":
         return "-" if value is None else f"{value:.1f}"
     if column == "energy_j":  # Wh, with `~` when estimated
-        return "-" if value is None else f"{'~' if row.get('energy_source') == 'estimated' else ''}{value / 3600:.3g}"
+        return "-" if value is None else f"{'~' if row.get('energy_source') == 'estimated' else ''}{value / 3600:.4f}"
     if column == "cost_usd":
-        return "-" if value is None else f"{value:.2g}"
+        return "-" if value is None else f"{value:.6f}"
     if column == "image_digest":
         return "-" if not value else value[:19]
     return "-" if value is None else str(value)

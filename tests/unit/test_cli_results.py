@@ -44,7 +44,7 @@ def test_table_shows_the_latest_run(warehouse):
     assert lines[0] == "run r2"
     assert lines[1].split() == ["host", "model", "batch", "GPUs", "status", "images/sec", "duration", "s", "energy",
                                 "Wh", "cost", "$", "image", "digest"]
-    assert lines[3].split()[5:9] == ["99.00", "60.0", "~2", "0.013"]  # 7200 J estimated = ~2 Wh; USD
+    assert lines[3].split()[5:9] == ["99.00", "60.0", "~2.0000", "0.012500"]  # 7200 J estimated = ~2 Wh; USD
     assert lines[-1] == "1 case(s): 1 ok, 0 failed, 0 skipped"
 
 
