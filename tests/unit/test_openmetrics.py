@@ -59,9 +59,9 @@ def test_metrics_of_the_fleet_history(history):
     assert text.endswith("# EOF\n")
     got = parse(text)
     newest = expected_newest_ok(history)
-    ips = {(dict(k)["host"], dict(k)["case_key"]): v for k, v in got["fleetbench_images_per_sec"].items()}
+    ips = {(dict(k)["host"], dict(k)["case_key"]): v for k, v in got["fleetbench_images_per_second"].items()}
     assert ips == {k: pytest.approx(r["images_per_sec"]) for k, r in newest.items()}
-    labels = dict(next(k for k in got["fleetbench_images_per_sec"] if dict(k)["host"] == "gpu-b"))
+    labels = dict(next(k for k in got["fleetbench_images_per_second"] if dict(k)["host"] == "gpu-b"))
     assert labels == {"dag_id": DAG, "host": "gpu-b", "case_key": "tf.resnet50.bs64.g1.replicated",
                       "model": "resnet50", "num_gpus": "1", "gpu": "H100 SXM5 80GB"}
     energy = {(dict(k)["host"], dict(k)["case_key"]): v for k, v in got["fleetbench_case_energy_joules"].items()}
@@ -88,7 +88,7 @@ def test_metrics_show_only_the_readable_dags(history):
     got = parse(openmetrics.render(openmetrics.collect(history, Filters(dag_ids=frozenset({"other_dag"})), NOW)))
     assert all(not samples for samples in got.values())
     got = parse(openmetrics.render(openmetrics.collect(history, Filters(dag_ids=frozenset({DAG})), NOW)))
-    assert len(got["fleetbench_images_per_sec"]) == len(expected_newest_ok(history))
+    assert len(got["fleetbench_images_per_second"]) == len(expected_newest_ok(history))
 
 
 def test_an_empty_warehouse_has_metadata_only(tmp_path):
@@ -97,7 +97,7 @@ def test_an_empty_warehouse_has_metadata_only(tmp_path):
     engine = get_engine(f"sqlite:///{tmp_path}/empty.db")
     upgrade(engine)
     text = openmetrics.render(openmetrics.collect(engine))
-    assert "# TYPE fleetbench_images_per_sec gauge" in text and all(not s for s in parse(text).values())
+    assert "# TYPE fleetbench_images_per_second gauge" in text and all(not s for s in parse(text).values())
 
 
 def test_label_values_are_escaped():

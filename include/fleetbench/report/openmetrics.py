@@ -2,7 +2,7 @@
 
 What a fleet operator alerts on, one scrape's worth (not the history: that is the report's):
 
-    fleetbench_images_per_sec{dag_id,host,case_key,model,num_gpus,gpu}   the newest ok result's images/sec
+    fleetbench_images_per_second{dag_id,host,case_key,model,num_gpus,gpu}   the newest ok result's images/sec
     fleetbench_case_energy_joules{...same}, fleetbench_case_cost_usd{...}  that result's energy and cost
     fleetbench_case_logical_date_seconds{...same}                         the night it was measured
     fleetbench_open_regressions{dag_id,host,severity}                     open findings (see report.queries)
@@ -123,7 +123,7 @@ def collect(engine, f: Filters | None = None, now: datetime | None = None) -> li
     """Every family, read in one connection."""
     f = f or Filters()
     now = now or datetime.now(timezone.utc)
-    ips = Family("fleetbench_images_per_sec", "Throughput of the newest ok result of each host and case.")
+    ips = Family("fleetbench_images_per_second", "Throughput of the newest ok result of each host and case.")
     energy = Family("fleetbench_case_energy_joules", "Energy of that result (measured or estimated).", "joules")
     cost = Family("fleetbench_case_cost_usd", "Cost of that result at the host's price.")
     night = Family("fleetbench_case_logical_date_seconds", "Logical date (Unix time) of that result's run.",
