@@ -139,7 +139,8 @@ def telemetry_fields(report: dict | None, rapl: dict | None = None, duration_s: 
     cpu = (report or {}).get("cpu")
     telemetry = {**(report or {}), **({"rapl": rapl} if rapl else {})}
     fields = {"mean_cpu_util_pct": cpu_util_pct(cpu), "cpu_threads": (cpu or {}).get("count"),
-              "cpu_model": (cpu or {}).get("model"), "telemetry_json": json.dumps(telemetry) if telemetry else None,
+              "cpu_model": (cpu or {}).get("model"), "cpu_sockets": (cpu or {}).get("sockets"),
+              "telemetry_json": json.dumps(telemetry) if telemetry else None,
               "energy_source": "none", "energy_j": None, "mean_power_w": None, "peak_gpu_mem_mib": None,
               "mean_gpu_util_pct": None}
     rapl_j = (rapl or {}).get("energy_j")

@@ -32,6 +32,7 @@ import re
 import statistics
 from dataclasses import dataclass, field
 from datetime import date
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
@@ -211,13 +212,52 @@ def hourly_rate(gpu_price: float | None, num_gpus: int, host_price: float | None
 # -- 5. power and energy ------------------------------------------------------------------------
 # CodeCarbon's TDP for a CPU it cannot name: 4 W per logical CPU (its DEFAULT_POWER_PER_CORE).
 DEFAULT_CPU_W_PER_THREAD = 4.0
+# CodeCarbon's table of CPU TDPs per socket (codecarbon 3.3.2, data/hardware/cpu_power.csv, MIT licence:
+# include/config/cpu_tdp.LICENSE), e.g. "Intel Xeon Platinum 8375C,300".
+CPU_TDP_TABLE = PROJECT_ROOT / "include" / "config" / "cpu_tdp.csv"
 
 
-def cpu_tdp_w(host_tdp_w: float | None, threads: int | None) -> tuple[float | None, str | None]:
-    """(the CPU's TDP in W, where it came from): the host's `cpu_tdp_w`, else CodeCarbon's default of
-    4 W per logical CPU (the threads the telemetry counted), else None."""
+def normalise_cpu_name(name: str) -> str:
+    """/proc/cpuinfo's model name as the table writes it, lower case: 'Intel(R) Xeon(R) Platinum 8375C CPU @
+    2.90GHz' -> 'intel xeon platinum 8375c', 'AMD EPYC 7763 64-Core Processor' -> 'amd epyc 7763'."""
+    name = re.sub(r"\((?:R|TM)\)", "", name, flags=re.IGNORECASE)
+    name = re.sub(r"@.*$", "", name)
+    name = re.sub(r"\b\d+-Core Processor\b.*$", "", name, flags=re.IGNORECASE)
+    name = re.sub(r"\b(?:CPU|Processor)\b", "", name, flags=re.IGNORECASE)
+    return " ".join(name.split()).lower()
+
+
+@lru_cache(maxsize=4)
+def cpu_tdp_table(path: str | None = None) -> dict[str, float]:
+    """{normalised CPU name: TDP per socket in W} (the first of a repeated name); {} when the file is unreadable."""
+    import csv
+
+    table: dict[str, float] = {}
+    try:
+        with open(path or CPU_TDP_TABLE, newline="", encoding="utf-8") as f:
+            for row in csv.DictReader(f):
+                try:
+                    tdp = float(row.get("TDP") or "")
+                except ValueError:
+                    continue
+                key = normalise_cpu_name(row.get("Name") or "")
+                if key and _positive(tdp):
+                    table.setdefault(key, tdp)
+    except OSError as exc:
+        log.error("CPU TDP table not used: %s", exc)
+    return table
+
+
+def cpu_tdp_w(host_tdp_w: float | None, threads: int | None, model: str | None = None,
+              sockets: int | None = None) -> tuple[float | None, str | None]:
+    """(the CPUs' TDP in W, where it came from): the host's `cpu_tdp_w` (`host`); else the model's TDP in
+    CodeCarbon's table x the sockets (`table`; an exact match of the normalised name, never a guess); else
+    CodeCarbon's default of 4 W per logical CPU (`default_per_thread`); else None."""
     if _positive(host_tdp_w):
         return float(host_tdp_w), "host"
+    per_socket = cpu_tdp_table().get(normalise_cpu_name(model)) if model else None
+    if per_socket is not None:
+        return per_socket * (sockets or 1), "table"
     if threads and threads > 0:
         return DEFAULT_CPU_W_PER_THREAD * threads, "default_per_thread"
     return None, None
@@ -495,7 +535,8 @@ def derive(rows: Sequence[Mapping[str, Any]], steps: Iterable[Mapping[str, Any]]
             power = estimated_power_w(gpu.tdp_w, gpus, util / 100.0 if util is not None else 1.0)
             r["mean_power_w"], r["energy_j"], r["energy_source"] = power, energy_j(power, duration), ESTIMATED
         elif (gpus == 0 and duration is not None and r.get("mean_cpu_util_pct") is not None
-              and (tdp := cpu_tdp_w(config.host_cpu_tdp_w.get(r.get("host")), r.get("cpu_threads"))[0])):
+              and (tdp := cpu_tdp_w(config.host_cpu_tdp_w.get(r.get("host")), r.get("cpu_threads"), r.get("cpu_model"),
+                                    r.get("cpu_sockets"))[0])):
             power = estimated_cpu_power_w(tdp, r["mean_cpu_util_pct"])
             r["cpu_tdp_w"] = tdp
             r["mean_power_w"], r["energy_j"], r["energy_source"] = power, energy_j(power, duration), ESTIMATED

@@ -151,12 +151,15 @@ def test_cpu_meter_without_a_cgroup_counts_the_children(tmp_path, capfd):
     assert report["cpu"]["usage_s"] > 0
 
 
-def test_cpu_model(tmp_path):
+def test_cpu_info(tmp_path):
     info = tmp_path / "cpuinfo"
-    info.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 8375C CPU"
-                    " @ 2.90GHz\n")
-    assert tw.cpu_model(str(info)) == "Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz"
-    assert tw.cpu_model(str(tmp_path / "none")) is None
+    cpu = "processor\t: {n}\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz\n" \
+          "physical id\t: {s}\n\n"
+    info.write_text("".join(cpu.format(n=n, s=n // 2) for n in range(4)))  # 2 sockets, 2 threads each
+    assert tw.cpu_info(str(info)) == ("Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz", 2)
+    info.write_text("processor\t: 0\nmodel name\t: AMD EPYC\n")  # a VM that hides the model and the sockets
+    assert tw.cpu_info(str(info)) == ("AMD EPYC", None)
+    assert tw.cpu_info(str(tmp_path / "none")) == (None, None)
 
 
 def test_clean_report_checks_the_cpu_part():
@@ -219,6 +222,19 @@ def test_a_gpu_host_priced_by_the_hour_only():
                     MetricSettings(host_hour_prices={"cpu-01": 12.0}))
     assert (out["price_per_gpu_hour"], out["price_per_hour"], out["price_source"]) == (None, 12.0, "host_hour")
     assert out["cost_usd"] == pytest.approx(12.0 * 36 / 3600)
+
+
+def test_cpu_tdp_from_codecarbons_table():
+    """CodeCarbon's TDPs per socket, found by the exact normalised name, times the sockets; never a near match."""
+    assert cpu_tdp_w(None, 128, "Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz", 2) == (600.0, "table")
+    assert cpu_tdp_w(None, 256, "AMD EPYC 7763 64-Core Processor", 2) == (560.0, "table")
+    assert cpu_tdp_w(None, 16, "Intel(R) Xeon(R) CPU E5-2686 v4 @ 2.30GHz", None) == (145.0, "table")
+    assert cpu_tdp_w(None, 2, "AMD EPYC", None) == (8.0, "default_per_thread")  # a VM's model name: no model
+    assert cpu_tdp_w(None, 2, "Intel Xeon Platinum 83", None) == (8.0, "default_per_thread")
+    assert cpu_tdp_w(150.0, 256, "AMD EPYC 7763 64-Core Processor", 2) == (150.0, "host")
+    (out,) = derive([cpu_row(cpu_model="AMD EPYC 7763 64-Core Processor", cpu_sockets=1, cpu_threads=128)], [], None,
+                    MetricSettings())
+    assert (out["cpu_tdp_w"], out["mean_power_w"]) == (280.0, 280.0 * 0.375)
 
 
 def test_cpu_tdp_and_power_model():

@@ -19,7 +19,7 @@ NUMBERS = {
 }
 TEXTS = {"energy_source", "energy_method", "reason", "name", "uuid"}
 # The container's CPU time (`cpu`): seconds used and of wall time, the host's logical CPUs, their model.
-CPU_NUMBERS = {"usage_s": 1e9, "wall_s": 1e9, "count": 1e5}
+CPU_NUMBERS = {"usage_s": 1e9, "wall_s": 1e9, "count": 1e5, "sockets": 1e3}
 CPU_TEXTS = {"model", "source", "path"}
 ENERGY_SOURCES = {"measured", "none"}
 MAX_GPUS = 1024

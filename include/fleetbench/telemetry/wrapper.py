@@ -14,7 +14,7 @@ through one small seam (`NvmlSource`); tests drive the sampler with a fake sourc
 
 `cpu` is the container's CPU time over the command (`usage_s`, from its cgroup: cgroup v2
 `cpu.stat` usage_usec or v1 `cpuacct.usage`, else the waited-for children's rusage), the command's
-wall time, the logical CPUs the host has and their model name: what a CPU case's energy is
+wall time, the logical CPUs the host has, its sockets and their model name: what a CPU case's energy is
 estimated from (TDP x utilisation, `fleetbench.metrics`).
 """
 
@@ -233,17 +233,22 @@ def children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def cpu_model(path="/proc/cpuinfo"):
-    """The first `model name` (x86) or `Model`/`CPU part` line of /proc/cpuinfo; None when there is none."""
+def cpu_info(path="/proc/cpuinfo"):
+    """(the first `model name` (x86) or `Model` of /proc/cpuinfo, the number of distinct `physical id`s: the
+    sockets); None for what it does not say."""
+    model, sockets = None, set()
     try:
         with open(path, errors="replace") as f:
             for line in f:
                 key, _, value = line.partition(":")
-                if key.strip() in ("model name", "Model") and value.strip():
-                    return value.strip()
+                key, value = key.strip(), value.strip()
+                if key in ("model name", "Model") and value and model is None:
+                    model = value
+                elif key == "physical id" and value:
+                    sockets.add(value)
     except OSError:
         pass
-    return None
+    return model, len(sockets) or None
 
 
 class CpuMeter:
@@ -261,8 +266,9 @@ class CpuMeter:
             usage, source = cg1 - self.cg0, "cgroup"
         else:
             usage, source = children_cpu_s(), "rusage"
-        return {"usage_s": _round(usage, 4), "wall_s": _round(wall, 4), "count": os.cpu_count(),
-                "model": cpu_model(), "source": source, "path": self.cg_path if source == "cgroup" else None}
+        model, sockets = cpu_info()
+        return {"usage_s": _round(usage, 4), "wall_s": _round(wall, 4), "count": os.cpu_count(), "sockets": sockets,
+                "model": model, "source": source, "path": self.cg_path if source == "cgroup" else None}
 
 
 def run(command: list[str], period_s: float, source_factory=NvmlSource, gpu: bool = True) -> int:
