@@ -200,7 +200,8 @@ class HostSpec(_Model):
     # without a GPU price here or in the GPU catalog).
     price_per_gpu_hour: float | None = Field(None, ge=0)
     price_per_hour: float | None = Field(None, ge=0)
-    # The CPUs' TDP in W (all sockets), for CPU cases' estimated energy; default: 4 W per logical CPU.
+    # The CPUs' TDP in W (all sockets), for CPU cases' estimated energy; default: the CPU model's TDP in
+    # CodeCarbon's table (include/config/cpu_tdp.csv) x sockets, else 4 W per logical CPU.
     cpu_tdp_w: float | None = Field(None, gt=0, le=100000)
     tags: list[Name] = []
     # Host validation: free space Docker's data root must have, and the image of the GPU smoke
