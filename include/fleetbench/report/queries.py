@@ -493,7 +493,7 @@ def _scaled_hosts(conn, f: Filters, wanted: set[tuple]) -> dict[tuple, int]:
     return out
 
 
-CPU_LABEL = "CPU"  # the efficiency table's "GPU model" of CPU cases
+CPU_LABEL = "none (CPU)"  # the efficiency table's "GPU model" of CPU cases (and of GPUs that reported no name)
 
 
 def efficiency(conn, f: Filters) -> list[dict]:

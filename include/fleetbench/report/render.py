@@ -225,8 +225,8 @@ def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str,
                        empty="No GPU cases with a 1-GPU counterpart in this range (CPU cases do not scale)."))
 
     parts.append("<h2>Energy and cost per GPU model</h2>")
-    parts.append('<p class="meta">CPU cases are the row CPU; energy measured (NVML, RAPL) or estimated (TDP × '
-                 'utilisation).</p>')
+    parts.append('<p class="meta">CPU cases are the rows of GPU model “none (CPU)”; energy measured (NVML, RAPL) or '
+                 'estimated (TDP × utilisation).</p>')
     parts.append(_plots(charts, "images-per-joule", png) + _plots(charts, "cost-per-million", png))
     parts.append(table("efficiency-table", [("GPU model", "gpu", "text"), ("model", "model", "text"),
                                             ("cases", "n", "int"), ("images/J (mean)", "images_per_joule", "num"),
