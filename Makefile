@@ -38,6 +38,7 @@ test-services: services
 	@bash scripts/ensure-registry-auth.sh
 	@bash scripts/ensure-redis.sh
 	@bash scripts/ensure-browser.sh
+	@bash scripts/ensure-prometheus.sh
 
 images: services
 	@bash include/images/cpu-smoke/build.sh

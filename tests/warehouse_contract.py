@@ -24,7 +24,7 @@ from fleetbench.warehouse import (
 from fleetbench.warehouse.schema import benchmark_results, host_facts, regressions, runs, steps
 from warehouse_rows import DERIVED, result_row, run_row, step_rows
 
-HEAD = "0006"  # 0006: GPU health on host_facts and results
+HEAD = "0007"  # 0007: cost and energy of CPU cases
 NEW_RESULT_COLUMNS = set(DERIVED)  # the derived-metric columns revision 0003 adds
 REGRESSION_COLUMNS = {  # name: nullable, as the regression detector expects them
     "id": False, "dag_id": False, "run_id": False, "host": False, "case_key": False, "metric": False,
@@ -231,6 +231,33 @@ def check_migrate_from_previous_revision(engine):
     assert current_revision(engine) == HEAD
     downgrade(engine, "base")
     assert set(inspect(engine).get_table_names()) == {"alembic_version"} and current_revision(engine) is None
+
+
+CPU_ENERGY_COLUMNS = {"price_per_hour", "cpu_tdp_w", "mean_cpu_util_pct"}  # revision 0007
+
+
+def check_migrate_cpu_energy_columns(engine):
+    """0004 -> 0007 adds the CPU cost and energy columns, keeps the stored rows (NULL there), takes CPU rows
+    with them, and goes down again without losing a row."""
+    upgrade(engine, "0004")
+    _insert(engine, "runs", [run_row("r1")])
+    _insert(engine, "benchmark_results", [result_row("a", **DERIVED)])
+    upgrade(engine)
+    assert current_revision(engine) == HEAD
+    assert CPU_ENERGY_COLUMNS <= {c["name"] for c in inspect(engine).get_columns("benchmark_results")}
+    old = fetch_results(engine, run_id="r1")[0]
+    assert old["cost_usd"] == pytest.approx(DERIVED["cost_usd"]) and all(old[c] is None for c in CPU_ENERGY_COLUMNS)
+    cpu = result_row("cpu", num_gpus=0, device="cpu", energy_source="estimated", energy_j=120.0, price_per_hour=0.1,
+                     cost_usd=0.1 * 60 / 3600, cpu_tdp_w=8.0, mean_cpu_util_pct=25.0)
+    store_run(engine, run_row("r1"), [], [result_row("a", **DERIVED), cpu], complete=False)
+    rows = {r["case_key"]: r for r in fetch_results(engine, run_id="r1")}
+    assert [rows["cpu"][c] for c in ("price_per_hour", "cpu_tdp_w", "mean_cpu_util_pct")] == [0.1, 8.0, 25.0]
+    assert len(fetch_capacity_features(engine)) == 2
+    downgrade(engine, "0004")
+    assert not CPU_ENERGY_COLUMNS & {c["name"] for c in inspect(engine).get_columns("benchmark_results")}
+    assert count(engine, benchmark_results) == 2
+    upgrade(engine)
+    assert current_revision(engine) == HEAD
 
 
 def check_failed_migration_rolls_back(engine):

@@ -25,7 +25,7 @@ from typing import Sequence
 RESULT_TABLE = [  # (header, column)
     ("host", "host"), ("model", "model"), ("batch", "batch_size_per_device"), ("GPUs", "num_gpus"),
     ("status", "status"), ("images/sec", "images_per_sec"), ("duration s", "duration_s"),
-    ("image digest", "image_digest"),
+    ("energy Wh", "energy_j"), ("cost $", "cost_usd"), ("image digest", "image_digest"),
 ]
 
 
@@ -56,6 +56,10 @@ def _cell(row: dict, column: str) -> str:
         return "-" if value is None else f"{value:.2f}"
     if column == "duration_s":
         return "-" if value is None else f"{value:.1f}"
+    if column == "energy_j":  # Wh, with `~` when estimated
+        return "-" if value is None else f"{'~' if row.get('energy_source') == 'estimated' else ''}{value / 3600:.4f}"
+    if column == "cost_usd":
+        return "-" if value is None else f"{value:.6f}"
     if column == "image_digest":
         return "-" if not value else value[:19]
     return "-" if value is None else str(value)

@@ -219,7 +219,13 @@ class HostSpec(_Model):
     # "local" probes and runs on this machine's engine; anything else names an Airflow SSH connection.
     connection: str = "local"
     docker_url: str = Field("unix:///var/run/docker.sock", pattern=DOCKER_URL_PATTERN)
+    # Cost: USD per GPU-hour for GPU cases; USD per hour of the whole host for CPU cases (and GPU cases
+    # without a GPU price here or in the GPU catalog).
     price_per_gpu_hour: float | None = Field(None, ge=0)
+    price_per_hour: float | None = Field(None, ge=0)
+    # The CPUs' TDP in W (all sockets), for CPU cases' estimated energy; default: the CPU model's TDP in
+    # CodeCarbon's table (include/config/cpu_tdp.csv) x sockets, else 4 W per logical CPU.
+    cpu_tdp_w: float | None = Field(None, gt=0, le=100000)
     tags: list[Name] = []
     # Host validation: free space Docker's data root must have, and the image of the GPU smoke
     # container (`docker run --gpus all IMAGE nvidia-smi -L`; default: the host's first benchmark image).
@@ -358,7 +364,8 @@ class BenchmarkSpec(_Model):
     extra_args: list[Annotated[str, Field(pattern=r"^--[A-Za-z0-9_]+=[A-Za-z0-9_.,:/-]*$")]] = []
     container: ContainerSpec | None = None  # None: NGC's flags for GPU cases, plain defaults for CPU cases
     # GPU sampling period of the in-container telemetry wrapper (needs python3 in the image); 0 turns it off.
-    # CPU benchmarks (device: cpu) run without it: there is no GPU to sample.
+    # CPU benchmarks (device: cpu) run under it too, without NVML: it counts the container's CPU time, what
+    # their energy is estimated from when the host's RAPL counters cannot be read.
     telemetry_period_s: float = Field(0.5, ge=0, le=60)
 
     def container_settings(self) -> ContainerSpec:

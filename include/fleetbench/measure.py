@@ -113,7 +113,7 @@ def measure(case: dict, outcome: dict) -> tuple[dict, list[dict]]:
         "log_path": outcome.get("log_path"),
         "command": outcome.get("command") or case.get("command"),
     }
-    fields.update(telemetry_fields(clean_report(parse_report(text))))
+    fields.update(telemetry_fields(clean_report(parse_report(text)), outcome.get("rapl"), outcome.get("duration_s")))
     steps = [
         {"step": s.step, "images_per_sec": s.images_per_sec, "plusminus": s.plusminus, "jitter": s.jitter,
          "loss": s.loss}
@@ -122,23 +122,42 @@ def measure(case: dict, outcome: dict) -> tuple[dict, list[dict]]:
     return fields, steps
 
 
-def telemetry_fields(report: dict | None) -> dict:
-    """Energy, power and GPU memory from the telemetry wrapper's report (measured), or nothing (none).
+def cpu_util_pct(cpu: dict | None) -> float | None:
+    """The container's share of the host's CPUs over the command: 100 x CPU seconds / (wall seconds x logical CPUs)."""
+    cpu = cpu or {}
+    usage, wall, count = cpu.get("usage_s"), cpu.get("wall_s"), cpu.get("count")
+    if usage is None or not wall or not count:
+        return None
+    return round(min(100.0, 100.0 * usage / (wall * count)), 3)
+
+
+def telemetry_fields(report: dict | None, rapl: dict | None = None, duration_s: float | None = None) -> dict:
+    """Energy, power, GPU memory and CPU use from the telemetry wrapper's report and, for a CPU case, the
+    host's RAPL reading (`CaseOutcome.rapl`): measured, or nothing (none; `fleetbench.metrics` estimates).
 
     `report` is a checked one (`fleetbench.telemetry.report.clean_report`): numbers are numbers."""
-    if not report or not report.get("nvml"):
-        return {"energy_source": "none", "energy_j": None, "mean_power_w": None, "peak_gpu_mem_mib": None,
-                "mean_gpu_util_pct": None, "telemetry_json": json.dumps(report) if report else None}
-    gpus = report.get("gpus") or []
-    utils = [g["mean_util_pct"] for g in gpus if g.get("mean_util_pct") is not None]
-    return {
-        "energy_source": report.get("energy_source") or "none",
-        "energy_j": report.get("energy_j"),
-        "mean_power_w": report.get("mean_power_w"),
-        "peak_gpu_mem_mib": report.get("peak_mem_used_mib"),
-        "mean_gpu_util_pct": round(sum(utils) / len(utils), 3) if utils else None,
-        "telemetry_json": json.dumps(report),
-    }
+    cpu = (report or {}).get("cpu")
+    telemetry = {**(report or {}), **({"rapl": rapl} if rapl else {})}
+    fields = {"mean_cpu_util_pct": cpu_util_pct(cpu), "cpu_threads": (cpu or {}).get("count"),
+              "cpu_model": (cpu or {}).get("model"), "cpu_sockets": (cpu or {}).get("sockets"),
+              "telemetry_json": json.dumps(telemetry) if telemetry else None,
+              "energy_source": "none", "energy_j": None, "mean_power_w": None, "peak_gpu_mem_mib": None,
+              "mean_gpu_util_pct": None}
+    rapl_j = (rapl or {}).get("energy_j")
+    if report and report.get("nvml"):
+        gpus = report.get("gpus") or []
+        utils = [g["mean_util_pct"] for g in gpus if g.get("mean_util_pct") is not None]
+        fields.update({
+            "energy_source": report.get("energy_source") or "none",
+            "energy_j": report.get("energy_j"),
+            "mean_power_w": report.get("mean_power_w"),
+            "peak_gpu_mem_mib": report.get("peak_mem_used_mib"),
+            "mean_gpu_util_pct": round(sum(utils) / len(utils), 3) if utils else None,
+        })
+    elif isinstance(rapl_j, (int, float)) and rapl_j > 0:  # the CPU packages' counters, from start to end
+        fields.update({"energy_source": "measured", "energy_j": float(rapl_j),
+                       "mean_power_w": round(rapl_j / duration_s, 3) if duration_s else None})
+    return fields
 
 
 def not_run(status: str, failure_class: str | None, detail: str) -> dict:

@@ -8,10 +8,13 @@
 3. Speedup efficiency: N-GPU throughput / (N x 1-GPU throughput) of the same host, model, batch
    per device, precision and run, matched automatically.
 4. Cost: price per GPU-hour (the host's `price_per_gpu_hour`, else the GPU catalog's default) x
-   GPUs x hours; cost per million images at the measured throughput.
-5. Power and energy: mean W, J, kWh, images per joule, measured by the telemetry wrapper or
-   estimated from the catalog's TDP (`energy_source = "estimated"`), or none; optional carbon
-   from the fleet's `carbon_g_per_kwh`.
+   GPUs x hours; a CPU case (or a GPU case without a GPU price): the host's `price_per_hour` x
+   hours; cost per million images at the measured throughput.
+5. Power and energy: mean W, J, kWh, images per joule. GPU cases: measured by the telemetry
+   wrapper (NVML) or estimated from the catalog's TDP; CPU cases: measured by the host's RAPL
+   counters, else estimated as CodeCarbon does, the CPU's TDP x the container's CPU utilisation
+   (`energy_source = "estimated"`); none for a case that never ran. Optional carbon from the
+   fleet's `carbon_g_per_kwh`.
 
 Everything here is a pure function except the loader at the edge, `load_catalog` (the GPU catalog,
 `include/config/gpu_catalog.yaml` or `FLEETBENCH_GPU_CATALOG`); `MetricSettings.from_plan` takes the
@@ -29,6 +32,7 @@ import re
 import statistics
 from dataclasses import dataclass, field
 from datetime import date
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
@@ -195,7 +199,80 @@ def cost_per_million_images_usd(price_per_gpu_hour: float | None, num_gpus: int 
     return price_per_gpu_hour * num_gpus / (SECONDS_PER_HOUR * images_per_sec) * 1e6
 
 
+def hourly_rate(gpu_price: float | None, num_gpus: int, host_price: float | None) -> tuple[float | None, str | None]:
+    """(USD per hour the case's hardware costs, which price it is): P_gpu x N for a GPU case with a GPU price,
+    else the host's `price_per_hour` (the whole machine, CPU cases and GPU hosts priced by the hour)."""
+    if num_gpus > 0 and gpu_price is not None:
+        return gpu_price * num_gpus, "gpu"
+    if host_price is not None:
+        return float(host_price), "host_hour"
+    return None, None
+
+
 # -- 5. power and energy ------------------------------------------------------------------------
+# CodeCarbon's TDP for a CPU it cannot name: 4 W per logical CPU (its DEFAULT_POWER_PER_CORE).
+DEFAULT_CPU_W_PER_THREAD = 4.0
+# CodeCarbon's table of CPU TDPs per socket (codecarbon 3.3.2, data/hardware/cpu_power.csv, MIT licence:
+# include/config/cpu_tdp.LICENSE), e.g. "Intel Xeon Platinum 8375C,300".
+CPU_TDP_TABLE = PROJECT_ROOT / "include" / "config" / "cpu_tdp.csv"
+
+
+def normalise_cpu_name(name: str) -> str:
+    """/proc/cpuinfo's model name as the table writes it, lower case: 'Intel(R) Xeon(R) Platinum 8375C CPU @
+    2.90GHz' -> 'intel xeon platinum 8375c', 'AMD EPYC 7763 64-Core Processor' -> 'amd epyc 7763'."""
+    name = re.sub(r"\((?:R|TM)\)", "", name, flags=re.IGNORECASE)
+    name = re.sub(r"@.*$", "", name)
+    name = re.sub(r"\b\d+-Core Processor\b.*$", "", name, flags=re.IGNORECASE)
+    name = re.sub(r"\b(?:CPU|Processor)\b", "", name, flags=re.IGNORECASE)
+    return " ".join(name.split()).lower()
+
+
+@lru_cache(maxsize=4)
+def cpu_tdp_table(path: str | None = None) -> dict[str, float]:
+    """{normalised CPU name: TDP per socket in W} (the first of a repeated name); {} when the file is unreadable."""
+    import csv
+
+    table: dict[str, float] = {}
+    try:
+        with open(path or CPU_TDP_TABLE, newline="", encoding="utf-8") as f:
+            for row in csv.DictReader(f):
+                try:
+                    tdp = float(row.get("TDP") or "")
+                except ValueError:
+                    continue
+                key = normalise_cpu_name(row.get("Name") or "")
+                if key and _positive(tdp):
+                    table.setdefault(key, tdp)
+    except OSError as exc:
+        log.error("CPU TDP table not used: %s", exc)
+    return table
+
+
+def cpu_tdp_w(host_tdp_w: float | None, threads: int | None, model: str | None = None,
+              sockets: int | None = None) -> tuple[float | None, str | None]:
+    """(the CPUs' TDP in W, where it came from): the host's `cpu_tdp_w` (`host`); else the model's TDP in
+    CodeCarbon's table x the sockets (`table`; an exact match of the normalised name, never a guess); else
+    CodeCarbon's default of 4 W per logical CPU (`default_per_thread`); else None."""
+    if _positive(host_tdp_w):
+        return float(host_tdp_w), "host"
+    per_socket = cpu_tdp_table().get(normalise_cpu_name(model)) if model else None
+    if per_socket is not None:
+        return per_socket * (sockets or 1), "table"
+    if threads and threads > 0:
+        return DEFAULT_CPU_W_PER_THREAD * threads, "default_per_thread"
+    return None, None
+
+
+def estimated_cpu_power_w(tdp_w: float | None, util_pct: float | None) -> float | None:
+    """CodeCarbon's CPU-load model for a process (here: a container): P = TDP x u, u the container's share of
+    the host's logical CPUs (CPU seconds / (wall seconds x CPUs)), in [0, 1]. So E = P x t = TDP / CPUs x CPU
+    seconds: each CPU-second of the container costs one thread's share of the TDP."""
+    if not _positive(tdp_w) or util_pct is None or not math.isfinite(util_pct):
+        return None
+    return tdp_w * min(max(util_pct / 100.0, 0.0), 1.0)
+
+
+
 def estimated_power_w(tdp_w: float | None, num_gpus: int | None, utilisation: float = 1.0) -> float | None:
     """Utilisation model of board power: P = N x TDP x u, u in [0, 1].
 
@@ -367,19 +444,26 @@ class MetricSettings:
     host_prices: Mapping[str, float | None] = field(default_factory=dict)
     carbon_g_per_kwh: float | None = None
     target_accuracy_top1: float | None = None
+    host_hour_prices: Mapping[str, float | None] = field(default_factory=dict)  # hosts[].price_per_hour
+    host_cpu_tdp_w: Mapping[str, float | None] = field(default_factory=dict)  # hosts[].cpu_tdp_w
+
+    @classmethod
+    def _of(cls, hosts, fleet) -> "MetricSettings":
+        hosts = list(hosts)
+        return cls(host_prices={h.name: h.price_per_gpu_hour for h in hosts},
+                   host_hour_prices={h.name: h.price_per_hour for h in hosts},
+                   host_cpu_tdp_w={h.name: h.cpu_tdp_w for h in hosts},
+                   carbon_g_per_kwh=fleet.carbon_g_per_kwh, target_accuracy_top1=fleet.target_accuracy_top1)
 
     @classmethod
     def from_config(cls, cfg) -> "MetricSettings":
         """From a `fleetbench.config.FleetConfig`."""
-        return cls(host_prices={h.name: h.price_per_gpu_hour for h in cfg.hosts},
-                   carbon_g_per_kwh=cfg.fleet.carbon_g_per_kwh, target_accuracy_top1=cfg.fleet.target_accuracy_top1)
+        return cls._of(cfg.hosts, cfg.fleet)
 
     @classmethod
     def from_plan(cls, plan) -> "MetricSettings":
         """From a `fleetbench.run_model.RunPlan`: the prices and fleet settings the run was planned with."""
-        fleet = plan.run.fleet_settings
-        return cls(host_prices={h.name: h.price_per_gpu_hour for h in plan.hosts},
-                   carbon_g_per_kwh=fleet.carbon_g_per_kwh, target_accuracy_top1=fleet.target_accuracy_top1)
+        return cls._of(plan.hosts, plan.run.fleet_settings)
 
 
 
@@ -390,9 +474,10 @@ def derive(rows: Sequence[Mapping[str, Any]], steps: Iterable[Mapping[str, Any]]
 
     `steps` are the run's step rows (host, case_key, step, images_per_sec); `catalog` may be None
     (no TDP or default price then); `config` the fleet's `MetricSettings`. Energy: a row the
-    telemetry wrapper measured keeps its numbers; a GPU case that ran without a measurement gets
-    N x TDP x u over its wall time, flagged `energy_source = "estimated"`; CPU cases and cases
-    that never ran get `energy_source = "none"`.
+    telemetry wrapper (GPUs) or the host's RAPL counters (CPU) measured keeps its numbers; a GPU case
+    that ran without a measurement gets N x TDP x u over its wall time, a CPU case TDP x its CPU
+    utilisation, flagged `energy_source = "estimated"`; cases that never ran (or a CPU case without
+    telemetry) get `energy_source = "none"`.
     """
     config = config or MetricSettings()
     by_case: dict[tuple, list[Mapping[str, Any]]] = {}
@@ -429,20 +514,31 @@ def derive(rows: Sequence[Mapping[str, Any]], steps: Iterable[Mapping[str, Any]]
         eff, base = speedups.get((r.get("host"), r.get("case_key")), (None, None))
         r["speedup_efficiency"], r["speedup_baseline_case_key"] = eff, base
 
-        # 4. cost
+        # 4. cost: the GPUs' price when there is one, else the host's by the hour
         price, price_source = (gpu_hour_price(config.host_prices.get(r.get("host")),
                                               gpu.price_per_gpu_hour_usd if gpu else None)
                                if gpus > 0 else (None, None))
-        r["price_per_gpu_hour"], r["price_source"] = price, price_source
-        r["cost_usd"] = cost_usd(price, gpus, duration)
-        r["cost_per_million_images_usd"] = cost_per_million_images_usd(price, gpus, ips)
+        host_price = config.host_hour_prices.get(r.get("host"))
+        rate, kind = hourly_rate(price, gpus, host_price)
+        r["price_per_gpu_hour"] = price
+        r["price_per_hour"] = host_price if kind == "host_hour" else None
+        r["price_source"] = price_source if kind == "gpu" else kind
+        r["cost_usd"] = cost_usd(rate, 1, duration)
+        r["cost_per_million_images_usd"] = cost_per_million_images_usd(rate, 1, ips)
 
         # 5. power and energy
+        r["cpu_tdp_w"] = None
         if r.get("energy_source") == MEASURED and r.get("energy_j") is not None:
             pass
         elif gpus > 0 and duration is not None and gpu is not None:
             util = r.get("mean_gpu_util_pct")
             power = estimated_power_w(gpu.tdp_w, gpus, util / 100.0 if util is not None else 1.0)
+            r["mean_power_w"], r["energy_j"], r["energy_source"] = power, energy_j(power, duration), ESTIMATED
+        elif (gpus == 0 and duration is not None and r.get("mean_cpu_util_pct") is not None
+              and (tdp := cpu_tdp_w(config.host_cpu_tdp_w.get(r.get("host")), r.get("cpu_threads"), r.get("cpu_model"),
+                                    r.get("cpu_sockets"))[0])):
+            power = estimated_cpu_power_w(tdp, r["mean_cpu_util_pct"])
+            r["cpu_tdp_w"] = tdp
             r["mean_power_w"], r["energy_j"], r["energy_source"] = power, energy_j(power, duration), ESTIMATED
         else:
             r["energy_source"], r["energy_j"] = NONE, None

@@ -101,8 +101,8 @@ def expand_cases(cfg: FleetConfig, hosts: Iterable[str] | None = None,
                                     timeout_s=bench.timeout_s,
                                     command=harness_command(image.command, bench, model, batch_size, num_gpus, vu),
                                     container=bench.container_settings().model_dump(mode="json"),
-                                    # GPU telemetry has nothing to sample in a CPU benchmark: no wrapper there
-                                    telemetry_period_s=bench.telemetry_period_s if bench.device == "gpu" else 0,
+                                    # the wrapper also counts a CPU case's CPU time (its energy estimate)
+                                    telemetry_period_s=bench.telemetry_period_s,
                                 )
                             )
     keys = [(c.host, c.case_key) for c in cases]

@@ -158,6 +158,9 @@ class CaseOutcome(_Xcom):
     started_at: str | None = None
     finished_at: str | None = None
     duration_s: float | None = None
+    # A CPU case's package energy from the host's RAPL counters ({"energy_j", "zones", "wraps"}), or why
+    # there is none ({"reason"}); None for GPU cases (`fleetbench.telemetry.rapl`).
+    rapl: dict[str, Any] | None = None
     measurement: Measurement | None = Field(default=None)
 
 

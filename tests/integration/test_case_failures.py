@@ -175,9 +175,24 @@ def test_telemetry_wrapper_passes_everything_through(case_run, smoke_image):
     assert fields["images_per_sec"] > 0
     assert outcome["command"] == HARNESS  # the row keeps the harness command, not the wrapper's
     report = json.loads(fields["telemetry_json"])
-    assert report["nvml"] is False and "pynvml" not in report["reason"]  # the shipped pynvml imported; no driver
-    assert fields["energy_source"] == "none" and fields["energy_j"] is None
+    assert report["nvml"] is False and report["reason"] == "a CPU case: GPUs not sampled"
+    # the container's CPU time, from its own cgroup; what a CPU case's energy is estimated from
+    assert report["cpu"]["source"] == "cgroup" and report["cpu"]["usage_s"] > 0 and report["cpu"]["count"] >= 1
+    assert 0 < fields["mean_cpu_util_pct"] <= 100
+    if "energy_j" in report["rapl"]:  # a host whose RAPL counters this worker can read
+        assert fields["energy_source"] == "measured" and fields["energy_j"] == report["rapl"]["energy_j"]
+    else:  # here: no powercap; derive estimates it (tests/integration/test_fleet_benchmark_dag.py)
+        assert report["rapl"]["reason"] and (fields["energy_source"], fields["energy_j"]) == ("none", None)
     assert log.rstrip().splitlines()[-1].startswith("FLEETBENCH_TELEMETRY ")
+
+
+def test_the_shipped_pynvml_imports_in_the_container(case_run, smoke_image):
+    """GPU cases' NVML source inside a container: the pynvml shipped with the wrapper imports; no driver here."""
+    probe = ["python3", "-c", "import sys; sys.path.insert(0, '/opt/fleetbench-telemetry'); import wrapper\n"
+             "try:\n    wrapper.NvmlSource()\nexcept wrapper.NvmlUnavailable as exc:\n    print('unavailable:', exc)"]
+    outcome, _ = case_run(probe, image=smoke_image, telemetry_period_s=0.2)
+    log = Path(outcome["log_path"]).read_text()
+    assert outcome["exit_code"] == 0 and "unavailable: nvmlInit failed" in log, log
 
 
 def test_telemetry_wrapper_keeps_crash_and_timeout_classes(case_run):

@@ -198,7 +198,7 @@ def test_postgres_restarted_during_store_keeps_nothing_and_the_retry_stores_the_
 
             def first_try():
                 try:
-                    first["stored"] = store(plan, validations, collected)
+                    first["stored"] = store(plan, collected)
                 except BaseException as exc:  # expected: the server went away under it
                     first["error"] = exc
 
@@ -232,7 +232,7 @@ def test_postgres_restarted_during_store_keeps_nothing_and_the_retry_stores_the_
                 assert all(n == 0 for n, _ in counts_per_key(conn, run_id).values()), counts_per_key(conn, run_id)
 
             for attempt in ("retry", "rerun"):
-                stored = store(plan, validations, collected)
+                stored = store(plan, collected)
                 assert (stored["run_id"], stored["total"], stored["ok"]) == (run_id, cases, cases), (attempt, stored)
                 with engine.connect() as conn:
                     found = counts_per_key(conn, run_id)

@@ -7,12 +7,18 @@ import json
 import pytest
 
 from fleet_configs import containers_of, run_fleet_dag, smoke_config, write_config
+from fleetbench.metrics import cpu_tdp_w
 
 pytestmark = [pytest.mark.integration, pytest.mark.dagrun]
 
 
+PRICE_PER_HOUR = 0.25  # the smoke host's example price (USD per hour of the machine)
+
+
 def test_smoke_fleet_stores_one_ok_row_per_case(airflow_db, data_dir, smoke_image, docker_api, tmp_path, monkeypatch):
-    config = write_config(tmp_path / "fleet.yaml", smoke_config(smoke_image))
+    cfg = smoke_config(smoke_image, hosts=[{"name": "localhost", "connection": "local",
+                                            "price_per_hour": PRICE_PER_HOUR}])
+    config = write_config(tmp_path / "fleet.yaml", cfg)
     dag_run = run_fleet_dag(monkeypatch, config)
     assert dag_run.state == "success"
 
@@ -34,6 +40,7 @@ def test_smoke_fleet_stores_one_ok_row_per_case(airflow_db, data_dir, smoke_imag
         assert row["duration_s"] > 0 and row["started_at"] < row["finished_at"]
         assert json.loads(row["command"])[:2] == ["python3", "/opt/fleetbench/tf_cnn_benchmarks.py"]
         assert f"--batch_size={row['batch_size_per_device']}" in json.loads(row["command"])
+        check_cpu_energy_and_cost(row)
     assert containers_of(docker_api, dag_run.run_id) == []
 
     from sqlalchemy import text
@@ -47,6 +54,32 @@ def test_smoke_fleet_stores_one_ok_row_per_case(airflow_db, data_dir, smoke_imag
     assert steps == sum(r["step_count"] for r in rows)
     assert facts[0][0] == "ready" and facts[0][1]
     assert tuple(run) == (4, 4)
+
+
+def check_cpu_energy_and_cost(row: dict) -> None:
+    """A CPU case's energy (the host's RAPL counters, else TDP x the container's CPU utilisation) and cost
+    (the host's price per hour x its wall time), as the smoke run on this machine stores them."""
+    telemetry = json.loads(row["telemetry_json"])
+    cpu = telemetry["cpu"]
+    assert cpu["count"] >= 1 and cpu["usage_s"] > 0 and cpu["wall_s"] > 0, cpu
+    assert row["energy_source"] in ("measured", "estimated") and row["energy_j"] > 0, row
+    assert row["energy_kwh"] == pytest.approx(row["energy_j"] / 3.6e6)
+    assert row["mean_power_w"] > 0 and row["images_per_joule"] > 0
+    if row["energy_source"] == "estimated":  # no readable RAPL here: it says why
+        assert telemetry["rapl"]["reason"]
+        assert 0 < row["mean_cpu_util_pct"] <= 100
+        # no cpu_tdp_w in the config: CodeCarbon's TDP of the CPU model, else 4 W per logical CPU (as here:
+        # this VM's model name is a bare "AMD EPYC")
+        tdp, source = cpu_tdp_w(None, cpu["count"], cpu["model"], cpu["sockets"])
+        assert row["cpu_tdp_w"] == tdp and (source == "table" or tdp == 4.0 * cpu["count"])
+        assert row["energy_j"] == pytest.approx(row["cpu_tdp_w"] * row["mean_cpu_util_pct"] / 100 * row["duration_s"])
+    else:
+        assert telemetry["rapl"]["energy_j"] == pytest.approx(row["energy_j"]) and row["cpu_tdp_w"] is None
+    assert (row["price_per_hour"], row["price_source"], row["price_per_gpu_hour"]) == (PRICE_PER_HOUR, "host_hour",
+                                                                                        None)
+    assert row["cost_usd"] > 0
+    assert row["cost_usd"] == pytest.approx(PRICE_PER_HOUR * row["duration_s"] / 3600)
+    assert row["cost_per_million_images_usd"] == pytest.approx(PRICE_PER_HOUR / (3600 * row["images_per_sec"]) * 1e6)
 
 
 def test_case_failures_are_rows_and_unfit_hosts_are_skipped(airflow_db, data_dir, smoke_image, docker_api, tmp_path,

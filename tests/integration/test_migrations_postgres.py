@@ -6,6 +6,7 @@ import pytest
 
 from warehouse_contract import (
     check_failed_migration_rolls_back,
+    check_migrate_cpu_energy_columns,
     check_migrate_empty_database,
     check_migrate_from_previous_revision,
 )
@@ -19,6 +20,10 @@ def test_migrate_empty_database(pg_engine):
 
 def test_migrate_from_previous_revision_keeps_rows_and_downgrades(pg_engine):
     check_migrate_from_previous_revision(pg_engine)
+
+
+def test_migrate_cpu_energy_columns(pg_engine):
+    check_migrate_cpu_energy_columns(pg_engine)
 
 
 def test_failed_migration_rolls_back(pg_engine):

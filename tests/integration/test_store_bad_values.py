@@ -84,7 +84,7 @@ def test_a_night_of_bad_values_is_stored_whole(pg_database, harness_log, tmp_pat
                          "started_at": "2026-12-01T02:01:00+00:00", "finished_at": "2026-12-01T02:01:01+00:00"})
 
     collected = collect(plan, validations, prepared, outcomes)
-    stored = store(plan, validations, collected)
+    stored = store(plan, collected)
     assert stored["total"] == 4
 
     engine = get_engine(pg_database)

@@ -32,7 +32,7 @@ def warehouse(tmp_path) -> str:
     store_run(engine, run_row("r1"), [], [result_row("a", run_id="r1", ips=101.5),
                                           result_row("b", run_id="r1", status="failed", ips=None)])
     store_run(engine, {**run_row("r2"), "finished_at": "2026-12-02T02:10:00+00:00"}, [],
-              [result_row("a", run_id="r2", ips=99.0)])
+              [result_row("a", run_id="r2", ips=99.0, energy_source="estimated", energy_j=7200.0, cost_usd=0.0125)])
     engine.dispose()
     return url
 
@@ -42,9 +42,10 @@ def test_table_shows_the_latest_run(warehouse):
     assert proc.returncode == 0
     lines = proc.stdout.splitlines()
     assert lines[0] == "run r2"
-    assert lines[1].split() == ["host", "model", "batch", "GPUs", "status", "images/sec", "duration", "s", "image",
-                                "digest"]
-    assert "99.00" in lines[3] and lines[-1] == "1 case(s): 1 ok, 0 failed, 0 skipped"
+    assert lines[1].split() == ["host", "model", "batch", "GPUs", "status", "images/sec", "duration", "s", "energy",
+                                "Wh", "cost", "$", "image", "digest"]
+    assert lines[3].split()[5:9] == ["99.00", "60.0", "~2.0000", "0.012500"]  # 7200 J estimated = ~2 Wh; USD
+    assert lines[-1] == "1 case(s): 1 ok, 0 failed, 0 skipped"
 
 
 def test_json_and_csv_of_a_run(warehouse):

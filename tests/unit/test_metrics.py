@@ -350,12 +350,15 @@ def test_settings_from_the_plan(tmp_path):
     assert settings.host_prices == {"a100": 2.9, "rtx": None}
     assert settings.carbon_g_per_kwh == 436.0
     assert MetricSettings.from_config(load_config(path)) == MetricSettings(
-        host_prices={"a100": 2.9, "rtx": None}, carbon_g_per_kwh=436.0)
+        host_prices={"a100": 2.9, "rtx": None}, carbon_g_per_kwh=436.0, host_hour_prices={"a100": None, "rtx": None},
+        host_cpu_tdp_w={"a100": None, "rtx": None})
     # The plan carries its settings: editing or removing the file afterwards does not change this run's figures.
     path.write_text(yaml.safe_dump(gpu_fleet(100.0)))
     assert settings_from_plan(plan).carbon_g_per_kwh == 436.0
     path.unlink()
-    assert settings_from_plan(plan) == MetricSettings(host_prices={"a100": 2.9, "rtx": None}, carbon_g_per_kwh=436.0)
+    assert settings_from_plan(plan) == MetricSettings(
+        host_prices={"a100": 2.9, "rtx": None}, carbon_g_per_kwh=436.0, host_hour_prices={"a100": None, "rtx": None},
+        host_cpu_tdp_w={"a100": None, "rtx": None})
 
 
 def test_carbon_intensity_is_validated():
@@ -392,7 +395,7 @@ def test_store_writes_derived_metrics_for_every_row(data_dir, tmp_path):
                  "finished_at": "2026-12-02T02:02:15+00:00", "command": c["command"]} for c in plan["cases"]]
 
     collected = collect(plan, validations, prepared, outcomes)
-    assert store(plan, validations, collected)["ok"] == 2
+    assert store(plan, collected)["ok"] == 2
 
     rows = {r["num_gpus"]: r for r in fetch_results(get_engine(), run_id="manual__1")}
     one, two = rows[1], rows[2]

@@ -8,6 +8,7 @@ from fleetbench.warehouse import MIGRATIONS, get_engine
 from warehouse_contract import (
     HEAD,
     check_failed_migration_rolls_back,
+    check_migrate_cpu_energy_columns,
     check_migrate_empty_database,
     check_migrate_from_previous_revision,
 )
@@ -23,6 +24,10 @@ def test_migrate_empty_database(tmp_path):
 
 def test_migrate_from_previous_revision_keeps_rows_and_downgrades(tmp_path):
     check_migrate_from_previous_revision(engine_at(tmp_path))
+
+
+def test_migrate_cpu_energy_columns(tmp_path):
+    check_migrate_cpu_energy_columns(engine_at(tmp_path))
 
 
 def test_failed_migration_rolls_back(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -114,8 +115,10 @@ def test_without_nvml_it_says_why(capfd):
     code = tw.run([sys.executable, "-c", "pass"], 0.5, source_factory=unavailable)
     report = parse_report(capfd.readouterr().out)
     assert code == 0
+    cpu = report.pop("cpu")
     assert report == {"nvml": False, "reason": "nvmlInit failed: NVML Shared Library Not Found",
                       "energy_source": "none", "gpus": []}
+    assert cpu["count"] == os.cpu_count() and cpu["wall_s"] > 0 and cpu["usage_s"] >= 0
 
 
 def test_real_nvml_source_fails_cleanly_on_this_machine():

@@ -43,6 +43,7 @@ from fleetbench.engines import docker_api_client
 from fleetbench.run_model import CaseOutcome, HostImages, HostVerdict, Measurement, RunPlan, by_host
 from fleetbench.runs import log_path as case_log_path
 from fleetbench.runs import outcome_path
+from fleetbench.telemetry.rapl import RaplMeter, RaplUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -294,7 +295,7 @@ class BenchmarkCaseOperator(DockerOperator):
             "container_name": self.container_name, "command": list(self.command or []),
             "gpu_device_ids": self.gpu_device_ids, "exit_code": None, "oom_killed": False, "timed_out": False,
             "killed_by_airflow": False, "start_error_class": None, "error": None, "log_path": str(log_path),
-            "started_at": None, "finished_at": None, "duration_s": None,
+            "started_at": None, "finished_at": None, "duration_s": None, "rapl": None,
         }
 
     def _write_outcome(self, outcome: dict) -> None:
@@ -319,13 +320,17 @@ class BenchmarkCaseOperator(DockerOperator):
         outcome_path.unlink(missing_ok=True)  # an earlier try's outcome is not this try's
         outcome = self._blank_outcome()
         t0 = self._started_at = datetime.now(timezone.utc)
+        rapl = None
         try:
             self.container = self._create_container()
             cid = self.container["Id"]
             if self.telemetry_period_s:
                 self.cli.put_archive(cid, "/", telemetry.bundle())
+            rapl = self._rapl_start(outcome)
             self.cli.start(cid)
         except APIError as exc:
+            if rapl is not None:
+                rapl.stop()
             outcome["start_error_class"] = start_error_class(exc)
             outcome["error"] = str(exc)
             self.log.error("case %s could not start: %s", self.case["case_key"], exc)
@@ -356,6 +361,8 @@ class BenchmarkCaseOperator(DockerOperator):
                 self.log.error("case %s passed its timeout of %d s: stopping the container", self.case["case_key"],
                                self.timeout_s)
                 self.cli.stop(cid, timeout=STOP_GRACE_S)
+            if rapl is not None:
+                outcome["rapl"] = rapl.stop()
             if self._killed:  # on_kill recorded the case and removed its container: the task fails, as killed
                 raise AirflowException(f"case {self.case['case_key']} was killed from Airflow; its outcome is recorded")
             state = self.cli.inspect_container(cid)["State"]
@@ -373,6 +380,8 @@ class BenchmarkCaseOperator(DockerOperator):
         except ENGINE_LOST as exc:  # the engine stopped answering mid-case
             self._engine_lost(outcome, exc, time.monotonic() - waited_from, t0, log_path)
         finally:
+            if rapl is not None:
+                rapl.stop()  # idempotent: ends its sampling thread however the case ended
             # An exited container needs no stop (one API round trip less per case); anything else is stopped first.
             self._remove(cid, stop_first=outcome["finished_at"] is None or outcome.get("engine_unreachable", False))
         self._finish(outcome)
@@ -380,6 +389,22 @@ class BenchmarkCaseOperator(DockerOperator):
                       ", OOM-killed" if outcome["oom_killed"] else "", ", timed out" if outcome["timed_out"] else "",
                       outcome["duration_s"] or 0.0, log_path)
         return outcome
+
+    def _rapl_start(self, outcome: dict) -> RaplMeter | None:
+        """A CPU case on this machine's engine: its CPU energy from the host's RAPL counters, from here to the
+        container's end. Otherwise, or when the counters cannot be read, `outcome["rapl"]` says why (the
+        energy is then estimated from the CPU's TDP and the container's CPU time)."""
+        if self.num_gpus:
+            return None
+        if not str(self.docker_url or "").startswith("unix://"):
+            outcome["rapl"] = {"reason": f"the Docker engine {self.docker_url} is on another machine: RAPL is read "
+                                         "only where the engine runs"}
+            return None
+        try:
+            return RaplMeter.start()
+        except RaplUnavailable as exc:
+            outcome["rapl"] = {"reason": str(exc)}
+            return None
 
     def _engine_lost(self, outcome: dict, exc: Exception, after_s: float, t0: datetime, log_path: Path) -> None:
         """Record a case whose engine stopped answering: `engine_unreachable`, with what it printed until then."""
@@ -416,7 +441,7 @@ class BenchmarkCaseOperator(DockerOperator):
                       if v is not None}
         command = self.format_command(self.command)
         if self.telemetry_period_s:  # the wrapper runs the harness as its child and passes everything through
-            command = telemetry.wrap_command(list(command), self.telemetry_period_s)
+            command = telemetry.wrap_command(list(command), self.telemetry_period_s, gpu=bool(self.num_gpus))
         return self.cli.create_container(
             command=command,
             name=self.container_name,

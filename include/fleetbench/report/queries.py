@@ -495,18 +495,21 @@ def _scaled_hosts(conn, f: Filters, wanted: set[tuple]) -> dict[tuple, int]:
     return out
 
 
+CPU_LABEL = "none (CPU)"  # the efficiency table's "GPU model" of CPU cases (and of GPUs that reported no name)
+
+
 def efficiency(conn, f: Filters) -> list[dict]:
-    """Images per joule and cost per million images per GPU model (catalog name, else as reported) and model:
-    the fleet's from run_case_rollup, one host's from run_host_rollup."""
+    """Images per joule and cost per million images per GPU model (catalog name, else as reported; `CPU_LABEL`
+    for CPU cases) and model: the fleet's from run_case_rollup, one host's from run_host_rollup."""
     t = hr if f.host else cr
     rows = conn.execute(select(
         t.c.gpu, t.c.model, func.sum(t.c.energy_cost_n).label("n"),
         func.sum(t.c.images_per_joule_sum).label("ipj_sum"), func.sum(t.c.images_per_joule_n).label("ipj_n"),
         func.sum(t.c.cost_per_million_sum).label("cost_sum"), func.sum(t.c.cost_per_million_n).label("cost_n"),
         func.sum(t.c.energy_measured).label("measured"), func.sum(t.c.energy_estimated).label("estimated"),
-    ).where(*_scope(f, table=t), t.c.gpu.is_not(None), t.c.energy_cost_n > 0)
+    ).where(*_scope(f, table=t), t.c.energy_cost_n > 0)
         .group_by(t.c.gpu, t.c.model).order_by(t.c.gpu, t.c.model)).all()
-    return [{"gpu": r.gpu, "model": r.model, "n": int(r.n),
+    return [{"gpu": r.gpu if r.gpu is not None else CPU_LABEL, "model": r.model, "n": int(r.n),
              "images_per_joule": float(r.ipj_sum) / int(r.ipj_n) if r.ipj_n else None,
              "cost_per_million_images_usd": float(r.cost_sum) / int(r.cost_n) if r.cost_n else None,
              "measured": _int(r.measured), "estimated": _int(r.estimated)} for r in rows]

@@ -250,6 +250,8 @@ def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str,
                        empty="No GPU cases with a 1-GPU counterpart in this range (CPU cases do not scale)."))
 
     parts.append("<h2>Energy and cost per GPU model</h2>")
+    parts.append('<p class="meta">CPU cases are the rows of GPU model “none (CPU)”; energy measured (NVML, RAPL) or '
+                 'estimated (TDP × utilisation).</p>')
     parts.append(_plots(charts, "images-per-joule", png) + _plots(charts, "cost-per-million", png))
     parts.append(table("efficiency-table", [("GPU model", "gpu", "text"), ("model", "model", "text"),
                                             ("cases", "n", "int"), ("images/J (mean)", "images_per_joule", "num"),
@@ -257,8 +259,8 @@ def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str,
                                             ("energy measured", "measured", "int"),
                                             ("energy estimated", "estimated", "int")],
                        report["efficiency"],
-                       empty="No energy or cost figures in this range (CPU cases, and GPUs without a price or TDP, "
-                             "have none)."))
+                       empty="No energy or cost figures in this range (hosts without a price, GPUs without a TDP "
+                             "and cases without telemetry have none)."))
 
     run = report["latest_run"]
     parts.append("<h2>Latest run: failures by class</h2>")

@@ -4,6 +4,7 @@ with filters, through the same `build_report` as `fleetbench report`.
     GET /                the page (HTML, self-contained; a filter form on top)
     GET /report.json     the same data as JSON
     GET /throughput.csv  the throughput plots' points as CSV (`fleetbench.report.render.render_csv`)
+    GET /metrics         OpenMetrics for Prometheus (`fleetbench.report.openmetrics`); takes no parameters
 
 Query parameters (all routes): `host`, `model` (names as in the fleet config), `dag_id`, `since`,
 `until` (ISO dates or date-times; see `fleetbench.report.queries`). They are checked strictly: an
@@ -148,6 +149,21 @@ def create_app(engine_factory: Callable | None = None, readable_dags: Callable =
         return Response(render_csv(read(f, dag_ids)), media_type="text/csv; charset=utf-8",
                         headers={"Content-Disposition": 'attachment; filename="fleetbench-throughput.csv"',
                                  "X-Content-Type-Options": "nosniff"})
+
+    @app.get("/metrics")
+    def metrics(request: Request, dag_ids: frozenset[str] | None = Depends(readable_dags)) -> Response:
+        from fleetbench.report import openmetrics
+
+        if request.query_params:
+            key = next(iter(request.query_params.keys()))
+            return JSONResponse({"detail": f"bad filter: {key}: /metrics takes no parameters", "field": key},
+                                status_code=400)
+        eng = engine()
+        try:
+            families = openmetrics.collect(eng, Filters(dag_ids=dag_ids))
+        except SQLAlchemyError as exc:
+            raise warehouse_error(eng, exc) from None
+        return Response(openmetrics.render(families), media_type=openmetrics.CONTENT_TYPE)
 
     return app
 

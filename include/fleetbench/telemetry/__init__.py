@@ -1,4 +1,5 @@
-"""GPU telemetry: the in-container wrapper (`wrapper.py`, stdlib only) and how to ship it into a container."""
+"""Telemetry: the in-container wrapper (`wrapper.py`, stdlib only: GPUs through NVML, the container's CPU time)
+and how to ship it into a container; `rapl` reads a host's CPU energy counters."""
 
 from __future__ import annotations
 
@@ -35,5 +36,7 @@ def bundle() -> bytes:
     return buf.getvalue()
 
 
-def wrap_command(command: list[str], period_s: float) -> list[str]:
-    return ["python3", f"{CONTAINER_DIR}/wrapper.py", "--period", f"{period_s:g}", "--", *command]
+def wrap_command(command: list[str], period_s: float, gpu: bool = True) -> list[str]:
+    """The case's argv under the wrapper; `gpu=False` (a CPU case) leaves NVML alone."""
+    return ["python3", f"{CONTAINER_DIR}/wrapper.py", "--period", f"{period_s:g}", *([] if gpu else ["--no-gpu"]),
+            "--", *command]

@@ -18,6 +18,9 @@ NUMBERS = {
     "samples": 1e12, "index": 1e4, "memory_total_mib": 1e9,
 }
 TEXTS = {"energy_source", "energy_method", "reason", "name", "uuid"}
+# The container's CPU time (`cpu`): seconds used and of wall time, the host's logical CPUs, their model.
+CPU_NUMBERS = {"usage_s": 1e9, "wall_s": 1e9, "count": 1e5, "sockets": 1e3}
+CPU_TEXTS = {"model", "source", "path"}
 ENERGY_SOURCES = {"measured", "none"}
 MAX_GPUS = 1024
 MAX_TEXT = 500
@@ -45,6 +48,11 @@ def clean_report(raw) -> dict | None:
             invalid.append(f"gpus[{i}]: a {type(gpu).__name__}, not an object")
     if len(gpus) > MAX_GPUS:
         invalid.append(f"gpus: {len(gpus)} entries, only the first {MAX_GPUS} kept")
+    cpu = raw.get("cpu")
+    if isinstance(cpu, dict):
+        report["cpu"] = _clean_fields(cpu, "cpu.", invalid, CPU_NUMBERS, CPU_TEXTS)
+    elif cpu is not None:
+        invalid.append(f"cpu: a {type(cpu).__name__}, not an object")
     if report.get("energy_source") not in ENERGY_SOURCES or report.get("energy_j") is None:
         report["energy_source"] = "none"
     if invalid:
@@ -52,15 +60,15 @@ def clean_report(raw) -> dict | None:
     return report
 
 
-def _clean_fields(raw: dict, where: str, invalid: list[str]) -> dict:
+def _clean_fields(raw: dict, where: str, invalid: list[str], numbers: dict = NUMBERS, texts: set = TEXTS) -> dict:
     out = {}
     for key, value in raw.items():
-        if key in NUMBERS:
-            number = _number(value, NUMBERS[key])
+        if key in numbers:
+            number = _number(value, numbers[key])
             if number is None and value is not None:
-                invalid.append(f"{where}{key}: {_show(value)} is not a number in [0, {NUMBERS[key]:g}]")
+                invalid.append(f"{where}{key}: {_show(value)} is not a number in [0, {numbers[key]:g}]")
             out[key] = number
-        elif key in TEXTS:
+        elif key in texts:
             if value is None or isinstance(value, str):
                 out[key] = value if value is None else value.replace("\x00", "")[:MAX_TEXT]
             else:

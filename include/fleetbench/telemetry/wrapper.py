@@ -1,4 +1,4 @@
-"""GPU telemetry around a benchmark command: `python3 wrapper.py [--period 0.5] -- CMD ARGS...`.
+"""Telemetry around a benchmark command: `python3 wrapper.py [--period 0.5] [--no-gpu] -- CMD ARGS...`.
 
 Runs inside the benchmark container, so it is one stdlib-only file (Python >= 3.6). It starts the
 command as a child, passes its output and exit code through unchanged, forwards SIGTERM/SIGINT to
@@ -6,16 +6,23 @@ it, samples every visible GPU through NVML every `period` seconds (power, utilis
 SM clock, temperature; energy from NVML's total-energy counter where the GPU has one, else the
 trapezoid integral of power), and prints one final line:
 
-    FLEETBENCH_TELEMETRY {"nvml": true, "energy_source": "measured", "gpus": [...], ...}
+    FLEETBENCH_TELEMETRY {"nvml": true, "energy_source": "measured", "gpus": [...], "cpu": {...}, ...}
 
-Without NVML (no driver, CPU hosts) the line says `"nvml": false` and why. All NVML calls go
+Without NVML (no driver, CPU hosts) the line says `"nvml": false` and why; `--no-gpu` (CPU cases)
+leaves NVML alone, so a CPU case on a GPU host does not report the idle GPUs. All NVML calls go
 through one small seam (`NvmlSource`); tests drive the sampler with a fake source.
+
+`cpu` is the container's CPU time over the command (`usage_s`, from its cgroup: cgroup v2
+`cpu.stat` usage_usec or v1 `cpuacct.usage`, else the waited-for children's rusage), the command's
+wall time, the logical CPUs the host has, its sockets and their model name: what a CPU case's energy is
+estimated from (TDP x utilisation, `fleetbench.metrics`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -197,15 +204,86 @@ class Sampler:
         }
 
 
-def run(command: list[str], period_s: float, source_factory=NvmlSource) -> int:
-    """Run `command` under telemetry; returns its exit code (128 + signal when a signal ended it)."""
+# The container's own CPU time: (path, field or None, seconds per unit). In a container the cgroup
+# mounted at /sys/fs/cgroup is the container's own (cgroup namespace on v2, a bind of its group on v1).
+CGROUP_CPU = (("/sys/fs/cgroup/cpu.stat", "usage_usec", 1e-6),
+              ("/sys/fs/cgroup/cpuacct/cpuacct.usage", None, 1e-9),
+              ("/sys/fs/cgroup/cpu,cpuacct/cpuacct.usage", None, 1e-9))
+
+
+def cgroup_cpu_s(files=CGROUP_CPU):
+    """(CPU seconds the cgroup has used, which file) or (None, None) where no cgroup file is readable."""
+    for path, key, scale in files:
+        try:
+            with open(path) as f:
+                text = f.read()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            parts = line.split()
+            if key is None and len(parts) == 1 and parts[0].isdigit():
+                return int(parts[0]) * scale, path
+            if key is not None and len(parts) == 2 and parts[0] == key and parts[1].isdigit():
+                return int(parts[1]) * scale, path
+    return None, None
+
+
+def children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def cpu_info(path="/proc/cpuinfo"):
+    """(the first `model name` (x86) or `Model` of /proc/cpuinfo, the number of distinct `physical id`s: the
+    sockets); None for what it does not say."""
+    model, sockets = None, set()
     try:
-        source = source_factory()
-        sampler = Sampler(source, period_s).start()
-        unavailable = None
-    except NvmlUnavailable as exc:
-        source = sampler = None
-        unavailable = str(exc)
+        with open(path, errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key, value = key.strip(), value.strip()
+                if key in ("model name", "Model") and value and model is None:
+                    model = value
+                elif key == "physical id" and value:
+                    sockets.add(value)
+    except OSError:
+        pass
+    return model, len(sockets) or None
+
+
+class CpuMeter:
+    """The container's CPU time and the command's wall time, from `start` to `stop`."""
+
+    def __init__(self, clock=time.monotonic, files=CGROUP_CPU):
+        self.clock, self.files = clock, files
+        self.t0 = self.clock()
+        self.cg0, self.cg_path = cgroup_cpu_s(files)
+
+    def stop(self) -> dict:
+        wall = self.clock() - self.t0
+        cg1, _ = cgroup_cpu_s(self.files) if self.cg0 is not None else (None, None)
+        if cg1 is not None and cg1 >= self.cg0:
+            usage, source = cg1 - self.cg0, "cgroup"
+        else:
+            usage, source = children_cpu_s(), "rusage"
+        model, sockets = cpu_info()
+        return {"usage_s": _round(usage, 4), "wall_s": _round(wall, 4), "count": os.cpu_count(), "sockets": sockets,
+                "model": model, "source": source, "path": self.cg_path if source == "cgroup" else None}
+
+
+def run(command: list[str], period_s: float, source_factory=NvmlSource, gpu: bool = True) -> int:
+    """Run `command` under telemetry; returns its exit code (128 + signal when a signal ended it)."""
+    source = sampler = None
+    if not gpu:
+        unavailable = "a CPU case: GPUs not sampled"
+    else:
+        try:
+            source = source_factory()
+            sampler = Sampler(source, period_s).start()
+            unavailable = None
+        except NvmlUnavailable as exc:
+            unavailable = str(exc)
+    cpu = CpuMeter()
     try:
         child = subprocess.Popen(command)
     except OSError as exc:
@@ -221,11 +299,13 @@ def run(command: list[str], period_s: float, source_factory=NvmlSource) -> int:
             signal.signal(sig, forward)
         code = child.wait()
         code = 128 - code if code < 0 else code
+    cpu_report = cpu.stop()
     if sampler is not None:
         report = sampler.stop()
         source.close()
     else:
         report = {"nvml": False, "reason": unavailable, "energy_source": "none", "gpus": []}
+    report["cpu"] = cpu_report
     sys.stdout.flush()
     print(MARKER + json.dumps(report, separators=(",", ":")), flush=True)
     return code
@@ -249,12 +329,15 @@ def main(argv=None) -> int:
     if argv[:1] == ["--period"] and len(argv) >= 2:
         period = float(argv[1])
         argv = argv[2:]
+    gpu = argv[:1] != ["--no-gpu"]
+    if not gpu:
+        argv = argv[1:]
     if argv[:1] == ["--"]:
         argv = argv[1:]
     if not argv or period <= 0:
-        print("usage: wrapper.py [--period SECONDS] -- COMMAND [ARGS...]", file=sys.stderr)
+        print("usage: wrapper.py [--period SECONDS] [--no-gpu] -- COMMAND [ARGS...]", file=sys.stderr)
         return 2
-    return run(argv, period)
+    return run(argv, period, gpu=gpu)
 
 
 if __name__ == "__main__":

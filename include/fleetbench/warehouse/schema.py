@@ -126,6 +126,10 @@ benchmark_results = Table(
     Column("carbon_g", Float),
     # The health of the host's GPUs when the case ran: host_facts.gpu_health of its run (revision 0006).
     Column("host_gpu_health", String(20)),
+    # Cost and energy of CPU cases (revision 0007).
+    Column("price_per_hour", Float),
+    Column("cpu_tdp_w", Float),
+    Column("mean_cpu_util_pct", Float),
     UniqueConstraint(*RESULT_KEY, name="uq_benchmark_results_key"),
     Index("ix_benchmark_results_host_case_time", "host", "case_key", "started_at"),
     Index("ix_benchmark_results_logical_date", "logical_date"),

@@ -1,0 +1,130 @@
+"""The view's /metrics: OpenMetrics of the warehouse's current state, checked with prometheus_client's parser."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+from browser.fleet_history import DAG, NIGHTS, run_id, store_history
+from fleetbench.report import openmetrics
+from fleetbench.report.queries import Filters
+from fleetbench.warehouse import fetch_results, get_engine, store_run
+
+NOW = NIGHTS[4] + timedelta(hours=7)
+# Host checks: night 4 (index 3) and night 5 (index 4); gpu-a degraded on the newest one.
+VERDICTS = {3: {"gpu-a": "ready", "gpu-b": "ready", "gpu-c": "unfit"},
+            4: {"gpu-a": "degraded", "gpu-b": "ready", "gpu-c": "unfit"}}
+
+
+@pytest.fixture()
+def history(tmp_path):
+    engine = get_engine(f"sqlite:///{tmp_path}/w.db")
+    store_history(engine)
+    for night, verdicts in VERDICTS.items():
+        run = {"dag_id": DAG, "run_id": run_id(night), "logical_date": NIGHTS[night].isoformat(), "cases_total": 0}
+        hosts = [{"dag_id": DAG, "run_id": run_id(night), "host": h, "verdict": v,
+                  "collected_at": NIGHTS[night] + timedelta(seconds=30)} for h, v in verdicts.items()]
+        store_run(engine, {**run, **_stored_run(engine, night)}, hosts, [], complete=False)
+    yield engine
+    engine.dispose()
+
+
+def _stored_run(engine, night: int) -> dict:
+    from sqlalchemy import select
+
+    from fleetbench.warehouse.schema import runs
+
+    with engine.connect() as conn:
+        return dict(conn.execute(select(runs).where(runs.c.run_id == run_id(night))).mappings().one())
+
+
+def parse(text: str) -> dict[str, dict[tuple, float]]:
+    """{family: {sorted label items: value}} through prometheus_client's OpenMetrics parser (raises on bad text)."""
+    return {fam.name: {tuple(sorted(s.labels.items())): s.value for s in fam.samples}
+            for fam in text_string_to_metric_families(text)}
+
+
+def expected_newest_ok(engine) -> dict[tuple[str, str], dict]:
+    out = {}
+    for r in sorted(fetch_results(engine), key=lambda r: r["logical_date"]):
+        if r["status"] == "ok":
+            out[(r["host"], r["case_key"])] = r
+    return out
+
+
+def test_metrics_of_the_fleet_history(history):
+    text = openmetrics.render(openmetrics.collect(history, now=NOW))
+    assert text.endswith("# EOF\n")
+    got = parse(text)
+    newest = expected_newest_ok(history)
+    ips = {(dict(k)["host"], dict(k)["case_key"]): v for k, v in got["fleetbench_images_per_second"].items()}
+    assert ips == {k: pytest.approx(r["images_per_sec"]) for k, r in newest.items()}
+    labels = dict(next(k for k in got["fleetbench_images_per_second"] if dict(k)["host"] == "gpu-b"))
+    assert labels == {"dag_id": DAG, "host": "gpu-b", "case_key": "tf.resnet50.bs64.g1.replicated",
+                      "model": "resnet50", "num_gpus": "1", "gpu": "H100 SXM5 80GB"}
+    energy = {(dict(k)["host"], dict(k)["case_key"]): v for k, v in got["fleetbench_case_energy_joules"].items()}
+    assert energy == {k: pytest.approx(r["energy_j"]) for k, r in newest.items()}
+    assert got["fleetbench_case_cost_usd"] == {}  # the history has prices but no cost_usd: no sample, not a 0
+    nights = set(got["fleetbench_case_logical_date_seconds"].values())
+    assert nights == {NIGHTS[4].timestamp()}
+    # the one open regression (gpu-a's 1-GPU resnet50 since the driver change); the 2-GPU one recovered
+    regs = {(dict(k)["host"], dict(k)["severity"]): v for k, v in got["fleetbench_open_regressions"].items()}
+    assert regs == {("gpu-a", "major"): 1, ("gpu-a", "minor"): 0, ("gpu-b", "major"): 0, ("gpu-b", "minor"): 0,
+                    ("gpu-c", "major"): 0, ("gpu-c", "minor"): 0}
+    verdicts = {(dict(k)["host"], dict(k)["verdict"]): v for k, v in got["fleetbench_host_verdict"].items()}
+    assert {k for k, v in verdicts.items() if v == 1} == {("gpu-a", "degraded"), ("gpu-b", "ready"),
+                                                         ("gpu-c", "unfit")}
+    assert len(verdicts) == 9
+    finished = NIGHTS[4] + timedelta(minutes=30)
+    assert got["fleetbench_last_run_age_seconds"] == {(("dag_id", DAG),): (NOW - finished).total_seconds()}
+    assert got["fleetbench_last_run_timestamp_seconds"] == {(("dag_id", DAG),): finished.timestamp()}
+    cases = {dict(k)["status"]: v for k, v in got["fleetbench_last_run_cases"].items()}
+    assert cases == {"ok": 5, "failed": 3, "skipped": 0}
+
+
+def test_metrics_show_only_the_readable_dags(history):
+    got = parse(openmetrics.render(openmetrics.collect(history, Filters(dag_ids=frozenset({"other_dag"})), NOW)))
+    assert all(not samples for samples in got.values())
+    got = parse(openmetrics.render(openmetrics.collect(history, Filters(dag_ids=frozenset({DAG})), NOW)))
+    assert len(got["fleetbench_images_per_second"]) == len(expected_newest_ok(history))
+
+
+def test_an_empty_warehouse_has_metadata_only(tmp_path):
+    from fleetbench.warehouse import upgrade
+
+    engine = get_engine(f"sqlite:///{tmp_path}/empty.db")
+    upgrade(engine)
+    text = openmetrics.render(openmetrics.collect(engine))
+    assert "# TYPE fleetbench_images_per_second gauge" in text and all(not s for s in parse(text).values())
+
+
+def test_label_values_are_escaped():
+    fam = openmetrics.Family("fleetbench_x", 'a "help" line\\ with\nnewline')
+    fam.add({"host": 'we"ird\\host\nname', "n": None}, 2.5)
+    fam.add({"host": "skipped"}, float("nan"))  # not a number: left out
+    got = parse(openmetrics.render([fam]))
+    assert got == {"fleetbench_x": {(("host", 'we"ird\\host\nname'), ("n", "")): 2.5}}
+
+
+def test_the_view_serves_metrics(history):
+    from fastapi.testclient import TestClient
+
+    from fleetbench.report.web import create_app
+
+    with TestClient(create_app(engine_factory=lambda: history, readable_dags=lambda: frozenset({DAG}))) as c:
+        resp = c.get("/metrics")
+        assert resp.status_code == 200
+        assert resp.headers["content-type"] == openmetrics.CONTENT_TYPE
+        assert parse(resp.text)["fleetbench_host_verdict"]
+        resp = c.get("/metrics?host=gpu-a")
+        assert resp.status_code == 400 and resp.json()["field"] == "host"
+    with TestClient(create_app(engine_factory=lambda: history, readable_dags=lambda: frozenset())) as c:
+        assert all(not s for s in parse(c.get("/metrics").text).values())
+
+
+def test_age_is_never_negative(history):
+    early = datetime(2026, 11, 5, 2, 10, tzinfo=timezone.utc)  # before the run finished (clock skew)
+    got = parse(openmetrics.render(openmetrics.collect(history, now=early)))
+    assert got["fleetbench_last_run_age_seconds"] == {(("dag_id", DAG),): 0.0}
