@@ -28,6 +28,36 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def stop_processes(procs, grace_s: float = 30) -> None:
+    """SIGTERM each still running process group, wait up to `grace_s` for each, then SIGKILL what is left."""
+    for proc in procs:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def wait_for_url(url: str, procs, timeout: float, logs) -> None:
+    """Poll `url` until it answers; raise (with `logs()`) when one of `procs` exits first or `timeout` passes."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for proc in procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{proc.args[0]} exited early ({proc.returncode}):\n{logs()}")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.5)
+    raise TimeoutError(f"{url} did not answer in {timeout} s:\n{logs()}")
+
+
 class LocalAirflow:
     def __init__(self, home: Path, pg_url: str, env: dict[str, str] | None = None, parallelism: int = 8):
         self.home = home
@@ -74,15 +104,7 @@ class LocalAirflow:
         return self
 
     def __exit__(self, *exc) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+        stop_processes(self.procs)
         from pg_databases import drop_database
 
         admin = create_engine(self.pg_url, isolation_level="AUTOCOMMIT")
@@ -95,19 +117,7 @@ class LocalAirflow:
                                            start_new_session=True))
 
     def _wait_api(self, timeout: float = 120) -> None:
-        import urllib.request
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for proc in self.procs:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"an Airflow process exited early; logs in {self.home}:\n{self.logs()}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/api/v2/monitor/health", timeout=2):
-                    return
-            except OSError:
-                time.sleep(1)
-        raise TimeoutError(f"api-server did not answer in {timeout} s:\n{self.logs()}")
+        wait_for_url(f"http://127.0.0.1:{self.port}/api/v2/monitor/health", self.procs, timeout, self.logs)
 
     def logs(self, tail: int = 3000) -> str:
         return "\n".join(f"== {p.name}\n{p.read_text()[-tail:]}" for p in sorted(self.home.glob("*.log")))

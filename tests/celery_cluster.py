@@ -19,7 +19,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -29,7 +28,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from airflow_cluster import AIRFLOW, LocalAirflow, free_port
+from airflow_cluster import AIRFLOW, LocalAirflow, free_port, stop_processes
 
 TESTS = Path(__file__).resolve().parent
 
@@ -164,15 +163,7 @@ class CeleryAirflow(LocalAirflow):
 
     def __exit__(self, *exc) -> None:
         # Workers first (a warm shutdown: SIGTERM lets a running task finish or fail cleanly), then the rest.
-        for proc in self.worker_procs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.worker_procs.values():
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
+        stop_processes(list(self.worker_procs.values()), grace_s=60)
         super().__exit__(*exc)
 
     def stopped(self) -> bool:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import time
 import urllib.parse
@@ -23,7 +22,7 @@ from pathlib import Path
 import pytest
 from test_report_browser import ApiServer
 
-from airflow_cluster import free_port
+from airflow_cluster import free_port, stop_processes, wait_for_url
 from browser.fleet_history import DAG, NIGHTS, run_id, store_history
 from browser.private_history import DAG as PRIVATE_DAG
 from browser.private_history import store_private_history
@@ -84,25 +83,16 @@ class Prometheus:
             [PROMETHEUS, f"--config.file={self.home / 'prometheus.yml'}", f"--storage.tsdb.path={self.home / 'data'}",
              f"--web.listen-address=127.0.0.1:{self.port}"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"prometheus exited ({self.proc.returncode}):\n{self.log()}"
-            try:
-                with urllib.request.urlopen(f"{self.base}/-/ready", timeout=2):
-                    return self
-            except OSError:
-                time.sleep(0.5)
-        self.__exit__()
-        raise TimeoutError(f"prometheus not ready in 60 s:\n{self.log()}")
+        try:
+            wait_for_url(f"{self.base}/-/ready", [self.proc], 60, self.log)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
 
     def __exit__(self, *exc) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        if self.proc:
+            stop_processes([self.proc])
 
     def log(self) -> str:
         path = self.home / "prometheus.log"

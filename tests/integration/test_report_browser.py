@@ -17,17 +17,15 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from airflow_cluster import free_port
+from airflow_cluster import free_port, stop_processes, wait_for_url
 from browser.fleet_history import DAG as FLEET_DAG
 from browser.fleet_history import NEW_DRIVER, OLD_DRIVER, store_history
 from browser.private_history import DAG as PRIVATE_DAG
@@ -161,26 +159,16 @@ class ApiServer:
         self.proc = subprocess.Popen([AIRFLOW, "api-server", "--host", "127.0.0.1", "--port", str(self.port),
                                       "--workers", "1"], env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the api-server exited ({self.proc.returncode}):\n{self.log()}")
-            try:
-                with urllib.request.urlopen(f"{self.base}/api/v2/monitor/health", timeout=2):
-                    return self
-            except OSError:
-                time.sleep(1)
-        self.__exit__()
-        raise TimeoutError(f"the api-server did not answer in 180 s:\n{self.log()}")
+        try:
+            wait_for_url(f"{self.base}/api/v2/monitor/health", [self.proc], 180, self.log)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
 
     def __exit__(self, *exc) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        if self.proc:
+            stop_processes([self.proc])
 
     def log(self) -> str:
         path = self.home / "api-server.log"
@@ -348,7 +336,8 @@ def test_fleet_dag_writes_the_report_and_updates_the_asset(browser, airflow_db, 
                                                             monkeypatch):
     from fleet_configs import run_fleet_dag, smoke_config, write_config
 
-    dag_run = run_fleet_dag(monkeypatch, write_config(tmp_path / "fleet.yaml", smoke_config(smoke_image)))
+    config = smoke_config(smoke_image, hosts=[{"name": "localhost", "connection": "local", "price_per_hour": 0.1}])
+    dag_run = run_fleet_dag(monkeypatch, write_config(tmp_path / "fleet.yaml", config))
     assert dag_run.state == "success"
     report = data_dir / "reports" / "report.html"
     assert report.is_file() and (data_dir / "reports" / "report.json").is_file()
@@ -374,4 +363,8 @@ def test_fleet_dag_writes_the_report_and_updates_the_asset(browser, airflow_db, 
     assert seen["state"] == "ok" and any("Only one run so far" in n for n in seen["notes"])
     assert {(r["host"]["text"], r["case_key"]["text"]): r["latest"]["value"]
             for r in seen["tables"]["throughput-table"]["rows"]} == rows
-    assert "scaling-table-empty" in seen["empties"] and "efficiency-table-empty" in seen["empties"]  # CPU cases
+    assert "scaling-table-empty" in seen["empties"]  # CPU cases do not scale
+    # ... but they have energy (estimated where RAPL cannot be read) and cost (the host's price_per_hour)
+    efficiency = seen["tables"]["efficiency-table"]["rows"]
+    assert {r["gpu"]["text"] for r in efficiency} == {"none (CPU)"}, efficiency
+    assert all(r["cost_per_million_images_usd"]["value"] > 0 for r in efficiency), efficiency
