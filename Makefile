@@ -5,10 +5,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: help run test test-unit lint bench venv services test-services images airflow-init clean fleet-celery
+.PHONY: help run ui test test-unit lint bench venv services test-services images airflow-init clean fleet-celery
 
 help:
 	@echo "make run    - run fleet_benchmark once on the embedded default (local Docker, CPU smoke image) and print results"
+	@echo "make ui     - Airflow's UI with the fleetbench view on this machine (prints the URL and login; Ctrl-C stops)"
 	@echo "make test   - start what the tests need and run the test suite"
 	@echo "make lint   - check the Python code with ruff (pyflakes, pycodestyle, import order)"
 	@echo "make bench  - measure fleetbench itself"
@@ -44,6 +45,10 @@ images: services
 
 run: venv images
 	@bash scripts/run.sh
+
+# api-server, scheduler, dag-processor and triggerer as local processes (LocalExecutor, .airflow/).
+ui: venv images
+	@bash scripts/ui.sh
 
 # The distributed setup without containers: PostgreSQL, Redis, api-server, scheduler, dag-processor and
 # two Celery workers on different queues as local processes; fleet_benchmark triggered over the REST API.
