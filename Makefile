@@ -16,14 +16,16 @@ help:
 	@echo "make fleet-celery - the CeleryExecutor deployment as local processes (two workers, REST API)"
 	@echo "make clean  - remove .venv, .airflow and .data"
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
+# requirements.lock pins every package to the set requirements.txt resolved to (Airflow's constraints file
+# for 3.3.2, which lives on GitHub, generated here instead: scripts/lock-requirements.sh).
+$(VENV)/.installed: requirements.txt requirements-dev.txt requirements.lock pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "[fleetbench] error: $(PYTHON) not found: install Python 3.11 (Debian: apt-get install python3 python3-venv)"; exit 1; }
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 11) else 1)' || { echo "[fleetbench] error: Python >= 3.11 needed, found $$($(PYTHON) --version)"; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { echo "[fleetbench] error: cannot create a venv: install python3-venv"; exit 1; }
 	@echo "[fleetbench] installing Python dependencies into $(VENV)"
 	@$(PY) -m pip install -q --upgrade pip
-	@$(PY) -m pip install -q -r requirements.txt
-	@$(PY) -m pip install -q -r requirements-dev.txt
+	@$(PY) -m pip install -q -r requirements.txt -c requirements.lock
+	@$(PY) -m pip install -q -r requirements-dev.txt -c requirements.lock
 	@$(PY) -m pip install -q --no-deps -e .
 	@touch $@
 
