@@ -19,7 +19,8 @@ DEFAULTS: dict[str, Any] = {
 
 
 # Up to this many hosts, the trigger form offers the host names: a multi-select (Airflow's form draws one for an
-# array with `examples`) and an enum of the items, checked at trigger time.
+# array with `examples`) and an enum of the items, checked at trigger time. The form sends null for a
+# multi-select emptied again, so null is allowed and means "all", as [] does.
 # Airflow deep-copies the DAG's params into every task at parse time, so a 1,000-name enum would
 # cost seconds of parse time; larger fleets get the strict name pattern at trigger time and the
 # check against the config when the run starts (the plan task fails naming the unknown host).
@@ -41,9 +42,9 @@ def param_specs(cfg: FleetConfig) -> dict[str, dict]:
         host_choices["examples"] = hosts
     specs = {
         "hosts": {"default": [], "title": "Hosts", "description": "Run only these hosts (empty: every host).",
-                  "schema": {"type": "array", "uniqueItems": True, "items": host_item, **host_choices}},
+                  "schema": {"type": ["array", "null"], "uniqueItems": True, "items": host_item, **host_choices}},
         "models": {"default": [], "title": "Models", "description": "Run only these models (empty: every model).",
-                   "schema": {"type": "array", "uniqueItems": True, "examples": models,
+                   "schema": {"type": ["array", "null"], "uniqueItems": True, "examples": models,
                               "items": {"type": "string", "pattern": NAME_PATTERN, "enum": models}}},
         "batch_sizes": {"default": [], "title": "Batch sizes per device",
                         "description": "Run these batch sizes instead of the configured ones (empty: as configured).",

@@ -42,6 +42,8 @@ def test_the_trigger_form_offers_the_fleets_hosts_and_models():
         schema = specs[name]["schema"]
         assert schema["items"]["enum"] == schema["examples"]
         jsonschema.validate(schema["examples"], schema)  # picking every choice is valid
+        jsonschema.validate(None, schema)  # what the form sends for a multi-select emptied again
+    assert expand_cases(apply_params(cfg(), {"hosts": None, "models": None})) == expand_cases(cfg())
 
 
 def test_a_large_fleet_gets_no_host_choices():
