@@ -17,11 +17,14 @@ ARG AIRFLOW_VERSION
 # The docker CLI only (no engine): workers talk to the fleet's engines, local socket or tcp + TLS.
 COPY --from=docker-cli /usr/local/bin/docker /usr/local/bin/docker
 
-# As the official image documents: install as the airflow user, and pin Airflow itself so pip
-# cannot move it while resolving the other requirements.
+# As the official image documents: install as the airflow user, pin Airflow itself so pip cannot
+# move it while resolving the other requirements, and install with the constraints of the pinned
+# version: requirements.lock, the set requirements.txt resolved to (scripts/lock-requirements.sh),
+# in place of Airflow's published constraints file (README "Installing: pinned versions").
 USER airflow
-COPY --chown=airflow:0 requirements.txt /opt/airflow/requirements.txt
-RUN pip install --no-cache-dir "apache-airflow==${AIRFLOW_VERSION}" -r /opt/airflow/requirements.txt
+COPY --chown=airflow:0 requirements.txt requirements.lock /opt/airflow/
+RUN pip install --no-cache-dir "apache-airflow==${AIRFLOW_VERSION}" -r /opt/airflow/requirements.txt \
+    -c /opt/airflow/requirements.lock
 
 # The fleetbench package (editable: the mounted include/ is the code that runs).
 COPY --chown=airflow:0 pyproject.toml README.md /opt/airflow/

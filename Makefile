@@ -5,24 +5,27 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: help run test test-unit lint bench venv services test-services images airflow-init clean fleet-celery
+.PHONY: help run ui test test-unit lint bench venv services test-services images airflow-init clean fleet-celery
 
 help:
 	@echo "make run    - run fleet_benchmark once on the embedded default (local Docker, CPU smoke image) and print results"
+	@echo "make ui     - Airflow's UI with the fleetbench view on this machine (prints the URL and login; Ctrl-C stops)"
 	@echo "make test   - start what the tests need and run the test suite"
 	@echo "make lint   - check the Python code with ruff (pyflakes, pycodestyle, import order)"
 	@echo "make bench  - measure fleetbench itself"
 	@echo "make fleet-celery - the CeleryExecutor deployment as local processes (two workers, REST API)"
 	@echo "make clean  - remove .venv, .airflow and .data"
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
+# requirements.lock pins every package to the set requirements.txt resolved to (Airflow's constraints file
+# for 3.3.2, which lives on GitHub, generated here instead: scripts/lock-requirements.sh).
+$(VENV)/.installed: requirements.txt requirements-dev.txt requirements.lock pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "[fleetbench] error: $(PYTHON) not found: install Python 3.11 (Debian: apt-get install python3 python3-venv)"; exit 1; }
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 11) else 1)' || { echo "[fleetbench] error: Python >= 3.11 needed, found $$($(PYTHON) --version)"; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { echo "[fleetbench] error: cannot create a venv: install python3-venv"; exit 1; }
 	@echo "[fleetbench] installing Python dependencies into $(VENV)"
 	@$(PY) -m pip install -q --upgrade pip
-	@$(PY) -m pip install -q -r requirements.txt
-	@$(PY) -m pip install -q -r requirements-dev.txt
+	@$(PY) -m pip install -q -r requirements.txt -c requirements.lock
+	@$(PY) -m pip install -q -r requirements-dev.txt -c requirements.lock
 	@$(PY) -m pip install -q --no-deps -e .
 	@touch $@
 
@@ -45,6 +48,10 @@ images: services
 
 run: venv images
 	@bash scripts/run.sh
+
+# api-server, scheduler, dag-processor and triggerer as local processes (LocalExecutor, .airflow/).
+ui: venv images
+	@bash scripts/ui.sh
 
 # The distributed setup without containers: PostgreSQL, Redis, api-server, scheduler, dag-processor and
 # two Celery workers on different queues as local processes; fleet_benchmark triggered over the REST API.

@@ -208,7 +208,9 @@ def _db_upgrade(args: argparse.Namespace) -> int:
     try:
         upgrade(engine, args.revision)
     except (CommandError, RevisionError) as exc:
-        raise UsageError(f"--revision {args.revision}: {_first_line(exc)}") from None
+        detail = _first_line(exc)  # Alembic's message usually names the revision already: say it once
+        raise UsageError(f"--revision: {detail}" if repr(args.revision) in detail or args.revision in detail.split()
+                         else f"--revision {args.revision!r}: {detail}") from None
     except SQLAlchemyError as exc:  # unreachable server, wrong password, a file that cannot be created
         raise UsageError(f"cannot upgrade the warehouse at {warehouse_display_url()}: {_first_line(exc)}") from None
     finally:
@@ -311,19 +313,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     config = sub.add_parser("config", help="fleet config tools").add_subparsers(dest="config_command", required=True)
     check = config.add_parser("check", help="validate a fleet config file")
-    check.add_argument("file")
+    check.add_argument("file", help="the fleet config (YAML) to check; errors come all at once, warnings on stderr")
     check.set_defaults(func=_config_check)
 
     results = sub.add_parser("results", help="print what the warehouse holds (default: the latest run)")
-    results.add_argument("--format", choices=["table", "json", "csv"], default="table")
-    results.add_argument("--run-id")
-    results.add_argument("--dag-id")
+    results.add_argument("--format", choices=["table", "json", "csv"], default="table",
+                         help="output format (default: table)")
+    results.add_argument("--run-id", help="this run's results (default: the latest run)")
+    results.add_argument("--dag-id", help="only results of this DAG")
     results.add_argument("--all", action="store_true", help="every run, not just the latest")
     results.set_defaults(func=_results)
 
     parse = sub.add_parser("parse", help="parse benchmark logs into JSON Lines")
-    parse.add_argument("--format", choices=["auto", "tf_cnn_benchmarks", "horovod_synthetic"], default="auto")
-    parse.add_argument("files", nargs="+")
+    parse.add_argument("--format", choices=["auto", "tf_cnn_benchmarks", "horovod_synthetic"], default="auto",
+                       help="the logs' format (default: auto, recognised from each log)")
+    parse.add_argument("files", nargs="+", metavar="LOG", help="benchmark log files")
     parse.set_defaults(func=_parse)
 
     hc = sub.add_parser("host-check", help="judge whether a host can run benchmarks")
@@ -364,7 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--after", required=True, metavar="DRIVER_OR_DATE", help="driver version or YYYY-MM-DD")
     cmp.add_argument("--host", help="only this host")
     cmp.add_argument("--dag-id", help="only results of this DAG")
-    cmp.add_argument("--format", choices=["table", "json"], default="table")
+    cmp.add_argument("--format", choices=["table", "json"], default="table", help="output format (default: table)")
     cmp.add_argument("--config", help="fleet config with the regression settings (default: FLEETBENCH_CONFIG or "
                                       "include/config/fleet.yaml; built-in defaults when that cannot be read)")
     cmp.set_defaults(func=_compare)
@@ -385,7 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     db = sub.add_parser("db", help="warehouse maintenance").add_subparsers(dest="db_command", required=True)
     up = db.add_parser("upgrade", help="migrate the warehouse schema")
-    up.add_argument("--revision", default="head")
+    up.add_argument("--revision", default="head", help="Alembic revision to migrate to (default: head)")
     up.set_defaults(func=_db_upgrade)
     return parser
 

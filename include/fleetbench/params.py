@@ -18,7 +18,9 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-# Up to this many hosts, the trigger form offers the host names (an enum, checked at trigger time).
+# Up to this many hosts, the trigger form offers the host names: a multi-select (Airflow's form draws one for an
+# array with `examples`) and an enum of the items, checked at trigger time. The form sends null for a
+# multi-select emptied again, so null is allowed and means "all", as [] does.
 # Airflow deep-copies the DAG's params into every task at parse time, so a 1,000-name enum would
 # cost seconds of parse time; larger fleets get the strict name pattern at trigger time and the
 # check against the config when the run starts (the plan task fails naming the unknown host).
@@ -34,13 +36,15 @@ def param_specs(cfg: FleetConfig) -> dict[str, dict]:
     hosts = [h.name for h in cfg.hosts]
     models = sorted({m for b in cfg.benchmarks for m in b.models})
     host_item = {"type": "string", "pattern": NAME_PATTERN}
+    host_choices = {}
     if len(hosts) <= MAX_HOST_ENUM:
         host_item["enum"] = hosts
+        host_choices["examples"] = hosts
     specs = {
         "hosts": {"default": [], "title": "Hosts", "description": "Run only these hosts (empty: every host).",
-                  "schema": {"type": "array", "uniqueItems": True, "items": host_item}},
+                  "schema": {"type": ["array", "null"], "uniqueItems": True, "items": host_item, **host_choices}},
         "models": {"default": [], "title": "Models", "description": "Run only these models (empty: every model).",
-                   "schema": {"type": "array", "uniqueItems": True,
+                   "schema": {"type": ["array", "null"], "uniqueItems": True, "examples": models,
                               "items": {"type": "string", "pattern": NAME_PATTERN, "enum": models}}},
         "batch_sizes": {"default": [], "title": "Batch sizes per device",
                         "description": "Run these batch sizes instead of the configured ones (empty: as configured).",

@@ -23,13 +23,14 @@ ROLES_SCRIPT = ROOT / "scripts" / "postgres-roles.sh"
 README = ROOT / "README.md"
 CENTRAL = {"airflow-init", "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer"}
 WORKERS = {"airflow-worker", "airflow-gpu-worker"}
-AIRFLOW_SERVICES = CENTRAL | WORKERS
+MONITORS = {"flower"}  # profile flower: Celery's monitor, on the central machine
+AIRFLOW_SERVICES = CENTRAL | WORKERS | MONITORS
 LONG_RUNNING = {"postgres", "redis"} | AIRFLOW_SERVICES - {"airflow-init"}
 # Secrets every machine needs (compose requires them), and those of the central machine only.
 FLEET_SECRETS = ("REDIS_PASSWORD", "CELERY_RESULTS_PASSWORD")
 CENTRAL_SECRETS = ("AIRFLOW__API_AUTH__JWT_SECRET", "AIRFLOW__CORE__FERNET_KEY", "POSTGRES_PASSWORD",
                    "FLEETBENCH_WAREHOUSE_PASSWORD", "FLEETBENCH_WAREHOUSE_READER_PASSWORD",
-                   "_AIRFLOW_WWW_USER_PASSWORD")
+                   "_AIRFLOW_WWW_USER_PASSWORD", "FLOWER_BASIC_AUTH")
 SECRETS = FLEET_SECRETS + CENTRAL_SECRETS
 MOUNTS = {"/opt/airflow/dags", "/opt/airflow/plugins", "/opt/airflow/include", "/opt/airflow/config"}
 
@@ -80,6 +81,17 @@ def test_the_official_services_and_the_gpu_host_worker(compose):
     assert commands["airflow-worker"] == "celery worker --queues default"
     assert commands["airflow-gpu-worker"].startswith("celery worker --queues ${FLEETBENCH_WORKER_QUEUE")
     assert compose["services"]["airflow-gpu-worker"]["profiles"] == ["gpu-worker"]  # started on GPU hosts only
+
+
+def test_flower_is_an_opt_in_profile_behind_a_login(compose):
+    flower = compose["services"]["flower"]
+    assert flower["profiles"] == ["flower"]  # `docker compose up -d` alone does not start it
+    script = flower["command"][1]
+    assert script.rstrip().endswith("exec /entrypoint airflow celery flower")
+    assert 'exit 1' in script and "AIRFLOW__CELERY__FLOWER_BASIC_AUTH" in script  # no login: it does not start
+    assert flower["environment"]["AIRFLOW__CELERY__FLOWER_BASIC_AUTH"] == "${FLOWER_BASIC_AUTH:-}"
+    assert flower["ports"] == ["${FLOWER_PUBLISH:-127.0.0.1}:5555:5555"]  # loopback unless published
+    assert "--user" in flower["healthcheck"]["test"][1]
 
 
 def test_every_airflow_service_shares_executor_settings_and_the_central_ones_the_keys(compose):

@@ -33,6 +33,31 @@ def test_defaults_validate_and_change_nothing():
     assert expand_cases(apply_params(cfg(), {})) == expand_cases(cfg())
 
 
+def test_the_trigger_form_offers_the_fleets_hosts_and_models():
+    """Airflow's form draws a multi-select for an array with `examples`; its items' enum checks the pick."""
+    specs = param_specs(cfg())
+    assert specs["hosts"]["schema"]["examples"] == ["gpu-01", "gpu-02"]
+    assert specs["models"]["schema"]["examples"] == ["resnet50", "trivial", "vgg16"]
+    for name in ("hosts", "models"):
+        schema = specs[name]["schema"]
+        assert schema["items"]["enum"] == schema["examples"]
+        jsonschema.validate(schema["examples"], schema)  # picking every choice is valid
+        jsonschema.validate(None, schema)  # what the form sends for a multi-select emptied again
+    assert expand_cases(apply_params(cfg(), {"hosts": None, "models": None})) == expand_cases(cfg())
+
+
+def test_a_large_fleet_gets_no_host_choices():
+    from fleetbench.params import MAX_HOST_ENUM
+
+    big = parse_config({"hosts": [{"name": f"gpu-{i:04d}"} for i in range(MAX_HOST_ENUM + 1)],
+                        "images": [{"name": "tf1", "ref": "nvcr.io/nvidia/tensorflow:23.03-tf1-py3",
+                                    "command": ["python", "tf_cnn_benchmarks.py"]}],
+                        "benchmarks": [{"name": "cnn", "image": "tf1", "models": ["resnet50"], "batch_sizes": [32],
+                                        "num_gpus": [1]}]})
+    schema = param_specs(big)["hosts"]["schema"]
+    assert "examples" not in schema and "enum" not in schema["items"]
+
+
 @pytest.mark.parametrize("params", [
     {"models": ["resnet50; rm -rf /"]},
     {"models": ["inception3"]},           # not in the config

@@ -1,0 +1,49 @@
+"""include/config/fleet.gpu-example.yaml works as written on NGC hosts: `config check` accepts it with no
+warning (every tcp:// engine has TLS), the image is the runbook's bake, and its plan is the full matrix."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from fleetbench.config import config_warnings, load_config
+from fleetbench.plan import expand_cases
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "include" / "config" / "fleet.gpu-example.yaml"
+FLEETBENCH = str(Path(sys.executable).parent / "fleetbench")
+
+
+def test_config_check_accepts_it_without_warnings():
+    proc = subprocess.run([FLEETBENCH, "config", "check", str(EXAMPLE)], capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout.strip(), proc.stderr) == (0, "ok", "")
+    cfg = load_config(EXAMPLE)
+    assert config_warnings(cfg) == []
+    for host in cfg.hosts:  # SSH for the probes, TLS for the engine: nothing reaches a host unauthenticated
+        assert host.connection.startswith("ssh_") and host.docker_url.startswith("tcp://")
+        assert host.docker_tls_conn_id
+
+
+def test_the_image_is_the_runbooks_bake():
+    (image,) = load_config(EXAMPLE).images
+    assert image.ref == "nvcr.io/nvidia/tensorflow:23.03-tf1-py3" and image.cuda == "12.1"
+    git = image.bake.git
+    assert (git.url, git.branch, git.dest) == ("https://github.com/tensorflow/benchmarks.git",
+                                               "cnn_tf_v1.15_compatible", "/workspace/benchmarks")
+    # the harness the cases run is the checked-out one
+    assert image.command == ["python", f"{git.dest}/scripts/tf_cnn_benchmarks/tf_cnn_benchmarks.py"]
+
+
+def test_its_plan_is_the_matrix_on_every_host():
+    cfg = load_config(EXAMPLE)
+    cases = expand_cases(cfg)
+    expected = {(host, f"cnn.{model}.bs{bs}.g{gpus}.replicated") for host in ("gpu-a100-01", "gpu-rtx3070-01")
+                for model in ("resnet50", "vgg16", "inception3") for bs in (32, 64, 128) for gpus in (1, 2, 4, 8)}
+    assert {(c.host, c.case_key) for c in cases} == expected and len(cases) == 72
+    case = next(c for c in cases if c.host == "gpu-a100-01" and c.case_key == "cnn.resnet50.bs64.g8.replicated")
+    assert case.device == "gpu" and case.timeout_s == 1800 and case.command[2:] == [
+        "--model=resnet50", "--batch_size=64", "--num_batches=100", "--num_warmup_batches=5",
+        "--variable_update=replicated", "--device=gpu", "--num_gpus=8"]
+    # NGC's recommended container settings
+    assert case.container["ulimits"] == {"memlock": -1, "stack": 67108864} and case.container["shm_size"] == "1g"
