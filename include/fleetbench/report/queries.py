@@ -28,9 +28,11 @@ Filters (`Filters`, built and validated by `parse_filters`):
   Without `since` the window is the `DEFAULT_DAYS` calendar days that end with the newest matching
   result (not "now": a warehouse that has been quiet for a month still shows its last month).
 
-What "open regression" means: a `regressions` row found in the newest ok result of its
-(DAG, host, case) up to the end of the window. A later ok measurement without that finding closes
-it (recovered, or a new baseline); a later failed case does not (nothing was measured).
+What "open regression" means: a confirmed `regressions` row (kind regression) found in the newest ok
+result of its (DAG, host, case) up to the end of the window. The detector reports a confirmed
+regression on every night until it is accepted or recovers (`fleetbench.regression.track`), so a
+later ok night without it means it closed; a later failed case does not (nothing was measured).
+Suspected findings (one night) and improvements are listed apart.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ from fleetbench.config import NAME_PATTERN
 from fleetbench.warehouse.rollup import month_of, next_month
 from fleetbench.warehouse.schema import benchmark_results as br
 from fleetbench.warehouse.schema import host_month_rollup as hm
+from fleetbench.warehouse.schema import regression_acceptances as ra
 from fleetbench.warehouse.schema import regressions as rg
 from fleetbench.warehouse.schema import run_case_rollup as cr
 from fleetbench.warehouse.schema import run_host_rollup as hr
@@ -543,8 +546,10 @@ def failures(conn, f: Filters, run: dict | None) -> list[dict]:
     return sorted(classes.values(), key=lambda c: (-c["count"], c["status"], c["failure_class"]))
 
 
-def open_regressions(conn, f: Filters) -> list[dict]:
-    """Regressions found in the newest ok result of their (DAG, host, case) up to the window's end (see module doc)."""
+def open_regressions(conn, f: Filters, include_suspected: bool = False,
+                     kinds: tuple[str, ...] = ("regression",)) -> list[dict]:
+    """Findings of the newest ok result of their (DAG, host, case) up to the window's end (see module doc):
+    confirmed regressions by default; `include_suspected` adds the one-night ones, `kinds` improvements."""
     later = br.alias("later")
     conds = [later.c.dag_id == br.c.dag_id, later.c.host == br.c.host, later.c.case_key == br.c.case_key,
              later.c.status == "ok"]
@@ -558,19 +563,24 @@ def open_regressions(conn, f: Filters) -> list[dict]:
     rows = conn.execute(
         select(rg.c.dag_id, rg.c.run_id, rg.c.host, rg.c.case_key, br.c.model, rg.c.metric, rg.c.direction,
                rg.c.baseline_value, rg.c.value, rg.c.delta_pct, rg.c.z_score, rg.c.p_value, rg.c.baseline_n,
-               rg.c.changes, rg.c.severity, br.c.logical_date)
+               rg.c.changes, rg.c.severity, br.c.logical_date, rg.c.kind, rg.c.status, rg.c.basis, rg.c.since_date,
+               rg.c.since_run_id, rg.c.detectable_pct, rg.c.same_change_as, rg.c.segment, rg.c.baseline_segment)
         .join(br, and_(br.c.dag_id == rg.c.dag_id, br.c.run_id == rg.c.run_id, br.c.host == rg.c.host,
                        br.c.case_key == rg.c.case_key))
-        .where(*_scope(f), br.c.logical_date == newest_ok)
-        .order_by(case((rg.c.severity == "major", 0), else_=1), rg.c.host, rg.c.case_key, rg.c.metric)).all()
+        .where(*_scope(f), br.c.logical_date == newest_ok, rg.c.kind.in_(kinds),
+               rg.c.status.in_(("confirmed", "suspected") if include_suspected else ("confirmed",)))
+        .order_by(case((rg.c.status == "confirmed", 0), else_=1), case((rg.c.severity == "major", 0), else_=1),
+                  rg.c.host, rg.c.case_key, rg.c.metric)).all()
     out = []
     for r in rows:
         m = dict(r._mapping)
         m["logical_date"] = _iso(m["logical_date"])
-        try:
-            m["changes"] = json.loads(m["changes"]) if m["changes"] else {}
-        except ValueError:
-            m["changes"] = {"note": str(m["changes"])}
+        m["since_date"] = _iso(m["since_date"])
+        for name in ("changes", "segment", "baseline_segment"):
+            try:
+                m[name] = json.loads(m[name]) if m[name] else {}
+            except ValueError:
+                m[name] = {"note": str(m[name])}
         out.append(m)
     return out
 
@@ -596,7 +606,7 @@ def blank_report(f: Filters | None = None, warehouse: str = "") -> dict:
         "summary": {"runs": 0, "results": 0, "ok": 0, "failed": 0, "skipped": 0, "hosts": 0, "models": 0,
                     "first": None, "last": None},
         "hosts": [], "throughput": [], "throughput_mode": HOSTS, "driver_changes": [], "scaling": [], "efficiency": [],
-        "latest_run": None, "failures": [], "regressions": [],
+        "latest_run": None, "failures": [], "regressions": [], "suspected": [], "improvements": [],
     }
 
 
@@ -620,11 +630,11 @@ def build_report(engine: Engine, f: Filters | None = None, *, max_series: int | 
         report["notes"].append("No results yet: nothing has been stored in this warehouse (the fleet DAG creates "
                                "its tables with the first run; `fleetbench db upgrade` creates them by hand).")
         return report
-    if not {rg.name, hr.name, hm.name, cr.name} <= tables:
+    if not {rg.name, hr.name, hm.name, cr.name, ra.name} <= tables:
         report["state"] = OUTDATED
         report["notes"].append("This warehouse's schema predates the report (it needs revision 0003's derived metrics "
-                               "and regressions and revision 0004's rollups): run `fleetbench db upgrade`, or let "
-                               "the fleet DAG's next run do it.")
+                               "and regressions, revision 0004's rollups and revision 0008's regression states): run "
+                               "`fleetbench db upgrade`, or let the fleet DAG's next run do it.")
         return report
     with engine.connect() as conn:
         report["options"] = filter_options(conn, f)
@@ -654,6 +664,9 @@ def build_report(engine: Engine, f: Filters | None = None, *, max_series: int | 
         report["latest_run"] = latest_run(conn, scoped)
         report["failures"] = failures(conn, scoped, report["latest_run"])
         report["regressions"] = open_regressions(conn, scoped)
+        report["suspected"] = [r for r in open_regressions(conn, scoped, include_suspected=True)
+                               if r["status"] == "suspected"]
+        report["improvements"] = open_regressions(conn, scoped, include_suspected=True, kinds=("improvement",))
     report["notes"] += notes(report)
     return report
 

@@ -37,6 +37,16 @@ display:flex;gap:12px;align-items:end;flex-wrap:wrap;font-size:13px}form.filters
 """  # noqa: E501
 
 
+def _findings(rows: Sequence[dict]) -> list[dict]:
+    """Findings as table rows: severity badge, what changed in words, repeated metrics marked."""
+    return [{**r, "case": r["case_key"],
+             "metric": r["metric"] + (f" (same change as {r['same_change_as']})" if r.get("same_change_as") else ""),
+             "sev_html": f'<span class="sev-{escape(r["severity"])}">{escape(r["severity"])}</span>',
+             "changes_text": "; ".join(f"{k} {v.get('before')} → {v.get('after')}" if isinstance(v, dict)
+                                       else f"{k} {v}"
+                                       for k, v in (r["changes"] or {}).items()) or "–"} for r in rows]
+
+
 def _v(value: Any, kind: str = "num") -> str:
     """Cell text: numbers short, percentages signed, dates as YYYY-MM-DD HH:MM, None as an en dash."""
     if value is None:
@@ -250,17 +260,22 @@ def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str,
                        rows, empty="No failed or skipped case in the latest run."))
 
     parts.append("<h2>Open regressions</h2>")
-    regs = [{**r, "case": r["case_key"],
-             "sev_html": f'<span class="sev-{escape(r["severity"])}">{escape(r["severity"])}</span>',
-             "changes_text": "; ".join(f"{k} {v.get('before')} → {v.get('after')}" if isinstance(v, dict)
-                                       else f"{k} {v}"
-                                       for k, v in (r["changes"] or {}).items()) or "–"} for r in report["regressions"]]
-    parts.append(table("regressions-table", [
+    parts.append('<p class="meta">Confirmed: found on consecutive nights (or a new driver, CUDA driver, image or '
+                 "health state whose nights together are worse), open until accepted (`fleetbench regressions "
+                 "accept`) or recovered. Time, energy and cost findings that repeat a throughput finding are marked "
+                 "\u201csame change\u201d. Detectable: the smallest change one night of that case can show.</p>")
+    columns = [
         ("severity", "sev_html", "html"), ("host", "host", "text"), ("case", "case", "text"),
         ("metric", "metric", "text"), ("baseline", "baseline_value", "num"), ("value", "value", "num"),
-        ("change", "delta_pct", "pct"), ("z", "z_score", "num"), ("night", "logical_date", "date"),
-        ("what changed", "changes_text", "text")],
-        regs, empty="No open regressions."))
+        ("change", "delta_pct", "pct"), ("detectable", "detectable_pct", "pct"), ("since", "since_date", "date"),
+        ("night", "logical_date", "date"), ("what changed", "changes_text", "text")]
+    parts.append(table("regressions-table", columns, _findings(report["regressions"]), empty="No open regressions."))
+    parts.append("<h3>Suspected (one night, not confirmed)</h3>")
+    parts.append(table("suspected-table", columns, _findings(report.get("suspected", [])),
+                       empty="No suspected regressions on the newest nights."))
+    parts.append("<h3>Improvements</h3>")
+    parts.append(table("improvements-table", [("status", "status", "text")] + columns[1:],
+                       _findings(report.get("improvements", [])), empty="No improvements on the newest nights."))
     parts.append("</body></html>")
     return "".join(parts)
 
