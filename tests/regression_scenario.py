@@ -208,13 +208,14 @@ def evaluate(engine, sc: Scenario, metric: str = "images_per_sec") -> dict:
     }
 
 
-def evaluate_compare(engine, sc: Scenario, rows: list[dict]) -> dict:
-    """Score `fleetbench compare --before OLD --after NEW` rows (one per host and case) against the truth:
-    per effect, how many changed (host, case)s got the right verdict; a verdict on a (host, case) whose
-    change is below 3 % (-2 %), or in the wrong direction, is not counted as right."""
-    right, false_verdicts = defaultdict(lambda: [0, 0]), 0
+def evaluate_compare(sc: Scenario, rows: list[dict]) -> dict:
+    """Score `fleetbench compare` rows (one per host and case) against the truth: per effect, how many changed
+    (host, case)s got the right verdict; a regression or improvement verdict on an unchanged (host, case), or
+    one in the wrong direction, is a false verdict (-2 % is a real change: a verdict there is not false)."""
+    right, false_verdicts, cant_tell = defaultdict(lambda: [0, 0]), 0, 0
     for r in rows:
         effect = sc.effect.get((r["host"], r["case_key"]))
+        cant_tell += r["verdict"] == "not enough nights to tell"
         if effect is None:
             false_verdicts += r["verdict"] in ("regression", "improvement")
             continue
@@ -222,5 +223,11 @@ def evaluate_compare(engine, sc: Scenario, rows: list[dict]) -> dict:
         label = f"{effect * 100:+.0f} %"
         right[label][0] += r["verdict"] == want
         right[label][1] += 1
+        false_verdicts += r["verdict"] == ("improvement" if effect < 0 else "regression")
     return {"right": {k: f"{v[0]}/{v[1]}" for k, v in sorted(right.items())},
-            "right_frac": {k: v[0] / v[1] for k, v in right.items()}, "false_verdicts": false_verdicts}
+            "right_frac": {k: v[0] / v[1] for k, v in right.items()}, "false_verdicts": false_verdicts,
+            "not_enough_nights": cant_tell, "rows": len(rows)}
+
+
+def night_date(n: int) -> str:
+    return (NIGHT0 + timedelta(days=n)).date().isoformat()

@@ -137,13 +137,16 @@ class RegressionSettings(_Model):
     low_noise_pct: float = Field(1.0, ge=0)  # low noise: the robust scale is at most this % of the median
     # A new segment (driver, CUDA driver, image digest, health state) becomes the baseline after this many
     # nights unless a confirmed regression is open against it (then only `fleetbench regressions accept`).
-    accept_after_nights: int = Field(7, ge=1, le=365)
+    accept_after_nights: int = Field(10, ge=1, le=365)
     history_days: int = Field(120, ge=7, le=3650)  # how far back a (host, case)'s nights are replayed
 
     @model_validator(mode="after")
     def _consistent(self) -> "RegressionSettings":
         if self.min_history > self.window:
             raise ValueError(f"min_history ({self.min_history}) must be <= window ({self.window})")
+        if self.accept_after_nights < self.min_history:
+            raise ValueError(f"accept_after_nights ({self.accept_after_nights}) must be >= min_history "
+                             f"({self.min_history}): a new segment needs that many nights to be a baseline")
         if self.major_effect_pct < self.min_effect_pct:
             raise ValueError(f"major_effect_pct ({self.major_effect_pct}) must be >= min_effect_pct "
                              f"({self.min_effect_pct})")

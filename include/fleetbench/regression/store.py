@@ -158,20 +158,20 @@ def assess_series(series: Sequence[Mapping[str, Any]], settings: RegressionSetti
 
 
 def nights_of(series: Sequence[Mapping[str, Any]], metric: str) -> list[NightIn]:
-    """A metric's nights for `track`. Energy compares like with like: another energy source is another segment."""
+    """A metric's nights for `track`. Energy compares like with like: a night whose energy came another way
+    (measured, estimated) starts a new baseline."""
     out = []
     for r in series:
         se = None
         if r.get("step_cv") is not None and r.get("step_count"):
             se = float(r["step_cv"]) / math.sqrt(r["step_count"])
-        value = r.get(metric)
-        segment = segment_of(r)
+        value, measure = r.get(metric), None
         if metric == "energy_j":
-            if r.get("energy_source") not in ENERGY_SOURCES:
+            measure = r.get("energy_source")
+            if measure not in ENERGY_SOURCES:
                 value = None
-            segment = segment + (r.get("energy_source"),)
-        out.append(NightIn(value=value, segment=segment, when=utc(r["logical_date"]), step_se=se,
-                           run_id=r["run_id"]))
+        out.append(NightIn(value=value, segment=segment_of(r), when=utc(r["logical_date"]), step_se=se,
+                           run_id=r["run_id"], measure=measure))
     return out
 
 
@@ -224,6 +224,8 @@ def _db_row(finding: Mapping[str, Any]) -> dict:
             row[name] = json.dumps(row[name], sort_keys=True)
     row["detected_at"] = utc(row["detected_at"]) or datetime.now(timezone.utc)
     row["since_date"] = utc(row["since_date"])
+    row["kind"] = row["kind"] or "regression"  # a finding handed in without them is a regression someone confirmed
+    row["status"] = row["status"] or "confirmed"
     return row
 
 

@@ -77,6 +77,7 @@ class NightIn:
     when: datetime | None = None
     step_se: float | None = None  # step_cv / sqrt(step_count)
     run_id: str | None = None
+    measure: Any = None  # how the value was measured (energy: measured or estimated): never compared across
 
 
 @dataclass(frozen=True)
@@ -163,21 +164,32 @@ def track(nights: Sequence[NightIn], direction: str, settings: RegressionSetting
     open_: _Open | None = None
     run_kind, run_len = None, 0
     seen: dict[tuple, list[int]] = {}  # segment -> its nights with a value since base_from, in order
+    excluded: set[int] = set()  # nights of regressions that recovered: never baseline
 
     def rebase(i: int, upto: int) -> None:
         nonlocal base_seg, base_from, open_, run_kind, run_len
         base_seg, base_from, open_, run_kind, run_len = nights[i].segment, i, None, None, 0
         seen.clear()
+        excluded.clear()
         for j in range(i, upto):
             if valid[j]:
                 seen.setdefault(nights[j].segment, []).append(j)
 
     def baseline(limit: int) -> list[int]:
-        """The baseline's last `limit` nights before this one, newest first (an open finding's nights left out)."""
+        """The baseline's last `limit` nights before this one, newest first (the nights of an open finding, and of
+        a regression that recovered, left out)."""
         idx = seen.get(base_seg, [])
         if open_ is not None:
             idx = idx[:bisect.bisect_left(idx, open_.start)]
-        return idx[-limit:][::-1]
+        if not excluded:
+            return idx[-limit:][::-1]
+        out = []
+        for j in reversed(idx):
+            if j not in excluded:
+                out.append(j)
+                if len(out) >= limit:
+                    break
+        return out
 
     for i, n in enumerate(nights):
         if not valid[i]:
@@ -186,7 +198,7 @@ def track(nights: Sequence[NightIn], direction: str, settings: RegressionSetting
         while pending and n.when is not None and n.when >= pending[0]:
             pending.pop(0)
             rebase(i, i)
-        if base_seg is None:
+        if base_seg is None or n.measure != nights[base_from].measure:
             rebase(i, i)
         base_idx = baseline(settings.window)
         if n.segment != base_seg:
@@ -230,6 +242,8 @@ def track(nights: Sequence[NightIn], direction: str, settings: RegressionSetting
             cm = median([nights[j].value for j in cand])
             nights_d = (cm - m) / abs(m) * 100.0
             nights_kind = _off((cm - m) / (MEDIAN_SE * s / math.sqrt(len(cand))), nights_d, worse, settings)
+        if open_ is not None and not open_.confirmed and open_.start < cand[0]:
+            open_, run_len = None, 0  # a suspicion from before this segment began is not this segment's finding
         run_kind, run_len = (night_kind, run_len + 1) if night_kind and night_kind == run_kind else (
             night_kind, 1 if night_kind else 0)
         confirm, basis = None, None
@@ -253,6 +267,8 @@ def track(nights: Sequence[NightIn], direction: str, settings: RegressionSetting
                 (median(recent) - m) / abs(m) * 100.0 * (worse if open_.kind == "regression" else -worse)
                 < settings.min_effect_pct / 2)
             if back:
+                if open_.kind == "regression":
+                    excluded.update(range(open_.start, i - SEGMENT_MIN_NIGHTS + 1))
                 open_ = None
             elif (open_.kind == "improvement" and n.segment == base_seg
                   and i - open_.start >= settings.accept_after_nights):
