@@ -74,6 +74,28 @@ def test_the_open_list_holds_the_driver_change_not_the_outliers(scenario):
     assert same and all(x["same_change_as"] == "images_per_sec" for x in same)
 
 
+def test_the_report_shows_the_drop_on_the_hosts_that_have_it(scenario):
+    from fleetbench.report.plots import charts
+    from fleetbench.report.queries import build_report
+    from fleetbench.report.render import render_html
+
+    engine, sc, _ = scenario
+    report = build_report(engine)
+    cells = report["change_map"]["cells"]
+    assert len(report["change_map"]["hosts"]) == 20 and len(report["change_map"]["cases"]) == 10
+    for (host, key), effect in sc.effect.items():
+        if effect <= -0.10:
+            cell = cells[host][key]
+            assert cell["status"] == "confirmed" and cell["delta_pct"] == pytest.approx(effect * 100, abs=6)
+    quiet = [c["delta_pct"] for h, row in cells.items() for k, c in row.items() if (h, k) not in sc.effect
+             and c["delta_pct"] is not None and c["status"] is None]
+    assert quiet and max(abs(d) for d in quiet) < 25  # outliers of the last night show, unconfirmed
+    assert {r["status"] for r in report["regressions"]} == {"confirmed"}
+    assert all(r["kind"] == "improvement" for r in report["improvements"])
+    html = render_html(report, charts(report))
+    assert 'id="change-map"' in html and "●" in html and 'id="regressions-table"' in html
+
+
 def test_compare_by_driver_and_by_dates(scenario):
     engine, sc, _ = scenario
     by_driver = evaluate_compare(sc, compare(engine, f"driver={OLD_DRIVER[0]}", f"driver={NEW_DRIVER[0]}"))

@@ -585,6 +585,44 @@ def open_regressions(conn, f: Filters, include_suspected: bool = False,
     return out
 
 
+CHANGE_MAP_MAX_CELLS = 4000  # host x case cells; more: filter by host or model
+
+
+def change_map(conn, f: Filters) -> dict:
+    """Host x case: each (host, case)'s newest ok images/sec in the window against its baseline, so a drop on
+    some hosts is not averaged away. Where a finding is open on that night (confirmed or suspected, regression
+    or improvement) its change against its own baseline is shown; elsewhere the change against the median of
+    the window's earlier ok nights with the same driver, CUDA driver and image digest (None with fewer than 3).
+    {"hosts", "cases", "cells": {host: {case_key: {"delta_pct", "status", "kind"}}}, "skipped"}."""
+    pairs = conn.execute(select(func.count()).select_from(
+        select(br.c.host, br.c.case_key).where(*_scope(f), br.c.status == "ok").distinct().subquery())).scalar()
+    if pairs > CHANGE_MAP_MAX_CELLS:
+        return {"hosts": [], "cases": [], "cells": {}, "skipped": pairs}
+    rows = conn.execute(
+        select(br.c.host, br.c.case_key, br.c.images_per_sec, br.c.driver_version, br.c.cuda_driver_version,
+               br.c.image_digest)
+        .where(*_scope(f), br.c.status == "ok", br.c.images_per_sec.is_not(None))
+        .order_by(br.c.host, br.c.case_key, br.c.logical_date)).all()
+    series: dict[tuple[str, str], list] = {}
+    for r in rows:
+        series.setdefault((r.host, r.case_key), []).append(r)
+    cells: dict[str, dict[str, dict]] = {}
+    for (host, case_key), nights in series.items():
+        last = nights[-1]
+        same = [n.images_per_sec for n in nights[:-1]
+                if (n.driver_version, n.cuda_driver_version, n.image_digest)
+                == (last.driver_version, last.cuda_driver_version, last.image_digest)]
+        base = sorted(same)[len(same) // 2] if len(same) >= 3 else None
+        delta = (last.images_per_sec - base) / base * 100.0 if base else None
+        cells.setdefault(host, {})[case_key] = {"delta_pct": delta, "status": None, "kind": None}
+    for r in open_regressions(conn, f, include_suspected=True, kinds=("regression", "improvement")):
+        cell = cells.get(r["host"], {}).get(r["case_key"])
+        if cell is not None and r["metric"] == "images_per_sec":
+            cell.update(delta_pct=r["delta_pct"], status=r["status"], kind=r["kind"])
+    return {"hosts": sorted(cells), "cases": sorted({c for row in cells.values() for c in row}), "cells": cells,
+            "skipped": None}
+
+
 # Every section as (connection, filters) -> data, e.g. to time them one by one.
 SECTIONS = {
     "resolve_window": resolve_window, "filter_options": filter_options, "summary": summary,
@@ -607,6 +645,7 @@ def blank_report(f: Filters | None = None, warehouse: str = "") -> dict:
                     "first": None, "last": None},
         "hosts": [], "throughput": [], "throughput_mode": HOSTS, "driver_changes": [], "scaling": [], "efficiency": [],
         "latest_run": None, "failures": [], "regressions": [], "suspected": [], "improvements": [],
+        "change_map": {"hosts": [], "cases": [], "cells": {}, "skipped": None},
     }
 
 
@@ -667,6 +706,7 @@ def build_report(engine: Engine, f: Filters | None = None, *, max_series: int | 
         report["suspected"] = [r for r in open_regressions(conn, scoped, include_suspected=True)
                                if r["status"] == "suspected"]
         report["improvements"] = open_regressions(conn, scoped, include_suspected=True, kinds=("improvement",))
+        report["change_map"] = change_map(conn, scoped)
     report["notes"] += notes(report)
     return report
 
