@@ -17,7 +17,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Mapping, Sequence
 
 from fleetbench.config import RegressionSettings
-from fleetbench.regression.detect import ENERGY_SOURCES, METRICS, severity_of, what_changed
+from fleetbench.regression.detect import ENERGY_SOURCES, METRICS, most_common, severity_of, what_changed
 from fleetbench.regression.track import SEGMENT_FIELDS, NightIn, Verdict, segment_dict, segment_of, track
 from fleetbench.timestamps import utc
 
@@ -130,8 +130,9 @@ def assess_run(engine, dag_id: str, run_id: str, settings: RegressionSettings | 
                     continue
                 out.checked += 1
                 if found:
-                    changes = what_changed({**series[-1], "telemetry_json": row["telemetry_json"]},
-                                           [s for s in series[:-1] if s["run_id"] in found[0]["baseline_window"]])
+                    base_rows = [s for s in series[:-1] if s["run_id"] in found[0]["baseline_window"]]
+                    changes = what_changed({**series[-1], "telemetry_json": row["telemetry_json"]}, base_rows,
+                                           previous_digest=most_common(b["image_digest"] for b in base_rows))
                     for f in found:
                         f["changes"] = changes
                 out.findings += found
