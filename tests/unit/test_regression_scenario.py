@@ -92,6 +92,11 @@ def test_the_report_shows_the_drop_on_the_hosts_that_have_it(scenario):
     assert quiet and max(abs(d) for d in quiet) < 25  # outliers of the last night show, unconfirmed
     assert {r["status"] for r in report["regressions"]} == {"confirmed"}
     assert all(r["kind"] == "improvement" for r in report["improvements"])
+    # 200 series: fleet medians, one chart per model and GPU count (1 and 8 GPUs never share an axis).
+    assert report["throughput_mode"] == "fleet"
+    lines = {c.id: c for c in charts(report) if c.id.startswith("throughput")}
+    assert {"throughput-resnet50_g1", "throughput-resnet50_g8"} <= set(lines)
+    assert all(len({lbl.split(".g")[1][:1] for lbl in (s.label for s in c.series)}) == 1 for c in lines.values())
     html = render_html(report, charts(report))
     assert 'id="change-map"' in html and "●" in html and 'id="regressions-table"' in html
 
