@@ -24,13 +24,14 @@ from fleetbench.warehouse import (
 from fleetbench.warehouse.schema import benchmark_results, host_facts, regressions, runs, steps
 from warehouse_rows import DERIVED, result_row, run_row, step_rows
 
-HEAD = "0007"  # 0007: cost and energy of CPU cases
+HEAD = "0008"  # 0008: regression states (suspected, confirmed, improvements), acceptances
 NEW_RESULT_COLUMNS = set(DERIVED)  # the derived-metric columns revision 0003 adds
 REGRESSION_COLUMNS = {  # name: nullable, as the regression detector expects them
     "id": False, "dag_id": False, "run_id": False, "host": False, "case_key": False, "metric": False,
     "direction": False, "baseline_value": False, "value": False, "delta_pct": False, "z_score": True,
     "p_value": True, "baseline_n": False, "baseline_window": False, "changes": True, "severity": False,
-    "detected_at": False,
+    "detected_at": False, "kind": False, "status": False, "basis": True, "since_run_id": True, "since_date": True,
+    "segment": True, "baseline_segment": True, "detectable_pct": True, "same_change_as": True,
 }
 CAPACITY_COLUMNS = ["dag_id", "run_id", "logical_date", "host", "case_key", "model", "batch_size_per_device",
                     "num_gpus", "precision", "gpu_model", "peak_gpu_mem_mib", "mean_power_w", "energy_source",

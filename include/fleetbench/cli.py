@@ -6,7 +6,9 @@
     fleetbench host-check (--facts DIR | --local [--docker-url URL]) [--image-cuda X.Y] [--gpus N]
                           [--format json|table] [--strict] [--dcgm-level N] [--probe-path DIR]
     fleetbench pools export [--config FILE]
-    fleetbench compare --before DRIVER_OR_DATE --after DRIVER_OR_DATE [--host H] [--format table|json]
+    fleetbench compare --before SIDE --after SIDE [--host H] [--format table|json]
+    fleetbench regressions list [--dag-id ID] [--host H] [--all]
+    fleetbench regressions accept --host H [--case KEY] [--dag-id ID] [--note TEXT]
     fleetbench report [--since DATE] [--until DATE] [--host H] [--model M] [--dag-id ID] [--out DIR]
     fleetbench db upgrade
 
@@ -234,20 +236,32 @@ def _first_line(exc: Exception) -> str:
     return line.replace(str(password), "***") if password else line
 
 
+def _regression_settings(config: str | None):
+    from fleetbench.config import ConfigError, RegressionSettings, load_config
+    from fleetbench.paths import default_config_path
+
+    try:
+        return load_config(config or default_config_path()).fleet.regressions
+    except ConfigError as exc:
+        if config:
+            raise UsageError(str(exc)) from None
+        return RegressionSettings()
+
+
+def _warehouse_error(exc) -> UsageError:
+    from fleetbench.warehouse import warehouse_display_url
+
+    return UsageError(f"cannot read the warehouse at {warehouse_display_url()}: {str(exc).splitlines()[0]} "
+                      "(run the DAG once, or `fleetbench db upgrade`)")
+
+
 def _compare(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
-    from fleetbench.config import ConfigError, RegressionSettings, load_config
-    from fleetbench.paths import default_config_path
     from fleetbench.regression import NoResults, compare, format_compare
-    from fleetbench.warehouse import get_engine, warehouse_display_url
+    from fleetbench.warehouse import get_engine
 
-    try:
-        settings = load_config(args.config or default_config_path()).fleet.regressions
-    except ConfigError as exc:
-        if args.config:
-            raise UsageError(str(exc)) from None
-        settings = RegressionSettings()
+    settings = _regression_settings(args.config)
     engine = get_engine()
     try:
         rows = compare(engine, args.before, args.after, host=args.host, dag_id=args.dag_id, settings=settings)
@@ -256,8 +270,7 @@ def _compare(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(f"--before/--after: {exc}") from None
     except SQLAlchemyError as exc:
-        raise UsageError(f"cannot read the warehouse at {warehouse_display_url()}: {str(exc).splitlines()[0]} "
-                         "(run the DAG once, or `fleetbench db upgrade`)") from None
+        raise _warehouse_error(exc) from None
     finally:
         engine.dispose()
     if args.format == "json":
@@ -268,9 +281,64 @@ def _compare(args: argparse.Namespace) -> int:
     else:
         print(f"before: {args.before}   after: {args.after}" + (f"   host: {args.host}" if args.host else ""))
         print(format_compare(rows))
-        worse = sum(1 for r in rows if r["verdict"] == "regression")
-        better = sum(1 for r in rows if r["verdict"] == "improvement")
-        print(f"{len(rows)} case(s): {worse} regression(s), {better} improvement(s)")
+        count = {v: sum(1 for r in rows if r["verdict"] == v)
+                 for v in ("regression", "improvement", "no change", "not enough nights to tell")}
+        print(f"{len(rows)} case(s): {count['regression']} regression(s), {count['improvement']} improvement(s), "
+              f"{count['no change']} without change, {count['not enough nights to tell']} not enough nights to tell "
+              "(change: Hodges-Lehmann estimate of after - before over nightly values, 99 % interval; time, energy "
+              "and cost are the same change, not counted again)")
+    return 0
+
+
+def _regressions_list(args: argparse.Namespace) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from fleetbench.report.queries import Filters, open_regressions
+    from fleetbench.warehouse import get_engine
+
+    engine = get_engine()
+    try:
+        with engine.connect() as conn:
+            rows = open_regressions(conn, Filters(host=args.host, dag_id=args.dag_id), include_suspected=True)
+    except SQLAlchemyError as exc:
+        raise _warehouse_error(exc) from None
+    finally:
+        engine.dispose()
+    if not args.all:
+        rows = [r for r in rows if not r.get("same_change_as")]
+    if not rows:
+        print("no open regressions")
+        return 0
+    for r in rows:
+        print(f"{r['status']:9}  {r['kind']:11}  {r['dag_id']}  {r['host']}  {r['case_key']}  {r['metric']}  "
+              f"{r['delta_pct']:+.1f} % since {r.get('since_date') or r['logical_date']}  ({r['severity']})")
+    return 0
+
+
+def _regressions_accept(args: argparse.Namespace) -> int:
+    import getpass
+
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from fleetbench.regression import accept
+    from fleetbench.warehouse import get_engine
+
+    settings = _regression_settings(args.config)
+    engine = get_engine()
+    try:
+        done = accept(engine, args.host, args.case, args.dag_id, accepted_by=getpass.getuser(), note=args.note,
+                      settings=settings)
+    except SQLAlchemyError as exc:
+        raise _warehouse_error(exc) from None
+    finally:
+        engine.dispose()
+    if not done:
+        raise UsageError(f"no ok results on host {args.host!r}" + (f" for case {args.case!r}" if args.case else "")
+                         + (f" in DAG {args.dag_id!r}" if args.dag_id else ""))
+    for a in done:
+        what = "the open regression's level" if a["had_open_regression"] else "the newest segment"
+        print(f"accepted {what} of {a['dag_id']} {a['host']} {a['case_key']} from {a['since'].isoformat()} on "
+              "as the new baseline")
     return 0
 
 
@@ -358,20 +426,40 @@ def build_parser() -> argparse.ArgumentParser:
     export.set_defaults(func=_pools_export)
 
     cmp = sub.add_parser(
-        "compare", help="throughput, energy and cost of each host and case before and after a driver change or a date",
-        description="Compare ok results per host and case. BEFORE and AFTER are each a driver version (matched exactly "
-                    "against the results' driver_version, e.g. 535.104.05) or a date YYYY-MM-DD (results whose "
-                    "logical date falls on that day, UTC). Significance: robust z of the after side's median "
-                    "images/sec against the before side's runs (needs fleet.regressions.min_history runs before), "
-                    "else a Mann-Whitney test of the step samples; p is the Mann-Whitney p-value.")
-    cmp.add_argument("--before", required=True, metavar="DRIVER_OR_DATE", help="driver version or YYYY-MM-DD")
-    cmp.add_argument("--after", required=True, metavar="DRIVER_OR_DATE", help="driver version or YYYY-MM-DD")
+        "compare", help="throughput, time, energy and cost of each host and case on one side against the other",
+        description="Compare ok results per host and case (per case when the sides are hosts). A SIDE is KIND=VALUE, "
+                    "KIND one of driver, cuda, digest, host, date (date=YYYY-MM-DD or YYYY-MM-DD..YYYY-MM-DD, UTC, "
+                    "both days included); a bare date or range is a date, any other bare text a driver version. "
+                    "Nightly values are compared, never step samples: the change is the Hodges-Lehmann estimate "
+                    "with its 99 %% interval; a verdict needs 3 nights a side and an interval that decides, else "
+                    "'not enough nights to tell'.")
+    cmp.add_argument("--before", required=True, metavar="SIDE", help="e.g. driver=535.104.05, 2026-11-01..2026-11-30")
+    cmp.add_argument("--after", required=True, metavar="SIDE", help="e.g. driver=550.54.14, host=gpu07")
     cmp.add_argument("--host", help="only this host")
     cmp.add_argument("--dag-id", help="only results of this DAG")
     cmp.add_argument("--format", choices=["table", "json"], default="table", help="output format (default: table)")
     cmp.add_argument("--config", help="fleet config with the regression settings (default: FLEETBENCH_CONFIG or "
                                       "include/config/fleet.yaml; built-in defaults when that cannot be read)")
     cmp.set_defaults(func=_compare)
+
+    reg = sub.add_parser("regressions", help="open regressions, and accepting a new level as the baseline"
+                         ).add_subparsers(dest="regressions_command", required=True)
+    rl = reg.add_parser("list", help="regressions open on each host and case's newest night (confirmed, suspected)")
+    rl.add_argument("--host", help="only this host")
+    rl.add_argument("--dag-id", help="only results of this DAG")
+    rl.add_argument("--all", action="store_true", help="also the findings that repeat another metric's (time, cost)")
+    rl.set_defaults(func=_regressions_list)
+    ra = reg.add_parser(
+        "accept", help="accept a host's current level (after a driver change, say) as the new baseline",
+        description="For each case of HOST (or only --case): the level since the open regression began (else since "
+                    "its newest segment began: driver, CUDA driver, image digest) becomes the baseline; the open "
+                    "regression closes and the newest run is assessed again.")
+    ra.add_argument("--host", required=True, help="the host whose current level becomes the baseline")
+    ra.add_argument("--case", help="only this case_key")
+    ra.add_argument("--dag-id", help="only this DAG's results")
+    ra.add_argument("--note", help="why (stored with the acceptance)")
+    ra.add_argument("--config", help="fleet config with the regression settings")
+    ra.set_defaults(func=_regressions_accept)
 
     rep = sub.add_parser(
         "report", help="write an HTML report (with PNG plots) of the warehouse's results",

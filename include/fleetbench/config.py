@@ -125,17 +125,28 @@ Email = Annotated[str, Field(pattern=EMAIL_PATTERN)]
 class RegressionSettings(_Model):
     """How each run is compared with its baseline (`fleetbench.regression`; the statistics are in its docstrings)."""
 
-    window: int = Field(7, ge=1, le=365)  # baseline: the last N ok results of the same host, case and image digest
-    min_history: int = Field(3, ge=2)  # fewer earlier results than this: no verdict ("insufficient history")
+    window: int = Field(20, ge=1, le=365)  # baseline: the last N ok nights of the baseline's segment
+    scale_window: int = Field(60, ge=2, le=365)  # the noise scale: MAD and Qn of the last N baseline nights
+    min_history: int = Field(10, ge=2)  # fewer baseline nights than this: no verdict ("insufficient history")
     z_threshold: float = Field(3.5, gt=0)  # robust z (median and MAD of the baseline) in the bad direction
     min_effect_pct: float = Field(3.0, ge=0)  # and at least this change against the baseline's median
     major_effect_pct: float = Field(10.0, gt=0)  # severity "major" from this change on, else "minor"
     scale_floor_pct: float = Field(0.5, ge=0)  # the robust scale is at least this % of the median
+    confirm_nights: int = Field(2, ge=1, le=30)  # a finding is confirmed when this many nights in a row agree
+    immediate_effect_pct: float = Field(50.0, gt=0)  # ... or at once from this change on, on a low-noise case
+    low_noise_pct: float = Field(1.0, ge=0)  # low noise: the robust scale is at most this % of the median
+    # A new segment (driver, CUDA driver, image digest, health state) becomes the baseline after this many
+    # nights unless a confirmed regression is open against it (then only `fleetbench regressions accept`).
+    accept_after_nights: int = Field(10, ge=1, le=365)
+    history_days: int = Field(120, ge=7, le=3650)  # how far back a (host, case)'s nights are replayed
 
     @model_validator(mode="after")
     def _consistent(self) -> "RegressionSettings":
         if self.min_history > self.window:
             raise ValueError(f"min_history ({self.min_history}) must be <= window ({self.window})")
+        if self.accept_after_nights < self.min_history:
+            raise ValueError(f"accept_after_nights ({self.accept_after_nights}) must be >= min_history "
+                             f"({self.min_history}): a new segment needs that many nights to be a baseline")
         if self.major_effect_pct < self.min_effect_pct:
             raise ValueError(f"major_effect_pct ({self.major_effect_pct}) must be >= min_effect_pct "
                              f"({self.min_effect_pct})")

@@ -160,16 +160,18 @@ def test_an_unreachable_mail_server_is_a_clear_error_without_secrets(monkeypatch
 
 
 # -- the compare step, and the whole DAG ----------------------------------------------------------
-def seed_history(engine, host: str, case_key: str, digest: str, nights: int = 7, ips: float = 1e7,
-                 dag_id: str = "fleet_benchmark") -> list[str]:
-    """`nights` earlier ok results of one case (newest yesterday), far faster than anything this machine does."""
+def seed_history(engine, host: str, case_key: str, digest: str, nights: int = 12, ips: float = 1e7,
+                 dag_id: str = "fleet_benchmark", slow_last: int = 0) -> list[str]:
+    """`nights` earlier ok results of one case (newest yesterday), far faster than anything this machine does;
+    the last `slow_last` of them at 70 % of that."""
     from fleetbench.warehouse import store_run
 
     run_ids = []
     for k in range(nights, 0, -1):
         when = (datetime.now(timezone.utc) - timedelta(days=k)).replace(microsecond=0).isoformat()
         run_id = f"scheduled__{when}"
-        row = result_row(case_key, run_id=run_id, host=host, ips=ips * (1 + 0.001 * (k % 3)), logical_date=when,
+        slow = 0.7 if k <= slow_last else 1.0
+        row = result_row(case_key, run_id=run_id, host=host, ips=ips * slow * (1 + 0.001 * (k % 3)), logical_date=when,
                          image_digest=digest, duration_s=0.01, cost_usd=None, num_gpus=0, device="cpu")
         row["dag_id"] = dag_id
         steps = [{**s, "dag_id": dag_id} for s in step_rows(case_key, 5, run_id=run_id, host=host, base=ips)]
@@ -186,7 +188,7 @@ def test_the_compare_step_stores_logs_and_mails(smtp_sink, data_dir, tmp_path, c
 
     cfg = smoke_config("127.0.0.1:5000/fleetbench/cpu-smoke:latest", models=("trivial",), batch_sizes=(8,))
     cfg["fleet"]["notify"] = {"smtp_conn_id": CONN_ID, "to": TO, "min_severity": "major"}
-    cfg["fleet"]["regressions"] = {"window": 5}
+    cfg["fleet"]["regressions"] = {"window": 10}
     now = datetime.now(timezone.utc).replace(microsecond=0)
     plan = make_plan({"dag_id": "fleet_benchmark", "run_id": f"manual__{now.isoformat()}",
                       "logical_date": now.isoformat(), "run_type": "manual"},
@@ -195,7 +197,7 @@ def test_the_compare_step_stores_logs_and_mails(smtp_sink, data_dir, tmp_path, c
     digest = "sha256:" + "c" * 64
     engine = get_engine()
     upgrade(engine)
-    window = seed_history(engine, "localhost", case_key, digest)
+    window = seed_history(engine, "localhost", case_key, digest, slow_last=1)  # yesterday was slow already
     run_id = plan["run"]["run_id"]
     row = result_row(case_key, run_id=run_id, host="localhost", ips=7e6, logical_date=now.isoformat(),
                      image_digest=digest, duration_s=0.01, cost_usd=None)
@@ -204,11 +206,14 @@ def test_the_compare_step_stores_logs_and_mails(smtp_sink, data_dir, tmp_path, c
 
     caplog.set_level("INFO", logger="fleetbench")
     summary = detect_regressions(plan, {"run_id": run_id, "ok": 1})
+    # Yesterday suspected, tonight agrees: confirmed, and mailed once.
     assert (summary["checked"], summary["regressions"], summary["major"], summary["mailed"]) == (1, 1, 1, 1)
+    assert summary["newly_confirmed"] == 1 and summary["findings"][0]["status"] == "confirmed"
     assert summary["findings"][0]["metric"] == "images_per_sec" and summary["findings"][0]["delta_pct"] < -29
     json.dumps(summary)  # small and JSON-able: it goes to XCom
     [stored] = fetch_regressions(engine, run_id=run_id)
-    assert stored["baseline_window"] == window[::-1][:5]  # fleet.regressions.window from the config
+    # fleet.regressions.window from the config; the slow nights are not part of the baseline
+    assert stored["baseline_window"] == window[:-1][::-1][:10] and stored["since_run_id"] == window[-1]
     [message] = smtp_sink.messages
     assert message["to"] == TO and case_key in html_of(message)[1]
     assert f"regression: localhost {case_key}: images_per_sec" in caplog.text
@@ -241,5 +246,6 @@ def test_fleet_benchmark_run_against_a_seeded_history_finds_and_mails_the_regres
     ips = found["images_per_sec"]
     assert ips["value"] == pytest.approx(result["images_per_sec"]) and ips["severity"] == "major"
     assert ips["baseline_window"] == window[::-1]
+    assert ips["status"] == "confirmed" and ips["basis"] == "night"  # far beyond the immediate threshold: at once
     assert [m for m in smtp_sink.messages if case.case_key in html_of(m)[1]], "no regression mail arrived"
     engine.dispose()

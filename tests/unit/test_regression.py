@@ -5,19 +5,17 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections import Counter, defaultdict
+from datetime import date, datetime, timedelta, timezone
 
 import numpy as np
 import pytest
 
 from fleetbench.config import ConfigError, RegressionSettings, parse_config
-from fleetbench.regression.compare import compare_case, parse_side
+from fleetbench.regression.compare import compare_case, format_compare, hodges_lehmann, parse_side
 from fleetbench.regression.detect import (
     MAD_TO_SIGMA,
     average_ranks,
     check_metric,
-    describe,
-    detect_case,
     mad,
     mann_whitney_u,
     median,
@@ -26,9 +24,11 @@ from fleetbench.regression.detect import (
     sm_clock_mhz,
     what_changed,
 )
+from fleetbench.regression.store import assess_series, group_findings
+from fleetbench.regression.track import NightIn, qn_scale, track
 
 DIGEST = "sha256:" + "a" * 64
-SETTINGS = RegressionSettings()
+SETTINGS = RegressionSettings(window=7, min_history=3)  # one night against a week (the single-night statistic)
 
 
 def row(run_id: str, ips: float | None = 100.0, **extra) -> dict:
@@ -173,61 +173,165 @@ def test_what_changed_names_driver_image_and_clocks():
     assert what_changed(row("now", telemetry_json=telemetry(1405.0)), base, previous_digest=DIGEST) == {}
 
 
-# -- one case -------------------------------------------------------------------------------------
-def test_detect_case_gives_regressions_rows_with_window_changes_and_p_value():
-    base = history(QUIET)
-    now = row("now", 80.0, duration_s=75.0, driver_version="550.54.14")
-    found = detect_case(now, base, SETTINGS, run_steps=[80.0 + i * 0.1 for i in range(10)],
-                        baseline_steps=[100.0 + i * 0.1 for i in range(70)], detected_at="2026-12-08T02:30:00+00:00")
-    by_metric = {f["metric"]: f for f in found}
-    assert set(by_metric) == {"images_per_sec", "duration_s"}  # cost unchanged, energy not measured
-    ips = by_metric["images_per_sec"]
-    assert (ips["direction"], ips["severity"], ips["baseline_n"]) == ("higher", "major", 7)
-    assert ips["baseline_window"] == [f"r{i}" for i in range(7)]
-    assert ips["changes"] == {"driver_version": {"before": "535.104.05", "after": "550.54.14"}}
-    assert ips["p_value"] < 1e-6
-    assert by_metric["duration_s"]["p_value"] is None and by_metric["duration_s"]["delta_pct"] == pytest.approx(25.0)
-    assert "driver_version 535.104.05 -> 550.54.14" in describe(ips) and "-20.0 %" in describe(ips)
-    assert detect_case(row("same", 100.1), base, SETTINGS) == []
+# -- nights replayed: confirmation, segments, open until accepted or recovered ----------------------------
+OLD, NEW = ("535.104.05", "12.2", DIGEST, None), ("550.54.14", "12.4", DIGEST, None)
+DAY0 = datetime(2026, 10, 1, 2, 0, tzinfo=timezone.utc)
+TRACKED = RegressionSettings()  # the defaults: window 20, 10 nights of history, 2 nights to confirm
+
+
+def wobble(n: int, cv: float = 0.005, seed: int = 7) -> list[float]:
+    return (1 + np.random.default_rng(seed).normal(0, cv, n)).tolist()
+
+
+def nights(values, segments=None, step_se=None) -> list[NightIn]:
+    segments = segments or [OLD] * len(values)
+    return [NightIn(value=100.0 * v if v is not None else None, segment=seg, when=DAY0 + timedelta(days=i),
+                    step_se=step_se, run_id=f"n{i}") for i, (v, seg) in enumerate(zip(values, segments))]
+
+
+def states(verdicts) -> list[tuple]:
+    return [(v.kind, v.status) if v is not None else None for v in verdicts]
+
+
+def test_qn_estimates_sigma_and_ignores_outliers():
+    x = np.random.default_rng(1).normal(0, 2.0, 400)
+    assert qn_scale(x) == pytest.approx(x.std(), rel=0.05)
+    assert qn_scale(list(x[:40]) + [500.0, -500.0]) == pytest.approx(qn_scale(x[:40]), rel=0.25)
+
+
+def test_a_one_night_outlier_is_suspected_never_confirmed():
+    values = wobble(30)
+    values[20] *= 0.8
+    got = states(track(nights(values), "higher", TRACKED))
+    assert got[:10] == [None] * 10  # fewer than min_history nights before: no verdict
+    assert got[20] == ("regression", "suspected")
+    assert all(s == (None, None) for k, s in enumerate(got[10:], 10) if k != 20)
+
+
+def test_agreeing_nights_confirm_and_it_stays_open_until_it_recovers():
+    values = wobble(40)
+    for k in range(20, 30):
+        values[k] *= 0.9  # -10 % for ten nights in the same segment (a host problem, nothing changed)
+    got = track(nights(values), "higher", TRACKED)
+    assert states(got[19:22]) == [(None, None), ("regression", "suspected"), ("regression", "confirmed")]
+    assert got[21].newly_confirmed and not got[22].newly_confirmed and got[21].since == 20
+    assert all(s == ("regression", "confirmed") for s in states(got[21:30]))  # the bad nights never become the baseline
+    assert got[29].baseline_value == pytest.approx(100.0, abs=0.5)
+    assert states(got[30:31]) == [("regression", "confirmed")]  # one night back: still open
+    assert states(got[31:]) == [(None, None)] * 9  # the median of the last 3 nights is back: recovered
+
+
+def test_a_huge_drop_on_a_quiet_case_is_confirmed_at_once():
+    values = wobble(20, cv=0.002)
+    values[15] = 0.3
+    assert states(track(nights(values), "higher", TRACKED))[15] == ("regression", "confirmed")
+    noisy = wobble(20, cv=0.03)
+    noisy[15] = 0.3
+    assert states(track(nights(noisy), "higher", TRACKED))[15] == ("regression", "suspected")
+
+
+def test_a_driver_change_is_judged_against_the_old_driver_until_accepted():
+    values = wobble(40, cv=0.01)
+    segments = [OLD] * 20 + [NEW] * 20
+    for k in range(20, 40):
+        values[k] *= 0.95  # -5 %: one night of it is within noise, the new driver's nights together are not
+    got = track(nights(values, segments), "higher", TRACKED)
+    confirmed = [k for k, v in enumerate(got) if v is not None and v.status == "confirmed"]
+    assert confirmed and confirmed[0] <= 23 and confirmed == list(range(confirmed[0], 40))  # open to the end
+    assert got[39].basis == "segment" and got[39].since == 20 and got[39].baseline_segment == OLD
+    # Accepted from night 20 on: the new driver is the baseline, nothing is open.
+    accepted = track(nights(values, segments), "higher", TRACKED, accepted=[DAY0 + timedelta(days=20)])
+    assert states(accepted[35:]) == [(None, None)] * 5 and accepted[39].baseline_segment == NEW
+
+
+def test_a_neutral_or_better_change_becomes_the_baseline_by_itself():
+    values = wobble(40)
+    segments = [OLD] * 20 + [NEW] * 20
+    same = track(nights(values, segments), "higher", TRACKED)
+    assert same[30].baseline_segment == NEW and states(same[20:]) == [(None, None)] * 20
+    better = [v * (1.10 if k >= 20 else 1) for k, v in enumerate(values)]
+    got = track(nights(better, segments), "higher", TRACKED)
+    assert ("improvement", "confirmed") in states(got[20:30])
+    assert states(got[30:]) == [(None, None)] * 10 and got[39].baseline_segment == NEW
+
+
+def test_the_step_level_spread_sets_a_minimum_noise_scale():
+    values = [1.0] * 30  # a history without any night-to-night noise
+    quiet = track(nights(values), "higher", TRACKED)[-1]
+    stepped = track(nights(values, step_se=0.02), "higher", TRACKED)[-1]
+    assert quiet.detectable_pct == pytest.approx(3.0)  # the minimum effect
+    assert stepped.scale == pytest.approx(2.0) and stepped.detectable_pct == pytest.approx(7.0)
+
+
+def result_rows(values, **extra) -> list[dict]:
+    return [row(f"n{i}", 100.0 * v, logical_date=DAY0 + timedelta(days=i), duration_s=60.0 / v,
+                cost_usd=0.05 / v, energy_source="measured", energy_j=1000.0 / v, step_cv=0.01, step_count=100,
+                **extra) for i, v in enumerate(values)]
+
+
+def test_a_slower_case_is_one_change_seen_through_time_cost_and_energy():
+    values = wobble(30)
+    for k in (28, 29):
+        values[k] *= 0.8
+    found = {f["metric"]: f for f in assess_series(result_rows(values), TRACKED)}
+    assert set(found) == {"images_per_sec", "duration_s", "cost_usd", "energy_j"}
+    assert all(f["status"] == "confirmed" and f["kind"] == "regression" for f in found.values())
+    assert found["images_per_sec"]["same_change_as"] is None
+    assert {found[m]["same_change_as"] for m in ("duration_s", "cost_usd", "energy_j")} == {"images_per_sec"}
+    assert found["images_per_sec"]["since_run_id"] == "n28" and found["images_per_sec"]["severity"] == "major"
+    assert found["images_per_sec"]["baseline_window"][0] == "n27"
+    assert assess_series(result_rows(values[:8]), TRACKED) is None  # no verdict yet: insufficient history
+    mixed = [{"metric": "duration_s", "kind": "regression", "status": "suspected", "same_change_as": None},
+             {"metric": "cost_usd", "kind": "regression", "status": "confirmed", "same_change_as": None}]
+    group_findings(mixed)
+    assert [f["same_change_as"] for f in mixed] == [None, None]  # not the same finding: both stand
 
 
 def test_energy_is_compared_only_like_with_like():
-    measured = history([100.0] * 5, energy_source="measured", energy_j=1000.0)
-    estimated = history([100.0] * 5, energy_source="estimated", energy_j=600.0)
-    now = row("now", 100.0, energy_source="measured", energy_j=1300.0)
-    assert [f["metric"] for f in detect_case(now, measured, SETTINGS)] == ["energy_j"]
-    assert detect_case(now, estimated, SETTINGS) == []  # measured vs estimated: no verdict
-    assert detect_case(row("now", 100.0, energy_source="none"), measured, SETTINGS) == []
+    values = wobble(30)
+    rows = result_rows(values)
+    for r in rows[25:]:
+        r["energy_source"], r["energy_j"] = "estimated", 600.0  # another source: another segment, not a drop
+    assert "energy_j" not in {f["metric"] for f in assess_series(rows, TRACKED)}
 
 
-# -- compare report (pure part) -------------------------------------------------------------------
-def test_compare_case_with_and_without_enough_runs_before():
-    before = history(QUIET, energy_source="measured", energy_j=1000.0, cost_usd=0.05)
-    after = history([90.0, 90.5], energy_source="measured", energy_j=1100.0, cost_usd=0.055, driver_version="550.54.14")
-    r = compare_case(before, after, SETTINGS, before_steps=[100.0] * 30, after_steps=[90.0] * 20)
-    assert ((r["verdict"], r["basis"], r["severity"], r["before_n"], r["after_n"])
-            == ("regression", "runs", "minor", 7, 2))
-    assert r["delta_pct"] == pytest.approx(-9.75)
-    assert r["energy_delta_pct"] == pytest.approx(10.0) and r["cost_delta_pct"] == pytest.approx(10.0)
-    assert ((r["before_driver_version"], r["after_driver_version"], r["image_changed"])
-            == ("535.104.05", "550.54.14", False))
-    # One night each side: the step samples decide.
-    one = compare_case(before[:1], after[:1], SETTINGS, before_steps=[100.0 + i * 0.01 for i in range(20)],
-                       after_steps=[90.0 + i * 0.01 for i in range(20)])
-    assert (one["verdict"], one["basis"], one["z_score"], one["delta_pct"]) == ("regression", "steps", None, -10.0)
-    assert one["p_value"] < 0.01
-    flat = compare_case(after[:1], history([91.0]), SETTINGS, before_steps=[90.0 + i * 0.1 for i in range(20)],
-                        after_steps=[90.05 + i * 0.1 for i in range(20)])
-    assert (flat["verdict"], flat["basis"]) == ("no change", "steps") and flat["p_value"] > 0.5
-    none = compare_case(before[:1], after[:1], SETTINGS)
-    assert none["verdict"] == "insufficient history" and none["p_value"] is None
+# -- compare: nightly values, intervals ---------------------------------------------------------------------
+def test_hodges_lehmann_shift_and_interval():
+    before, after = [100.0, 101.0, 99.0, 100.5, 99.5] * 4, [90.0, 91.0, 89.0, 90.5, 89.5] * 2
+    shift = hodges_lehmann(before, after)
+    assert shift.estimate_pct == pytest.approx(-10.0, abs=0.01)
+    assert shift.low_pct < -10.0 < shift.high_pct < -8.0 and shift.p_value < 1e-4
+    assert hodges_lehmann([], after) is None
 
 
-def test_compare_sides_are_a_driver_or_a_date():
+def test_compare_case_verdicts_from_nights():
+    before = result_rows(wobble(30, cv=0.01))
+    slower = result_rows([v * 0.85 for v in wobble(10, cv=0.01, seed=3)], driver_version="550.54.14")
+    r = compare_case(before, slower, TRACKED)
+    assert (r["verdict"], r["severity"], r["before_n"], r["after_n"]) == ("regression", "major", 30, 10)
+    assert r["ci_low_pct"] < r["delta_pct"] < r["ci_high_pct"] < 0 and r["basis"] == "nights"
+    assert r["duration_delta_pct"] == pytest.approx(17.6, abs=1.5) and r["cost_delta_pct"] > 0
+    same = compare_case(before, result_rows(wobble(10, cv=0.01, seed=4)), TRACKED)
+    assert same["verdict"] == "no change"
+    for few in (slower[:1], slower[:2]):
+        assert compare_case(before, few, TRACKED)["verdict"] == "not enough nights to tell"
+    noisy = compare_case(result_rows(wobble(5, cv=0.08)), result_rows(wobble(5, cv=0.08, seed=5)), TRACKED)
+    assert noisy["verdict"] == "not enough nights to tell"  # the interval is too wide to say either
+    text = format_compare([r, same])
+    assert "regression (major)" in text and "[" in text and "not enough" not in text
+
+
+def test_compare_sides_along_any_dimension():
     assert parse_side("535.104.05") == ("driver", "535.104.05")
-    assert parse_side("2026-12-01")[0] == "date"
-    with pytest.raises(ValueError, match="not a date"):
-        parse_side("2026-13-45")
+    assert parse_side("driver=550.54.14") == ("driver", "550.54.14")
+    assert parse_side("cuda=12.4") == ("cuda", "12.4") and parse_side("host=gpu07") == ("host", "gpu07")
+    assert parse_side("digest=sha256:abc") == ("digest", "sha256:abc")
+    assert parse_side("2026-12-01") == ("date", (date(2026, 12, 1), date(2026, 12, 1)))
+    assert parse_side("date=2026-11-01..2026-11-30") == ("date", (date(2026, 11, 1), date(2026, 11, 30)))
+    for bad, message in (("2026-13-45", "not a date"), ("colour=red", "unknown kind 'colour'"),
+                         ("driver=", "no value"), ("2026-11-30..2026-11-01", "ends before it starts"), (" ", "empty")):
+        with pytest.raises(ValueError, match=message):
+            parse_side(bad)
 
 
 def test_settings_are_part_of_the_fleet_config_with_field_paths():
@@ -235,7 +339,8 @@ def test_settings_are_part_of_the_fleet_config_with_field_paths():
             "benchmarks": [{"name": "b", "image": "i", "models": ["m"], "batch_sizes": [1]}]}
     cfg = parse_config({**base, "fleet": {"regressions": {"window": 14, "z_threshold": 4},
                                           "notify": {"smtp_conn_id": "smtp_ops", "to": ["gpu-team@example.org"]}}})
-    assert (cfg.fleet.regressions.window, cfg.fleet.regressions.min_history) == (14, 3)
+    assert (cfg.fleet.regressions.window, cfg.fleet.regressions.min_history) == (14, 10)
+    assert cfg.fleet.regressions.confirm_nights == 2
     assert cfg.fleet.notify.to == ["gpu-team@example.org"] and cfg.fleet.notify.min_severity == "minor"
     assert parse_config(base).fleet.notify is None
     with pytest.raises(ConfigError) as err:
@@ -243,114 +348,9 @@ def test_settings_are_part_of_the_fleet_config_with_field_paths():
                                         "notify": {"smtp_conn_id": "smtp ops", "to": ["nobody"],
                                                    "min_severity": "all"}}})
     text = "\n".join(err.value.errors)
-    assert "fleet.regressions: min_history (3) must be <= window (2)" in text
+    assert "fleet.regressions: min_history (10) must be <= window (2)" in text
     assert "fleet.notify.smtp_conn_id: must match" in text
     assert "fleet.notify.to[0]: must match" in text and "'nobody'" in text
     assert "fleet.notify.min_severity: must be one of 'minor' or 'major'" in text
 
 
-# -- the synthetic evaluation ---------------------------------------------------------------------
-SEED = 20261202
-HISTORIES = 300
-NIGHTS = 8  # 7 baseline nights and the night checked
-STEPS = 20
-NIGHT_CV = (0.005, 0.01, 0.02, 0.03)  # night-to-night noise (coefficient of variation)
-STEP_CV = (0.01, 0.03)  # step-to-step noise within a night
-EFFECTS = (0.05, 0.10, 0.20, 0.30)
-EVALUATED = ("images_per_sec", "duration_s")
-
-
-def synthetic_history(rng: np.random.Generator, i: int) -> dict:
-    """One (host, case) history with known truth.
-
-    Per night k: true throughput mu (1 + e_k), e_k ~ N(0, night_cv); STEPS step samples around it with
-    step_cv; the night's images/sec is the mean of its steps; wall time d (1 + N(0, night_cv)).
-    One in ten histories has a bad baseline night (-20 % throughput, +25 % time). Half the
-    histories stay clean; a third get a regression, a sixth an improvement, of one of EFFECTS,
-    injected into the checked night's throughput or wall time (alternating).
-    """
-    night_cv, step_cv = NIGHT_CV[i % len(NIGHT_CV)], STEP_CV[(i // len(NIGHT_CV)) % len(STEP_CV)]
-    mu = float(np.exp(rng.uniform(np.log(50.0), np.log(5000.0))))
-    d0 = float(rng.uniform(60.0, 600.0))
-    kind = rng.choice(["clean", "regression", "improvement"], p=[1 / 2, 1 / 3, 1 / 6])
-    effect = float(rng.choice(EFFECTS))
-    target = EVALUATED[i % 2]
-    steps, rows = [], []
-    bad_night = int(rng.integers(1, NIGHTS)) if rng.random() < 0.1 else None  # never the checked night (0)
-    for k in range(NIGHTS):  # k = 0 is the night checked, 1..7 its baseline, newest first
-        m = mu * (1 + rng.normal(0.0, night_cv))
-        d = d0 * (1 + rng.normal(0.0, night_cv))
-        if k == bad_night:
-            m, d = m * 0.8, d * 1.25
-        if k == 0 and kind != "clean":
-            worse = kind == "regression"
-            if target == "images_per_sec":
-                m *= (1 - effect) if worse else (1 + effect)
-            else:
-                d *= (1 + effect) if worse else (1 - effect)
-        s = (m * (1 + rng.normal(0.0, step_cv, STEPS))).tolist()
-        steps.append(s)
-        rows.append(row(f"h{i}n{k}", float(np.mean(s)), duration_s=d, cost_usd=None))
-    truth = {metric: (str(kind) if metric == target else "clean", effect) for metric in EVALUATED}
-    return {"now": rows[0], "baseline": rows[1:], "run_steps": steps[0],
-            "baseline_steps": [v for s in steps[1:] for v in s], "truth": truth, "night_cv": night_cv}
-
-
-def evaluate(histories: list[dict]) -> dict:
-    """Confusion counts over (history, metric) units: a positive is an injected regression of that metric."""
-    tp = fp = fn = 0
-    by_effect, by_noise = defaultdict(lambda: [0, 0]), defaultdict(lambda: [0, 0])
-    flagged_improvements = 0
-    negatives = Counter()
-    p_values = []
-    for h in histories:
-        found = {f["metric"]: f
-                 for f in detect_case(h["now"], h["baseline"], SETTINGS, h["run_steps"], h["baseline_steps"])}
-        for metric, (kind, effect) in h["truth"].items():
-            hit = metric in found
-            if kind == "regression":
-                tp, fn = tp + hit, fn + (not hit)
-                by_effect[effect][0] += hit
-                by_effect[effect][1] += 1
-                if effect >= 0.10:
-                    by_noise[h["night_cv"]][0] += hit
-                    by_noise[h["night_cv"]][1] += 1
-                if hit and metric == "images_per_sec":
-                    p_values.append(found[metric]["p_value"])
-            else:
-                fp += hit
-                negatives[kind] += 1
-                flagged_improvements += hit and kind == "improvement"
-    big = [by_effect[e] for e in EFFECTS if e >= 0.10]
-    return {"tp": tp, "fp": fp, "fn": fn, "precision": tp / (tp + fp), "recall": tp / (tp + fn),
-            "recall_by_effect": {e: by_effect[e][0] / by_effect[e][1] for e in EFFECTS},
-            "n_by_effect": {e: by_effect[e][1] for e in EFFECTS},
-            "recall_10pct_up": sum(h for h, _ in big) / sum(n for _, n in big),
-            "recall_by_noise": {cv: by_noise[cv][0] / by_noise[cv][1] for cv in NIGHT_CV},
-            "negatives": dict(negatives), "false_positive_rate": fp / sum(negatives.values()),
-            "flagged_improvements": flagged_improvements, "p_values": p_values}
-
-
-def test_detector_precision_and_recall_on_synthetic_histories():
-    rng = np.random.default_rng(SEED)
-    result = evaluate([synthetic_history(rng, i) for i in range(HISTORIES)])
-    print()
-    print(f"regression detector on {HISTORIES} synthetic histories "
-          f"({HISTORIES * len(EVALUATED)} history x metric units; "
-          f"seed {SEED}; window 7, z >= {SETTINGS.z_threshold}, effect >= {SETTINGS.min_effect_pct} %)")
-    print(f"  precision {result['precision']:.3f} (TP {result['tp']}, FP {result['fp']}), "
-          f"recall {result['recall']:.3f} "
-          f"(FN {result['fn']}); recall for effects >= 10 %: {result['recall_10pct_up']:.3f}")
-    print("  recall by injected effect: " + ", ".join(
-        f"{e:.0%}: {r:.2f} (n={result['n_by_effect'][e]})" for e, r in result["recall_by_effect"].items()))
-    print("  recall for effects >= 10 % by night-to-night noise: " + ", ".join(
-        f"{cv:.1%}: {r:.2f}" for cv, r in result["recall_by_noise"].items()))
-    print(f"  false positive rate {result['false_positive_rate']:.3f} over {result['negatives']} negative units; "
-          f"improvements flagged: {result['flagged_improvements']}")
-    assert result["precision"] >= 0.9
-    assert result["recall_10pct_up"] >= 0.8
-    assert result["recall_by_effect"][0.20] >= 0.9 and result["recall_by_effect"][0.30] >= 0.95
-    assert result["flagged_improvements"] == 0  # direction-aware: getting better is never a regression
-    assert result["false_positive_rate"] <= 0.05
-    # Every throughput finding carries its step-level p-value, and the injected drops are far from chance.
-    assert result["p_values"] and all(p is not None and p < 0.01 for p in result["p_values"])

@@ -207,7 +207,7 @@ def detect_regressions(plan, stored: dict) -> dict:
     findings in `regressions` (replacing an earlier detection of the run), log them, mail them when
     `fleet.notify` is set. Returns a small summary for the run (counts and the first findings)."""
     from fleetbench.notify import notify
-    from fleetbench.regression import assess_run, store_findings
+    from fleetbench.regression import assess_run, describe, store_findings
     from fleetbench.warehouse import get_engine
 
     run = RunPlan.load(plan).run
@@ -220,18 +220,29 @@ def detect_regressions(plan, stored: dict) -> dict:
         store_findings(engine, run.dag_id, run.run_id, result.findings)
     finally:
         engine.dispose()
-    log.info("compared %d case(s) with their baseline; %d without enough history; %d regression(s), %d improvement(s)",
-             result.checked, len(result.insufficient_history), len(result.findings), len(result.improvements))
+    confirmed = result.confirmed
+    log.info("compared %d case(s) with their baseline; %d without enough history; %d confirmed regression(s) "
+             "(%d newly), %d suspected, %d improvement(s)", result.checked, len(result.insufficient_history),
+             len(confirmed), sum(1 for f in confirmed if f.get("newly_confirmed")),
+             sum(1 for f in result.regressions if f["status"] == "suspected"), len(result.improvements))
     for imp in result.improvements:
-        log.info("improvement: %s %s: %s %+.1f %%", imp["host"], imp["case_key"], imp["metric"], imp["delta_pct"])
-    sent = notify(result.findings, fleet.notify, run.to_xcom())
+        log.info("improvement (%s): %s %s: %s %+.1f %%", imp["status"], imp["host"], imp["case_key"], imp["metric"],
+                 imp["delta_pct"])
+    for f in result.regressions:
+        if f["status"] == "suspected":
+            log.info("suspected (one night, not confirmed): %s", describe(f))
+    # Mailed: regressions confirmed on this night for the first time, once per change (not again as cost, energy).
+    news = [f for f in confirmed if f.get("newly_confirmed") and not f.get("same_change_as")]
+    sent = notify(news, fleet.notify, run.to_xcom())
     return {
         "run_id": run.run_id, "checked": result.checked, "insufficient_history": len(result.insufficient_history),
-        "regressions": len(result.findings), "major": sum(1 for f in result.findings if f["severity"] == "major"),
+        "regressions": len(confirmed), "changes": sum(1 for f in confirmed if not f.get("same_change_as")),
+        "newly_confirmed": len(news), "major": sum(1 for f in confirmed if f["severity"] == "major"),
+        "suspected": sum(1 for f in result.regressions if f["status"] == "suspected"),
         "improvements": len(result.improvements), "mailed": sent["mailed"],
         "findings": [{k: (round(f[k], 3) if isinstance(f[k], float) else f[k])
                       for k in ("host", "case_key", "metric", "baseline_value", "value", "delta_pct", "z_score",
-                                "severity")}
+                                "severity", "kind", "status", "same_change_as")}
                      | {"changed": sorted(f["changes"])} for f in result.findings[:SUMMARY_FINDINGS]],
     }
 

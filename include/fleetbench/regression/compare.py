@@ -1,113 +1,154 @@
-"""The before/after report: per host and case, the results of one side (a driver version or a date) against the other's.
+"""`fleetbench compare`: per host and case (or per case, host against host), one side's nightly results against
+the other's, along any dimension: driver, CUDA driver, image digest, host, a date or a date range.
+
+The unit is the night (one ok result), never a step sample: step values are running means of one
+night, and their p-values say nothing about nights. Per metric the change is the Hodges-Lehmann
+estimate, the median of all pairwise differences after - before, as % of the before side's median,
+with its distribution-free confidence interval (the Mann-Whitney one, Moses' method: the K-th
+smallest and largest pairwise differences, K = n_b n_a / 2 - z_{1-alpha/2} sqrt(n_b n_a (n_b + n_a + 1) / 12)).
+
+The verdict comes from throughput (wall time when throughput is missing); time, energy and cost
+are the same change seen through other metrics and are shown, not counted again:
+
+- "not enough nights to tell": fewer than `MIN_NIGHTS` nights on a side, or an interval that reaches
+  both below and above the minimum effect (it cannot tell "no change" from a change);
+- "regression" / "improvement": the whole interval is on one side of 0 and the estimate is at least
+  `min_effect_pct`;
+- "no change": the interval lies within +-`min_effect_pct`, or excludes 0 by less than that.
 
 `compare_case` is pure; `compare` reads both sides from the warehouse; `format_compare` is the CLI's table.
 """
 
 from __future__ import annotations
 
+import math
 import re
+from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta, timezone
+from statistics import NormalDist
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
 from fleetbench.config import RegressionSettings
-from fleetbench.regression.detect import (
-    ENERGY_SOURCES,
-    Row,
-    check_metric,
-    delta_pct,
-    mann_whitney_u,
-    median,
-    most_common,
-    severity_of,
-)
+from fleetbench.regression.detect import ENERGY_SOURCES, METRICS, Row, mann_whitney_u, median, most_common, severity_of
+
+MIN_NIGHTS = 3  # fewer nights than this on a side: not enough nights to tell
+ALPHA = 0.01  # the interval is 1 - ALPHA (99 %)
 
 
-def _medians(rows: Sequence[Mapping[str, Any]], column: str) -> float | None:
-    values = [r[column] for r in rows if r.get(column) is not None]
-    return median(values) if values else None
+@dataclass(frozen=True)
+class Shift:
+    """after - before of one metric: Hodges-Lehmann estimate and interval, in % of the before side's median."""
+
+    estimate_pct: float
+    low_pct: float
+    high_pct: float
+    p_value: float | None
 
 
-def _energy_pair(before: Sequence[Row], after: Sequence[Row]) -> tuple[float | None, float | None, str | None]:
-    """Median energy of each side from one common source (measured preferred to estimated), else Nones."""
-    for source in ENERGY_SOURCES:
-        b = [r["energy_j"] for r in before if r.get("energy_source") == source and r.get("energy_j") is not None]
-        a = [r["energy_j"] for r in after if r.get("energy_source") == source and r.get("energy_j") is not None]
-        if b and a:
-            return median(b), median(a), source
-    return None, None, None
+def hodges_lehmann(before: Sequence[float], after: Sequence[float], alpha: float = ALPHA) -> Shift | None:
+    """The shift after - before and its 1 - alpha interval (module docstring), as % of median(before);
+    None when a side has no value or the before side's median is not positive."""
+    b = np.asarray([v for v in before if v is not None and math.isfinite(v)], dtype=float)
+    a = np.asarray([v for v in after if v is not None and math.isfinite(v)], dtype=float)
+    if len(b) == 0 or len(a) == 0:
+        return None
+    base = float(np.median(b))
+    if base <= 0:
+        return None
+    diffs = np.sort((a[:, None] - b[None, :]).ravel())
+    n = len(diffs)
+    z = NormalDist().inv_cdf(1 - alpha / 2)
+    k = int(math.floor(n / 2.0 - z * math.sqrt(len(a) * len(b) * (len(a) + len(b) + 1) / 12.0)))
+    low, high = (diffs[k], diffs[n - 1 - k]) if k >= 0 else (-math.inf, math.inf)
+    mw = mann_whitney_u(a.tolist(), b.tolist())
+    pct = 100.0 / base
+    return Shift(float(np.median(diffs)) * pct, float(low) * pct, float(high) * pct, mw.p_value if mw else None)
 
 
-def _pct(after: float | None, before: float | None) -> float | None:
-    return None if after is None or before is None else delta_pct(after, before)
+def verdict_of(shift: Shift | None, n_before: int, n_after: int, direction: str,
+               settings: RegressionSettings) -> str:
+    if shift is None or n_before < MIN_NIGHTS or n_after < MIN_NIGHTS:
+        return "not enough nights to tell"
+    sign = 1.0 if direction == "higher" else -1.0  # good direction of after - before
+    low, high = sorted((sign * shift.low_pct, sign * shift.high_pct))
+    est = sign * shift.estimate_pct
+    if high < 0 and -est >= settings.min_effect_pct:
+        return "regression"
+    if low > 0 and est >= settings.min_effect_pct:
+        return "improvement"
+    if low > 0 or high < 0 or (low > -settings.min_effect_pct and high < settings.min_effect_pct):
+        return "no change"
+    return "not enough nights to tell"
 
 
-def compare_case(before: Sequence[Row], after: Sequence[Row], settings: RegressionSettings | None = None,
-                 before_steps: Sequence[float] = (), after_steps: Sequence[float] = (), alpha: float = 0.01) -> dict:
-    """One (host, case) before and after: medians of each side, deltas, significance and a verdict.
+def _values(rows: Sequence[Row], metric: str, source: str | None = None) -> list[float]:
+    return [r[metric] for r in rows if r.get(metric) is not None
+            and (source is None or r.get("energy_source") == source)]
 
-    Throughput: x = the after side's median images/sec against the before side's per-run values,
-    robust z and delta % as in detection (`check_metric`); with fewer than `min_history` runs before,
-    the verdict falls back to the Mann-Whitney test of the step samples (p < `alpha`, still with the
-    minimum effect), basis "steps", else "insufficient history". Energy (one common source) and
-    cost: deltas of the medians.
-    """
+
+def compare_case(before: Sequence[Row], after: Sequence[Row], settings: RegressionSettings | None = None) -> dict:
+    """One (host, case) (or case) before and after: nights per side, medians, the shift of each metric with its
+    interval, and one verdict (module docstring)."""
     settings = settings or RegressionSettings()
-    b_ips = [r["images_per_sec"] for r in before if r.get("images_per_sec") is not None]
-    a_ips = [r["images_per_sec"] for r in after if r.get("images_per_sec") is not None]
-    b_med = median(b_ips) if b_ips else None
-    a_med = median(a_ips) if a_ips else None
-    check = check_metric("images_per_sec", a_med, b_ips, settings) if a_med is not None else None
-    mw = mann_whitney_u(after_steps, before_steps)
-    d = _pct(a_med, b_med)
-    if check is not None:
-        basis = "runs"
-        verdict = "regression" if check.regression else "improvement" if check.improvement else "no change"
-    elif mw is not None and d is not None:
-        basis = "steps"
-        big = abs(d) >= settings.min_effect_pct and mw.p_value < alpha
-        verdict = ("regression" if d < 0 else "improvement") if big else "no change"
-    else:
-        basis, verdict = None, "insufficient history"
-    e_before, e_after, e_source = _energy_pair(before, after)
-    c_before, c_after = _medians(before, "cost_usd"), _medians(after, "cost_usd")
+    shifts: dict[str, Shift | None] = {}
+    for metric in METRICS:
+        if metric == "energy_j":  # like with like: one common source, measured preferred
+            source = next((s for s in ENERGY_SOURCES if _values(before, metric, s) and _values(after, metric, s)),
+                          None)
+            shifts[metric] = (hodges_lehmann(_values(before, metric, source), _values(after, metric, source))
+                              if source else None)
+        else:
+            shifts[metric] = hodges_lehmann(_values(before, metric), _values(after, metric))
+    primary = "images_per_sec" if shifts["images_per_sec"] is not None else "duration_s"
+    b_n, a_n = len(_values(before, primary)), len(_values(after, primary))
+    verdict = verdict_of(shifts[primary], b_n, a_n, METRICS[primary], settings)
+    main = shifts[primary]
+    b_ips, a_ips = _values(before, "images_per_sec"), _values(after, "images_per_sec")
     first = (after or before)[0]
-    return {
-        "host": first["host"], "case_key": first["case_key"],
-        "before_n": len(b_ips), "after_n": len(a_ips),
-        "before_images_per_sec": b_med, "after_images_per_sec": a_med, "delta_pct": d,
-        "z_score": check.z_score if check else None, "p_value": mw.p_value if mw else None,
-        "basis": basis, "verdict": verdict,
+    out = {
+        "host": first["host"], "case_key": first["case_key"], "metric": primary,
+        "before_n": b_n, "after_n": a_n,
+        "before_images_per_sec": median(b_ips) if b_ips else None,
+        "after_images_per_sec": median(a_ips) if a_ips else None,
+        "delta_pct": main.estimate_pct if main else None,
+        "ci_low_pct": main.low_pct if main else None, "ci_high_pct": main.high_pct if main else None,
+        "p_value": main.p_value if main else None, "basis": "nights", "verdict": verdict,
         "significant": verdict in ("regression", "improvement"),
-        "severity": severity_of(-d, settings) if verdict == "regression" and d is not None else None,
-        "energy_source": e_source, "before_energy_j": e_before, "after_energy_j": e_after,
-        "energy_delta_pct": _pct(e_after, e_before),
-        "before_cost_usd": c_before, "after_cost_usd": c_after, "cost_delta_pct": _pct(c_after, c_before),
+        "severity": severity_of(abs(main.estimate_pct), settings) if verdict == "regression" else None,
         "before_driver_version": most_common(r.get("driver_version") for r in before),
         "after_driver_version": most_common(r.get("driver_version") for r in after),
         "image_changed": {r.get("image_digest") for r in before} != {r.get("image_digest") for r in after},
     }
+    for metric, label in (("duration_s", "duration"), ("energy_j", "energy"), ("cost_usd", "cost")):
+        s = shifts[metric]
+        out[f"{label}_delta_pct"] = s.estimate_pct if s else None
+        out[f"{label}_ci_pct"] = [s.low_pct, s.high_pct] if s else None
+    return out
 
 
 def _num(value: float | None, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
+    return "-" if value is None or not math.isfinite(value) else format(value, fmt)
 
 
-COMPARE_TABLE = ("host", "case", "before img/s (n)", "after img/s (n)", "delta %", "z", "p", "verdict", "energy %",
-                 "cost %")
+COMPARE_TABLE = ("host", "case", "before img/s (nights)", "after img/s (nights)", "change % [99 % interval]", "verdict",
+                 "time %", "energy %", "cost %")
 
 
 def format_compare(rows: Sequence[Mapping[str, Any]]) -> str:
     """The compare report as a text table (one line per host and case)."""
     cells = [list(COMPARE_TABLE)]
     for r in rows:
-        verdict = (r["verdict"] + (f" ({r['severity']})" if r.get("severity") else "")
-                   + (" [steps]" if r.get("basis") == "steps" else ""))
+        change = (f"{_num(r['delta_pct'], '+.1f')} [{_num(r['ci_low_pct'], '+.1f')}, {_num(r['ci_high_pct'], '+.1f')}]"
+                  if r["delta_pct"] is not None else "-")
         cells.append([
             r["host"], r["case_key"],
             f"{_num(r['before_images_per_sec'], '.2f')} ({r['before_n']})",
             f"{_num(r['after_images_per_sec'], '.2f')} ({r['after_n']})",
-            _num(r["delta_pct"], "+.1f"), _num(r["z_score"], "+.1f"), _num(r["p_value"], ".2g"), verdict,
-            _num(r["energy_delta_pct"], "+.1f"), _num(r["cost_delta_pct"], "+.1f"),
+            change, r["verdict"] + (f" ({r['severity']})" if r.get("severity") else ""),
+            _num(r["duration_delta_pct"], "+.1f"), _num(r["energy_delta_pct"], "+.1f"),
+            _num(r["cost_delta_pct"], "+.1f"),
         ])
     widths = [max(len(c[i]) for c in cells) for i in range(len(COMPARE_TABLE))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(c, widths)).rstrip() for c in cells]
@@ -120,19 +161,42 @@ class NoResults(LookupError):
 
 
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+# KIND=VALUE: the column a side matches.
+SIDE_COLUMNS = {"driver": "driver_version", "cuda": "cuda_driver_version", "digest": "image_digest", "host": "host"}
+SIDE_KINDS = ", ".join([*SIDE_COLUMNS, "date"])
+
+
+def _date(text: str) -> date:
+    if not _DATE.match(text):
+        raise ValueError(f"{text!r} is not a date (YYYY-MM-DD)")
+    try:
+        return date.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a date (YYYY-MM-DD)") from None
 
 
 def parse_side(text: str) -> tuple[str, Any]:
-    """A compare side: ("date", date) for YYYY-MM-DD, else ("driver", the driver version string)."""
+    """A compare side: KIND=VALUE with KIND one of driver, cuda, digest, host, date; a date is YYYY-MM-DD or
+    YYYY-MM-DD..YYYY-MM-DD (both days included) and comes back as ("date", (first, last)). A bare date or
+    range is a date side, any other bare text a driver version."""
     text = text.strip()
     if not text:
-        raise ValueError("empty: give a driver version (e.g. 535.104.05) or a date (YYYY-MM-DD)")
-    if _DATE.match(text):
-        try:
-            return "date", date.fromisoformat(text)
-        except ValueError:
-            raise ValueError(f"{text!r} is not a date (YYYY-MM-DD)") from None
-    return "driver", text
+        raise ValueError("empty: give KIND=VALUE (kinds: " + SIDE_KINDS + "), a driver version or a date (YYYY-MM-DD)")
+    kind, sep, value = text.partition("=")
+    if not sep:
+        kind, value = ("date" if _DATE.match(text.split("..")[0]) else "driver"), text
+    kind, value = kind.strip().lower(), value.strip()
+    if kind not in (*SIDE_COLUMNS, "date"):
+        raise ValueError(f"{text!r}: unknown kind {kind!r} (kinds: {SIDE_KINDS})")
+    if not value:
+        raise ValueError(f"{text!r}: no value after {kind}=")
+    if kind == "date":
+        first, _, last = value.partition("..")
+        start, end = _date(first), _date(last) if last else _date(first)
+        if end < start:
+            raise ValueError(f"{text!r}: the range ends before it starts")
+        return "date", (start, end)
+    return kind, value
 
 
 def _side_rows(conn, side: str, host: str | None, dag_id: str | None) -> list[dict]:
@@ -143,12 +207,14 @@ def _side_rows(conn, side: str, host: str | None, dag_id: str | None) -> list[di
     kind, value = parse_side(side)
     query = select(br).where(br.c.status == "ok")
     if kind == "date":
-        start = datetime.combine(value, time(), tzinfo=timezone.utc)
-        query = query.where(br.c.logical_date >= start, br.c.logical_date < start + timedelta(days=1))
-        what = f"with a logical date on {value.isoformat()} (UTC)"
+        start = datetime.combine(value[0], time(), tzinfo=timezone.utc)
+        end = datetime.combine(value[1], time(), tzinfo=timezone.utc) + timedelta(days=1)
+        query = query.where(br.c.logical_date >= start, br.c.logical_date < end)
+        what = (f"with a logical date on {value[0].isoformat()}" if value[0] == value[1] else
+                f"with a logical date from {value[0].isoformat()} to {value[1].isoformat()}") + " (UTC)"
     else:
-        query = query.where(br.c.driver_version == value)
-        what = f"with driver version {value!r}"
+        query = query.where(br.c[SIDE_COLUMNS[kind]] == value)
+        what = f"with {SIDE_COLUMNS[kind]} {value!r}"
     if host:
         query = query.where(br.c.host == host)
         what += f" on host {host!r}"
@@ -157,47 +223,34 @@ def _side_rows(conn, side: str, host: str | None, dag_id: str | None) -> list[di
     rows = [dict(r._mapping) for r in conn.execute(query.order_by(br.c.logical_date.desc()))]
     if not rows:
         hint = ""
-        if kind == "driver":
-            known = sorted(v for v in conn.execute(select(br.c.driver_version).distinct()).scalars() if v)
-            hint = f" (known driver versions: {', '.join(known) or 'none'})"
+        if kind != "date":
+            col = br.c[SIDE_COLUMNS[kind]]
+            known = sorted(v for v in conn.execute(select(col).distinct().limit(50)).scalars() if v)
+            hint = f" (known: {', '.join(known) or 'none'})"
         raise NoResults(f"no ok results {what}{hint}")
     return rows
 
 
-def _step_samples(conn, rows: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str], list[float]]:
-    from sqlalchemy import select, tuple_
-
-    from fleetbench.warehouse.schema import steps
-
-    keys = sorted({(r["dag_id"], r["run_id"], r["host"], r["case_key"]) for r in rows})
-    out: dict[tuple[str, str], list[float]] = {}
-    for i in range(0, len(keys), 500):  # bounded IN lists
-        chunk = keys[i:i + 500]
-        query = select(steps.c.host, steps.c.case_key, steps.c.images_per_sec).where(
-            tuple_(steps.c.dag_id, steps.c.run_id, steps.c.host, steps.c.case_key).in_(chunk))
-        for host, case_key, value in conn.execute(query):
-            if value is not None:
-                out.setdefault((host, case_key), []).append(value)
-    return out
-
-
 def compare(engine, before: str, after: str, host: str | None = None, dag_id: str | None = None,
             settings: RegressionSettings | None = None) -> list[dict]:
-    """Before/after report per host and case (`compare_case`), for the hosts and cases both sides have.
-
-    `before` / `after`: a driver version (matches `driver_version` exactly) or a date YYYY-MM-DD (the
-    results whose logical date falls on that day, UTC). Raises `NoResults` when a side matches no ok
-    result, `ValueError` for an impossible date.
-    """
+    """Before/after report (`compare_case`) per host and case both sides have; per case when the sides are
+    hosts (host against host). Raises `NoResults` when a side matches no ok result, `ValueError` for a side
+    that cannot be read."""
     settings = settings or RegressionSettings()
+    by_host = parse_side(before)[0] != "host"
     with engine.connect() as conn:
         b_rows = _side_rows(conn, before, host, dag_id)
         a_rows = _side_rows(conn, after, host, dag_id)
-        b_steps, a_steps = _step_samples(conn, b_rows), _step_samples(conn, a_rows)
     groups: dict[tuple[str, str], tuple[list, list]] = {}
-    for r in b_rows:
-        groups.setdefault((r["host"], r["case_key"]), ([], []))[0].append(r)
-    for r in a_rows:
-        groups.setdefault((r["host"], r["case_key"]), ([], []))[1].append(r)
-    return [compare_case(b, a, settings, b_steps.get(key, []), a_steps.get(key, []))
-            for key, (b, a) in sorted(groups.items()) if b and a]
+    for side, rows in ((0, b_rows), (1, a_rows)):
+        for r in rows:
+            key = (r["host"] if by_host else "", r["case_key"])
+            groups.setdefault(key, ([], []))[side].append(r)
+    out = []
+    for key, (b, a) in sorted(groups.items()):
+        if b and a:
+            row = compare_case(b, a, settings)
+            if not by_host:
+                row["host"] = f"{b[0]['host']} -> {a[0]['host']}"
+            out.append(row)
+    return out

@@ -1,20 +1,24 @@
 """Regressions and the warehouse: a run's results against their baselines (read), its findings (written).
 
-`assess_run` reads each ok result of a run and its baseline window from `benchmark_results` and
-`steps` and judges them with `fleetbench.regression.detect`; `store_findings` makes the run's
-`regressions` rows exactly those findings, in one transaction.
+`assess_run` reads, for each ok result of a run, its (host, case)'s ok results of the last
+`history_days` and the acceptances (`read_history`, `read_acceptances`: the only reads), replays
+them metric by metric (`fleetbench.regression.track`) and returns the last night's findings:
+regressions and improvements, suspected or confirmed, with the metric they repeat (`same_change_as`).
+`store_findings` makes the run's `regressions` rows exactly those findings, in one transaction.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Mapping, Sequence
 
 from fleetbench.config import RegressionSettings
-from fleetbench.regression.detect import assess_case, findings_of
+from fleetbench.regression.detect import ENERGY_SOURCES, METRICS, most_common, severity_of, what_changed
+from fleetbench.regression.track import SEGMENT_FIELDS, NightIn, Verdict, segment_dict, segment_of, track
 from fleetbench.timestamps import utc
 
 log = logging.getLogger("fleetbench.regression")
@@ -22,73 +26,207 @@ log = logging.getLogger("fleetbench.regression")
 
 @dataclass
 class RunAssessment:
-    """What `assess_run` found for one run: the regressions, and how many cases had a verdict or too little history."""
+    """What `assess_run` found for one run: its findings (regressions and improvements, suspected or confirmed),
+    and how many cases had a verdict or too little history."""
 
     findings: list[dict] = field(default_factory=list)
     checked: int = 0
     insufficient_history: list[str] = field(default_factory=list)  # "host case_key"
-    improvements: list[dict] = field(default_factory=list)
+
+    @property
+    def regressions(self) -> list[dict]:
+        return [f for f in self.findings if f["kind"] == "regression"]
+
+    @property
+    def confirmed(self) -> list[dict]:
+        """Confirmed regressions: what is open, mailed and listed."""
+        return [f for f in self.regressions if f["status"] == "confirmed"]
+
+    @property
+    def improvements(self) -> list[dict]:
+        return [f for f in self.findings if f["kind"] == "improvement"]
 
 
-def _digest_is(column, digest: str | None):
-    return column.is_(None) if digest is None else column == digest
+# What the replay reads of a result (no telemetry: a year of them would not fit in memory).
+HISTORY_COLUMNS = ("dag_id", "run_id", "logical_date", "host", "case_key", "image_digest", "driver_version",
+                   "cuda_driver_version", "gpu_model", "images_per_sec", "duration_s", "energy_source", "energy_j",
+                   "cost_usd", "step_cv", "step_count")
+HOSTS_PER_READ = 50  # hosts whose history is read at once
+
+
+def read_history(conn, dag_id: str, hosts: Sequence[str], case_keys: Sequence[str], until, since,
+                 run_id: str) -> dict[tuple[str, str], list[dict]]:
+    """The ok results of these hosts and cases with a logical date in [since, until) plus the run's own, oldest
+    first, per (host, case). The one place that decides which stored results count as a night's result."""
+    from sqlalchemy import or_, select
+
+    from fleetbench.warehouse.schema import benchmark_results as br
+
+    extra = [c for c in ("health_state",) if c in br.c]
+    cols = [br.c[c] for c in HISTORY_COLUMNS + tuple(extra)]
+    query = (select(*cols).where(br.c.dag_id == dag_id, br.c.status == "ok", br.c.host.in_(list(hosts)),
+                                 br.c.case_key.in_(list(case_keys)), br.c.logical_date >= since,
+                                 or_(br.c.logical_date < until, br.c.run_id == run_id))
+             .order_by(br.c.host, br.c.case_key, br.c.logical_date, br.c.run_id))
+    out: dict[tuple[str, str], list[dict]] = {}
+    for r in conn.execute(query):
+        m = dict(r._mapping)
+        out.setdefault((m["host"], m["case_key"]), []).append(m)
+    for series in out.values():  # the run's own result last, even if another run shares its logical date
+        series.sort(key=lambda m: (m["run_id"] == run_id, utc(m["logical_date"])))
+    return out
+
+
+def read_acceptances(conn, dag_id: str, hosts: Sequence[str]) -> dict[tuple[str, str], list[datetime]]:
+    from sqlalchemy import select
+
+    from fleetbench.warehouse.schema import regression_acceptances as ra
+
+    out: dict[tuple[str, str], list[datetime]] = {}
+    for host, case_key, since in conn.execute(select(ra.c.host, ra.c.case_key, ra.c.since)
+                                              .where(ra.c.dag_id == dag_id, ra.c.host.in_(list(hosts)))):
+        out.setdefault((host, case_key), []).append(utc(since))
+    return out
 
 
 def assess_run(engine, dag_id: str, run_id: str, settings: RegressionSettings | None = None) -> RunAssessment:
-    """Check every ok result of one run against its baseline (see the module docstring); reads only."""
-    from sqlalchemy import and_, select
+    """Each ok result of one run: its nights replayed (`fleetbench.regression.track`), the last night's findings;
+    reads only."""
+    from sqlalchemy import select
 
     from fleetbench.warehouse.schema import benchmark_results as br
-    from fleetbench.warehouse.schema import steps
 
     settings = settings or RegressionSettings()
     out = RunAssessment()
     detected_at = datetime.now(timezone.utc).isoformat()
     with engine.connect() as conn:
         rows = [dict(r._mapping) for r in conn.execute(
-            select(br).where(br.c.dag_id == dag_id, br.c.run_id == run_id, br.c.status == "ok")
+            select(br.c.host, br.c.case_key, br.c.logical_date, br.c.telemetry_json)
+            .where(br.c.dag_id == dag_id, br.c.run_id == run_id, br.c.status == "ok")
             .order_by(br.c.host, br.c.case_key))]
-        for row in rows:
-            label = f"{row['host']} {row['case_key']}"
-            when = utc(row["logical_date"])
-            if when is None:
-                log.warning("%s: no logical date on the result, no baseline", label)
-                out.insufficient_history.append(label)
-                continue
-            same_case = and_(br.c.dag_id == dag_id, br.c.host == row["host"], br.c.case_key == row["case_key"],
-                             br.c.logical_date < when)
-            baseline = [dict(r._mapping) for r in conn.execute(
-                select(br).where(same_case, br.c.status == "ok", _digest_is(br.c.image_digest, row["image_digest"]))
-                .order_by(br.c.logical_date.desc(), br.c.run_id.desc()).limit(settings.window))]
-            if len(baseline) < settings.min_history:
-                log.info("%s: insufficient history (%d earlier ok result(s) with image digest %s, need %d)",
-                         label, len(baseline), row["image_digest"], settings.min_history)
-                out.insufficient_history.append(label)
-                continue
-            out.checked += 1
-            previous = conn.execute(select(br.c.image_digest).where(same_case, br.c.image_digest.is_not(None))
-                                    .order_by(br.c.logical_date.desc(), br.c.run_id.desc()).limit(1)).scalar()
-            run_ids = [row["run_id"]] + [b["run_id"] for b in baseline]
-            samples = conn.execute(select(steps.c.run_id, steps.c.images_per_sec).where(
-                steps.c.dag_id == dag_id, steps.c.host == row["host"], steps.c.case_key == row["case_key"],
-                steps.c.run_id.in_(run_ids))).all()
-            run_steps = [v for r, v in samples if r == row["run_id"] and v is not None]
-            base_steps = [v for r, v in samples if r != row["run_id"] and v is not None]
-            checks = assess_case(row, baseline, settings)
-            out.findings += findings_of(row, baseline, checks, run_steps, base_steps, previous, detected_at)
-            out.improvements += [{"host": row["host"], "case_key": row["case_key"], "metric": c.metric,
-                                  "delta_pct": c.delta_pct, "z_score": c.z_score} for c in checks if c.improvement]
+        undated = [r for r in rows if utc(r["logical_date"]) is None]
+        for r in undated:
+            log.warning("%s %s: no logical date on the result, no baseline", r["host"], r["case_key"])
+            out.insufficient_history.append(f"{r['host']} {r['case_key']}")
+        rows = [r for r in rows if utc(r["logical_date"]) is not None]
+        if not rows:
+            return out
+        when = max(utc(r["logical_date"]) for r in rows)
+        hosts = sorted({r["host"] for r in rows})
+        cases = sorted({r["case_key"] for r in rows})
+        for i in range(0, len(hosts), HOSTS_PER_READ):
+            chunk = hosts[i:i + HOSTS_PER_READ]
+            history = read_history(conn, dag_id, chunk, cases, when, when - timedelta(days=settings.history_days),
+                                   run_id)
+            accepted = read_acceptances(conn, dag_id, chunk)
+            for row in (r for r in rows if r["host"] in chunk):
+                key = (row["host"], row["case_key"])
+                series = history.get(key, [])
+                found = assess_series(series, settings, accepted.get(key, ()), detected_at)
+                if found is None:
+                    log.info("%s %s: insufficient history (%d earlier ok result(s), need %d in the baseline's "
+                             "segment)", *key, len(series) - 1, settings.min_history)
+                    out.insufficient_history.append(f"{key[0]} {key[1]}")
+                    continue
+                out.checked += 1
+                if found:
+                    base_rows = [s for s in series[:-1] if s["run_id"] in found[0]["baseline_window"]]
+                    changes = what_changed({**series[-1], "telemetry_json": row["telemetry_json"]}, base_rows,
+                                           previous_digest=most_common(b["image_digest"] for b in base_rows))
+                    for f in found:
+                        f["changes"] = changes
+                out.findings += found
     return out
+
+
+def assess_series(series: Sequence[Mapping[str, Any]], settings: RegressionSettings,
+                  accepted: Sequence[datetime] = (), detected_at: str | None = None) -> list[dict] | None:
+    """The findings of the last night of one (host, case)'s nights (oldest first); None: no verdict at all."""
+    if not series:
+        return None
+    row = series[-1]
+    findings, judged = [], False
+    for metric, direction in METRICS.items():
+        nights = nights_of(series, metric)
+        verdict = track(nights, direction, settings, accepted)[-1]
+        if verdict is None:
+            continue
+        judged = True
+        if verdict.kind is not None:
+            findings.append(finding_row(row, metric, direction, verdict, series, settings, detected_at))
+    group_findings(findings)
+    return findings if judged else None
+
+
+def nights_of(series: Sequence[Mapping[str, Any]], metric: str) -> list[NightIn]:
+    """A metric's nights for `track`. Energy compares like with like: a night whose energy came another way
+    (measured, estimated) starts a new baseline."""
+    out = []
+    for r in series:
+        se = None
+        if r.get("step_cv") is not None and r.get("step_count"):
+            se = float(r["step_cv"]) / math.sqrt(r["step_count"])
+        value, measure = r.get(metric), None
+        if metric == "energy_j":
+            measure = r.get("energy_source")
+            if measure not in ENERGY_SOURCES:
+                value = None
+        out.append(NightIn(value=value, segment=segment_of(r), when=utc(r["logical_date"]), step_se=se,
+                           run_id=r["run_id"], measure=measure))
+    return out
+
+
+def finding_row(row: Mapping[str, Any], metric: str, direction: str, v: Verdict,
+                series: Sequence[Mapping[str, Any]], settings: RegressionSettings,
+                detected_at: str | None) -> dict:
+    """A `regressions` row for the last night's verdict."""
+    since = series[v.since] if v.since is not None else row
+    bad = -v.delta_pct if direction == "higher" else v.delta_pct
+    return {
+        "dag_id": row["dag_id"], "run_id": row["run_id"], "host": row["host"], "case_key": row["case_key"],
+        "metric": metric, "direction": direction, "baseline_value": v.baseline_value, "value": v.value,
+        "delta_pct": v.delta_pct, "z_score": v.z_score, "p_value": None, "baseline_n": v.baseline_n,
+        "baseline_window": list(v.baseline_runs), "changes": {},
+        "severity": severity_of(abs(bad), settings), "detected_at": detected_at or datetime.now(timezone.utc),
+        "kind": v.kind, "status": v.status, "basis": v.basis, "since_run_id": since["run_id"],
+        "since_date": since["logical_date"], "segment": segment_dict(segment_of(row)),
+        "baseline_segment": segment_dict(v.baseline_segment[:len(SEGMENT_FIELDS)]),
+        "detectable_pct": v.detectable_pct, "same_change_as": None, "newly_confirmed": v.newly_confirmed,
+        "nights_delta_pct": v.nights_delta_pct,
+    }
+
+
+# Findings that are one change seen through several metrics: a slower run takes longer, costs more
+# (price x time) and uses more energy. The first metric found of each chain is the change; the others
+# name it in `same_change_as`, so they are counted and mailed once.
+SAME_CHANGE = ("images_per_sec", "duration_s", "cost_usd", "energy_j")
+
+
+def group_findings(findings: list[dict]) -> None:
+    """Set `same_change_as` on the findings of one (host, case) that repeat an earlier metric's finding of the
+    same kind and status."""
+    first: dict[tuple[str, str], str] = {}
+    for metric in SAME_CHANGE:
+        for f in findings:
+            if f["metric"] == metric:
+                key = (f["kind"], f["status"])
+                if key in first:
+                    f["same_change_as"] = first[key]
+                else:
+                    first[key] = metric
 
 
 def _db_row(finding: Mapping[str, Any]) -> dict:
     from fleetbench.warehouse.schema import regressions
 
     row = {c.name: finding.get(c.name) for c in regressions.columns if c.name != "id"}
-    for name in ("baseline_window", "changes"):
+    for name in ("baseline_window", "changes", "segment", "baseline_segment"):
         if row[name] is not None and not isinstance(row[name], str):
             row[name] = json.dumps(row[name], sort_keys=True)
     row["detected_at"] = utc(row["detected_at"]) or datetime.now(timezone.utc)
+    row["since_date"] = utc(row["since_date"])
+    row["kind"] = row["kind"] or "regression"  # a finding handed in without them is a regression someone confirmed
+    row["status"] = row["status"] or "confirmed"
     return row
 
 
@@ -114,3 +252,84 @@ def store_findings(engine, dag_id: str, run_id: str, findings: Sequence[Mapping[
         conn.execute(delete(regressions).where(stale))
         upsert_rows(conn, regressions, rows, REGRESSION_KEY)
     return len(rows)
+
+
+def _newest_ok(conn, dag_id: str | None, host: str, case_key: str | None) -> list[dict]:
+    """The newest ok result of each (DAG, host, case) matching (the night an open regression is read from)."""
+    from sqlalchemy import func, select
+
+    from fleetbench.warehouse.schema import benchmark_results as br
+
+    conds = [br.c.status == "ok", br.c.host == host]
+    if dag_id:
+        conds.append(br.c.dag_id == dag_id)
+    if case_key:
+        conds.append(br.c.case_key == case_key)
+    newest = (select(br.c.dag_id, br.c.case_key, func.max(br.c.logical_date).label("newest")).where(*conds)
+              .group_by(br.c.dag_id, br.c.case_key).subquery())
+    cols = [br.c[c] for c in HISTORY_COLUMNS]
+    query = (select(*cols).join(newest, (newest.c.dag_id == br.c.dag_id) & (newest.c.case_key == br.c.case_key)
+                                & (newest.c.newest == br.c.logical_date))
+             .where(*conds).order_by(br.c.dag_id, br.c.case_key))
+    return [dict(r._mapping) for r in conn.execute(query)]
+
+
+def _segment_start(conn, row: Mapping[str, Any]):
+    """The first night of the newest unbroken run of nights in the row's segment (driver, CUDA driver, digest)."""
+    from sqlalchemy import select
+
+    from fleetbench.warehouse.schema import benchmark_results as br
+
+    cols = [br.c[c] for c in HISTORY_COLUMNS]
+    start = row["logical_date"]
+    for r in conn.execute(select(*cols).where(br.c.dag_id == row["dag_id"], br.c.host == row["host"],
+                                              br.c.case_key == row["case_key"], br.c.status == "ok",
+                                              br.c.logical_date <= row["logical_date"])
+                          .order_by(br.c.logical_date.desc())):
+        if segment_of(dict(r._mapping)) != segment_of(row):
+            break
+        start = r.logical_date
+    return start
+
+
+def accept(engine, host: str, case_key: str | None = None, dag_id: str | None = None,
+           accepted_by: str | None = None, note: str | None = None,
+           settings: RegressionSettings | None = None) -> list[dict]:
+    """Accept the current level of a host's cases (one case, or every case) as their new baseline.
+
+    For each (DAG, host, case): from the first night of the confirmed regression open on its newest
+    night, else from the first night of its newest segment (a new driver, CUDA driver or digest not yet
+    the baseline). Then the newest run of each (DAG, host, case) is assessed again and its findings
+    stored, so the open list changes at once. Returns what was accepted; an empty list when nothing
+    matched. Accepting twice is harmless (one row per (DAG, host, case, since)).
+    """
+    from sqlalchemy import select
+
+    from fleetbench.warehouse import upsert_rows
+    from fleetbench.warehouse.schema import regression_acceptances as ra
+    from fleetbench.warehouse.schema import regressions as rg
+
+    now = datetime.now(timezone.utc)
+    accepted, rerun = [], set()
+    with engine.connect() as conn:
+        for row in _newest_ok(conn, dag_id, host, case_key):
+            open_since = conn.execute(
+                select(rg.c.since_date).where(rg.c.dag_id == row["dag_id"], rg.c.run_id == row["run_id"],
+                                              rg.c.host == host, rg.c.case_key == row["case_key"],
+                                              rg.c.kind == "regression", rg.c.status == "confirmed",
+                                              rg.c.since_date.is_not(None))
+                .order_by(rg.c.since_date).limit(1)).scalar()
+            since = utc(open_since) or utc(_segment_start(conn, row))
+            accepted.append({"dag_id": row["dag_id"], "host": host, "case_key": row["case_key"], "since": since,
+                             "accepted_at": now, "accepted_by": accepted_by, "note": note,
+                             "had_open_regression": open_since is not None})
+            rerun.add((row["dag_id"], row["run_id"]))
+    if not accepted:
+        return []
+    with engine.begin() as conn:
+        upsert_rows(conn, ra, [{k: a[k] for k in ("dag_id", "host", "case_key", "since", "accepted_at", "accepted_by",
+                                                  "note")} for a in accepted],
+                    ("dag_id", "host", "case_key", "since"))
+    for dag, run_id in sorted(rerun):
+        store_findings(engine, dag, run_id, assess_run(engine, dag, run_id, settings).findings)
+    return accepted

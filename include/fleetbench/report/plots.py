@@ -80,12 +80,16 @@ def charts(report: dict) -> list[Chart]:
 
 
 def throughput_charts(report: dict) -> list[LineChart]:
-    """One chart per model: images/sec of each host and case per night (or, at fleet scale, the fleet's
-    median per case and GPU type), driver changes of those hosts marked."""
+    """One chart per model: images/sec of each host and case per night (or, at fleet scale, one chart per
+    model and GPU count of the fleet's median per case and GPU type), driver changes of those hosts marked."""
+    fleet = report.get("throughput_mode") == "fleet"
     by_model: dict[str, list[dict]] = {}
     for s in report["throughput"]:
-        by_model.setdefault(s["model"] or "unknown", []).append(s)
-    fleet = report.get("throughput_mode") == "fleet"
+        # Fleet medians: one chart per model and GPU count, so 1-GPU and 8-GPU lines do not share an axis.
+        key = s["model"] or "unknown"
+        if fleet and s.get("num_gpus"):
+            key += f" g{s['num_gpus']}"
+        by_model.setdefault(key, []).append(s)
     out = []
     for model, series in by_model.items():
         if fleet:  # every host's change would be a line of its own: one marker per night and change

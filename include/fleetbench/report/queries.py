@@ -28,9 +28,11 @@ Filters (`Filters`, built and validated by `parse_filters`):
   Without `since` the window is the `DEFAULT_DAYS` calendar days that end with the newest matching
   result (not "now": a warehouse that has been quiet for a month still shows its last month).
 
-What "open regression" means: a `regressions` row found in the newest ok result of its
-(DAG, host, case) up to the end of the window. A later ok measurement without that finding closes
-it (recovered, or a new baseline); a later failed case does not (nothing was measured).
+What "open regression" means: a confirmed `regressions` row (kind regression) found in the newest ok
+result of its (DAG, host, case) up to the end of the window. The detector reports a confirmed
+regression on every night until it is accepted or recovers (`fleetbench.regression.track`), so a
+later ok night without it means it closed; a later failed case does not (nothing was measured).
+Suspected findings (one night) and improvements are listed apart.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ from fleetbench.warehouse.rollup import month_of, next_month
 from fleetbench.warehouse.schema import benchmark_results as br
 from fleetbench.warehouse.schema import host_facts as hf
 from fleetbench.warehouse.schema import host_month_rollup as hm
+from fleetbench.warehouse.schema import regression_acceptances as ra
 from fleetbench.warehouse.schema import regressions as rg
 from fleetbench.warehouse.schema import run_case_rollup as cr
 from fleetbench.warehouse.schema import run_host_rollup as hr
@@ -548,8 +551,10 @@ def failures(conn, f: Filters, run: dict | None) -> list[dict]:
     return sorted(classes.values(), key=lambda c: (-c["count"], c["status"], c["failure_class"]))
 
 
-def open_regressions(conn, f: Filters) -> list[dict]:
-    """Regressions found in the newest ok result of their (DAG, host, case) up to the window's end (see module doc)."""
+def open_regressions(conn, f: Filters, include_suspected: bool = False,
+                     kinds: tuple[str, ...] = ("regression",)) -> list[dict]:
+    """Findings of the newest ok result of their (DAG, host, case) up to the window's end (see module doc):
+    confirmed regressions by default; `include_suspected` adds the one-night ones, `kinds` improvements."""
     later = br.alias("later")
     conds = [later.c.dag_id == br.c.dag_id, later.c.host == br.c.host, later.c.case_key == br.c.case_key,
              later.c.status == "ok"]
@@ -563,19 +568,24 @@ def open_regressions(conn, f: Filters) -> list[dict]:
     rows = conn.execute(
         select(rg.c.dag_id, rg.c.run_id, rg.c.host, rg.c.case_key, br.c.model, rg.c.metric, rg.c.direction,
                rg.c.baseline_value, rg.c.value, rg.c.delta_pct, rg.c.z_score, rg.c.p_value, rg.c.baseline_n,
-               rg.c.changes, rg.c.severity, br.c.logical_date)
+               rg.c.changes, rg.c.severity, br.c.logical_date, rg.c.kind, rg.c.status, rg.c.basis, rg.c.since_date,
+               rg.c.since_run_id, rg.c.detectable_pct, rg.c.same_change_as, rg.c.segment, rg.c.baseline_segment)
         .join(br, and_(br.c.dag_id == rg.c.dag_id, br.c.run_id == rg.c.run_id, br.c.host == rg.c.host,
                        br.c.case_key == rg.c.case_key))
-        .where(*_scope(f), br.c.logical_date == newest_ok)
-        .order_by(case((rg.c.severity == "major", 0), else_=1), rg.c.host, rg.c.case_key, rg.c.metric)).all()
+        .where(*_scope(f), br.c.logical_date == newest_ok, rg.c.kind.in_(kinds),
+               rg.c.status.in_(("confirmed", "suspected") if include_suspected else ("confirmed",)))
+        .order_by(case((rg.c.status == "confirmed", 0), else_=1), case((rg.c.severity == "major", 0), else_=1),
+                  rg.c.host, rg.c.case_key, rg.c.metric)).all()
     out = []
     for r in rows:
         m = dict(r._mapping)
         m["logical_date"] = _iso(m["logical_date"])
-        try:
-            m["changes"] = json.loads(m["changes"]) if m["changes"] else {}
-        except ValueError:
-            m["changes"] = {"note": str(m["changes"])}
+        m["since_date"] = _iso(m["since_date"])
+        for name in ("changes", "segment", "baseline_segment"):
+            try:
+                m[name] = json.loads(m[name]) if m[name] else {}
+            except ValueError:
+                m[name] = {"note": str(m[name])}
         out.append(m)
     return out
 
@@ -623,6 +633,44 @@ def fleet_health(conn, f: Filters, hosts: list[str]) -> list[dict]:
     return out
 
 
+CHANGE_MAP_MAX_CELLS = 4000  # host x case cells; more: filter by host or model
+
+
+def change_map(conn, f: Filters) -> dict:
+    """Host x case: each (host, case)'s newest ok images/sec in the window against its baseline, so a drop on
+    some hosts is not averaged away. Where a finding is open on that night (confirmed or suspected, regression
+    or improvement) its change against its own baseline is shown; elsewhere the change against the median of
+    the window's earlier ok nights with the same driver, CUDA driver and image digest (None with fewer than 3).
+    {"hosts", "cases", "cells": {host: {case_key: {"delta_pct", "status", "kind"}}}, "skipped"}."""
+    pairs = conn.execute(select(func.count()).select_from(
+        select(br.c.host, br.c.case_key).where(*_scope(f), br.c.status == "ok").distinct().subquery())).scalar()
+    if pairs > CHANGE_MAP_MAX_CELLS:
+        return {"hosts": [], "cases": [], "cells": {}, "skipped": pairs}
+    rows = conn.execute(
+        select(br.c.host, br.c.case_key, br.c.images_per_sec, br.c.driver_version, br.c.cuda_driver_version,
+               br.c.image_digest)
+        .where(*_scope(f), br.c.status == "ok", br.c.images_per_sec.is_not(None))
+        .order_by(br.c.host, br.c.case_key, br.c.logical_date)).all()
+    series: dict[tuple[str, str], list] = {}
+    for r in rows:
+        series.setdefault((r.host, r.case_key), []).append(r)
+    cells: dict[str, dict[str, dict]] = {}
+    for (host, case_key), nights in series.items():
+        last = nights[-1]
+        same = [n.images_per_sec for n in nights[:-1]
+                if (n.driver_version, n.cuda_driver_version, n.image_digest)
+                == (last.driver_version, last.cuda_driver_version, last.image_digest)]
+        base = sorted(same)[len(same) // 2] if len(same) >= 3 else None
+        delta = (last.images_per_sec - base) / base * 100.0 if base else None
+        cells.setdefault(host, {})[case_key] = {"delta_pct": delta, "status": None, "kind": None}
+    for r in open_regressions(conn, f, include_suspected=True, kinds=("regression", "improvement")):
+        cell = cells.get(r["host"], {}).get(r["case_key"])
+        if cell is not None and r["metric"] == "images_per_sec":
+            cell.update(delta_pct=r["delta_pct"], status=r["status"], kind=r["kind"])
+    return {"hosts": sorted(cells), "cases": sorted({c for row in cells.values() for c in row}), "cells": cells,
+            "skipped": None}
+
+
 # Every section as (connection, filters) -> data, e.g. to time them one by one.
 SECTIONS = {
     "resolve_window": resolve_window, "filter_options": filter_options, "summary": summary,
@@ -644,7 +692,8 @@ def blank_report(f: Filters | None = None, warehouse: str = "") -> dict:
         "summary": {"runs": 0, "results": 0, "ok": 0, "failed": 0, "skipped": 0, "hosts": 0, "models": 0,
                     "first": None, "last": None},
         "hosts": [], "throughput": [], "throughput_mode": HOSTS, "driver_changes": [], "scaling": [], "efficiency": [],
-        "latest_run": None, "failures": [], "regressions": [], "fleet_health": [],
+        "latest_run": None, "failures": [], "regressions": [], "fleet_health": [], "suspected": [], "improvements": [],
+        "change_map": {"hosts": [], "cases": [], "cells": {}, "skipped": None},
     }
 
 
@@ -668,11 +717,11 @@ def build_report(engine: Engine, f: Filters | None = None, *, max_series: int | 
         report["notes"].append("No results yet: nothing has been stored in this warehouse (the fleet DAG creates "
                                "its tables with the first run; `fleetbench db upgrade` creates them by hand).")
         return report
-    if not {rg.name, hr.name, hm.name, cr.name} <= tables:
+    if not {rg.name, hr.name, hm.name, cr.name, ra.name} <= tables:
         report["state"] = OUTDATED
         report["notes"].append("This warehouse's schema predates the report (it needs revision 0003's derived metrics "
-                               "and regressions and revision 0004's rollups): run `fleetbench db upgrade`, or let "
-                               "the fleet DAG's next run do it.")
+                               "and regressions, revision 0004's rollups and revision 0008's regression states): run "
+                               "`fleetbench db upgrade`, or let the fleet DAG's next run do it.")
         return report
     # GPU health (revision 0006): read when the warehouse has it.
     health = "gpu_health" in {c["name"] for c in inspect(engine).get_columns(hf.name)}
@@ -704,6 +753,10 @@ def build_report(engine: Engine, f: Filters | None = None, *, max_series: int | 
         report["latest_run"] = latest_run(conn, scoped)
         report["failures"] = failures(conn, scoped, report["latest_run"])
         report["regressions"] = open_regressions(conn, scoped)
+        report["suspected"] = [r for r in open_regressions(conn, scoped, include_suspected=True)
+                               if r["status"] == "suspected"]
+        report["improvements"] = open_regressions(conn, scoped, include_suspected=True, kinds=("improvement",))
+        report["change_map"] = change_map(conn, scoped)
         if health:
             report["fleet_health"] = fleet_health(conn, scoped, [h["host"] for h in report["hosts"]])
             _mark_health(report)

@@ -38,6 +38,53 @@ display:flex;gap:12px;align-items:end;flex-wrap:wrap;font-size:13px}form.filters
 """  # noqa: E501
 
 
+def _cell_colour(delta: float | None) -> str:
+    """Red for slower, green for faster, white within 1 %, full colour at 25 %."""
+    if delta is None or abs(delta) < 1.0:
+        return "#fff"
+    t = min(abs(delta), 25.0) / 25.0
+    fade = int(255 - t * 160)
+    return f"rgb(255,{fade},{fade})" if delta < 0 else f"rgb({fade},255,{fade})"
+
+
+def _change_map(data: dict) -> str:
+    """The host x case table of throughput change against baseline (● confirmed finding, ○ suspected)."""
+    if data.get("skipped"):
+        return (f'<p class="empty" id="change-map-skipped">{data["skipped"]} hosts and cases: too many cells for a '
+                "map; filter by host or model.</p>")
+    if not data.get("hosts"):
+        return '<p class="empty" id="change-map-empty">No ok throughput in this range.</p>'
+    head = "".join(f"<th>{escape(c)}</th>" for c in data["cases"])
+    body = []
+    for host in data["hosts"]:
+        tds = []
+        for case_key in data["cases"]:
+            cell = data["cells"][host].get(case_key)
+            if cell is None:
+                tds.append("<td></td>")
+                continue
+            d = cell["delta_pct"]
+            mark = {"confirmed": " ●", "suspected": " ○"}.get(cell["status"] or "", "")
+            text = "–" if d is None else f"{d:+.1f}"
+            value = "" if d is None else f' data-value="{d!r}"'
+            tds.append(f'<td class="num" data-col="{escape(case_key)}"{value} style="background:{_cell_colour(d)}" '
+                       f'title="{escape(host)} {escape(case_key)}">{text}{mark}</td>')
+        body.append(f"<tr><th>{escape(host)}</th>{''.join(tds)}</tr>")
+    return ('<p class="meta">Newest night\'s images/sec change in %: against the open finding\'s baseline (● '
+            "confirmed, ○ suspected), else against the earlier nights in range with the same driver and image."
+            f'</p><table class="data" id="change-map"><tr><th>host</th>{head}</tr>{"".join(body)}</table>')
+
+
+def _findings(rows: Sequence[dict]) -> list[dict]:
+    """Findings as table rows: severity badge, what changed in words, repeated metrics marked."""
+    return [{**r, "case": r["case_key"],
+             "metric": r["metric"] + (f" (same change as {r['same_change_as']})" if r.get("same_change_as") else ""),
+             "sev_html": f'<span class="sev-{escape(r["severity"])}">{escape(r["severity"])}</span>',
+             "changes_text": "; ".join(f"{k} {v.get('before')} → {v.get('after')}" if isinstance(v, dict)
+                                       else f"{k} {v}"
+                                       for k, v in (r["changes"] or {}).items()) or "–"} for r in rows]
+
+
 def _v(value: Any, kind: str = "num") -> str:
     """Cell text: numbers short, percentages signed, dates as YYYY-MM-DD HH:MM, None as an en dash."""
     if value is None:
@@ -276,18 +323,27 @@ def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str,
                                           ("cases", "count", "int"), ("hosts", "hosts_text", "text")],
                        rows, empty="No failed or skipped case in the latest run."))
 
+    parts.append("<h2>Change against baseline, host × case</h2>")
+    parts.append(_change_map(report.get("change_map") or {}))
     parts.append("<h2>Open regressions</h2>")
-    regs = [{**r, "case": r["case_key"],
-             "sev_html": f'<span class="sev-{escape(r["severity"])}">{escape(r["severity"])}</span>',
-             "changes_text": "; ".join(f"{k} {v.get('before')} → {v.get('after')}" if isinstance(v, dict)
-                                       else f"{k} {v}"
-                                       for k, v in (r["changes"] or {}).items()) or "–"} for r in report["regressions"]]
-    parts.append(table("regressions-table", [
+    parts.append('<p class="meta">Confirmed: found on consecutive nights (or a new driver, CUDA driver, image or '
+                 "health state whose nights together are worse), open until accepted (`fleetbench regressions "
+                 "accept`) or recovered. Time, energy and cost findings that repeat a throughput finding are marked "
+                 "\u201csame change\u201d. Detectable: the smallest change one night of that case can show.</p>")
+    columns = [
         ("severity", "sev_html", "html"), ("host", "host", "text"), ("case", "case", "text"),
         ("metric", "metric", "text"), ("baseline", "baseline_value", "num"), ("value", "value", "num"),
-        ("change", "delta_pct", "pct"), ("z", "z_score", "num"), ("night", "logical_date", "date"),
-        ("what changed", "changes_text", "text"), ("GPU health (newest check)", "gpu_health", "text")],
-        regs, row_class=_health_class, empty="No open regressions."))
+        ("change", "delta_pct", "pct"), ("detectable", "detectable_pct", "pct"), ("since", "since_date", "date"),
+        ("night", "logical_date", "date"), ("what changed", "changes_text", "text"),
+        ("GPU health (newest check)", "gpu_health", "text")]
+    parts.append(table("regressions-table", columns, _findings(report["regressions"]), row_class=_health_class,
+                       empty="No open regressions."))
+    parts.append("<h3>Suspected (one night, not confirmed)</h3>")
+    parts.append(table("suspected-table", columns, _findings(report.get("suspected", [])),
+                       empty="No suspected regressions on the newest nights."))
+    parts.append("<h3>Improvements</h3>")
+    parts.append(table("improvements-table", [("status", "status", "text")] + columns[1:],
+                       _findings(report.get("improvements", [])), empty="No improvements on the newest nights."))
     parts.append("</body></html>")
     return "".join(parts)
 

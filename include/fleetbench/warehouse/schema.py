@@ -173,9 +173,34 @@ regressions = Table(
     Column("changes", Text),  # JSON: what differed from the baseline (driver, digest, clocks)
     Column("severity", String(20), nullable=False),
     Column("detected_at", DateTime(timezone=True), nullable=False),
+    # Revision 0008 (`fleetbench.regression.track`): what kind of finding, how sure, since when, against what.
+    Column("kind", String(20), nullable=False, server_default="regression"),  # "regression" | "improvement"
+    Column("status", String(20), nullable=False, server_default="suspected"),  # "suspected" | "confirmed"
+    Column("basis", String(20)),  # "night", "nights", "segment", "open": what confirmed it (or keeps it open)
+    Column("since_run_id", String(250)),  # the finding's first night
+    Column("since_date", DateTime(timezone=True)),
+    Column("segment", Text),  # JSON: the result's driver, CUDA driver, image digest (health state)
+    Column("baseline_segment", Text),  # JSON: the baseline's
+    Column("detectable_pct", Float),  # the smallest change one night can show for this case and metric
+    Column("same_change_as", String(50)),  # the metric whose finding this one repeats (cost of a slower run)
     UniqueConstraint(*REGRESSION_KEY, name="uq_regressions_key"),
     CheckConstraint("direction IN ('higher', 'lower')", name="ck_regressions_direction"),
     Index("ix_regressions_host_case_time", "host", "case_key", "detected_at"),
+)
+
+# Levels someone accepted as the new baseline of a (DAG, host, case) from `since` on (revision 0008):
+# `fleetbench regressions accept`. The regression open against the old baseline is closed by it.
+regression_acceptances = Table(
+    "regression_acceptances", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("dag_id", String(250), nullable=False),
+    Column("host", String(100), nullable=False),
+    Column("case_key", String(250), nullable=False),
+    Column("since", DateTime(timezone=True), nullable=False),
+    Column("accepted_at", DateTime(timezone=True), nullable=False),
+    Column("accepted_by", String(100)),
+    Column("note", Text),
+    UniqueConstraint("dag_id", "host", "case_key", "since", name="uq_regression_acceptances_key"),
 )
 
 # Rollups of benchmark_results (revision 0004), rewritten by `store_run` in the transaction that writes

@@ -1,0 +1,300 @@
+"""One (host, case, metric)'s nights, oldest first, replayed into verdicts: baselines per segment, confirmation,
+open until accepted or recovered. Pure (plain values in and out); `fleetbench.regression.store` feeds it.
+
+**Segments.** A night's segment is what can move its numbers (`SEGMENT_FIELDS`: driver, CUDA driver,
+image digest, host health state). The baseline is one segment's nights (the last `window` of them, from
+the baseline's start on). A night in another segment is compared with the baseline as it is; the
+new segment becomes the baseline when someone accepts it (an acceptance dated at or before its first
+night), or after `accept_after_nights` nights if no confirmed regression is open against it (a neutral
+or better change rolls in by itself; a worse one waits for a person).
+
+**A night's test.** Against the baseline values h: median m, noise scale
+
+    s = max(1.4826 x MAD(h), Qn(h), step floor, scale_floor_pct % x |m|)
+
+(MAD and Qn over the longer `scale_window`: a 20-night MAD alone is too often a lucky low) where
+the step floor is the median over the baseline nights of the standard error of a night's mean
+from its own steps (step_cv / sqrt(step_count), as a fraction of the value). The night is off in the
+bad direction when robust z = (x - m) / s reaches `z_threshold` and the change (x - m) / |m| reaches
+`min_effect_pct`; in the good direction likewise (an improvement). The smallest change one night can
+show, max(min_effect_pct, z_threshold x s / |m| x 100), is the case's detectable effect.
+
+**Several nights' test.** The candidate nights (a new segment's nights, or the nights since a
+suspected or open finding started in the baseline's segment; the last `window`) are tested as one
+sample when there are at least 3 (in the baseline's segment: only while each night is still off):
+their median against m, with the scale of a median of k values, 1.2533 s / sqrt(k). A median of 3
+or more nights is not moved by one outlier night.
+
+**Status.** A finding is "suspected" on a night that is off, and "confirmed" when (a) the last
+`confirm_nights` nights were each off the same way, (b) the several nights' test says so, or (c) at
+once when the change is at least `immediate_effect_pct` on a case whose scale is at most
+`low_noise_pct` % of its median. Nights "agree" for (a) when they also sit at one level (no two
+further apart than z_threshold x s x sqrt 2), so a one-night outlier next to a merely noisy night
+confirms nothing. A confirmed finding stays open (each later night reports it, also a
+night that alone looks fine) until it is accepted, its segment becomes the baseline, or it recovers:
+the median of its last 3 candidate nights is back within half the minimum effect. The nights of a
+finding in the baseline's segment are kept out of the baseline while it is open, so a step change
+does not become its own baseline; an improvement there becomes the new level after
+`accept_after_nights` nights.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import math
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from fleetbench.config import RegressionSettings
+from fleetbench.regression.detect import MAD_TO_SIGMA, mad, median
+
+# What can move a number: a night in another combination of these is another segment. health_state is
+# read when the result rows carry it (host health facts).
+SEGMENT_FIELDS = ("driver_version", "cuda_driver_version", "image_digest", "health_state")
+SEGMENT_MIN_NIGHTS = 3  # the several nights' test needs a median of at least this many
+MEDIAN_SE = 1.2533  # sqrt(pi / 2): the standard error of a median of normal values, in sigma / sqrt(k)
+
+
+def segment_of(row: Mapping[str, Any]) -> tuple:
+    return tuple(row.get(f) for f in SEGMENT_FIELDS)
+
+
+def segment_dict(segment: Sequence[Any]) -> dict:
+    """The segment as {field: value} for the fields that are set."""
+    return {f: v for f, v in zip(SEGMENT_FIELDS, segment) if v is not None}
+
+
+@dataclass(frozen=True)
+class NightIn:
+    """One night of one (host, case, metric): its value, segment, step-level noise (fraction) and date."""
+
+    value: float | None
+    segment: tuple
+    when: datetime | None = None
+    step_se: float | None = None  # step_cv / sqrt(step_count)
+    run_id: str | None = None
+    measure: Any = None  # how the value was measured (energy: measured or estimated): never compared across
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A night's verdict. kind/status None: nothing found (the night was compared: `baseline_n` > 0)."""
+
+    index: int
+    value: float
+    baseline_value: float
+    baseline_n: int
+    baseline_runs: tuple[str | None, ...]
+    baseline_segment: tuple
+    scale: float
+    z_score: float
+    delta_pct: float
+    detectable_pct: float
+    kind: str | None = None  # "regression" | "improvement"
+    status: str | None = None  # "suspected" | "confirmed"
+    basis: str | None = None  # "night", "nights" (confirm_nights in a row), "segment" (several nights' median)
+    since: int | None = None  # index of the finding's first night
+    newly_confirmed: bool = False
+    nights_delta_pct: float | None = None  # the candidate nights' median change, when tested
+
+
+@dataclass
+class _Open:
+    kind: str
+    start: int
+    confirmed: bool
+    confirmed_at: int | None = None
+
+
+def _off(z: float, d: float, worse: float, settings: RegressionSettings) -> str | None:
+    """"regression" / "improvement" / None for a signed z and delta % (worse = -1 for higher-is-better)."""
+    if worse * z >= settings.z_threshold and worse * d >= settings.min_effect_pct:
+        return "regression"
+    if -worse * z >= settings.z_threshold and -worse * d >= settings.min_effect_pct:
+        return "improvement"
+    return None
+
+
+@functools.lru_cache(maxsize=512)
+def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.triu_indices(n, 1)
+
+
+def qn_scale(values: Sequence[float]) -> float:
+    """Rousseeuw and Croux's Qn: 2.2219 x the k-th smallest of the |x_i - x_j| (i < j), k = h (h - 1) / 2,
+    h = n // 2 + 1, with the small-sample factor n / (n + 1.4) (n odd) or n / (n + 3.8) (n even). It estimates
+    sigma of normal noise, ignores up to half the values as outliers, and is twice as efficient as the MAD."""
+    x = np.asarray(values, dtype=float)
+    n = len(x)
+    if n < 2:
+        return 0.0
+    diffs = np.abs(x[:, None] - x[None, :])[_pairs(n)]
+    h = n // 2 + 1
+    k = h * (h - 1) // 2
+    q = float(np.partition(diffs, k - 1)[k - 1])
+    return 2.2219 * q * (n / (n + 1.4) if n % 2 else n / (n + 3.8))
+
+
+def noise_scale(values: Sequence[float], step_se: Sequence[float], settings: RegressionSettings) -> float:
+    """max(1.4826 MAD, Qn, the median step-level standard error x |median|, the floor % x |median|)."""
+    m = abs(median(values))
+    floor = median(step_se) * m if step_se else 0.0
+    return max(MAD_TO_SIGMA * mad(values), qn_scale(values), floor, settings.scale_floor_pct / 100.0 * m)
+
+
+def track(nights: Sequence[NightIn], direction: str, settings: RegressionSettings | None = None,
+          accepted: Sequence[datetime] = ()) -> list[Verdict | None]:
+    """Each night's verdict (None: no value or too little baseline), replaying the nights in order.
+
+    `accepted`: the dates from which someone accepted the level as the new baseline (acceptances).
+    Each night costs O(window): a year of nights replays in milliseconds.
+    """
+    settings = settings or RegressionSettings()
+    worse = -1.0 if direction == "higher" else 1.0
+    pending = sorted(a for a in accepted if a is not None)
+    valid = [n.value is not None and math.isfinite(n.value) for n in nights]
+    last = len(nights) - 1
+    out: list[Verdict | None] = []
+    base_seg: tuple | None = None
+    base_from = 0
+    open_: _Open | None = None
+    run_kind, run_len = None, 0
+    seen: dict[tuple, list[int]] = {}  # segment -> its nights with a value since base_from, in order
+    excluded: set[int] = set()  # nights of regressions that recovered: never baseline
+
+    def rebase(i: int, upto: int) -> None:
+        nonlocal base_seg, base_from, open_, run_kind, run_len
+        base_seg, base_from, open_, run_kind, run_len = nights[i].segment, i, None, None, 0
+        seen.clear()
+        excluded.clear()
+        for j in range(i, upto):
+            if valid[j]:
+                seen.setdefault(nights[j].segment, []).append(j)
+
+    def baseline(limit: int) -> list[int]:
+        """The baseline's last `limit` nights before this one, newest first (the nights of an open finding, and of
+        a regression that recovered, left out)."""
+        idx = seen.get(base_seg, [])
+        if open_ is not None:
+            idx = idx[:bisect.bisect_left(idx, open_.start)]
+        if not excluded:
+            return idx[-limit:][::-1]
+        out = []
+        for j in reversed(idx):
+            if j not in excluded:
+                out.append(j)
+                if len(out) >= limit:
+                    break
+        return out
+
+    for i, n in enumerate(nights):
+        if not valid[i]:
+            out.append(None)
+            continue
+        while pending and n.when is not None and n.when >= pending[0]:
+            pending.pop(0)
+            rebase(i, i)
+        if base_seg is None or n.measure != nights[base_from].measure:
+            rebase(i, i)
+        base_idx = baseline(settings.window)
+        if n.segment != base_seg:
+            blocked = open_ is not None and open_.kind == "regression" and open_.confirmed
+            mine = seen.get(n.segment, [])
+            if len(base_idx) < settings.min_history or (not blocked and len(mine) >= settings.accept_after_nights):
+                rebase(mine[0] if mine else i, i)
+                base_idx = baseline(settings.window)
+        seen.setdefault(n.segment, []).append(i)
+        if len(base_idx) < settings.min_history:
+            out.append(None)
+            continue
+        values = [nights[j].value for j in base_idx]
+        m = median(values)
+        if m <= 0:
+            out.append(None)
+            continue
+        d = (n.value - m) / abs(m) * 100.0
+        if abs(d) < settings.min_effect_pct and open_ is None and n.segment == base_seg and i < last:
+            # A quiet night with nothing open: no test can find anything, so the noise scale is not needed.
+            run_kind, run_len = None, 0
+            out.append(Verdict(index=i, value=n.value, baseline_value=m, baseline_n=len(values),
+                               baseline_runs=(), baseline_segment=base_seg, scale=math.nan, z_score=math.nan,
+                               delta_pct=d, detectable_pct=math.nan))
+            continue
+        scale_idx = base_idx if settings.scale_window <= settings.window else baseline(settings.scale_window)
+        s = noise_scale([nights[j].value for j in scale_idx[:settings.scale_window]],
+                        [nights[j].step_se for j in base_idx if nights[j].step_se is not None], settings)
+        z = (n.value - m) / s
+        night_kind = _off(z, d, worse, settings)
+        # The candidate nights: a new segment's, or those of the finding open in the baseline's segment.
+        mine = seen[n.segment]  # this night's segment, this night included
+        if n.segment != base_seg:
+            cand = mine[-settings.window:]
+        elif open_ is not None:
+            cand = mine[bisect.bisect_left(mine, open_.start):][-settings.window:]
+        else:
+            cand = [i]
+        nights_kind, nights_d = None, None
+        if len(cand) >= SEGMENT_MIN_NIGHTS:
+            cm = median([nights[j].value for j in cand])
+            nights_d = (cm - m) / abs(m) * 100.0
+            nights_kind = _off((cm - m) / (MEDIAN_SE * s / math.sqrt(len(cand))), nights_d, worse, settings)
+        if open_ is not None and not open_.confirmed and open_.start < cand[0]:
+            open_, run_len = None, 0  # a suspicion from before this segment began is not this segment's finding
+        run_kind, run_len = (night_kind, run_len + 1) if night_kind and night_kind == run_kind else (
+            night_kind, 1 if night_kind else 0)
+        confirm, basis = None, None
+        if nights_kind is not None and (n.segment != base_seg or (open_ is not None and night_kind == nights_kind)):
+            confirm, basis = nights_kind, "segment" if n.segment != base_seg else "nights"
+        elif night_kind and run_len >= settings.confirm_nights and _agree(nights, cand, settings, s):
+            confirm, basis = night_kind, "nights"
+        elif (night_kind and abs(d) >= settings.immediate_effect_pct
+              and s / abs(m) * 100.0 <= settings.low_noise_pct):
+            confirm, basis = night_kind, "night"
+        newly = False
+        if confirm is not None:
+            if open_ is None or open_.kind != confirm or not open_.confirmed:
+                start = (cand[0] if basis == "segment" else
+                         open_.start if open_ is not None and open_.kind == confirm else i - run_len + 1)
+                open_ = _Open(confirm, start, True, i)
+                newly = True
+        elif open_ is not None and open_.confirmed:
+            recent = [nights[j].value for j in cand[-SEGMENT_MIN_NIGHTS:]]
+            back = len(recent) >= SEGMENT_MIN_NIGHTS and (
+                (median(recent) - m) / abs(m) * 100.0 * (worse if open_.kind == "regression" else -worse)
+                < settings.min_effect_pct / 2)
+            if back:
+                if open_.kind == "regression":
+                    excluded.update(range(open_.start, i - SEGMENT_MIN_NIGHTS + 1))
+                open_ = None
+            elif (open_.kind == "improvement" and n.segment == base_seg
+                  and i - open_.start >= settings.accept_after_nights):
+                rebase(open_.start, i + 1)  # the better level is the new normal
+        elif night_kind:
+            if open_ is None or open_.kind != night_kind:
+                open_ = _Open(night_kind, i, False)
+        else:
+            open_ = None
+        common = dict(index=i, value=n.value, baseline_value=m, baseline_n=len(values),
+                      baseline_runs=tuple(nights[j].run_id for j in base_idx), baseline_segment=base_seg,
+                      scale=s, z_score=z, delta_pct=d, nights_delta_pct=nights_d,
+                      detectable_pct=max(settings.min_effect_pct, settings.z_threshold * s / abs(m) * 100.0))
+        if open_ is not None and open_.confirmed:
+            out.append(Verdict(**common, kind=open_.kind, status="confirmed", basis=basis or "open",
+                               since=open_.start, newly_confirmed=newly))
+        elif open_ is not None:
+            out.append(Verdict(**common, kind=open_.kind, status="suspected", basis="night", since=open_.start))
+        else:
+            out.append(Verdict(**common))
+    return out
+
+
+def _agree(nights: Sequence[NightIn], cand: Sequence[int], settings: RegressionSettings, s: float) -> bool:
+    """The last `confirm_nights` candidate nights sit at one level: no two further apart than z_threshold x s x
+    sqrt 2 (the spread of a difference of two nights). A one-night outlier next to a merely noisy night does not
+    agree with it."""
+    last = [nights[j].value for j in cand[-settings.confirm_nights:]]
+    return len(last) >= settings.confirm_nights and max(last) - min(last) <= settings.z_threshold * s * math.sqrt(2)

@@ -1,0 +1,136 @@
+"""The driver-upgrade scenario (tests/regression_scenario.py) through a real SQLite warehouse: every night stored
+with `store_run`, assessed with `assess_run` and its findings stored with `store_findings`, as the DAG does; then
+the targets of issue 24 checked on what the `regressions` table holds, on `fleetbench compare` and on
+`fleetbench regressions accept`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fleetbench.cli import main
+from fleetbench.regression import compare
+from fleetbench.report.queries import Filters, open_regressions
+from fleetbench.warehouse import get_engine, upgrade
+from regression_scenario import (
+    CHANGE_NIGHT,
+    NEW_DRIVER,
+    OLD_DRIVER,
+    evaluate,
+    evaluate_compare,
+    generate,
+    night_date,
+    store_nights,
+)
+from regression_scenario import detect_nights as detect
+
+FIRST_SCORED = 8  # the evaluation scores nights 8..39
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory):
+    url = f"sqlite:///{tmp_path_factory.mktemp('scenario')}/w.db"
+    engine = get_engine(url)
+    upgrade(engine)
+    sc = generate()
+    store_nights(engine, sc)
+    detect(engine, sc, first=FIRST_SCORED)
+    yield engine, sc, url
+    engine.dispose()
+
+
+def test_confirmed_findings_meet_the_targets(scenario):
+    engine, sc, _ = scenario
+    r = evaluate(engine, sc)
+    print("\n" + json.dumps({k: v for k, v in r.items() if not k.endswith("_frac")}, indent=1))
+    assert all(rate <= 1.0 for rate in r["false_alarms_per_1000"].values()), r["false_alarms_per_1000"]
+    assert r["outlier_nights"] > 100 and r["outliers_confirmed"] == 0
+    assert r["outliers_flagged"] > 0  # they are seen, as suspected
+    assert r["recall_5pct_under_2pct_noise_frac"] >= 0.9
+    assert r["recall_frac"]["-10 %"] == 1.0 and r["recall_frac"]["-25 %"] == 1.0
+    assert r["recall_frac"]["+10 %"] == 1.0  # improvements are found (and stored) too
+    # Real regressions stay open to the last night: nothing closed them (no acceptance, no recovery).
+    assert r["open_on_last_night_frac"]["-10 %"] == 1.0 and r["open_on_last_night_frac"]["-25 %"] == 1.0
+
+
+def test_the_open_list_holds_the_driver_change_not_the_outliers(scenario):
+    engine, sc, _ = scenario
+    with engine.connect() as conn:
+        rows = [r for r in open_regressions(conn, Filters()) if r["metric"] == "images_per_sec"]
+    keys = {(r["host"], r["case_key"]) for r in rows}
+    big = {k for k, e in sc.effect.items() if e <= -0.10}
+    assert big <= keys
+    assert all(k in sc.effect for k in keys)  # nothing unchanged is open
+    r = next(r for r in rows if sc.effect[(r["host"], r["case_key"])] == -0.25)
+    assert r["status"] == "confirmed" and r["since_date"].startswith(night_date(CHANGE_NIGHT))
+    assert r["segment"]["driver_version"] == NEW_DRIVER[0] and r["baseline_segment"]["driver_version"] == OLD_DRIVER[0]
+    assert r["changes"]["driver_version"] == {"before": OLD_DRIVER[0], "after": NEW_DRIVER[0]}
+    assert 3.0 <= r["detectable_pct"] < 25.0
+    # Time, energy and cost of the same (host, case) are the same change, named as such.
+    with engine.connect() as conn:
+        same = [x for x in open_regressions(conn, Filters(host=r["host"]))
+                if x["case_key"] == r["case_key"] and x["metric"] != "images_per_sec"]
+    assert same and all(x["same_change_as"] == "images_per_sec" for x in same)
+
+
+def test_the_report_shows_the_drop_on_the_hosts_that_have_it(scenario):
+    from fleetbench.report.plots import charts
+    from fleetbench.report.queries import build_report
+    from fleetbench.report.render import render_html
+
+    engine, sc, _ = scenario
+    report = build_report(engine)
+    cells = report["change_map"]["cells"]
+    assert len(report["change_map"]["hosts"]) == 20 and len(report["change_map"]["cases"]) == 10
+    for (host, key), effect in sc.effect.items():
+        if effect <= -0.10:
+            cell = cells[host][key]
+            assert cell["status"] == "confirmed" and cell["delta_pct"] == pytest.approx(effect * 100, abs=6)
+    quiet = [c["delta_pct"] for h, row in cells.items() for k, c in row.items() if (h, k) not in sc.effect
+             and c["delta_pct"] is not None and c["status"] is None]
+    assert quiet and max(abs(d) for d in quiet) < 25  # outliers of the last night show, unconfirmed
+    assert {r["status"] for r in report["regressions"]} == {"confirmed"}
+    assert all(r["kind"] == "improvement" for r in report["improvements"])
+    # 200 series: fleet medians, one chart per model and GPU count (1 and 8 GPUs never share an axis).
+    assert report["throughput_mode"] == "fleet"
+    lines = {c.id: c for c in charts(report) if c.id.startswith("throughput")}
+    assert {"throughput-resnet50_g1", "throughput-resnet50_g8"} <= set(lines)
+    assert all(len({lbl.split(".g")[1][:1] for lbl in (s.label for s in c.series)}) == 1 for c in lines.values())
+    html = render_html(report, charts(report))
+    assert 'id="change-map"' in html and "●" in html and 'id="regressions-table"' in html
+
+
+def test_compare_by_driver_and_by_dates(scenario):
+    engine, sc, _ = scenario
+    by_driver = evaluate_compare(sc, compare(engine, f"driver={OLD_DRIVER[0]}", f"driver={NEW_DRIVER[0]}"))
+    print("\ncompare by driver:", by_driver)
+    assert by_driver["right_frac"]["-5 %"] >= 0.93 and by_driver["false_verdicts"] == 0
+    assert by_driver["right_frac"]["-10 %"] == 1.0 and by_driver["right_frac"]["-25 %"] == 1.0
+    # Date ranges before the change: nothing changed, so no verdict may say so.
+    ranges = evaluate_compare(sc, compare(engine, f"{night_date(10)}..{night_date(19)}",
+                                          f"{night_date(20)}..{night_date(29)}"))
+    assert ranges["rows"] == 200 and ranges["false_verdicts"] == 0
+    # One night against one night: not enough nights to tell, never a step-sample verdict.
+    days = compare(engine, night_date(37), night_date(38))
+    assert {r["verdict"] for r in days} == {"not enough nights to tell"}
+
+
+def test_accepting_the_new_driver_closes_its_regressions(scenario, monkeypatch, capsys):
+    engine, sc, url = scenario
+    monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", url)
+    host = "gpu03"
+    with engine.connect() as conn:
+        before = [r for r in open_regressions(conn, Filters(host=host)) if r["metric"] == "images_per_sec"]
+    assert before
+    assert main(["regressions", "list", "--host", host]) == 0
+    assert "confirmed" in capsys.readouterr().out
+    assert main(["regressions", "accept", "--host", host, "--note", "550 is the new normal"]) == 0
+    out = capsys.readouterr().out
+    assert f"accepted the open regression's level of fleet_benchmark {host}" in out
+    with engine.connect() as conn:
+        assert open_regressions(conn, Filters(host=host)) == []
+        others = open_regressions(conn, Filters(host="gpu02"))
+    assert others  # another host's regressions stay open
+    assert main(["regressions", "accept", "--host", "nosuchhost"]) == 2
+    assert "no ok results on host 'nosuchhost'" in capsys.readouterr().err
