@@ -8,6 +8,7 @@ from warehouse_contract import (
     check_failed_migration_rolls_back,
     check_migrate_empty_database,
     check_migrate_from_previous_revision,
+    check_migrate_to_capacity,
 )
 
 pytestmark = pytest.mark.integration
@@ -23,3 +24,7 @@ def test_migrate_from_previous_revision_keeps_rows_and_downgrades(pg_engine):
 
 def test_failed_migration_rolls_back(pg_engine):
     check_failed_migration_rolls_back(pg_engine)
+
+
+def test_migrate_to_capacity_keeps_rows_and_downgrades(pg_engine):
+    check_migrate_to_capacity(pg_engine)

@@ -119,6 +119,13 @@ benchmark_results = Table(
     Column("images_per_joule", Float),
     Column("carbon_g_per_kwh", Float),
     Column("carbon_g", Float),
+    # Capacity (revision 0009, fleetbench.capacity): the container's peak memory (CPU cases) and where it
+    # was read, the memory the case had, and the plan's prediction for it.
+    Column("peak_mem_mib", Float),
+    Column("peak_mem_source", String(20)),
+    Column("capacity_mib", Float),
+    Column("predicted_mem_mib", Float),
+    Column("capacity_note", Text),
     UniqueConstraint(*RESULT_KEY, name="uq_benchmark_results_key"),
     Index("ix_benchmark_results_host_case_time", "host", "case_key", "started_at"),
     Index("ix_benchmark_results_logical_date", "logical_date"),
