@@ -252,7 +252,8 @@ def check_migrate_to_capacity(engine):
     rows = {r["case_key"]: r for r in fetch_capacity_features(engine)}
     assert set(rows) == {"a", "b"}  # skipped cases never ran: still not capacity samples
     assert all(rows[k][c] is None for k in rows for c in CAPACITY_RESULT_COLUMNS)
-    assert (rows["a"]["peak_gpu_mem_mib"], rows["a"]["oom"], rows["b"]["oom"], rows["b"]["gpu_oom"]) == (1000.0, 0, 1, 0)
+    a, b = rows["a"], rows["b"]
+    assert (a["peak_gpu_mem_mib"], a["oom"], b["oom"], b["gpu_oom"]) == (1000.0, 0, 1, 0)
     store_run(engine, run_row("r1"), [], [result_row("a", peak_mem_mib=512.5, peak_mem_source="cgroup_v1",
                                                      capacity_mib=1024.0, predicted_mem_mib=500.0,
                                                      capacity_note="fits: 500 +- 5 MiB")], [], complete=False)

@@ -158,6 +158,8 @@ class CaseOutcome(_Xcom):
     started_at: str | None = None
     finished_at: str | None = None
     duration_s: float | None = None
+    peak_mem_mib: float | None = None  # the container's peak memory (fleetbench.telemetry.container_memory)
+    peak_mem_source: str | None = None
     measurement: Measurement | None = Field(default=None)
 
 

@@ -36,13 +36,14 @@ from docker import APIClient
 from docker.errors import APIError, NotFound
 from docker.types import DeviceRequest, LogConfig, Ulimit
 
-from fleetbench import runs, telemetry
+from fleetbench import capacity, runs, telemetry
 from fleetbench.airflow import pipeline
 from fleetbench.airflow.connections import docker_tls_files
 from fleetbench.engines import docker_api_client
 from fleetbench.run_model import CaseOutcome, HostImages, HostVerdict, Measurement, RunPlan, by_host
 from fleetbench.runs import log_path as case_log_path
 from fleetbench.runs import outcome_path
+from fleetbench.telemetry.container_memory import PeakMemory
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +86,7 @@ def case_kwargs(plan, validations: list, prepared: list, host: str | None = None
             continue
         v, planned = verdicts.get(case.host), plan.host(case.host)
         img = images[case.host].ready(case.image) if case.host in images else None
-        if v is None or v.unfit or img is None:
+        if v is None or v.unfit or img is None or capacity.skipped(case):
             continue
         out.append({
             "image": img["pinned_ref"],
@@ -303,6 +304,7 @@ class BenchmarkCaseOperator(DockerOperator):
             "gpu_device_ids": self.gpu_device_ids, "exit_code": None, "oom_killed": False, "timed_out": False,
             "killed_by_airflow": False, "start_error_class": None, "error": None, "log_path": str(log_path),
             "started_at": None, "finished_at": None, "duration_s": None,
+            "peak_mem_mib": None, "peak_mem_source": None,
         }
 
     def _write_outcome(self, outcome: dict) -> None:
@@ -347,6 +349,8 @@ class BenchmarkCaseOperator(DockerOperator):
 
         streamer = threading.Thread(target=self._stream_logs, args=(cid,), daemon=True)
         streamer.start()
+        # The container's peak memory (cgroup, or the engine's stats for a remote engine): fleetbench.capacity.
+        memory = PeakMemory(self.cli, cid, local=self._local_engine()).start()
         waited_from = time.monotonic()
         try:
             try:
@@ -381,6 +385,7 @@ class BenchmarkCaseOperator(DockerOperator):
         except ENGINE_LOST as exc:  # the engine stopped answering mid-case
             self._engine_lost(outcome, exc, time.monotonic() - waited_from, t0, log_path)
         finally:
+            outcome["peak_mem_mib"], outcome["peak_mem_source"] = memory.stop()
             # An exited container needs no stop (one API round trip less per case); anything else is stopped first.
             self._remove(cid, stop_first=outcome["finished_at"] is None or outcome.get("engine_unreachable", False))
         self._finish(outcome)
@@ -405,6 +410,10 @@ class BenchmarkCaseOperator(DockerOperator):
             pass
         with log_path.open("ab") as f:
             f.write(f"\nfleetbench: {outcome['error']}\n".encode())
+
+    def _local_engine(self) -> bool:
+        """The engine runs on this machine (a unix socket): its containers' cgroups can be read here."""
+        return str(self.docker_url or "").startswith("unix://") and not self._tls
 
     def _live_path(self) -> Path:
         log_path, _ = self._paths()
