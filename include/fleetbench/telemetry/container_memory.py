@@ -55,7 +55,7 @@ def stats_peak_mib(sample: dict) -> float | None:
 class PeakMemory:
     """Samples one container's peak memory in a thread from `start()` until `stop()`; `result()` -> (MiB, source)."""
 
-    def __init__(self, cli, cid: str, local: bool, period_s: float = 0.2, root: Path = CGROUP_ROOT):
+    def __init__(self, cli, cid: str, local: bool, period_s: float = 0.1, root: Path = CGROUP_ROOT):
         self.cli, self.cid, self.local, self.period_s, self.root = cli, cid, local, period_s, root
         self.peak: float | None = None
         self.source: str | None = None
