@@ -400,3 +400,47 @@ def row_fields(case) -> dict:
     return {"capacity_mib": cap.get("capacity_mib"), "predicted_mem_mib": cap.get("predicted_mem_mib"),
             "capacity_note": ((cap.get("note") or "") + (f" [{cap['action']}]" if cap.get("action") else ""))[:1000]
             or None}
+
+
+# -- suggest ---------------------------------------------------------------------------------------
+def suggest(profiles: Mapping[Key, Profile], settings: Settings, memory_mib: float | None = None,
+            device: str | None = None, known: Mapping[Key, set[float]] | None = None) -> list[dict]:
+    """Per profile: its evidence and, per memory size (the given one, else those its results ran with), the
+    largest per-device batch predicted to fit (None with the reason when there is no line)."""
+    out = []
+    for key in sorted(profiles):
+        p = profiles[key]
+        if device and key[3] != device:
+            continue
+        sizes = [memory_mib] if memory_mib else sorted((known or {}).get(key, set()) | set(p.ooms))
+        fits = [{"capacity_mib": c, "largest_batch": p.largest_fitting(c, settings.margin_pct),
+                 "predicted_mem_mib": (p.predict(b) if (b := p.largest_fitting(c, settings.margin_pct)) else None)}
+                for c in sizes]
+        out.append({**p.to_dict(), "explain": p.explain(), "fits": fits, "margin_pct": settings.margin_pct})
+    return out
+
+
+def suggest_lines(items: list[dict]) -> list[str]:
+    """`fleetbench capacity` as text: the line and its evidence, OOMs, misses, the largest batch that fits."""
+    lines = []
+    for s in items:
+        lines.append(s["explain"])
+        for k, v in sorted(s["dropped"].items()):
+            lines.append(f"  left out: {v} reading(s) {k}")
+        for o in s["ooms"]:
+            lines.append(f"  OOM on record: batch {o['batch']} with {o['capacity_mib']:.0f} MiB")
+        for m in s["misses"]:
+            lines.append(f"  miss: {m['host']} {m['case_key']} (run {m['run_id']}) was predicted to fit "
+                         f"({m['predicted_mem_mib']} MiB of {m['capacity_mib']} MiB) and died: {m['failure_class']}")
+        for f in s["fits"]:
+            where = f"{f['capacity_mib']:.0f} MiB (less {s['margin_pct']:g} %)"
+            if f["largest_batch"] is None:
+                lines.append(f"  {where}: no suggestion ({s['reason'] or 'no line'})")
+            elif f["largest_batch"] == 0:
+                lines.append(f"  {where}: not even batch 1 is predicted to fit")
+            else:
+                lines.append(f"  {where}: largest batch per device predicted to fit: {f['largest_batch']} "
+                             f"(~{f['predicted_mem_mib']:.0f} +- {s['spread_mib']:.0f} MiB)")
+        if not s["fits"]:
+            lines.append("  no memory size known: give --memory-gib or --gpu-model")
+    return lines
