@@ -280,8 +280,9 @@ def has_results(engine) -> bool:
     return "capacity_features" in inspect(engine).get_view_names()
 
 
-def read_rows(engine, models: Iterable[str] | None = None) -> list[dict]:
-    """capacity_features rows that can teach a profile (a reading, or an OOM), newest first."""
+def read_rows(engine, models: Iterable[str] | None = None, dag_ids: Iterable[str] | None = None) -> list[dict]:
+    """capacity_features rows that can teach a profile (a reading, or an OOM), newest first (an engine or a
+    connection)."""
     from sqlalchemy import bindparam, text
 
     sql = ("SELECT * FROM capacity_features WHERE (oom = 1 OR (status = 'ok' AND "
@@ -291,12 +292,19 @@ def read_rows(engine, models: Iterable[str] | None = None) -> list[dict]:
     if models:
         sql += " AND model IN :models"
         params["models"] = models
+    if dag_ids is not None:  # only the DAGs the reader may see
+        sql += " AND dag_id IN :dag_ids"
+        params["dag_ids"] = sorted(dag_ids) or [""]
     sql += f" ORDER BY logical_date DESC, run_id DESC LIMIT {MAX_ROWS}"
     stmt = text(sql)
     if models:
         stmt = stmt.bindparams(bindparam("models", expanding=True))
-    with engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(stmt, params)]
+    if dag_ids is not None:
+        stmt = stmt.bindparams(bindparam("dag_ids", expanding=True))
+    if hasattr(engine, "connect"):
+        with engine.connect() as conn:
+            return [dict(r._mapping) for r in conn.execute(stmt, params)]
+    return [dict(r._mapping) for r in engine.execute(stmt, params)]  # a connection
 
 
 def read_gpu_memory(engine, hosts: Iterable[str]) -> dict[str, float | None]:
@@ -444,3 +452,15 @@ def suggest_lines(items: list[dict]) -> list[str]:
         if not s["fits"]:
             lines.append("  no memory size known: give --memory-gib or --gpu-model")
     return lines
+
+
+def report_section(conn, model: str | None = None, dag_ids: Iterable[str] | None = None,
+                   settings: Settings = Settings()) -> list[dict]:
+    """The report's capacity section: per profile its line, points, OOMs and misses, and the largest batch
+    that fits each memory size its results ran with (`suggest`)."""
+    rows = read_rows(conn, [model] if model else None, dag_ids)
+    known: dict[Key, set[float]] = {}
+    for r in rows:
+        if valid_mib(r.get("capacity_mib")):
+            known.setdefault(key_of(r), set()).add(float(r["capacity_mib"]))
+    return suggest(fit_profiles(rows, settings), settings, known=known)
