@@ -308,24 +308,26 @@ def read_rows(engine, models: Iterable[str] | None = None, dag_ids: Iterable[str
 
 
 def read_gpu_memory(engine, hosts: Iterable[str]) -> dict[str, float | None]:
-    """host -> its GPUs' memory (MiB) from its newest stored facts."""
-    from sqlalchemy import select
+    """host -> its GPUs' memory (MiB) from its newest stored facts (one row per host)."""
+    from sqlalchemy import and_, func, select
 
-    from fleetbench.warehouse.schema import host_facts
+    from fleetbench.warehouse.schema import host_facts as hf
 
-    out: dict[str, float | None] = {}
     hosts = sorted(set(hosts))
     if not hosts:
-        return out
-    q = (select(host_facts.c.host, host_facts.c.facts_json).where(host_facts.c.host.in_(hosts))
-         .order_by(host_facts.c.collected_at.desc()))
+        return {}
+    newest = (select(hf.c.host, func.max(hf.c.collected_at).label("at")).where(hf.c.host.in_(hosts))
+              .group_by(hf.c.host).subquery())
+    q = select(hf.c.host, hf.c.facts_json).join(newest, and_(hf.c.host == newest.c.host,
+                                                             hf.c.collected_at == newest.c.at))
+    out: dict[str, float | None] = {}
     with engine.connect() as conn:
         for host, facts_json in conn.execute(q):
-            if out.get(host) is None:
-                try:
-                    out[host] = gpu_memory_of(json.loads(facts_json or "{}"))
-                except ValueError:
-                    out[host] = None
+            try:
+                mem = gpu_memory_of(json.loads(facts_json or "{}"))
+            except (ValueError, TypeError, AttributeError):
+                mem = None
+            out[host] = mem if out.get(host) is None else out[host]
     return out
 
 

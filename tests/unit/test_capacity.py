@@ -277,3 +277,31 @@ def test_sampler_falls_back_to_engine_stats_for_a_remote_engine():
     sampler = PeakMemory(cli=Cli(), cid="abc", local=False).start()
     sampler._thread.join(timeout=5)
     assert sampler.stop() == (70.0, "engine_stats")
+
+
+def test_gpu_memory_comes_from_each_hosts_newest_facts(tmp_path):
+    import json as _json
+
+    from fleetbench.capacity import read_gpu_memory
+    from fleetbench.warehouse import get_engine, upgrade
+    from fleetbench.warehouse.schema import host_facts
+
+    engine = get_engine(f"sqlite:///{tmp_path}/w.db")
+    upgrade(engine)
+
+    def facts(run: str, host: str, day: int, gpus) -> dict:
+        from datetime import datetime, timezone
+
+        return {"dag_id": "d", "run_id": run, "host": host, "verdict": "ready", "facts_json": _json.dumps(gpus),
+                "collected_at": datetime(2026, 12, day, tzinfo=timezone.utc)}
+
+    with engine.begin() as conn:
+        conn.execute(host_facts.insert(), [
+            facts("r1", "g", 1, {"gpus": [{"memory_total_mib": 16384}]}),
+            facts("r2", "g", 2, {"gpus": [{"memory_total_mib": 81559}, {"memory_total_mib": 40960}]}),  # newest
+            facts("r2", "cpu", 2, {"gpus": []}),
+            facts("r2", "odd", 2, {"gpus": [{"memory_total_mib": -5}, {"memory_total_mib": "x"}]}),
+            facts("r2", "broken", 2, ["not", "a", "mapping"]),
+        ])
+    assert read_gpu_memory(engine, ["g", "cpu", "odd", "broken", "absent"]) == {
+        "g": 40960.0, "cpu": None, "odd": None, "broken": None}
