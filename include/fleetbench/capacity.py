@@ -396,6 +396,11 @@ def plan_capacity(plan, engine=None):
         if verdict["action"] in ("skip", "warn"):
             log.warning("capacity: %s %s: %s -> %s", c.host, c.case_key, verdict["note"], verdict["action"])
         cases.append(replace(c, capacity=verdict))
+    actions = [c.capacity["action"] for c in cases if not c.capacity["note"].startswith(("fits", "no prediction"))]
+    log.info("capacity: %d case(s) predicted to fit, %d predicted or known OOM (%d skipped, %d warned), %d without "
+             "a prediction", sum(c.capacity["note"].startswith("fits") for c in cases), len(actions),
+             actions.count("skip"), actions.count("warn"), sum(c.capacity["note"].startswith("no prediction")
+                                                               for c in cases))
     return plan.model_copy(update={"cases": cases})
 
 
