@@ -371,7 +371,8 @@ class BenchmarkCaseOperator(DockerOperator):
             if self._killed:  # on_kill recorded the case and removed its container: the task fails, as killed
                 raise AirflowException(f"case {self.case['case_key']} was killed from Airflow; its outcome is recorded")
             state = self.cli.inspect_container(cid)["State"]
-            outcome["oom_killed"] = bool(state.get("OOMKilled"))
+            outcome["oom_killed"] = bool(state.get("OOMKilled")) or (
+                state.get("ExitCode") == 137 and not outcome["timed_out"] and self._oom_event(cid, t0))
             if outcome["exit_code"] is None:
                 outcome["exit_code"] = state.get("ExitCode")
             outcome["started_at"] = docker_time(state.get("StartedAt")) or t0.isoformat()
@@ -410,6 +411,21 @@ class BenchmarkCaseOperator(DockerOperator):
             pass
         with log_path.open("ab") as f:
             f.write(f"\nfleetbench: {outcome['error']}\n".encode())
+
+    def _oom_event(self, cid: str, since: datetime) -> bool:
+        """The engine logged an `oom` event for the container. Docker 20.10 sets State.OOMKilled from whichever of
+        the OOM and exit notifications comes last, so a container killed at its memory limit can read
+        `OOMKilled: false`, exit 137; its event log still has the `oom`."""
+        try:
+            events = self.cli.events(since=int(since.timestamp()) - 1, until=int(time.time()) + 1, decode=True,
+                                     filters={"container": cid, "event": "oom"})
+            try:
+                return any(e.get("status") == "oom" or e.get("Action") == "oom" for e in events)
+            finally:
+                events.close()
+        except (APIError, requests.exceptions.RequestException) as exc:
+            self.log.warning("case %s: the engine's events could not be read: %s", self.case["case_key"], exc)
+            return False
 
     def _local_engine(self) -> bool:
         """The engine runs on this machine (a unix socket): its containers' cgroups can be read here."""
