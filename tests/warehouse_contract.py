@@ -24,7 +24,7 @@ from fleetbench.warehouse import (
 from fleetbench.warehouse.schema import benchmark_results, host_facts, regressions, runs, steps
 from warehouse_rows import DERIVED, result_row, run_row, step_rows
 
-HEAD = "0008"  # 0008: regression states (suspected, confirmed, improvements), acceptances
+HEAD = "0009"  # 0009: capacity (container peak memory, predictions)
 NEW_RESULT_COLUMNS = set(DERIVED)  # the derived-metric columns revision 0003 adds
 REGRESSION_COLUMNS = {  # name: nullable, as the regression detector expects them
     "id": False, "dag_id": False, "run_id": False, "host": False, "case_key": False, "metric": False,
@@ -35,7 +35,10 @@ REGRESSION_COLUMNS = {  # name: nullable, as the regression detector expects the
 }
 CAPACITY_COLUMNS = ["dag_id", "run_id", "logical_date", "host", "case_key", "model", "batch_size_per_device",
                     "num_gpus", "precision", "gpu_model", "peak_gpu_mem_mib", "mean_power_w", "energy_source",
-                    "mean_gpu_util_pct", "images_per_sec", "status", "failure_class", "gpu_oom"]
+                    "mean_gpu_util_pct", "images_per_sec", "status", "failure_class", "gpu_oom",
+                    # revision 0009
+                    "benchmark", "image_name", "device", "batch_size_global", "command", "peak_mem_mib",
+                    "peak_mem_source", "capacity_mib", "predicted_mem_mib", "capacity_note", "oom"]
 
 
 def count(engine, table, **where) -> int:
@@ -257,6 +260,39 @@ def check_migrate_cpu_energy_columns(engine):
     downgrade(engine, "0004")
     assert not CPU_ENERGY_COLUMNS & {c["name"] for c in inspect(engine).get_columns("benchmark_results")}
     assert count(engine, benchmark_results) == 2
+    upgrade(engine)
+    assert current_revision(engine) == HEAD
+
+
+CAPACITY_RESULT_COLUMNS = {"peak_mem_mib", "peak_mem_source", "capacity_mib", "predicted_mem_mib", "capacity_note"}
+
+
+def check_migrate_to_capacity(engine):
+    """0004 -> 0009 keeps the rows (new columns NULL), the view gains the capacity columns; and back down."""
+    upgrade(engine, "0004")
+    _insert(engine, "runs", [run_row("r1")])
+    _insert(engine, "benchmark_results", [
+        result_row("a", peak_gpu_mem_mib=1000.0),
+        result_row("b", status="failed", ips=None, failure_class="oom_killed"),
+        result_row("c", status="skipped", ips=None, failure_class="host_unfit")])
+    upgrade(engine)
+    assert current_revision(engine) == HEAD
+    rows = {r["case_key"]: r for r in fetch_capacity_features(engine)}
+    assert set(rows) == {"a", "b"}  # skipped cases never ran: still not capacity samples
+    assert all(rows[k][c] is None for k in rows for c in CAPACITY_RESULT_COLUMNS)
+    a, b = rows["a"], rows["b"]
+    assert (a["peak_gpu_mem_mib"], a["oom"], b["oom"], b["gpu_oom"]) == (1000.0, 0, 1, 0)
+    store_run(engine, run_row("r1"), [], [result_row("a", peak_mem_mib=512.5, peak_mem_source="cgroup_v1",
+                                                     capacity_mib=1024.0, predicted_mem_mib=500.0,
+                                                     capacity_note="fits: 500 +- 5 MiB")], [], complete=False)
+    a = {r["case_key"]: r for r in fetch_capacity_features(engine)}["a"]
+    assert (a["peak_mem_mib"], a["peak_mem_source"], a["capacity_mib"], a["predicted_mem_mib"]) == (
+        512.5, "cgroup_v1", 1024.0, 500.0)
+    downgrade(engine, "0004")
+    insp = inspect(engine)
+    assert not CAPACITY_RESULT_COLUMNS & {c["name"] for c in insp.get_columns("benchmark_results")}
+    assert count(engine, benchmark_results) == 3
+    assert "oom" not in fetch_capacity_features(engine)[0]  # 0003's view again
     upgrade(engine)
     assert current_revision(engine) == HEAD
 

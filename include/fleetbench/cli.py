@@ -10,6 +10,7 @@
     fleetbench regressions list [--dag-id ID] [--host H] [--all]
     fleetbench regressions accept --host H [--case KEY] [--dag-id ID] [--note TEXT]
     fleetbench report [--since DATE] [--until DATE] [--host H] [--model M] [--dag-id ID] [--out DIR]
+    fleetbench capacity [--model M] [--gpu-model G | --memory-gib N] [--margin-pct P] [--format table|json]
     fleetbench db upgrade
 
 User mistakes end with a one-line message naming what is wrong and exit code 2, never a traceback.
@@ -372,6 +373,52 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _capacity(args: argparse.Namespace) -> int:
+    """The largest batch per model predicted to fit, with the evidence (fleetbench.capacity)."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from fleetbench.capacity import Settings, fit_profiles, has_results, key_of, read_rows, suggest, suggest_lines
+    from fleetbench.warehouse import get_engine, warehouse_display_url
+
+    if args.memory_gib is not None and not 0 < args.memory_gib <= 16384:
+        raise UsageError(f"--memory-gib must be a positive number of GiB (at most 16384), got {args.memory_gib}")
+    if not 0 <= args.margin_pct < 100:
+        raise UsageError(f"--margin-pct must be in [0, 100), got {args.margin_pct}")
+    memory_mib, device = (args.memory_gib * 1024 if args.memory_gib else None), None
+    if args.gpu_model:
+        from fleetbench.metrics import load_catalog
+
+        catalog = load_catalog()
+        gpu = next((g for g in catalog.gpus if g.name.lower() == args.gpu_model.lower()), None) or catalog.lookup(
+            args.gpu_model)
+        if gpu is None:
+            raise UsageError(f"--gpu-model {args.gpu_model!r} is not in the GPU catalog "
+                             "(give --memory-gib instead, or add it to the catalog)")
+        memory_mib, device = gpu.memory_gib * 1024, "gpu"
+    engine = get_engine()
+    try:
+        rows = read_rows(engine, [args.model] if args.model else None) if has_results(engine) else []
+    except SQLAlchemyError as exc:
+        raise UsageError(f"cannot read the warehouse at {warehouse_display_url()}: {str(exc).splitlines()[0]} "
+                         "(`fleetbench db upgrade`)") from None
+    finally:
+        engine.dispose()
+    settings = Settings(margin_pct=args.margin_pct)
+    known: dict = {}
+    for r in rows:
+        if r.get("capacity_mib"):
+            known.setdefault(key_of(r), set()).add(float(r["capacity_mib"]))
+    items = suggest(fit_profiles(rows, settings), settings, memory_mib, device, known)
+    if args.format == "json":
+        json.dump(items, sys.stdout, indent=2, default=str)
+        print()
+    elif not items:
+        print(f"no memory readings{' of model ' + args.model if args.model else ''} in the warehouse yet")
+    else:
+        print("\n".join(suggest_lines(items)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from fleetbench import __version__
 
@@ -474,6 +521,21 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--dag-id", help="only results of this DAG")
     rep.add_argument("--out", metavar="DIR", help="folder to write into (default: $FLEETBENCH_DATA_DIR/reports)")
     rep.set_defaults(func=_report)
+
+    cap = sub.add_parser(
+        "capacity", help="the largest batch per model predicted to fit in a GPU or a memory size, with the evidence",
+        description="Fits peak memory against the per-device batch size per harness, model, precision and device "
+                    "kind from the warehouse's ok results (Theil-Sen; README 'Capacity profiles'), and prints the "
+                    "line, its points and spread, the OOMs on record and the misses, and the largest batch per "
+                    "device predicted to fit. Without --gpu-model or --memory-gib: for each memory size the "
+                    "results ran with.")
+    cap.add_argument("--model", help="only this model")
+    size = cap.add_mutually_exclusive_group()
+    size.add_argument("--gpu-model", metavar="G", help="a GPU of the catalog, e.g. 'A100 SXM4 40GB' (GPU profiles)")
+    size.add_argument("--memory-gib", metavar="N", type=float, help="memory per device in GiB (every profile)")
+    cap.add_argument("--margin-pct", type=float, default=10.0, help="memory kept free, in %% (default 10)")
+    cap.add_argument("--format", choices=["table", "json"], default="table", help="table (default) or JSON")
+    cap.set_defaults(func=_capacity)
 
     db = sub.add_parser("db", help="warehouse maintenance").add_subparsers(dest="db_command", required=True)
     up = db.add_parser("upgrade", help="migrate the warehouse schema")

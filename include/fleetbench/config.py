@@ -163,6 +163,22 @@ class NotifySettings(_Model):
     min_severity: Literal["minor", "major"] = "minor"
 
 
+class CapacitySettings(_Model):
+    """What the plan does with a case its capacity profile predicts to run out of memory (`fleetbench.capacity`)."""
+
+    on_predicted_oom: Literal["skip", "warn", "run"] = "skip"  # skip: the case is stored skipped, predicted_oom
+    min_points: int = Field(3, ge=2, le=10000)  # ok readings a profile needs before it predicts anything
+    confident_points: int = Field(5, ge=2, le=10000)  # below this many, a predicted OOM only warns
+    margin_pct: float = Field(10.0, ge=0, lt=100)  # predicted + spread above capacity less this %: predicted OOM
+    window: int = Field(200, ge=2, le=10000)  # the newest readings per profile
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "CapacitySettings":
+        if self.min_points > self.window:
+            raise ValueError(f"min_points ({self.min_points}) must be <= window ({self.window})")
+        return self
+
+
 class FleetSettings(_Model):
     name: Name = "fleet"
     timezone: str = "UTC"
@@ -174,6 +190,8 @@ class FleetSettings(_Model):
     # Regression detection after each run, and who hears about it (None: findings are stored and logged only).
     regressions: RegressionSettings = RegressionSettings()
     notify: NotifySettings | None = None
+    # Peak memory predicted from earlier results, before a case runs.
+    capacity: CapacitySettings = CapacitySettings()
     # One benchmark per host holds without pools (each lane's run_case runs one task instance at a time).
     # True also puts each lane in the single-slot pool `fleetbench_<host>`, for exclusivity with other
     # DAGs that use the same pool; the pools must then exist (`fleetbench pools export`), or the lane waits.

@@ -46,6 +46,10 @@ _CLASSES = [
     FailureClass("core_dump", "the harness crashed (SIGABRT / SIGSEGV, core dumped)", "measure.classify"),
     FailureClass("nonzero_exit", "the harness exited non-zero for another reason", "measure.classify"),
     FailureClass("task_failed", "the case's task failed before reporting (see its task log)", "collect"),
+    # the plan's capacity profile (fleetbench.capacity)
+    FailureClass("predicted_oom", "skipped: its capacity profile predicts (or an OOM on record shows) more memory "
+                 "than the host's GPU or the container's limit; the prediction is in the detail",
+                 "capacity.assess, measure.case_fields"),
     # what the log says (fleetbench.parsing, mapped by measure.classify)
     FailureClass("gpu_oom", "the framework ran out of GPU memory (ResourceExhausted, CUDA out of memory)",
                  "parsing (log 'oom')"),

@@ -112,6 +112,9 @@ def measure(case: dict, outcome: dict) -> tuple[dict, list[dict]]:
         "duration_s": outcome.get("duration_s"),
         "log_path": outcome.get("log_path"),
         "command": outcome.get("command") or case.get("command"),
+        # The container's peak memory, as the case's operator read it (fleetbench.telemetry.container_memory).
+        "peak_mem_mib": outcome.get("peak_mem_mib"),
+        "peak_mem_source": outcome.get("peak_mem_source"),
     }
     fields.update(telemetry_fields(clean_report(parse_report(text)), outcome.get("rapl"), outcome.get("duration_s")))
     steps = [
@@ -165,7 +168,8 @@ def not_run(status: str, failure_class: str | None, detail: str) -> dict:
     now = datetime.now(timezone.utc).isoformat()
     return {"status": status, "failure_class": failure_class, "failure_detail": detail[:500], "images_per_sec": None,
             "accuracy_top1": None, "step_count": 0, "exit_code": None, "started_at": None, "finished_at": now,
-            "duration_s": None, "log_path": None, "command": None, **telemetry_fields(None)}
+            "duration_s": None, "log_path": None, "command": None, "peak_mem_mib": None, "peak_mem_source": None,
+            **telemetry_fields(None)}
 
 
 def outcome_from_file(log_dir: str, case_key: str) -> dict | None:
@@ -185,6 +189,8 @@ def case_fields(case, verdict, image: dict | None, outcome: dict | None) -> tupl
         return not_run(FAILED, "host_check_failed", "host validation did not finish"), []
     if verdict.unfit:
         return not_run(SKIPPED, "host_unfit", f"host {case.host} is unfit: {verdict.reasons}"), []
+    if (getattr(case, "capacity", None) or {}).get("action") == "skip":
+        return not_run(SKIPPED, "predicted_oom", case.capacity.get("note") or "predicted to run out of memory"), []
     if (image or {}).get("failure_class"):
         return not_run(FAILED, image["failure_class"], image.get("error") or "image not prepared"), []
     if outcome is None:
@@ -214,5 +220,13 @@ def result_row(run, case, verdict, image: dict | None, fields: dict) -> dict:
         "cuda_driver_version": facts.cuda_driver_version if facts else None,
         "gpu_model": facts.gpu_model if facts else None,
         "host_gpu_health": _gpu_health(verdict),
+        **capacity_fields(case),
         **fields,
     }
+
+
+def capacity_fields(case) -> dict:
+    """The plan's capacity verdict for the case (fleetbench.capacity): capacity, prediction, note."""
+    from fleetbench.capacity import row_fields
+
+    return row_fields(case)

@@ -15,7 +15,10 @@ from fleetbench.registry import registry_of, repository_of
 
 DEFAULTS: dict[str, Any] = {
     "hosts": [], "models": [], "batch_sizes": [], "num_gpus": [], "image": None, "num_batches": None, "dry_run": False,
+    "force_cases": [],
 }
+# A `force_cases` item: a case_key (on every host) or host/case_key.
+FORCE_CASE_PATTERN = r"^([A-Za-z0-9][A-Za-z0-9_.-]{0,99}/)?[A-Za-z0-9][A-Za-z0-9_.-]{0,249}$"
 
 
 # Up to this many hosts, the trigger form offers the host names: a multi-select (Airflow's form draws one for an
@@ -61,6 +64,11 @@ def param_specs(cfg: FleetConfig) -> dict[str, dict]:
         "num_batches": {"default": None, "title": "Number of batches",
                         "description": "Override num_batches for every benchmark.",
                         "schema": {"type": ["null", "integer"], "minimum": 1, "maximum": 1000000}},
+        "force_cases": {"default": [], "title": "Force cases",
+                        "description": "Run these cases even when their capacity profile predicts an OOM: "
+                                       "case_key (every host) or host/case_key.",
+                        "schema": {"type": "array", "uniqueItems": True, "maxItems": 1000,
+                                   "items": {"type": "string", "pattern": FORCE_CASE_PATTERN, "maxLength": 360}}},
         "dry_run": {"default": False, "title": "Dry run",
                     "description": "Validate the hosts and print the plan; pull and run nothing, store nothing.",
                     "schema": {"type": "boolean"}},
@@ -84,6 +92,12 @@ def apply_params(cfg: FleetConfig, params: dict | None, source: str = "params") 
         for i, value in enumerate(params[name] or []):
             if value not in known:
                 errors.append(f"{name}[{i}]: unknown {what} {value!r} (known: {', '.join(sorted(known))})")
+    force = params["force_cases"]
+    if not isinstance(force, list):
+        errors.append(f"force_cases: must be a list of case keys, not {force!r}")
+    else:
+        errors += [f"force_cases[{i}]: {v!r} is not a case_key or host/case_key" for i, v in enumerate(force)
+                   if not isinstance(v, str) or not re.fullmatch(FORCE_CASE_PATTERN, v)]
     if errors:
         raise ConfigError(source, errors)
 

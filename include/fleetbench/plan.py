@@ -33,6 +33,8 @@ class Case:
     command: list[str] = field(hash=False)
     container: dict = field(default_factory=dict, hash=False)  # ContainerSpec as plain data
     telemetry_period_s: float = 0.5
+    # The plan's capacity verdict (fleetbench.capacity.assess): action, capacity, prediction, note.
+    capacity: dict = field(default_factory=dict, hash=False)
 
     @property
     def batch_size_global(self) -> int:

@@ -161,6 +161,8 @@ class CaseOutcome(_Xcom):
     # A CPU case's package energy from the host's RAPL counters ({"energy_j", "zones", "wraps"}), or why
     # there is none ({"reason"}); None for GPU cases (`fleetbench.telemetry.rapl`).
     rapl: dict[str, Any] | None = None
+    peak_mem_mib: float | None = None  # the container's peak memory (fleetbench.telemetry.container_memory)
+    peak_mem_source: str | None = None
     measurement: Measurement | None = Field(default=None)
 
 

@@ -9,6 +9,7 @@ from warehouse_contract import (
     check_migrate_cpu_energy_columns,
     check_migrate_empty_database,
     check_migrate_from_previous_revision,
+    check_migrate_to_capacity,
 )
 
 pytestmark = pytest.mark.integration
@@ -28,3 +29,7 @@ def test_migrate_cpu_energy_columns(pg_engine):
 
 def test_failed_migration_rolls_back(pg_engine):
     check_failed_migration_rolls_back(pg_engine)
+
+
+def test_migrate_to_capacity_keeps_rows_and_downgrades(pg_engine):
+    check_migrate_to_capacity(pg_engine)

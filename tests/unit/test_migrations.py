@@ -11,6 +11,7 @@ from warehouse_contract import (
     check_migrate_cpu_energy_columns,
     check_migrate_empty_database,
     check_migrate_from_previous_revision,
+    check_migrate_to_capacity,
 )
 
 
@@ -94,3 +95,7 @@ def test_schema_module_and_migrations_agree_on_the_rollups(tmp_path):
         columns = {c["name"]: c["nullable"] for c in insp.get_columns(table.name)}
         assert columns == {c.name: c.nullable for c in table.columns}, table.name
         assert {i["name"] for i in insp.get_indexes(table.name)} == {i.name for i in table.indexes}, table.name
+
+
+def test_migrate_to_capacity_keeps_rows_and_downgrades(tmp_path):
+    check_migrate_to_capacity(engine_at(tmp_path))

@@ -36,13 +36,14 @@ from docker import APIClient
 from docker.errors import APIError, NotFound
 from docker.types import DeviceRequest, LogConfig, Ulimit
 
-from fleetbench import runs, telemetry
+from fleetbench import capacity, runs, telemetry
 from fleetbench.airflow import pipeline
 from fleetbench.airflow.connections import docker_tls_files
 from fleetbench.engines import docker_api_client
 from fleetbench.run_model import CaseOutcome, HostImages, HostVerdict, Measurement, RunPlan, by_host
 from fleetbench.runs import log_path as case_log_path
 from fleetbench.runs import outcome_path
+from fleetbench.telemetry.container_memory import PeakMemory
 from fleetbench.telemetry.rapl import RaplMeter, RaplUnavailable
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ def case_kwargs(plan, validations: list, prepared: list, host: str | None = None
             continue
         v, planned = verdicts.get(case.host), plan.host(case.host)
         img = images[case.host].ready(case.image) if case.host in images else None
-        if v is None or v.unfit or img is None:
+        if v is None or v.unfit or img is None or capacity.skipped(case):
             continue
         out.append({
             "image": img["pinned_ref"],
@@ -296,6 +297,7 @@ class BenchmarkCaseOperator(DockerOperator):
             "gpu_device_ids": self.gpu_device_ids, "exit_code": None, "oom_killed": False, "timed_out": False,
             "killed_by_airflow": False, "start_error_class": None, "error": None, "log_path": str(log_path),
             "started_at": None, "finished_at": None, "duration_s": None, "rapl": None,
+            "peak_mem_mib": None, "peak_mem_source": None,
         }
 
     def _write_outcome(self, outcome: dict) -> None:
@@ -344,6 +346,8 @@ class BenchmarkCaseOperator(DockerOperator):
 
         streamer = threading.Thread(target=self._stream_logs, args=(cid,), daemon=True)
         streamer.start()
+        # The container's peak memory (cgroup, or the engine's stats for a remote engine): fleetbench.capacity.
+        memory = PeakMemory(self.cli, cid, local=self._local_engine()).start()
         waited_from = time.monotonic()
         try:
             try:
@@ -366,7 +370,8 @@ class BenchmarkCaseOperator(DockerOperator):
             if self._killed:  # on_kill recorded the case and removed its container: the task fails, as killed
                 raise AirflowException(f"case {self.case['case_key']} was killed from Airflow; its outcome is recorded")
             state = self.cli.inspect_container(cid)["State"]
-            outcome["oom_killed"] = bool(state.get("OOMKilled"))
+            outcome["oom_killed"] = bool(state.get("OOMKilled")) or (
+                state.get("ExitCode") == 137 and not outcome["timed_out"] and self._oom_event(cid, t0))
             if outcome["exit_code"] is None:
                 outcome["exit_code"] = state.get("ExitCode")
             outcome["started_at"] = docker_time(state.get("StartedAt")) or t0.isoformat()
@@ -382,6 +387,7 @@ class BenchmarkCaseOperator(DockerOperator):
         finally:
             if rapl is not None:
                 rapl.stop()  # idempotent: ends its sampling thread however the case ended
+            outcome["peak_mem_mib"], outcome["peak_mem_source"] = memory.stop()
             # An exited container needs no stop (one API round trip less per case); anything else is stopped first.
             self._remove(cid, stop_first=outcome["finished_at"] is None or outcome.get("engine_unreachable", False))
         self._finish(outcome)
@@ -422,6 +428,25 @@ class BenchmarkCaseOperator(DockerOperator):
             pass
         with log_path.open("ab") as f:
             f.write(f"\nfleetbench: {outcome['error']}\n".encode())
+
+    def _oom_event(self, cid: str, since: datetime) -> bool:
+        """The engine logged an `oom` event for the container. Docker 20.10 sets State.OOMKilled from whichever of
+        the OOM and exit notifications comes last, so a container killed at its memory limit can read
+        `OOMKilled: false`, exit 137; its event log still has the `oom`."""
+        try:
+            events = self.cli.events(since=int(since.timestamp()) - 1, until=int(time.time()) + 1, decode=True,
+                                     filters={"container": cid, "event": "oom"})
+            try:
+                return any(e.get("status") == "oom" or e.get("Action") == "oom" for e in events)
+            finally:
+                events.close()
+        except (APIError, requests.exceptions.RequestException) as exc:
+            self.log.warning("case %s: the engine's events could not be read: %s", self.case["case_key"], exc)
+            return False
+
+    def _local_engine(self) -> bool:
+        """The engine runs on this machine (a unix socket): its containers' cgroups can be read here."""
+        return str(self.docker_url or "").startswith("unix://") and not self._tls
 
     def _live_path(self) -> Path:
         log_path, _ = self._paths()

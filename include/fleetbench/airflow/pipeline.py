@@ -32,6 +32,7 @@ def make_plan(run: dict, config_path: str | None = None, params: dict | None = N
 
     `run` holds dag_id, run_id, logical_date, run_type. The plan is logged as a table (what a dry run shows).
     """
+    from fleetbench.capacity import plan_capacity
     from fleetbench.params import apply_params
     from fleetbench.plan import build_plan, plan_table
 
@@ -39,6 +40,7 @@ def make_plan(run: dict, config_path: str | None = None, params: dict | None = N
     plan = build_plan(apply_params(load_config(path), params), {**run, "config_path": str(path)}, params)
     if not plan.cases:
         raise ValueError(f"{path}: the plan has no cases (check benchmarks[*].hosts)")
+    plan = plan_capacity(plan)  # each case's predicted peak memory against its capacity (skip, warn or run)
     log.info("plan: %d case(s) on %d host(s) from %s%s\n%s", len(plan.cases), len(plan.hosts), path,
              " (dry run: nothing will be pulled, run or stored)" if plan.run.dry_run else "", plan_table(plan.cases))
     return plan.to_xcom()

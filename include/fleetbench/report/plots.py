@@ -61,7 +61,20 @@ class BarChart:
     kind: str = "bar"
 
 
-Chart = LineChart | BarChart
+@dataclass
+class ScatterChart:
+    """Numbers on both axes: points per series, and lines (e.g. a fitted line) drawn through their points."""
+
+    id: str
+    title: str
+    x_label: str
+    y_label: str
+    series: list[Series]  # points as (x, y) numbers
+    lines: list[Series] = field(default_factory=list)
+    kind: str = "scatter"
+
+
+Chart = LineChart | BarChart | ScatterChart
 
 
 def slug(text: str) -> str:
@@ -76,6 +89,33 @@ def charts(report: dict) -> list[Chart]:
     for chart in (scaling_chart(report), *efficiency_charts(report), failures_chart(report)):
         if chart is not None:
             out.append(chart)
+    return out + capacity_charts(report)
+
+
+def capacity_charts(report: dict) -> list[ScatterChart]:
+    """One chart per capacity profile with points: peak memory per device against batch per device (ok
+    results), the fitted line, OOMs on record (at the memory they died with) and misses."""
+    out = []
+    for p in report.get("capacity") or []:
+        name = f"{p['model']} ({p['precision']}, {p['device']}, {p['harness']})"
+        series = [Series("ok: peak memory", points=[(float(b), float(m)) for b, m in p["points"]])]
+        if p["ooms"]:
+            series.append(Series("OOM (at the memory it had)",
+                                 points=[(float(o["batch"]), float(o["capacity_mib"])) for o in p["ooms"]]))
+        misses = [(float(m["batch_size_per_device"]), float(m["capacity_mib"])) for m in p["misses"]
+                  if m.get("batch_size_per_device") and m.get("capacity_mib")]
+        if misses:
+            series.append(Series("miss: predicted to fit, died of OOM", points=misses))
+        lines = []
+        if p["slope_mib_per_sample"] is not None:
+            hi = max([x for s in series for x, _ in s.points] or [1.0]) * 1.1
+            a, b = p["intercept_mib"], p["slope_mib_per_sample"]
+            lines.append(Series(f"fit: {a:.1f} + {b:.4g} × batch ± {p['spread_mib']:.1f} MiB",
+                                points=[(0.0, a), (hi, a + b * hi)]))
+        if any(s.points for s in series):
+            out.append(ScatterChart(id=f"capacity-{slug(name)}", title=f"Peak memory: {name}",
+                                    x_label="batch per device", y_label="MiB per device", series=series,
+                                    lines=lines))
     return out
 
 
@@ -211,7 +251,8 @@ def _time_ticks(lo: datetime, hi: datetime, count: int = 6, nights: list[datetim
 # -- SVG ----------------------------------------------------------------------------------------------
 def to_svg(chart: Chart) -> str:
     """The chart as an inline <svg> element (no scripts, no external references)."""
-    legend = [s.label for s in chart.series] if (len(chart.series) > 1 or chart.kind == "line") else []
+    legend = ([s.label for s in chart.series] if (len(chart.series) > 1 or chart.kind == "line") else []) + [
+        s.label for s in getattr(chart, "lines", [])]
     legend_h = LEGEND_ROW * math.ceil(len(legend) / 2) if legend else 0
     height = HEIGHT + legend_h
     x0, x1 = MARGIN["left"], WIDTH - MARGIN["right"]
@@ -226,10 +267,11 @@ def to_svg(chart: Chart) -> str:
              f'<text transform="translate(16 {(y0 + y1) / 2}) rotate(-90)" text-anchor="middle" font-size="11">'
              f'{escape(chart.y_label)}</text>']
     values = ([y for s in chart.series for _, y in s.points] if chart.kind == "line"
+              else [y for s in (*chart.series, *chart.lines) for _, y in s.points] if chart.kind == "scatter"
               else [v for s in chart.series for v in s.values if v is not None])
     if chart.kind == "bar" and chart.reference is not None:
         values.append(chart.reference)
-    lo = 0.0 if chart.kind == "bar" or (values and min(values) >= 0) else min(values)
+    lo = 0.0 if chart.kind in ("bar", "scatter") or (values and min(values) >= 0) else min(values)
     ticks = nice_ticks(lo, max(values) if values else 1.0, integer=getattr(chart, "integer", False))
     ymin, ymax = ticks[0], ticks[-1]
 
@@ -243,6 +285,8 @@ def to_svg(chart: Chart) -> str:
     parts.append(f'<line x1="{x0}" x2="{x0}" y1="{y0}" y2="{y1}" stroke="#333"/>')
     if chart.kind == "line":
         parts += _svg_lines(chart, x0, x1, y0, y1, ypos)
+    elif chart.kind == "scatter":
+        parts += _svg_scatter(chart, x0, x1, y0, ypos)
     else:
         parts += _svg_bars(chart, x0, x1, y0, ypos)
     for i, label in enumerate(legend):
@@ -284,6 +328,35 @@ def _svg_lines(chart: LineChart, x0, x1, y0, y1, ypos) -> list[str]:
             parts.append(f'<circle class="point" cx="{x:.1f}" cy="{y:.1f}" r="3.5" fill="{color}" '
                          f'data-value="{v!r}" data-x="{t.isoformat()}"><title>{escape(s.label)} {t:%Y-%m-%d}: '
                          f'{fmt(v)}</title></circle>')
+        parts.append("</g>")
+    return parts
+
+
+def _svg_scatter(chart: ScatterChart, x0, x1, y0, ypos) -> list[str]:
+    xs = [x for s in (*chart.series, *chart.lines) for x, _ in s.points]
+    ticks = nice_ticks(0.0, max(xs) if xs else 1.0)
+    xmax = ticks[-1] or 1.0
+
+    def xpos(x: float) -> float:
+        return x0 + x / xmax * (x1 - x0)
+
+    parts = [f'<text x="{(x0 + x1) / 2}" y="{y0 + 32}" text-anchor="middle" font-size="11">'
+             f'{escape(chart.x_label)}</text>']
+    for t in ticks:
+        parts.append(f'<line x1="{xpos(t):.1f}" x2="{xpos(t):.1f}" y1="{y0}" y2="{y0 + 4}" stroke="#333"/>'
+                     f'<text x="{xpos(t):.1f}" y="{y0 + 16}" text-anchor="middle" font-size="10">{fmt(t)}</text>')
+    for s in chart.lines:
+        pts = " ".join(f"{xpos(x):.1f},{ypos(y):.1f}" for x, y in s.points)
+        parts.append(f'<g class="fit" data-label="{escape(s.label)}"><title>{escape(s.label)}</title>'
+                     f'<polyline fill="none" stroke="#333" stroke-width="1.5" stroke-dasharray="6 3" '
+                     f'points="{pts}"/></g>')
+    for i, s in enumerate(chart.series):
+        color = PALETTE[i % len(PALETTE)]
+        parts.append(f'<g class="series" data-label="{escape(s.label)}">')
+        for x, y in s.points:
+            parts.append(f'<circle class="point" cx="{xpos(x):.1f}" cy="{ypos(y):.1f}" r="3.5" fill="{color}" '
+                         f'data-value="{y!r}" data-x="{x!r}"><title>{escape(s.label)}: batch {fmt(x)}, '
+                         f'{fmt(y)} MiB</title></circle>')
         parts.append("</g>")
     return parts
 
@@ -354,6 +427,15 @@ def to_png(chart: Chart, path: Path) -> Path:
             ax.xaxis.set_major_locator(DayLocator(interval=max(1, math.ceil((hi - lo).days / 6))))
         ax.xaxis.set_major_formatter(DateFormatter("%Y-%m-%d"))
         ax.tick_params(axis="x", labelsize=8)
+    elif chart.kind == "scatter":
+        for i, s in enumerate(chart.series):
+            ax.scatter([x for x, _ in s.points], [y for _, y in s.points], s=18, color=PALETTE[i % len(PALETTE)],
+                       label=s.label, marker="o" if i == 0 else "x")
+        for s in chart.lines:
+            ax.plot([x for x, _ in s.points], [y for _, y in s.points], color="#333", linestyle="--", linewidth=1,
+                    label=s.label)
+        ax.set_xlabel(chart.x_label)
+        ax.set_xlim(left=0)
     else:
         n = max(len(chart.series), 1)
         width = 0.8 / n
@@ -371,7 +453,7 @@ def to_png(chart: Chart, path: Path) -> Path:
             ax.axhline(chart.reference, color="#333", linestyle="--", linewidth=1, label=chart.reference_label)
     if chart.kind == "bar" or all(v >= 0 for s in chart.series for _, v in s.points):
         ax.set_ylim(bottom=0)
-    if len(chart.series) > 1 or chart.kind == "line":
+    if len(chart.series) > 1 or chart.kind in ("line", "scatter"):
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1 if chart.kind == "line" else -0.2), ncol=2,
                   frameon=False)
     fig.tight_layout()

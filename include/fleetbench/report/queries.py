@@ -680,6 +680,23 @@ SECTIONS = {
 }
 
 
+def capacity(conn, f: Filters) -> list[dict]:
+    """Capacity profiles (fleetbench.capacity) of the report's model filter: every result they learned from,
+    not only this window's (a profile is the whole history). Empty on a warehouse before revision 0009."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from fleetbench.capacity import report_section
+
+    try:
+        with conn.begin_nested():  # a failed read leaves the report's connection usable
+            dag_ids = {f.dag_id} if f.dag_id else None
+            if f.dag_ids is not None:
+                dag_ids = set(f.dag_ids) & dag_ids if dag_ids else set(f.dag_ids)
+            return report_section(conn, f.model, dag_ids)
+    except SQLAlchemyError:
+        return []
+
+
 # -- the whole report -----------------------------------------------------------------------------
 def blank_report(f: Filters | None = None, warehouse: str = "") -> dict:
     """A report with every section empty (the shape `build_report` fills)."""
@@ -693,7 +710,7 @@ def blank_report(f: Filters | None = None, warehouse: str = "") -> dict:
                     "first": None, "last": None},
         "hosts": [], "throughput": [], "throughput_mode": HOSTS, "driver_changes": [], "scaling": [], "efficiency": [],
         "latest_run": None, "failures": [], "regressions": [], "fleet_health": [], "suspected": [], "improvements": [],
-        "change_map": {"hosts": [], "cases": [], "cells": {}, "skipped": None},
+        "change_map": {"hosts": [], "cases": [], "cells": {}, "skipped": None}, "capacity": [],
     }
 
 
@@ -760,6 +777,7 @@ def build_report(engine: Engine, f: Filters | None = None, *, max_series: int | 
         if health:
             report["fleet_health"] = fleet_health(conn, scoped, [h["host"] for h in report["hosts"]])
             _mark_health(report)
+        report["capacity"] = capacity(conn, scoped)
     report["notes"] += notes(report)
     return report
 

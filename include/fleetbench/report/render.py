@@ -344,6 +344,32 @@ def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str,
     parts.append("<h3>Improvements</h3>")
     parts.append(table("improvements-table", [("status", "status", "text")] + columns[1:],
                        _findings(report.get("improvements", [])), empty="No improvements on the newest nights."))
+    parts += _capacity_section(report, charts, png)
     parts.append("</body></html>")
     return "".join(parts)
 
+
+
+def _capacity_section(report: dict, charts: Sequence[Chart], png: dict[str, str] | None) -> list[str]:
+    """Capacity profiles (fleetbench.capacity): the line per profile and its evidence, plots of memory vs batch."""
+    profiles = report.get("capacity") or []
+    rows = [{"profile": f"{p['model']} · {p['precision']} · {p['device']} · {p['harness']}",
+             "line": (f"{p['intercept_mib']:.1f} + {p['slope_mib_per_sample']:.4g} × batch"
+                      if p["slope_mib_per_sample"] is not None else f"none: {p['reason']}"),
+             "n": p["n"], "spread": p["spread_mib"],
+             "ooms": "; ".join(f"batch {o['batch']} with {o['capacity_mib']:.0f} MiB" for o in p["ooms"]) or "–",
+             "misses": len(p["misses"]),
+             "fits": "; ".join(f"{f['capacity_mib']:.0f} MiB: {f['largest_batch']}" for f in p["fits"]
+                               if f["largest_batch"] is not None) or "–"}
+            for p in profiles]
+    return ["<h2>Capacity: peak memory per batch</h2>",
+            '<p class="meta">Per harness, model, precision and device kind: peak memory per device (GPU memory, '
+            'or the container\'s for CPU cases) of ok results against the batch per device, a Theil-Sen line '
+            '(± its spread), OOMs at the memory they had, and misses (an OOM the plan predicted to fit). All '
+            'results of the model, not only this window\'s.</p>',
+            _plots(charts, "capacity-", png),
+            table("capacity-table", [("profile", "profile", "text"), ("peak MiB per device", "line", "text"),
+                                     ("points", "n", "int"), ("± MiB", "spread", "num"),
+                                     ("OOMs on record", "ooms", "text"), ("misses", "misses", "int"),
+                                     ("largest batch that fits (memory less 10 %)", "fits", "text")],
+                  rows, empty="No memory readings yet.")]

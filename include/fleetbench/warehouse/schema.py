@@ -130,6 +130,13 @@ benchmark_results = Table(
     Column("price_per_hour", Float),
     Column("cpu_tdp_w", Float),
     Column("mean_cpu_util_pct", Float),
+    # Capacity (revision 0009, fleetbench.capacity): the container's peak memory (CPU cases) and where it
+    # was read, the memory the case had, and the plan's prediction for it.
+    Column("peak_mem_mib", Float),
+    Column("peak_mem_source", String(20)),
+    Column("capacity_mib", Float),
+    Column("predicted_mem_mib", Float),
+    Column("capacity_note", Text),
     UniqueConstraint(*RESULT_KEY, name="uq_benchmark_results_key"),
     Index("ix_benchmark_results_host_case_time", "host", "case_key", "started_at"),
     Index("ix_benchmark_results_logical_date", "logical_date"),

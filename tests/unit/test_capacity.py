@@ -1,0 +1,307 @@
+"""Capacity profiles: the Theil-Sen fit on synthetic rows with a known answer, bad input, the plan's verdicts,
+and the container peak-memory sampler's readings."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from fleetbench.capacity import (
+    Settings,
+    assess,
+    fit_profiles,
+    forced_cases,
+    mem_limit_mib,
+    plan_capacity,
+    theil_sen,
+)
+from fleetbench.config import ConfigError, parse_config
+from fleetbench.params import apply_params
+from fleetbench.plan import build_plan
+from fleetbench.telemetry.container_memory import PeakMemory, cgroup_files, mib, stats_peak_mib
+
+KEY = ("tf_cnn_benchmarks", "resnet50", "fp32", "gpu")
+
+
+def row(batch: int, mem, status: str = "ok", device: str = "gpu", **extra) -> dict:
+    r = {"model": "resnet50", "batch_size_per_device": batch, "device": device, "status": status,
+         "command": ["python", "tf_cnn_benchmarks.py"], "failure_class": None if status == "ok" else "gpu_oom",
+         "peak_gpu_mem_mib" if device == "gpu" else "peak_mem_mib": mem}
+    r.update(extra)
+    return r
+
+
+def line(batches, a=1000.0, b=40.0, noise=0.0, seed=1) -> list[dict]:
+    rng = random.Random(seed)
+    return [row(x, a + b * x + rng.gauss(0, noise)) for x in batches]
+
+
+# -- the fit ---------------------------------------------------------------------------------------
+def test_exact_line_is_recovered_with_the_floor_spread():
+    p = fit_profiles(line([8, 16, 32, 64]))[KEY]
+    assert (p.slope, p.intercept, p.n, p.batches) == (40.0, 1000.0, 4, [8, 16, 32, 64])
+    # No residual at all: the spread is the floor, 2 % of the median reading (median of 1320, 1640, 2280, 3560).
+    assert p.spread_mib == pytest.approx(0.02 * (1640 + 2280) / 2)
+    assert p.predict(128) == pytest.approx(1000 + 40 * 128)
+
+
+def test_noisy_line_recovers_slope_and_states_a_spread_that_holds_the_points():
+    rows = line([8, 16, 24, 32, 48, 64, 96, 128] * 6, noise=20.0)
+    p = fit_profiles(rows, Settings(window=1000))[KEY]
+    assert p.slope == pytest.approx(40.0, abs=0.5) and p.intercept == pytest.approx(1000.0, abs=25)
+    assert 20 <= p.spread_mib <= 100  # 3 sigma of the noise, estimated from the residuals
+    inside = sum(abs(r["peak_gpu_mem_mib"] - p.predict(r["batch_size_per_device"])) <= p.spread_mib for r in rows)
+    assert inside / len(rows) >= 0.95
+
+
+def test_an_outlier_does_not_tilt_the_line():
+    rows = line([8, 16, 32, 64, 128]) + [row(32, 70000.0)]  # a neighbour's process on the GPU
+    p = fit_profiles(rows)[KEY]
+    assert p.slope == pytest.approx(40.0) and p.intercept == pytest.approx(1000.0, abs=1)
+
+
+def test_theil_sen_by_hand():
+    # Pairwise slopes of (1,1) (2,3) (3,2): 2, 0.5, -1 -> median 0.5; intercepts 0.5, 2, 0.5 -> 0.5.
+    slope, intercept, residuals = theil_sen([(1, 1), (2, 3), (3, 2)])
+    assert (slope, intercept) == (0.5, 0.5) and residuals == [0.0, 1.5, 0.0]
+
+
+def test_window_keeps_the_newest_points():
+    rows = line([8, 16, 32], b=10.0) + line([8, 16, 32], b=100.0)  # newest first: the first three
+    p = fit_profiles(rows, Settings(window=3))[KEY]
+    assert p.slope == 10.0 and p.n == 3
+
+
+def test_profiles_are_per_harness_model_precision_and_device():
+    rows = (line([8, 16, 32]) + [dict(r, model="vgg16") for r in line([8, 16, 32], b=80.0)]
+            + [dict(r, command=["x", "--use_fp16=true"]) for r in line([8, 16, 32], b=20.0)]
+            + [row(b, 100.0 + b, device="cpu") for b in (8, 16, 32)])
+    profiles = fit_profiles(rows)
+    assert {k: p.slope for k, p in profiles.items()} == {
+        KEY: 40.0, ("tf_cnn_benchmarks", "vgg16", "fp32", "gpu"): 80.0,
+        ("tf_cnn_benchmarks", "resnet50", "fp16", "gpu"): 20.0, ("tf_cnn_benchmarks", "resnet50", "fp32", "cpu"): 1.0}
+
+
+# -- bad input: no prediction and the reason, never a crash ------------------------------------------------
+@pytest.mark.parametrize("rows, reason", [
+    ([row(32, 2000.0)], "1 usable point(s), fewer than min_points 3"),
+    ([row(32, 2000.0), row(32, 2010.0), row(32, 1990.0)], "every point is at one batch size (32): no slope"),
+    ([row(8, 3000.0), row(16, 2000.0), row(32, 1000.0)], "peak memory falls as the batch grows"),
+    ([row(8, -5.0), row(16, 0.0), row(32, float("nan")), row(64, 1e12), row(64, "lots"), row(8, True)],
+     "0 usable point(s)"),
+])
+def test_bad_input_gives_no_prediction_with_the_reason(rows, reason):
+    p = fit_profiles(rows)[KEY]
+    assert not p.fitted and p.predict(64) is None and reason in p.reason
+    assert reason in p.explain()
+
+
+def test_bad_readings_are_dropped_and_counted():
+    p = fit_profiles(line([8, 16, 32]) + [row(64, -1.0), row(64, 1e12), row(64, float("inf"))])[KEY]
+    assert p.n == 3 and p.slope == 40.0
+    assert p.dropped == {"negative or zero": 1, "not a believable number": 2}
+
+
+def test_failed_rows_other_than_oom_teach_nothing():
+    rows = line([8, 16, 32]) + [row(64, 99999.0, status="failed", failure_class="nccl")]
+    p = fit_profiles(rows)[KEY]
+    assert p.n == 3 and p.ooms == {}
+
+
+# -- OOMs and misses -----------------------------------------------------------------------------------
+def test_smallest_oom_batch_per_memory_size_and_misses():
+    rows = line([8, 16, 32]) + [
+        row(128, None, status="failed", capacity_mib=16384.0),
+        row(64, None, status="failed", failure_class="oom_killed", capacity_mib=16384.0,
+            capacity_note="fits: 3560 +- 20 MiB of 14746 MiB", predicted_mem_mib=3560.0, run_id="r9", host="h"),
+        row(256, None, status="failed", capacity_mib=40960.0),
+        row(32, None, status="failed"),  # capacity unknown: not a bound
+    ]
+    p = fit_profiles(rows)[KEY]
+    assert p.ooms == {16384.0: 64, 40960.0: 256}
+    assert [(m["run_id"], m["predicted_mem_mib"], m["failure_class"]) for m in p.misses] == [
+        ("r9", 3560.0, "oom_killed")]
+    assert p.known_oom(64, 16384.0) == (64, 16384.0) and p.known_oom(64, 8192.0) == (64, 16384.0)
+    assert p.known_oom(63, 16384.0) is None and p.known_oom(64, 32768.0) is None
+    # 16 GiB less 10 %: (14745.6 - spread - 1000) / 40 -> 343, but batch 64 died with 16 GiB.
+    assert p.largest_fitting(16384.0, 10.0) == 63
+    assert p.largest_fitting(81920.0, 10.0) == int((81920 * 0.9 - p.spread_mib - 1000) // 40)
+
+
+# -- the plan's verdict per case ------------------------------------------------------------------------
+def plan_cfg(batches, on_predicted_oom="skip", mem_limit="256m", **capacity) -> dict:
+    return {
+        "fleet": {"capacity": {"on_predicted_oom": on_predicted_oom, **capacity}},
+        "hosts": [{"name": "h1"}],
+        "images": [{"name": "cpu", "ref": "127.0.0.1:5000/x:1", "command": ["python3", "tf_cnn_benchmarks.py"]}],
+        "benchmarks": [{"name": "smoke", "image": "cpu", "device": "cpu", "models": ["trivial"],
+                        "batch_sizes": batches, "num_gpus": [0], "variable_update": ["parameter_server"],
+                        "container": {"mem_limit": mem_limit} if mem_limit else {}}],
+    }
+
+
+def cpu_rows(batches, a=18.0, b=36.0 / 1024) -> list[dict]:
+    return [{"model": "trivial", "batch_size_per_device": x, "device": "cpu", "status": "ok",
+             "command": ["python3", "tf_cnn_benchmarks.py"], "peak_mem_mib": a + b * x} for x in batches]
+
+
+class _Engine:
+    """Stands in for the warehouse in plan_capacity: what read_rows and read_gpu_memory would return."""
+
+
+def verdicts(cfg: dict, rows: list[dict], params: dict | None = None, monkeypatch=None) -> dict:
+    import fleetbench.capacity as cap
+
+    monkeypatch.setattr(cap, "read_rows", lambda engine, models: rows)
+    monkeypatch.setattr(cap, "read_gpu_memory", lambda engine, hosts: {})
+    monkeypatch.setattr(cap, "has_results", lambda engine: True)
+    plan = build_plan(apply_params(parse_config(cfg), params), {"dag_id": "d", "run_id": "r"}, params)
+    return {c.case_key.split(".")[2]: c.capacity for c in plan_capacity(plan, engine=_Engine()).cases}
+
+
+def test_plan_skips_the_batch_that_exceeds_the_limit_and_runs_the_rest(monkeypatch):
+    v = verdicts(plan_cfg([2048, 5120, 8192]), cpu_rows([2048, 3072, 4096, 5120, 6144]), monkeypatch=monkeypatch)
+    assert v["bs8192"]["action"] == "skip" and v["bs8192"]["note"].startswith("predicted OOM: 306 +- 3 MiB")
+    assert v["bs8192"]["capacity_mib"] == 256.0 and v["bs8192"]["predicted_mem_mib"] == pytest.approx(306.0, abs=0.01)
+    assert v["bs2048"]["action"] == v["bs5120"]["action"] == "run"
+    assert v["bs5120"]["note"].startswith("fits: 198 +- 3 MiB of 230 MiB (container limit 256 MiB less 10 %)")
+
+
+def test_too_few_points_for_confidence_only_warns(monkeypatch):
+    v = verdicts(plan_cfg([8192]), cpu_rows([2048, 3072, 4096]), monkeypatch=monkeypatch)
+    assert v["bs8192"]["action"] == "warn" and "fewer than confident_points 5: warn only" in v["bs8192"]["note"]
+    v = verdicts(plan_cfg([8192], confident_points=3), cpu_rows([2048, 3072, 4096]), monkeypatch=monkeypatch)
+    assert v["bs8192"]["action"] == "skip"
+
+
+@pytest.mark.parametrize("setting", ["warn", "run"])
+def test_the_setting_decides(setting, monkeypatch):
+    v = verdicts(plan_cfg([8192], on_predicted_oom=setting), cpu_rows([2048, 3072, 4096, 5120, 6144]),
+                 monkeypatch=monkeypatch)
+    assert v["bs8192"]["action"] == setting and v["bs8192"]["note"].startswith("predicted OOM")
+
+
+def test_force_cases_runs_a_predicted_oom_and_names_unknown_cases(monkeypatch):
+    rows = cpu_rows([2048, 3072, 4096, 5120, 6144])
+    v = verdicts(plan_cfg([5120, 8192]), rows, {"force_cases": ["h1/smoke.trivial.bs8192.g0.parameter_server"]},
+                 monkeypatch=monkeypatch)
+    assert v["bs8192"]["action"] == "run" and v["bs8192"]["note"].endswith("forced by force_cases")
+    with pytest.raises(ConfigError, match=r"force_cases\[0\]: 'smoke.trivial.bs1.g0.parameter_server' is not a case"):
+        verdicts(plan_cfg([8192]), rows, {"force_cases": ["smoke.trivial.bs1.g0.parameter_server"]},
+                 monkeypatch=monkeypatch)
+    with pytest.raises(ConfigError, match=r"force_cases\[0\]: 'a b' is not a case_key"):
+        apply_params(parse_config(plan_cfg([8192])), {"force_cases": ["a b"]})
+
+
+def test_unknown_capacity_or_no_profile_runs_with_the_reason(monkeypatch):
+    v = verdicts(plan_cfg([8192], mem_limit=None), cpu_rows([2048, 3072, 4096, 5120, 6144]), monkeypatch=monkeypatch)
+    assert v["bs8192"] == {"action": "run", "capacity_mib": None, "predicted_mem_mib": None, "spread_mib": None,
+                           "note": "no prediction: the case has no container memory limit"}
+    v = verdicts(plan_cfg([8192]), [], monkeypatch=monkeypatch)
+    assert v["bs8192"]["action"] == "run" and v["bs8192"]["note"].startswith("no prediction: no result")
+    v = verdicts(plan_cfg([8192]), cpu_rows([4096]), monkeypatch=monkeypatch)
+    assert v["bs8192"]["action"] == "run" and "fewer than min_points" in v["bs8192"]["note"]
+
+
+def test_unreadable_warehouse_runs_everything_with_the_reason(tmp_path):
+    from fleetbench.warehouse import get_engine
+
+    plan = build_plan(parse_config(plan_cfg([8192])), {"dag_id": "d", "run_id": "r"})
+    (case,) = plan_capacity(plan, engine=get_engine(f"sqlite:///{tmp_path}/new.db")).cases  # nothing stored yet
+    assert case.capacity["action"] == "run"
+    assert case.capacity["note"].startswith("no prediction: no result of this harness, model")
+
+    class Broken:
+        def connect(self):
+            raise RuntimeError("no such table: capacity_features")
+
+    (case,) = plan_capacity(plan, engine=Broken()).cases
+    assert case.capacity["action"] == "run" and "the warehouse could not be read" in case.capacity["note"]
+    assert case.capacity["capacity_mib"] == 256.0
+
+
+def test_gpu_case_on_a_host_of_unknown_memory_is_not_predicted():
+    from fleetbench.plan import Case
+
+    case = Case(host="g", case_key="k", benchmark="b", image="i", model="resnet50", batch_size_per_device=512,
+                num_gpus=1, variable_update="replicated", device="gpu", num_batches=1, num_warmup_batches=0,
+                timeout_s=60, command=["python", "tf_cnn_benchmarks.py"])
+    profiles = fit_profiles(line([8, 16, 32, 64, 128]))
+    v = assess(case, profiles, {"g": None}, Settings())
+    assert v["action"] == "run" and v["note"] == "no prediction: the GPU memory of host g is not known yet"
+    v = assess(case, profiles, {"g": 16384.0}, Settings())  # 1000 + 40 x 512 = 21480 MiB > 16 GiB
+    assert v["action"] == "skip" and v["predicted_mem_mib"] == 21480.0
+
+
+def test_forced_cases_expand_a_bare_case_key_to_every_host():
+    cfg = plan_cfg([8192])
+    cfg["hosts"].append({"name": "h2"})
+    plan = build_plan(parse_config(cfg), {"dag_id": "d", "run_id": "r"})
+    assert forced_cases(plan, ["smoke.trivial.bs8192.g0.parameter_server"]) == {
+        ("h1", "smoke.trivial.bs8192.g0.parameter_server"), ("h2", "smoke.trivial.bs8192.g0.parameter_server")}
+
+
+@pytest.mark.parametrize("value, expected", [("256m", 256.0), ("2g", 2048.0), ("1048576", 1.0), ("512k", 0.5),
+                                             (None, None), ("0", None), ("lots", None)])
+def test_mem_limit_mib(value, expected):
+    assert mem_limit_mib(value) == expected
+
+
+# -- the sampler's readings ------------------------------------------------------------------------------
+def test_readings_in_mib_and_what_is_not_one():
+    assert mib(268435456) == 256.0 and mib("1048576") == 1.0
+    assert [mib(v) for v in (0, -1, "x", None, float("nan"), 2**60)] == [None] * 6
+    assert stats_peak_mib({"memory_stats": {"usage": 2 * 2**20, "max_usage": 3 * 2**20}}) == 3.0  # cgroup v1
+    assert stats_peak_mib({"memory_stats": {"usage": 2 * 2**20}}) == 2.0  # cgroup v2: usage only
+    assert stats_peak_mib({}) is None
+
+
+def test_sampler_reads_a_cgroup_file_and_keeps_the_peak(tmp_path):
+    path, source = cgroup_files("c0ffee", tmp_path)[2]  # cgroup v1, cgroupfs driver
+    path.parent.mkdir(parents=True)
+    path.write_text("104857600\n")
+    sampler = PeakMemory(cli=None, cid="c0ffee", local=True, period_s=0.01, root=tmp_path).start()
+    path.write_text("209715200\n")
+    assert sampler.stop() == (200.0, "cgroup_v1")
+
+
+def test_sampler_falls_back_to_engine_stats_for_a_remote_engine():
+    class Cli:
+        def stats(self, cid, decode, stream):
+            assert (cid, decode, stream) == ("abc", True, True)
+            yield {"memory_stats": {"usage": 50 * 2**20}}
+            yield {"memory_stats": {"usage": 70 * 2**20}}
+            yield {"memory_stats": {"usage": -1}}  # a bad sample is ignored
+
+    sampler = PeakMemory(cli=Cli(), cid="abc", local=False).start()
+    sampler._thread.join(timeout=5)
+    assert sampler.stop() == (70.0, "engine_stats")
+
+
+def test_gpu_memory_comes_from_each_hosts_newest_facts(tmp_path):
+    import json as _json
+
+    from fleetbench.capacity import read_gpu_memory
+    from fleetbench.warehouse import get_engine, upgrade
+    from fleetbench.warehouse.schema import host_facts
+
+    engine = get_engine(f"sqlite:///{tmp_path}/w.db")
+    upgrade(engine)
+
+    def facts(run: str, host: str, day: int, gpus) -> dict:
+        from datetime import datetime, timezone
+
+        return {"dag_id": "d", "run_id": run, "host": host, "verdict": "ready", "facts_json": _json.dumps(gpus),
+                "collected_at": datetime(2026, 12, day, tzinfo=timezone.utc)}
+
+    with engine.begin() as conn:
+        conn.execute(host_facts.insert(), [
+            facts("r1", "g", 1, {"gpus": [{"memory_total_mib": 16384}]}),
+            facts("r2", "g", 2, {"gpus": [{"memory_total_mib": 81559}, {"memory_total_mib": 40960}]}),  # newest
+            facts("r2", "cpu", 2, {"gpus": []}),
+            facts("r2", "odd", 2, {"gpus": [{"memory_total_mib": -5}, {"memory_total_mib": "x"}]}),
+            facts("r2", "broken", 2, ["not", "a", "mapping"]),
+        ])
+    assert read_gpu_memory(engine, ["g", "cpu", "odd", "broken", "absent"]) == {
+        "g": 40960.0, "cpu": None, "odd": None, "broken": None}

@@ -1,0 +1,78 @@
+"""`fleetbench capacity`: the largest batch predicted to fit, with the evidence; clear errors for bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fleetbench.cli import main
+from fleetbench.warehouse import get_engine, store_run, upgrade
+from warehouse_rows import result_row, run_row
+
+
+def gpu_row(key: str, batch: int, mem: float | None, status: str = "ok", **extra) -> dict:
+    return result_row(key, batch_size_per_device=batch, batch_size_global=batch, peak_gpu_mem_mib=mem, status=status,
+                      ips=100.0 if status == "ok" else None, failure_class=None if status == "ok" else "gpu_oom",
+                      **extra)
+
+
+@pytest.fixture()
+def warehouse(tmp_path, monkeypatch) -> str:
+    url = f"sqlite:///{tmp_path}/w.db"
+    engine = get_engine(url)
+    upgrade(engine)
+    # resnet50 on GPUs: 1000 MiB + 60 MiB per sample; batch 512 died with 40 GiB (predicted to fit: a miss).
+    rows = [gpu_row(f"cnn.resnet50.bs{b}.g1.replicated", b, 1000.0 + 60 * b) for b in (32, 64, 128, 256)]
+    rows.append(gpu_row("cnn.resnet50.bs512.g1.replicated", 512, None, status="failed", capacity_mib=40960.0,
+                        predicted_mem_mib=31720.0, capacity_note="fits: 31720 +- 50 MiB of 36864 MiB [run]"))
+    rows.append(gpu_row("cnn.vgg16.bs64.g1.replicated", 64, 5000.0, model="vgg16"))  # one point
+    store_run(engine, run_row("r1"), [], rows, [])
+    engine.dispose()
+    monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", url)
+    return url
+
+
+def test_suggests_the_largest_batch_for_a_catalog_gpu_with_the_evidence(warehouse, capsys):
+    assert main(["capacity", "--gpu-model", "A100 SXM4 40GB"]) == 0
+    out = capsys.readouterr().out
+    assert ("tf_cnn_benchmarks/resnet50/fp32/gpu: peak MiB = 1000.0 + 60.0000 x batch per device, +- "
+            in out)
+    assert "from 4 point(s) at batch(es) [32, 64, 128, 256]" in out
+    assert "OOM on record: batch 512 with 40960 MiB" in out
+    assert "miss: h1 cnn.resnet50.bs512.g1.replicated (run r1) was predicted to fit" in out
+    # 40 GiB less 10 % = 36864 MiB; (36864 - spread - 1000) / 60 -> 596, but 512 died with 40 GiB: 511.
+    assert "40960 MiB (less 10 %): largest batch per device predicted to fit: 511" in out
+    assert "vgg16/fp32/gpu: no prediction: 1 usable point(s)" in out
+
+
+def test_memory_size_and_json(warehouse, capsys):
+    assert main(["capacity", "--model", "resnet50", "--memory-gib", "16", "--format", "json"]) == 0
+    (item,) = json.loads(capsys.readouterr().out)
+    assert (item["model"], item["n"], item["slope_mib_per_sample"], item["intercept_mib"]) == ("resnet50", 4, 60.0,
+                                                                                              1000.0)
+    (fit,) = item["fits"]
+    assert fit["capacity_mib"] == 16384.0
+    assert fit["largest_batch"] == int((16384 * 0.9 - item["spread_mib"] - 1000) // 60)
+
+
+def test_without_a_size_uses_the_sizes_results_ran_with(warehouse, capsys):
+    assert main(["capacity", "--model", "resnet50"]) == 0
+    assert "40960 MiB (less 10 %): largest batch per device predicted to fit: 511" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--gpu-model", "Voodoo 5"], "--gpu-model 'Voodoo 5' is not in the GPU catalog"),
+    (["--memory-gib", "-1"], "--memory-gib must be a positive number of GiB"),
+    (["--margin-pct", "100"], "--margin-pct must be in [0, 100)"),
+])
+def test_bad_input_is_one_line_and_exit_2(warehouse, capsys, argv, message):
+    assert main(["capacity", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fleetbench capacity: ") and message in err and "Traceback" not in err
+
+
+def test_empty_warehouse_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", f"sqlite:///{tmp_path}/new.db")
+    assert main(["capacity"]) == 0
+    assert capsys.readouterr().out.strip() == "no memory readings in the warehouse yet"

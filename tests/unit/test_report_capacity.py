@@ -1,0 +1,66 @@
+"""The report's capacity section: per profile a memory-vs-batch plot (points, fitted line, OOMs, misses) and
+a table; only the DAGs the reader may see."""
+
+from __future__ import annotations
+
+import re
+
+from fleetbench.report import Filters, build_report, write_report
+from fleetbench.report.plots import capacity_charts, to_svg
+from fleetbench.warehouse import get_engine, store_run, upgrade
+from warehouse_rows import result_row, run_row
+
+
+def cpu_row(batch: int, mem: float | None, status: str = "ok", **extra) -> dict:
+    return result_row(f"smoke.trivial.bs{batch}.g0.parameter_server", model="trivial", device="cpu", num_gpus=0,
+                      batch_size_per_device=batch, batch_size_global=batch, peak_mem_mib=mem, status=status,
+                      ips=100.0 if status == "ok" else None, capacity_mib=256.0,
+                      failure_class=None if status == "ok" else "oom_killed", **extra)
+
+
+def warehouse(tmp_path):
+    engine = get_engine(f"sqlite:///{tmp_path}/w.db")
+    upgrade(engine)
+    rows = [cpu_row(b, 18.0 + 0.035 * b) for b in (2048, 3072, 4096, 5120)]
+    rows.append(cpu_row(8192, None, status="failed", predicted_mem_mib=200.0, capacity_note="fits: 200 +- 4 MiB"))
+    store_run(engine, run_row("r1"), [], rows, [])
+    other = {**run_row("r2"), "dag_id": "secret_dag"}
+    store_run(engine, other, [], [dict(result_row("x", run_id="r2", model="vgg16", peak_gpu_mem_mib=9000.0),
+                                       dag_id="secret_dag")], [])
+    return engine
+
+
+def test_capacity_section_plots_points_fit_ooms_and_misses(tmp_path):
+    engine = warehouse(tmp_path)
+    written = write_report(tmp_path / "out", engine=engine)
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "<h2>Capacity: peak memory per batch</h2>" in html and 'id="capacity-table"' in html
+    svg = re.search(r'<svg[^>]*id="plot-capacity-trivial[^"]*".*?</svg>', html, re.S).group(0)
+    oks = re.findall(r'data-label="ok: peak memory">(.*?)</g>', svg, re.S)[0]
+    assert sorted(float(v) for v in re.findall(r'data-value="([^"]+)"', oks)) == [
+        18.0 + 0.035 * b for b in (2048, 3072, 4096, 5120)]
+    assert 'data-label="OOM (at the memory it had)"' in svg and 'data-x="8192.0"' in svg
+    assert 'data-label="miss: predicted to fit, died of OOM"' in svg and 'class="fit"' in svg
+    assert "batch 8192 with 256 MiB" in html
+    assert any(p.endswith(".png") and "capacity-trivial" in p for p in written["pngs"])
+
+
+def test_capacity_section_reads_only_the_dags_the_reader_may_see(tmp_path):
+    engine = warehouse(tmp_path)
+    everything = build_report(engine)
+    assert {p["model"] for p in everything["capacity"]} == {"trivial", "vgg16"}
+    mine = build_report(engine, Filters(dag_ids=frozenset({"fleet_benchmark"})))
+    assert [p["model"] for p in mine["capacity"]] == ["trivial"]
+    (chart,) = capacity_charts(mine)
+    assert chart.lines[0].label.startswith("fit: 18.0 + 0.035 × batch")
+    assert to_svg(chart).count('class="point"') == 6  # 4 ok points, 1 OOM, 1 miss
+
+
+def test_capacity_of_a_warehouse_before_the_capacity_revision_is_empty(tmp_path):
+    from fleetbench.report.queries import capacity
+
+    engine = get_engine(f"sqlite:///{tmp_path}/w.db")
+    upgrade(engine, "0004")  # capacity_features has no capacity columns yet
+    with engine.connect() as conn:
+        assert capacity(conn, Filters()) == []
+        assert conn.exec_driver_sql("SELECT COUNT(*) FROM benchmark_results").scalar() == 0  # still usable
