@@ -21,10 +21,10 @@ from fleetbench.warehouse import (
     store_run,
     upgrade,
 )
-from fleetbench.warehouse.schema import benchmark_results, regressions, runs, steps
+from fleetbench.warehouse.schema import benchmark_results, regressions, result_metrics, runs, steps
 from warehouse_rows import DERIVED, result_row, run_row, step_rows
 
-HEAD = "0004"  # 0004: the report's rollups
+HEAD = "0007"  # 0007: harnesses, primary metric, result_metrics
 NEW_RESULT_COLUMNS = set(DERIVED)  # the derived-metric columns revision 0003 adds
 REGRESSION_COLUMNS = {  # name: nullable, as the regression detector expects them
     "id": False, "dag_id": False, "run_id": False, "host": False, "case_key": False, "metric": False,
@@ -181,7 +181,7 @@ def check_migrate_empty_database(engine):
             "ix_benchmark_results_case_time"} <= {i["name"] for i in insp.get_indexes("benchmark_results")}
     assert "ix_regressions_host_case_time" in {i["name"] for i in insp.get_indexes("regressions")}
     # The schema module and the migrations agree on every table's columns.
-    for table in (runs, steps, benchmark_results, regressions):
+    for table in (runs, steps, benchmark_results, regressions, result_metrics):
         assert {c["name"] for c in insp.get_columns(table.name)} == {c.name for c in table.columns}, table.name
 
 
