@@ -23,3 +23,9 @@ def test_migrate_from_previous_revision_keeps_rows_and_downgrades(pg_engine):
 
 def test_failed_migration_rolls_back(pg_engine):
     check_failed_migration_rolls_back(pg_engine)
+
+
+def test_migrate_filled_warehouse_to_metric_samples(pg_engine):
+    from warehouse_contract import check_migrate_filled_warehouse_to_metrics
+
+    check_migrate_filled_warehouse_to_metrics(pg_engine)

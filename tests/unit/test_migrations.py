@@ -89,3 +89,9 @@ def test_schema_module_and_migrations_agree_on_the_rollups(tmp_path):
         columns = {c["name"]: c["nullable"] for c in insp.get_columns(table.name)}
         assert columns == {c.name: c.nullable for c in table.columns}, table.name
         assert {i["name"] for i in insp.get_indexes(table.name)} == {i.name for i in table.indexes}, table.name
+
+
+def test_migrate_filled_warehouse_to_metric_samples(tmp_path):
+    from warehouse_contract import check_migrate_filled_warehouse_to_metrics
+
+    check_migrate_filled_warehouse_to_metrics(engine_at(tmp_path))
