@@ -300,3 +300,42 @@ def test_trigger_params_keep_harnesses_without_models_apart():
     assert [b.name for b in only.benchmarks] == ["cnn"]
     both = apply_params(cfg, {"batch_sizes": [32]})
     assert [(b.name, b.batch_sizes) for b in both.benchmarks] == [("cnn", [32]), ("nccl", None), ("llm", None)]
+
+
+# -- fleetbench parse: metric samples for every harness ---------------------------------------------
+def run_parse(*args: str) -> tuple[int, list[dict], str]:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([str(Path(sys.executable).parent / "fleetbench"), "parse", *args], capture_output=True,
+                          text=True)
+    return proc.returncode, [json.loads(line) for line in proc.stdout.splitlines()], proc.stderr
+
+
+def test_parse_prints_metric_samples_of_every_harness(tmp_path):
+    nccl_log = GPU_TOOLS / "nccl_all_reduce_2rank-2node_t4-efa_mpirun-prefix_nccl-info.log"
+    wrong = GPU_TOOLS / "nccl_all_reduce_2rank-2node_gh200_v2.17.8_wrong-4-failed.log"
+    lines_log = tmp_path / "own.log"
+    lines_log.write_text("warmup\n" + metric_line() + "\n" + metric_line("x", float("inf")) + "\n")
+    tf_log = Path(__file__).resolve().parents[1] / "fixtures" / "logs" / "horovod_pytorch_synthetic_4gpu_mpirun.log"
+    code, records, stderr = run_parse(str(nccl_log), str(wrong), str(lines_log), str(tf_log))
+    assert code == 0, stderr
+    nccl_rec, wrong_rec, own, horovod = records
+    assert (nccl_rec["format"], nccl_rec["status"], nccl_rec["primary"]) == ("nccl_tests", "ok", "avg_busbw")
+    assert {"metric": "avg_busbw", "value": 1.15327, "unit": "GB/s", "better": "higher", "labels": {}} in (
+        nccl_rec["metrics"])
+    assert (wrong_rec["status"], wrong_rec["failure_class"]) == ("failed", "wrong_results")
+    assert (own["format"], own["status"], own["primary"]) == ("command", "ok", "tokens_per_sec")
+    assert own["failure_detail"] == "dropped 1 metric sample(s): 1 not finite"
+    assert horovod["primary"] == "images_per_sec"
+    assert horovod["metrics"][0] == {"metric": "images_per_sec", "value": 885.2, "unit": "images/s",
+                                     "better": "higher", "labels": {}}
+    # a named harness reads the file as that harness, whatever it holds
+    code, records, _ = run_parse("--format", "command", str(nccl_log))
+    assert code == 0 and (records[0]["status"], records[0]["failure_class"]) == ("failed", "no_result")
+    code, records, stderr = run_parse("--format", "nccl_tests", str(lines_log))
+    assert code == 0 and records[0]["failure_class"] == "no_result"
+    plain = tmp_path / "plain.txt"
+    plain.write_text("nothing to see\n")
+    code, records, stderr = run_parse(str(plain))
+    assert (code, records) == (2, []) and f"{plain}: no known benchmark log format" in stderr
