@@ -339,3 +339,17 @@ def test_parse_prints_metric_samples_of_every_harness(tmp_path):
     plain.write_text("nothing to see\n")
     code, records, stderr = run_parse(str(plain))
     assert (code, records) == (2, []) and f"{plain}: no known benchmark log format" in stderr
+
+
+def test_the_gpu_example_config_bakes_nccl_tests_and_plans_its_cases():
+    from fleetbench.config import load_config
+    from fleetbench.plan import expand_cases
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "include" / "config" / "fleet.gpu-example.yaml")
+    bake = cfg.image("pytorch-nccl").bake
+    assert bake.git.url == "https://github.com/NVIDIA/nccl-tests.git" and bake.git.dest == "/opt/nccl-tests"
+    assert bake.run == ["make", "-C", "/opt/nccl-tests", "MPI=0", "-j", "8"]
+    nccl_cases = [c for c in expand_cases(cfg) if c.harness == "nccl_tests"]
+    assert sorted(c.model for c in nccl_cases) == ["all_gather", "all_reduce", "alltoall", "reduce_scatter"]
+    assert all(c.command[0] == f"/opt/nccl-tests/build/{c.model}_perf" and c.num_gpus == 8 for c in nccl_cases)
+    assert {c.host for c in nccl_cases} == {"gpu-a100-01"}
