@@ -41,6 +41,7 @@ test-services: services
 
 images: services
 	@bash include/images/cpu-smoke/build.sh
+	@bash include/images/torch-cpu/build.sh
 
 run: venv images
 	@bash scripts/run.sh

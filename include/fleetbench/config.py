@@ -349,7 +349,7 @@ SIZE_RANGE_PATTERN = r"^[0-9]{1,12}[KMG]?:[0-9]{1,12}[KMG]?$"
 class BenchmarkSpec(_Model):
     name: Name
     image: Name
-    # fleetbench.harnesses: tf_cnn_benchmarks, command, nccl_tests. The matrix axes a harness has
+    # fleetbench.harnesses: tf_cnn_benchmarks, torch_synthetic, command, nccl_tests. The matrix axes a harness has
     # (models, batch_sizes, ...) are checked against it by the config check (`_harness_errors`).
     harness: str = "tf_cnn_benchmarks"
     models: Annotated[list[Name], Unique] | None = Field(None, min_length=1)
@@ -358,6 +358,10 @@ class BenchmarkSpec(_Model):
     num_gpus: Annotated[list[Annotated[int, Field(ge=0, le=64)]], Unique] = Field([1], min_length=1)
     variable_update: Annotated[list[Literal["parameter_server", "replicated", "independent", "horovod",
                                             "distributed_replicated"]], Unique] = ["parameter_server"]
+    # torch_synthetic: precision, memory format (channels_last) and torch.compile on/off as matrix axes.
+    precisions: Annotated[list[Literal["fp32", "fp16", "bf16"]], Unique] = Field(["fp32"], min_length=1)
+    channels_last: Annotated[list[bool], Unique] = Field([False], min_length=1)
+    compile: Annotated[list[bool], Unique] = Field([False], min_length=1)
     # nccl_tests: the collectives (<name>_perf binaries) and "MIN:MAX" byte ranges (-b/-e, e.g. 8:128M).
     collectives: Annotated[list[Literal["all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast",
                                         "reduce", "sendrecv", "scatter", "gather", "hypercube"]], Unique] | None = (

@@ -27,9 +27,10 @@ def metric_line(metric="tokens_per_sec", value=1234.5, unit="tok/s", **extra) ->
 
 
 def test_registry_names_every_harness_and_refuses_an_unknown_one():
-    assert set(HARNESSES) == {"tf_cnn_benchmarks", "command", "nccl_tests"}
+    assert set(HARNESSES) == {"tf_cnn_benchmarks", "torch_synthetic", "command", "nccl_tests"}
     assert get(None).name == "tf_cnn_benchmarks"
-    with pytest.raises(KeyError, match="unknown harness 'caffe'.*known: command, nccl_tests, tf_cnn_benchmarks"):
+    with pytest.raises(KeyError, match="unknown harness 'caffe'.*known: command, nccl_tests, tf_cnn_benchmarks, "
+                                       "torch_synthetic"):
         get("caffe")
 
 
@@ -248,7 +249,7 @@ def test_a_fleet_mixing_harnesses_plans_each_harness_own_cases():
 
 @pytest.mark.parametrize("bench, expected", [
     ({**CNN, "harness": "caffe"},
-     "benchmarks[0].harness: unknown harness 'caffe' (known: command, nccl_tests, tf_cnn_benchmarks)"),
+     "benchmarks[0].harness: unknown harness 'caffe' (known: command, nccl_tests, tf_cnn_benchmarks, torch_synthetic)"),
     ({**CNN, "collectives": ["all_reduce"]}, "benchmarks[0].collectives: harness tf_cnn_benchmarks has no matrix axis "
                                              "collectives (its axes: models, batch_sizes, num_gpus, variable_update)"),
     ({**NCCL, "models": ["resnet50"]}, "benchmarks[0].models: harness nccl_tests has no matrix axis models"),
@@ -353,3 +354,43 @@ def test_the_gpu_example_config_bakes_nccl_tests_and_plans_its_cases():
     assert sorted(c.model for c in nccl_cases) == ["all_gather", "all_reduce", "alltoall", "reduce_scatter"]
     assert all(c.command[0] == f"/opt/nccl-tests/build/{c.model}_perf" and c.num_gpus == 8 for c in nccl_cases)
     assert {c.host for c in nccl_cases} == {"gpu-a100-01"}
+
+
+# -- torch_synthetic --------------------------------------------------------------------------------
+TORCH = {"name": "pt", "image": "pt", "harness": "torch_synthetic", "models": ["resnet50", "vit_b_16"],
+         "batch_sizes": [128], "num_gpus": [1, 8], "precisions": ["bf16", "fp16"], "channels_last": [True],
+         "compile": [False, True]}
+
+
+def test_torch_synthetic_matrix_and_argv():
+    from fleetbench.config import parse_config
+    from fleetbench.plan import expand_cases
+
+    data = fleet(TORCH)
+    data["images"][1]["command"] = ["python", "/opt/fleetbench/torch_synthetic.py"]
+    cases = {c.case_key: c for c in expand_cases(parse_config(data))}
+    assert len(cases) == 2 * 2 * 2 * 2  # models x GPUs x precisions x compile
+    case = cases["pt.resnet50.bs128.g8.bf16.nhwc.compiled"]
+    assert case.command == ["python", "/opt/fleetbench/torch_synthetic.py", "--model=resnet50", "--batch_size=128",
+                            "--num_batches=100", "--num_warmup_batches=5", "--precision=bf16", "--channels_last=1",
+                            "--compile=1", "--device=cuda", "--num_gpus=8"]
+    assert (case.batch_size_global, case.variable_update) == (1024, None)
+    assert config_errors(fleet({**CNN, "precisions": ["fp16"]}))[0].startswith(
+        "benchmarks[0].precisions: harness tf_cnn_benchmarks has no matrix axis precisions")
+    assert config_errors(fleet({**TORCH, "image": "tf1", "precisions": ["fp8"]}))[0].startswith(
+        "benchmarks[0].precisions[0]: must be one of 'fp32', 'fp16' or 'bf16'")
+
+
+def test_torch_synthetic_reads_its_step_and_metric_lines():
+    from fleetbench.harnesses.torch_synthetic import measure_lines as torch_measure
+
+    text = ("torch 2.9.1 torchvision 0.24.1 device cpu x1 model resnet18 batch 4\n"
+            "step 1: 30.12 images/sec loss 2.4010\nstep 2: 31.50 images/sec loss 2.1000\n"
+            + metric_line("images_per_sec", 30.8, "images/s") + "\n" + metric_line("step_time_median", 129.9, "ms")
+            + "\n")
+    measured = torch_measure(lines(text))
+    assert (measured.primary, measured.images_per_sec, measured.step_count) == ("images_per_sec", 30.8, 2)
+    assert measured.steps[1] == {"step": 2, "images_per_sec": 31.5, "plusminus": None, "jitter": None, "loss": 2.1}
+    assert {s.metric: s.better for s in measured.samples} == {"images_per_sec": "higher", "step_time_median": "lower"}
+    cut = torch_measure(lines("step 1: 30.12 images/sec loss 2.4010\nstep 2: 31"))  # killed mid-line, no result
+    assert (cut.step_count, cut.primary_sample()) == (1, None)
