@@ -275,9 +275,9 @@ class ImageSpec(_Model):
     ref: str = Field(pattern=IMAGE_REF_PATTERN)
     pull_policy: Literal["always", "if-missing", "never"] = "always"
     cuda: str | None = Field(None, pattern=r"^\d+\.\d+$")
-    # The harness inside the image: tf_cnn_benchmarks appends its case flags (--model=..., --batch_size=...);
-    # nccl_tests runs it in front of the binary (a launcher such as mpirun, or nothing); command runs it as is
-    # (unless the benchmark gives its own `command`). Required by the benchmarks that need it (config check).
+    # The harness inside the image: tf_cnn_benchmarks and torch_synthetic append their case flags
+    # (--model=..., --batch_size=...); command runs it as is (unless the benchmark gives its own `command`);
+    # nccl_tests does not use it. Required by the benchmarks that need it (config check).
     command: list[str] = []
     # Airflow Connection (login, password, host[:port]) for the registry: secrets never live in this file.
     credentials_conn_id: Name | None = None
@@ -370,6 +370,7 @@ class BenchmarkSpec(_Model):
         ["8:128M"], min_length=1)
     nccl_tests_dir: str = Field("/opt/nccl-tests/build", pattern=r"^(/[A-Za-z0-9_][A-Za-z0-9_.-]*)+/?$")
     # command: the case's argv (default: the image's command), run as is; and where its metrics come from.
+    # nccl_tests: a launcher put in front of the binary (e.g. mpirun -np 2 ...), default none.
     command: list[Annotated[str, Field(max_length=4096, pattern=r"^[^\x00]*$")]] | None = Field(None, min_length=1)
     metrics: CommandMetrics | None = None
     num_batches: PositiveInt = 100

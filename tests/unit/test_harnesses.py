@@ -375,6 +375,8 @@ def test_torch_synthetic_matrix_and_argv():
                             "--num_batches=100", "--num_warmup_batches=5", "--precision=bf16", "--channels_last=1",
                             "--compile=1", "--device=cuda", "--num_gpus=8"]
     assert (case.batch_size_global, case.variable_update) == (1024, None)
+    launched = expand_cases(parse_config(fleet({**NCCL, "command": ["mpirun", "-np", "2"]})))[0]
+    assert launched.command[:4] == ["mpirun", "-np", "2", "/opt/nccl-tests/build/all_reduce_perf"]
     assert config_errors(fleet({**CNN, "precisions": ["fp16"]}))[0].startswith(
         "benchmarks[0].precisions: harness tf_cnn_benchmarks has no matrix axis precisions")
     assert config_errors(fleet({**TORCH, "image": "tf1", "precisions": ["fp8"]}))[0].startswith(

@@ -23,7 +23,7 @@ class NcclTests(Harness):
     name = "nccl_tests"
     axes = ("collectives", "num_gpus", "size_ranges")
     required = ("collectives",)
-    fields = ("nccl_tests_dir",)
+    fields = ("nccl_tests_dir", "command")
     needs_argv = False
     gpu_only = True
     primary = ("avg_busbw", "GB/s", HIGHER)
@@ -35,11 +35,12 @@ class NcclTests(Harness):
                 for coll in bench.collectives for gpus in bench.num_gpus for rng in bench.size_ranges]
 
     def command(self, prefix: Iterable[str], bench: "BenchmarkSpec", point: CasePoint) -> list[str]:
-        """`[launcher...] <dir>/<collective>_perf -b MIN -e MAX -f 2 -g GPUS -c 1`: the image's command is a
-        launcher in front (e.g. mpirun ...), or nothing."""
+        """`[launcher...] <dir>/<collective>_perf -b MIN -e MAX -f 2 -g GPUS -c 1`: the benchmark's `command`,
+        if any, is a launcher in front (e.g. mpirun ...); the image's command is for other harnesses."""
         low, high = point.axes["size_range"].split(":")
-        return [*prefix, f"{bench.nccl_tests_dir.rstrip('/')}/{point.model}_perf", "-b", low, "-e", high, "-f", "2",
-                "-g", str(point.num_gpus), "-c", "1", *bench.extra_args]
+        binary = f"{bench.nccl_tests_dir.rstrip('/')}/{point.model}_perf"
+        return [*(bench.command or []), binary, "-b", low, "-e", high, "-f", "2", "-g", str(point.num_gpus),
+                "-c", "1", *bench.extra_args]
 
     def measure(self, path: str, settings: dict) -> Measured:
         from fleetbench.parsing.source import file_lines
