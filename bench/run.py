@@ -124,10 +124,11 @@ def bench_telemetry(quick: bool) -> dict:
 
 
 from bench_logs import bench_logs  # noqa: E402  (bench/ is the script directory)
+from bench_metrics import bench_metrics  # noqa: E402
 from bench_warehouse import bench_warehouse  # noqa: E402
 
 PARTS = {"orchestration": bench_orchestration, "parse": bench_parse, "warehouse": bench_warehouse,
-         "telemetry": bench_telemetry, "logs": bench_logs}
+         "telemetry": bench_telemetry, "logs": bench_logs, "metrics": bench_metrics}
 
 
 def flatten(prefix: str, value, rows: list) -> None:

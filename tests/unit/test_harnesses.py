@@ -53,13 +53,15 @@ def test_bad_metric_lines_are_dropped_and_counted():
     text = "\n".join([
         metric_line(), metric_line("a", float("nan")), metric_line("b", float("inf")), metric_line("c", "fast"),
         metric_line("d", 1.0, "furlongs/fortnight"), metric_line("e", True), metric_line("f", 1.0, better="sideways"),
-        metric_line("bad name!", 1.0), '{"metric": "g", "value": 1.0, "unit": "tok/s"', "[1, 2]"]) + "\n"
+        metric_line("bad name!", 1.0), '{"metric": "g", "value": 1.0, "unit": "tok/s"', "[1, 2]",
+        metric_line("h", 1.0, labels={f"k{i}": "v" * 150 for i in range(8)}), metric_line("i", 1.0, labels=[1])]) + "\n"
     measured = measure_lines(lines(text), {"json_lines": True, "patterns": []})
     assert [s.metric for s in measured.samples] == ["tokens_per_sec"]
     assert measured.dropped == {"not finite": 2, "not a number": 2, "unknown unit": 1, "better not higher|lower": 1,
-                                "bad metric name": 1, "not JSON": 1}
-    assert measured.dropped_detail() == ("dropped 8 metric sample(s): 1 bad metric name, 1 better not higher|lower, "
-                                         "1 not JSON, 2 not a number, 2 not finite, 1 unknown unit")
+                                "bad metric name": 1, "not JSON": 1, "bad labels": 2}
+    assert measured.dropped_detail() == ("dropped 10 metric sample(s): 2 bad labels, 1 bad metric name, "
+                                         "1 better not higher|lower, 1 not JSON, 2 not a number, 2 not finite, "
+                                         "1 unknown unit")
 
 
 def test_ten_thousand_metrics_keep_the_first_thousand():

@@ -7,6 +7,7 @@ environment) runs one case, and what the case's log measured, as metric samples
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import asdict, dataclass, field
@@ -31,6 +32,7 @@ METRIC_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.:/-]{0,99}$")
 MAX_METRICS = 1000  # samples a case keeps; more are dropped and counted
 MAX_LABELS = 16
 MAX_LABEL_CHARS = 200
+MAX_LABELS_JSON = 1000  # result_metrics.labels holds 2,000 characters; it is part of the key, never cut
 
 
 def default_better(unit: str) -> str:
@@ -63,7 +65,8 @@ def sample_problem(metric: Any, value: Any, unit: Any, better: Any, labels: Any)
         return "better not higher|lower"
     if not isinstance(labels, dict) or len(labels) > MAX_LABELS or any(
             not isinstance(k, str) or len(k) > MAX_LABEL_CHARS or not isinstance(v, (str, int, float, bool))
-            or len(str(v)) > MAX_LABEL_CHARS for k, v in labels.items()):
+            or len(str(v)) > MAX_LABEL_CHARS for k, v in labels.items()) \
+            or len(json.dumps(labels, sort_keys=True)) > MAX_LABELS_JSON:
         return "bad labels"
     return None
 
