@@ -2,7 +2,7 @@
 
     fleetbench config check FILE
     fleetbench results [--format table|json|csv] [--run-id ID] [--dag-id ID]
-    fleetbench parse [--format auto|tf_cnn_benchmarks|horovod_synthetic|nccl_tests|command] FILE...
+    fleetbench parse [--format auto|tf_cnn_benchmarks|horovod_synthetic|torch_synthetic|nccl_tests|command] FILE...
     fleetbench host-check (--facts DIR | --local [--docker-url URL]) [--image-cuda X.Y] [--gpus N]
     fleetbench pools export [--config FILE]
     fleetbench compare --before DRIVER_OR_DATE --after DRIVER_OR_DATE [--host H] [--format table|json]
@@ -307,7 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
     results.set_defaults(func=_results)
 
     parse = sub.add_parser("parse", help="parse benchmark logs into JSON Lines")
-    parse.add_argument("--format", choices=["auto", "tf_cnn_benchmarks", "horovod_synthetic", "nccl_tests", "command"],
+    parse.add_argument("--format", choices=["auto", "tf_cnn_benchmarks", "horovod_synthetic", "torch_synthetic",
+                                                 "nccl_tests", "command"],
                        default="auto")
     parse.add_argument("files", nargs="+")
     parse.set_defaults(func=_parse)

@@ -321,9 +321,14 @@ def test_parse_prints_metric_samples_of_every_harness(tmp_path):
     lines_log = tmp_path / "own.log"
     lines_log.write_text("warmup\n" + metric_line() + "\n" + metric_line("x", float("inf")) + "\n")
     tf_log = Path(__file__).resolve().parents[1] / "fixtures" / "logs" / "horovod_pytorch_synthetic_4gpu_mpirun.log"
-    code, records, stderr = run_parse(str(nccl_log), str(wrong), str(lines_log), str(tf_log))
+    torch_log = Path(__file__).resolve().parents[1] / "fixtures" / "logs" / (
+        "torch_synthetic_resnet18_cpu_channels_last.log")
+    code, records, stderr = run_parse(str(nccl_log), str(wrong), str(lines_log), str(tf_log), str(torch_log))
     assert code == 0, stderr
-    nccl_rec, wrong_rec, own, horovod = records
+    nccl_rec, wrong_rec, own, horovod, torch_rec = records
+    assert (torch_rec["format"], torch_rec["status"], torch_rec["primary"]) == ("torch_synthetic", "ok",
+                                                                                 "images_per_sec")
+    assert torch_rec["metrics"][0]["value"] == 16.32376916352618
     assert (nccl_rec["format"], nccl_rec["status"], nccl_rec["primary"]) == ("nccl_tests", "ok", "avg_busbw")
     assert {"metric": "avg_busbw", "value": 1.15327, "unit": "GB/s", "better": "higher", "labels": {}} in (
         nccl_rec["metrics"])
@@ -386,15 +391,17 @@ def test_torch_synthetic_matrix_and_argv():
 
 
 def test_torch_synthetic_reads_its_step_and_metric_lines():
+    """A real output of the project's training loop (tests/fixtures/logs/SOURCES.md)."""
     from fleetbench.harnesses.torch_synthetic import measure_lines as torch_measure
 
-    text = ("torch 2.9.1 torchvision 0.24.1 device cpu x1 model resnet18 batch 4\n"
-            "step 1: 30.12 images/sec loss 2.4010\nstep 2: 31.50 images/sec loss 2.1000\n"
-            + metric_line("images_per_sec", 30.8, "images/s") + "\n" + metric_line("step_time_median", 129.9, "ms")
-            + "\n")
+    log = Path(__file__).resolve().parents[1] / "fixtures" / "logs" / "torch_synthetic_resnet18_cpu_channels_last.log"
+    text = log.read_text()
     measured = torch_measure(lines(text))
-    assert (measured.primary, measured.images_per_sec, measured.step_count) == ("images_per_sec", 30.8, 2)
-    assert measured.steps[1] == {"step": 2, "images_per_sec": 31.5, "plusminus": None, "jitter": None, "loss": 2.1}
-    assert {s.metric: s.better for s in measured.samples} == {"images_per_sec": "higher", "step_time_median": "lower"}
-    cut = torch_measure(lines("step 1: 30.12 images/sec loss 2.4010\nstep 2: 31"))  # killed mid-line, no result
-    assert (cut.step_count, cut.primary_sample()) == (1, None)
+    assert (measured.primary, measured.images_per_sec, measured.step_count) == (
+        "images_per_sec", 16.32376916352618, 3)
+    assert measured.steps[1] == {"step": 2, "images_per_sec": 18.0, "plusminus": None, "jitter": None,
+                                 "loss": 0.3129}
+    assert {s.metric: (s.unit, s.better) for s in measured.samples} == {
+        "images_per_sec": ("images/s", "higher"), "step_time_median": ("ms", "lower"), "final_loss": ("1", "lower")}
+    cut = torch_measure(lines(text[:text.index("step 3")] + "step 3: 14"))  # killed mid-line, before its result
+    assert (cut.step_count, cut.primary_sample()) == (2, None)

@@ -13,7 +13,7 @@ from .model import FORMATS, UnknownFormat
 from .source import NotRegularFile
 
 #: Harnesses whose logs are read by their own harness module (fleetbench.harnesses), not by ``parse_log``.
-HARNESS_FORMATS = ("nccl_tests", "command")
+HARNESS_FORMATS = ("torch_synthetic", "nccl_tests", "command")
 #: Accepted values of ``fmt``.
 FORMAT_CHOICES = ("auto", *FORMATS, *HARNESS_FORMATS)
 
@@ -26,10 +26,10 @@ def cli_parse(files: list[str], fmt: str, out: TextIO) -> int:
 
     Each record is ``{"file": <path as given>, **ParsedLog.to_dict()}`` for tf_cnn_benchmarks and Horovod
     logs, ``{"file", "format", "status", "failure_class", "failure_detail"}`` for the other harnesses
-    (nccl_tests; command: JSON metric lines), and always ``primary`` (the primary metric's name) and
+    (torch_synthetic, nccl_tests; command: JSON metric lines), and always ``primary`` (the primary metric's name) and
     ``metrics`` (the metric samples: metric, value, unit, better, labels). ``failure_class`` is named as the
     warehouse names it (``gpu_oom`` where the parser says ``oom``). ``auto`` tries tf_cnn_benchmarks and
-    Horovod, then nccl-tests, then JSON metric lines.
+    Horovod, then nccl-tests, torch_synthetic, then JSON metric lines.
     Returns 0 when every file was read and parsed, whatever each run's status;
     2 when the format name is unknown, a file cannot be read, or (with
     ``fmt="auto"``) no format fits a file. Problems go to stderr as
@@ -79,8 +79,9 @@ def _parse_file(path: str, fmt: str) -> dict[str, Any] | None:
 
 def _harness_record(path: str, fmt: str) -> dict[str, Any]:
     """A log of a harness that `parse_log` does not read; with ``auto``: nccl-tests when its table or summary
-    is there, else JSON metric lines when there are any, else UnknownFormat."""
-    from fleetbench.harnesses import command, nccl_tests
+    is there, else torch_synthetic when its step lines are, else JSON metric lines when there are any, else
+    UnknownFormat."""
+    from fleetbench.harnesses import command, nccl_tests, torch_synthetic
 
     from .source import file_lines, open_regular
 
@@ -89,6 +90,10 @@ def _harness_record(path: str, fmt: str) -> dict[str, Any]:
         if fmt in ("auto", "nccl_tests"):
             measured = nccl_tests.measure_lines(file_lines(handle))
             found = "nccl_tests" if fmt == "nccl_tests" or measured.step_count or measured.primary_sample() else None
+        if found is None and fmt in ("auto", "torch_synthetic"):
+            handle.seek(0)
+            measured = torch_synthetic.measure_lines(file_lines(handle))
+            found = "torch_synthetic" if fmt == "torch_synthetic" or measured.step_count else None
         if found is None and fmt in ("auto", "command"):
             handle.seek(0)
             measured = command.measure_lines(file_lines(handle), {"json_lines": True, "patterns": []})
