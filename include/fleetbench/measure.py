@@ -12,13 +12,12 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 from fleetbench.files import open_regular
+from fleetbench.harnesses.base import Measured
 from fleetbench.telemetry import parse_report
 from fleetbench.telemetry.report import clean_report
 
 if TYPE_CHECKING:  # the parsers load when a log is measured, not with the DAG file that names the statuses
     from fleetbench.parsing import ParsedLog
-
-from fleetbench.harnesses.base import Measured
 
 # Row statuses.
 OK, FAILED, SKIPPED = "ok", "failed", "skipped"

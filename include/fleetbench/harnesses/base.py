@@ -80,8 +80,6 @@ class Measured:
     primary: str | None = None  # the primary metric's name; its sample (labels {}) is the row's value
     failure_class: str | None = None
     failure_detail: str | None = None
-    # Log failures that only explain a non-zero exit (the tf_cnn parser's other_error, no_result).
-    hint_class: str | None = None
     steps: list[dict] = field(default_factory=list)
     step_count: int = 0
     images_per_sec: float | None = None  # benchmark_results.images_per_sec, for image throughput harnesses

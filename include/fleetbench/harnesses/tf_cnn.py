@@ -26,7 +26,6 @@ def from_parsed(parsed: "ParsedLog") -> Measured:
     measured = Measured(primary="images_per_sec",
                         failure_class=row_class(parsed.failure_class) if failing else None,
                         failure_detail=parsed.failure_detail,
-                        hint_class=None if failing else row_class(parsed.failure_class),
                         step_count=parsed.step_count, images_per_sec=parsed.total_images_per_sec,
                         accuracy_top1=parsed.accuracy_top1)
     measured.steps = [{"step": s.step, "images_per_sec": s.images_per_sec, "plusminus": s.plusminus,
