@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: help run test test-unit lint bench venv services test-services images airflow-init clean fleet-celery
+.PHONY: help run test test-unit lint bench venv services test-services images smoke-image airflow-init clean fleet-celery
 
 help:
 	@echo "make run    - run fleet_benchmark once on the embedded default (local Docker, CPU smoke image) and print results"
@@ -39,11 +39,15 @@ test-services: services
 	@bash scripts/ensure-redis.sh
 	@bash scripts/ensure-browser.sh
 
-images: services
-	@bash include/images/cpu-smoke/build.sh
+# The CPU smoke image (tf_cnn_benchmarks format) and the torch_synthetic CPU image (PyTorch from PyPI,
+# several GB the first time on a machine, then cached by its inputs).
+images: smoke-image
 	@bash include/images/torch-cpu/build.sh
 
-run: venv images
+smoke-image: services
+	@bash include/images/cpu-smoke/build.sh
+
+run: venv smoke-image
 	@bash scripts/run.sh
 
 # The distributed setup without containers: PostgreSQL, Redis, api-server, scheduler, dag-processor and
