@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: help run ui test test-unit lint bench venv services test-services images airflow-init clean fleet-celery
+.PHONY: help run ui test test-unit lint bench venv services test-services images smoke-image airflow-init clean fleet-celery
 
 help:
 	@echo "make run    - run fleet_benchmark once on the embedded default (local Docker, CPU smoke image) and print results"
@@ -43,10 +43,15 @@ test-services: services
 	@bash scripts/ensure-browser.sh
 	@bash scripts/ensure-prometheus.sh
 
-images: services
+# The CPU smoke image (tf_cnn_benchmarks format) and the torch_synthetic CPU image (PyTorch from PyPI,
+# several GB the first time on a machine, then cached by its inputs).
+images: smoke-image
+	@bash include/images/torch-cpu/build.sh
+
+smoke-image: services
 	@bash include/images/cpu-smoke/build.sh
 
-run: venv images
+run: venv smoke-image
 	@bash scripts/run.sh
 
 # api-server, scheduler, dag-processor and triggerer as local processes (LocalExecutor, .airflow/).

@@ -129,11 +129,12 @@ def bench_telemetry(quick: bool) -> dict:
 
 
 from bench_logs import bench_logs  # noqa: E402  (bench/ is the script directory)
+from bench_metrics import bench_metrics  # noqa: E402
 from bench_regression import bench_regression  # noqa: E402
 from bench_warehouse import bench_warehouse  # noqa: E402
 
 PARTS = {"orchestration": bench_orchestration, "parse": bench_parse, "warehouse": bench_warehouse,
-         "telemetry": bench_telemetry, "logs": bench_logs, "regression": bench_regression}
+         "telemetry": bench_telemetry, "logs": bench_logs, "regression": bench_regression, "metrics": bench_metrics}
 
 
 def flatten(prefix: str, value, rows: list) -> None:

@@ -21,10 +21,10 @@ from fleetbench.warehouse import (
     store_run,
     upgrade,
 )
-from fleetbench.warehouse.schema import benchmark_results, host_facts, regressions, runs, steps
+from fleetbench.warehouse.schema import benchmark_results, host_facts, regressions, result_metrics, runs, steps
 from warehouse_rows import DERIVED, result_row, run_row, step_rows
 
-HEAD = "0009"  # 0009: capacity (container peak memory, predictions)
+HEAD = "0010"  # 0010: harnesses, primary metric, result_metrics
 NEW_RESULT_COLUMNS = set(DERIVED)  # the derived-metric columns revision 0003 adds
 REGRESSION_COLUMNS = {  # name: nullable, as the regression detector expects them
     "id": False, "dag_id": False, "run_id": False, "host": False, "case_key": False, "metric": False,
@@ -185,7 +185,7 @@ def check_migrate_empty_database(engine):
             "ix_benchmark_results_case_time"} <= {i["name"] for i in insp.get_indexes("benchmark_results")}
     assert "ix_regressions_host_case_time" in {i["name"] for i in insp.get_indexes("regressions")}
     # The schema module and the migrations agree on every table's columns.
-    for table in (runs, steps, benchmark_results, regressions, host_facts):
+    for table in (runs, steps, benchmark_results, regressions, host_facts, result_metrics):
         assert {c["name"] for c in insp.get_columns(table.name)} == {c.name for c in table.columns}, table.name
 
 
@@ -373,3 +373,100 @@ def check_concurrent_writers(url: str, rounds: int = 6) -> None:
         assert {writer_of[(f"r{r}", k)] for r in range(rounds) for k in KEYS[45:]} == {1}
     finally:
         engine.dispose()
+
+
+# -- metric samples (revision 0010) ---------------------------------------------------------------
+def metric(case_key: str, name: str, value: float, run_id: str = "r1", host: str = "h1", unit: str = "GB/s",
+           better: str = "higher", labels: str = "{}") -> dict:
+    return {"dag_id": "fleet_benchmark", "run_id": run_id, "host": host, "case_key": case_key, "metric": name,
+            "labels": labels, "value": value, "unit": unit, "better": better}
+
+
+def metrics_of(engine, **where) -> dict:
+    from fleetbench.warehouse.schema import result_metrics
+
+    query = select(result_metrics)
+    for k, v in where.items():
+        query = query.where(result_metrics.c[k] == v)
+    with engine.connect() as conn:
+        return {(r.case_key, r.metric, r.labels): (r.value, r.unit, r.better) for r in conn.execute(query)}
+
+
+def check_metric_samples_stored_with_results(engine):
+    """A result's samples are written with it, replaced whole by a rerun, deleted with it; a failed write
+    leaves none; `better` is higher or lower."""
+    upgrade(engine)
+    primary = {"harness": "nccl_tests", "metric": "avg_busbw", "value": 42.5578, "unit": "GB/s", "better": "higher"}
+    oop = '{"placement": "out_of_place", "size_bytes": 8589934592}'
+    store_run(engine, run_row(), [], [result_row("a", ips=None, **primary), result_row("b")], [], metric_rows=[
+        metric("a", "avg_busbw", 42.5578), metric("a", "busbw", 123.56, labels=oop),
+        metric("a", "time", 127453.0, unit="us", better="lower", labels=oop),
+        metric("b", "images_per_sec", 100.0, unit="images/s")])
+    row = {r["case_key"]: r for r in fetch_results(engine, run_id="r1")}["a"]
+    assert (row["harness"], row["metric"], row["value"], row["unit"], row["better"]) == tuple(primary.values())
+    assert metrics_of(engine, case_key="a") == {
+        ("a", "avg_busbw", "{}"): (42.5578, "GB/s", "higher"), ("a", "busbw", oop): (123.56, "GB/s", "higher"),
+        ("a", "time", oop): (127453.0, "us", "lower")}
+    # A rerun of the run with fewer samples for a, and without b: a's samples are replaced, b's go with b.
+    store_run(engine, run_row(), [], [result_row("a", ips=None, **{**primary, "value": 40.0})], [],
+              metric_rows=[metric("a", "avg_busbw", 40.0)])
+    assert metrics_of(engine) == {("a", "avg_busbw", "{}"): (40.0, "GB/s", "higher")}
+    # A failed write (a NOT NULL result column) leaves neither the results nor their samples.
+    with pytest.raises(Exception):
+        store_run(engine, run_row("r9"), [], [result_row("a", run_id="r9"), {**result_row("b", run_id="r9"),
+                                                                          "status": None}],
+                  metric_rows=[metric("a", "avg_busbw", 1.0, run_id="r9")])
+    assert metrics_of(engine, run_id="r9") == {}
+    with pytest.raises(IntegrityError):  # direction is higher or lower, nothing else
+        store_run(engine, run_row("r8"), [], [result_row("a", run_id="r8")],
+                  metric_rows=[metric("a", "x", 1.0, run_id="r8", better="sideways")])
+    assert metrics_of(engine, run_id="r8") == {}
+
+
+def check_migrate_filled_warehouse_to_metrics(engine):
+    """Revision 0010 on a warehouse filled at 0004: every row gets its primary metric (images_per_sec, NULL
+    where the case failed), result_metrics its images/sec and accuracy samples; rows survive a downgrade."""
+    from fleetbench.warehouse.schema import result_metrics
+
+    upgrade(engine, "0004")
+    runs_ = [f"r{n}" for n in range(1, 6)]
+    _insert(engine, "runs", [run_row(r) for r in runs_])
+    results = []
+    for r in runs_:
+        for i in range(20):
+            status = "ok" if i % 5 else "failed"
+            results.append(result_row(f"c{i}", run_id=r, host=f"h{i % 3}", ips=100.0 + i if status == "ok" else None,
+                                      status=status, accuracy_top1=0.75 if i == 1 else None))
+    _insert(engine, "benchmark_results", results)
+    _insert(engine, "steps", step_rows("c1", 3))
+    upgrade(engine)
+    assert current_revision(engine) == HEAD
+    rows = fetch_results(engine)
+    assert len(rows) == 100 and count(engine, steps) == 3
+    for row in rows:
+        assert (row["harness"], row["metric"], row["unit"], row["better"]) == (
+            "tf_cnn_benchmarks", "images_per_sec", "images/s", "higher")
+        assert row["value"] == row["images_per_sec"]
+    assert sum(1 for r in rows if r["value"] is None) == 20  # the failed ones
+    assert count(engine, result_metrics) == 80 + 5  # 80 ok images/sec, 5 accuracies (c1 of each run)
+    samples = metrics_of(engine, run_id="r2")
+    assert len(samples) == 16 + 1 and ("c5", "images_per_sec", "{}") not in samples  # c5 failed
+    assert samples[("c2", "images_per_sec", "{}")] == (102.0, "images/s", "higher")
+    assert samples[("c1", "accuracy_top1", "{}")] == (0.75, "1", "higher")
+    # New writes on the migrated warehouse carry their samples.
+    store_run(engine, run_row("r1"), [], [result_row("c1", ips=110.0, harness="tf_cnn_benchmarks",
+                                                     metric="images_per_sec", value=110.0, unit="images/s",
+                                                     better="higher")],
+              step_rows("c1", 2), complete=False, metric_rows=[metric("c1", "images_per_sec", 110.0, unit="images/s")])
+    assert metrics_of(engine, run_id="r1", case_key="c1") == {("c1", "images_per_sec", "{}"): (110.0, "images/s",
+                                                                                               "higher")}
+    downgrade(engine, "0004")
+    insp = inspect(engine)
+    assert result_metrics.name not in insp.get_table_names()
+    assert not {"harness", "metric", "value", "unit", "better"} & {c["name"] for c in insp.get_columns(
+        "benchmark_results")}
+    assert count(engine, benchmark_results) == 100
+    upgrade(engine)
+    assert count(engine, result_metrics) == 85 - 1  # refilled from the rows (c1 of r1 now 110 images/s, no accuracy)
+    assert metrics_of(engine, run_id="r1", case_key="c1") == {("c1", "images_per_sec", "{}"): (110.0, "images/s",
+                                                                                               "higher")}

@@ -2,7 +2,7 @@
 
     fleetbench config check FILE
     fleetbench results [--format table|json|csv] [--run-id ID] [--dag-id ID]
-    fleetbench parse [--format auto|tf_cnn_benchmarks|horovod_synthetic] FILE...
+    fleetbench parse [--format auto|tf_cnn_benchmarks|horovod_synthetic|torch_synthetic|nccl_tests|command] FILE...
     fleetbench host-check (--facts DIR | --local [--docker-url URL]) [--image-cuda X.Y] [--gpus N]
                           [--format json|table] [--strict] [--dcgm-level N] [--probe-path DIR]
     fleetbench pools export [--config FILE]
@@ -440,8 +440,9 @@ def build_parser() -> argparse.ArgumentParser:
     results.set_defaults(func=_results)
 
     parse = sub.add_parser("parse", help="parse benchmark logs into JSON Lines")
-    parse.add_argument("--format", choices=["auto", "tf_cnn_benchmarks", "horovod_synthetic"], default="auto",
-                       help="the logs' format (default: auto, recognised from each log)")
+    parse.add_argument("--format", choices=["auto", "tf_cnn_benchmarks", "horovod_synthetic", "torch_synthetic",
+                                             "nccl_tests", "command"],
+                       default="auto", help="the logs' format (default: auto, recognised from each log)")
     parse.add_argument("files", nargs="+", metavar="LOG", help="benchmark log files")
     parse.set_defaults(func=_parse)
 

@@ -24,6 +24,9 @@ from pydantic import (
     model_validator,
 )
 
+from fleetbench.harnesses.base import METRIC_NAME as _METRIC_NAME
+from fleetbench.harnesses.base import UNITS as _UNITS
+
 # Names that end up in container names, labels, file paths and command lines: a strict pattern,
 # so nothing from a config file or a trigger parameter can smuggle shell or path syntax.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
@@ -334,8 +337,10 @@ class ImageSpec(_Model):
     ref: str = Field(pattern=IMAGE_REF_PATTERN)
     pull_policy: Literal["always", "if-missing", "never"] = "always"
     cuda: str | None = Field(None, pattern=r"^\d+\.\d+$")
-    # The harness inside the image; case flags (--model=..., --batch_size=...) are appended.
-    command: list[str] = Field(min_length=1)
+    # The harness inside the image: tf_cnn_benchmarks and torch_synthetic append their case flags
+    # (--model=..., --batch_size=...); command runs it as is (unless the benchmark gives its own `command`);
+    # nccl_tests does not use it. Required by the benchmarks that need it (config check).
+    command: list[str] = []
     # Airflow Connection (login, password, host[:port]) for the registry: secrets never live in this file.
     credentials_conn_id: Name | None = None
     # Refuse to pull (or bake) when Docker's data root has less free space than this (GB, 10^9 bytes).
@@ -376,15 +381,60 @@ class ContainerSpec(_Model):
 NGC_GPU_CONTAINER = ContainerSpec(shm_size="1g", ulimits={"memlock": -1, "stack": 67108864})
 
 
+class MetricPattern(_Model):
+    """A named regex for the `command` harness: its one capture group is the metric's value."""
+
+    metric: str = Field(pattern=_METRIC_NAME.pattern)
+    regex: str = Field(min_length=1, max_length=500)  # compiled and checked for backtracking by the config check
+    unit: str
+    better: Literal["higher", "lower"] | None = None  # None: lower for time units, else higher
+
+    @field_validator("unit")
+    @classmethod
+    def _known_unit(cls, value: str) -> str:
+        if value not in _UNITS:
+            raise ValueError(f"unknown unit {value!r} (known: {', '.join(sorted(_UNITS))})")
+        return value
+
+
+class CommandMetrics(_Model):
+    """Where the `command` harness reads its metrics (README "Harnesses")."""
+
+    json_lines: bool = True  # {"metric": ..., "value": ..., "unit": ..., "better": ...} lines on stdout
+    patterns: list[MetricPattern] = []
+    primary: str | None = Field(None, pattern=_METRIC_NAME.pattern)  # None: the first metric the case prints
+
+
+SIZE_RANGE_PATTERN = r"^[0-9]{1,12}[KMG]?:[0-9]{1,12}[KMG]?$"
+
+
 class BenchmarkSpec(_Model):
     name: Name
     image: Name
-    harness: Literal["tf_cnn_benchmarks"] = "tf_cnn_benchmarks"
-    models: Annotated[list[Name], Unique] = Field(min_length=1)
-    batch_sizes: Annotated[list[Annotated[int, Field(gt=0, le=MAX_BATCH_SIZE)]], Unique] = Field(min_length=1)
+    # fleetbench.harnesses: tf_cnn_benchmarks, torch_synthetic, command, nccl_tests. The matrix axes a harness has
+    # (models, batch_sizes, ...) are checked against it by the config check (`_harness_errors`).
+    harness: str = "tf_cnn_benchmarks"
+    models: Annotated[list[Name], Unique] | None = Field(None, min_length=1)
+    batch_sizes: Annotated[list[Annotated[int, Field(gt=0, le=MAX_BATCH_SIZE)]], Unique] | None = Field(
+        None, min_length=1)
     num_gpus: Annotated[list[Annotated[int, Field(ge=0, le=64)]], Unique] = Field([1], min_length=1)
     variable_update: Annotated[list[Literal["parameter_server", "replicated", "independent", "horovod",
                                             "distributed_replicated"]], Unique] = ["parameter_server"]
+    # torch_synthetic: precision, memory format (channels_last) and torch.compile on/off as matrix axes.
+    precisions: Annotated[list[Literal["fp32", "fp16", "bf16"]], Unique] = Field(["fp32"], min_length=1)
+    channels_last: Annotated[list[bool], Unique] = Field([False], min_length=1)
+    compile: Annotated[list[bool], Unique] = Field([False], min_length=1)
+    # nccl_tests: the collectives (<name>_perf binaries) and "MIN:MAX" byte ranges (-b/-e, e.g. 8:128M).
+    collectives: Annotated[list[Literal["all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast",
+                                        "reduce", "sendrecv", "scatter", "gather", "hypercube"]], Unique] | None = (
+        Field(None, min_length=1))
+    size_ranges: Annotated[list[Annotated[str, Field(pattern=SIZE_RANGE_PATTERN)]], Unique] = Field(
+        ["8:128M"], min_length=1)
+    nccl_tests_dir: str = Field("/opt/nccl-tests/build", pattern=r"^(/[A-Za-z0-9_][A-Za-z0-9_.-]*)+/?$")
+    # command: the case's argv (default: the image's command), run as is; and where its metrics come from.
+    # nccl_tests: a launcher put in front of the binary (e.g. mpirun -np 2 ...), default none.
+    command: list[Annotated[str, Field(max_length=4096, pattern=r"^[^\x00]*$")]] | None = Field(None, min_length=1)
+    metrics: CommandMetrics | None = None
     num_batches: PositiveInt = 100
     num_warmup_batches: Annotated[int, Field(ge=0)] = 5
     device: Literal["gpu", "cpu"] = "gpu"
@@ -450,7 +500,10 @@ def _cross_check(data: dict) -> list[str]:
                 errors.append(f"{section}[{i}].name: duplicate name {name!r}")
             seen.add(name)
     host_names, image_names = names("hosts"), names("images")
+    image_commands = {item["name"]: item.get("command") for _, item in items("images")
+                      if isinstance(item.get("name"), str)}
     for i, bench in items("benchmarks"):
+        errors += _harness_errors(bench, f"benchmarks[{i}]", image_commands)
         image = bench.get("image")
         if isinstance(image, str) and image_names and image not in image_names:
             errors.append(f"benchmarks[{i}].image: unknown image {image!r} "
@@ -461,6 +514,35 @@ def _cross_check(data: dict) -> list[str]:
                 errors.append(f"benchmarks[{i}].hosts[{j}]: unknown host {host!r} "
                               f"(known: {', '.join(sorted(host_names))})")
     return errors
+
+
+def _harness_errors(bench: dict, path: str, image_commands: dict[str, Any]) -> list[str]:
+    """A raw benchmark against its harness: known harness, only the matrix axes it has, the ones it needs,
+    an argv to run, and the harness's own checks (e.g. the command harness's regexes)."""
+    from fleetbench.harnesses import HARNESSES, MATRIX_AXES
+
+    name = bench.get("harness", "tf_cnn_benchmarks")
+    harness = HARNESSES.get(name) if isinstance(name, str) else None
+    if harness is None:
+        return [f"{path}.harness: unknown harness {name!r} (known: {', '.join(sorted(HARNESSES))})"]
+    def given(field: str) -> bool:  # set to other than its default (a dumped config repeats the defaults)
+        return field in bench and bench[field] != BenchmarkSpec.model_fields[field].default
+
+    errors = [f"{path}.{axis}: harness {name} has no matrix axis {axis} (its axes: {', '.join(harness.axes)})"
+              for axis in MATRIX_AXES if given(axis) and axis not in harness.axes]
+    errors += [f"{path}.{axis}: is required for harness {name}" for axis in harness.required if axis not in bench]
+    for field in ("command", "metrics", "nccl_tests_dir"):
+        if given(field) and field not in harness.fields:
+            errors.append(f"{path}.{field}: harness {name} does not use it (only {', '.join(harness.fields) or 'none'}"
+                          " of command, metrics, nccl_tests_dir)")
+    image = bench.get("image")
+    if harness.needs_argv and not bench.get("command") and isinstance(image, str) and image in image_commands \
+            and not image_commands[image]:
+        errors.append(f"{path}.image: image {image!r} has no command, and harness {name} needs one to run"
+                      + (" (or give the benchmark a command)" if "command" in harness.fields else ""))
+    if harness.gpu_only and bench.get("device") == "cpu":
+        errors.append(f"{path}.device: harness {name} runs on GPUs only")
+    return errors + harness.check(bench, path)
 
 
 _MESSAGES = {

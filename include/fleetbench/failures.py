@@ -53,10 +53,15 @@ _CLASSES = [
     # what the log says (fleetbench.parsing, mapped by measure.classify)
     FailureClass("gpu_oom", "the framework ran out of GPU memory (ResourceExhausted, CUDA out of memory)",
                  "parsing (log 'oom')"),
-    FailureClass("nccl", "NCCL reported an error", "parsing"),
+    FailureClass("nccl", "NCCL reported an error (a failed or aborted nccl-tests run, Test NCCL failure)",
+                 "parsing, parsing.nccl"),
+    FailureClass("wrong_results", "nccl-tests found wrong values (Out of bounds values : N FAILED, #wrong > 0)",
+                 "parsing.nccl"),
+    FailureClass("cuda_error", "a CUDA call failed under NCCL (NCCL WARN Cuda failure, Test CUDA failure)",
+                 "parsing.nccl"),
     FailureClass("import_error", "the harness could not import what it needs", "parsing"),
     FailureClass("cuda_driver", "the driver is too old for the image's CUDA, or CUDA could not initialise", "parsing"),
-    FailureClass("no_result", "exited 0 but printed no (valid) result", "measure.classify"),
+    FailureClass("no_result", "exited 0 but printed no (valid) primary metric", "measure.classify"),
     FailureClass("other_error", "the log shows an error fleetbench has no name for", "parsing"),
     # the warehouse (fleetbench.warehouse.fit)
     FailureClass("store_error", "a value of the row could not be stored as measured (named in the detail)",

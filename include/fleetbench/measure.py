@@ -11,8 +11,8 @@ import json
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
-from fleetbench.failures import row_class
 from fleetbench.files import open_regular
+from fleetbench.harnesses.base import Measured
 from fleetbench.telemetry import parse_report
 from fleetbench.telemetry.report import clean_report
 
@@ -21,8 +21,6 @@ if TYPE_CHECKING:  # the parsers load when a log is measured, not with the DAG f
 
 # Row statuses.
 OK, FAILED, SKIPPED = "ok", "failed", "skipped"
-# Parser failure classes that fail a case by themselves (the others only explain an exit).
-_LOG_FAILURES = ("nccl", "import_error", "cuda_driver")
 _CORE_DUMP_MARKERS = ("core dumped", "吐核", "Aborted (core dumped)")
 
 
@@ -42,8 +40,16 @@ def read_tail(path: str | None) -> str:
         return ""
 
 
-def classify(outcome: dict, parsed: ParsedLog | None, log_text: str) -> tuple[str, str | None, str | None]:
-    """(status, failure_class, detail) from Docker's view of the container and what the log says."""
+def classify(outcome: dict, measured: Measured | ParsedLog | None, log_text: str,
+             primary: str = "total images/sec") -> tuple[str, str | None, str | None]:
+    """(status, failure_class, detail) from Docker's view of the container and what the harness read from the log.
+
+    `measured` is the harness's reading (a tf_cnn_benchmarks ParsedLog is read as one); `primary` names the
+    primary metric in the no_result detail."""
+    if measured is not None and not isinstance(measured, Measured):
+        from fleetbench.harnesses.tf_cnn import from_parsed
+
+        measured = from_parsed(measured)
     if outcome.get("start_error_class"):
         return FAILED, outcome["start_error_class"], (outcome.get("error") or "")[:500]
     exit_code = outcome.get("exit_code")
@@ -55,22 +61,27 @@ def classify(outcome: dict, parsed: ParsedLog | None, log_text: str) -> tuple[st
         return FAILED, "engine_unreachable", (outcome.get("error") or "the Docker engine stopped answering")[:500]
     if outcome.get("oom_killed"):
         return FAILED, "oom_killed", f"the kernel OOM-killed the container (exit {exit_code})"
-    log_class = parsed.failure_class if parsed is not None else None
-    log_detail = parsed.failure_detail if parsed is not None else None
-    if log_class == "oom":
+    log_class = measured.failure_class if measured is not None else None
+    log_detail = measured.failure_detail if measured is not None else None
+    if log_class == "gpu_oom":
         return FAILED, "gpu_oom", log_detail
     tail = log_text[-4000:]
     if exit_code in (134, 139) or any(m in tail for m in _CORE_DUMP_MARKERS):
         return FAILED, "core_dump", f"exit {exit_code}: " + (_last_line(tail) or "crashed")
     if exit_code == 137:
         return FAILED, "killed", "killed by SIGKILL (exit 137) without an OOM kill"
-    if log_class in _LOG_FAILURES:
-        return FAILED, row_class(log_class), log_detail
+    if log_class:
+        return FAILED, log_class, log_detail
     if exit_code not in (0, None):
         return FAILED, "nonzero_exit", f"exit {exit_code}: " + (_last_line(tail) or "no output")
-    if parsed is None or parsed.total_images_per_sec is None:
-        return FAILED, "no_result", "exited 0 but printed no total images/sec"
-    return OK, None, None
+    if measured is None or measured.primary_sample() is None:
+        return FAILED, "no_result", f"exited 0 but printed no {primary}" + _dropped(measured)
+    return OK, None, _dropped(measured).removeprefix("; ") or None
+
+
+def _dropped(measured: Measured | None) -> str:
+    detail = measured.dropped_detail() if measured is not None else None
+    return f"; {detail}" if detail else ""
 
 
 def _last_line(text: str) -> str:
@@ -86,26 +97,37 @@ def measure(case: dict, outcome: dict) -> tuple[dict, list[dict]]:
     The case's task measures right after its container ends, on the worker that holds the log, and
     ships the result in its outcome (`measurement`): collect then needs no shared artifact folder.
     An outcome without it (e.g. read back from an outcome file) is measured here from the log.
+    `case` names its harness and the harness's settings (default: tf_cnn_benchmarks); the fields carry
+    the primary metric (metric, value, unit, better) and every sample under `metric_samples`.
     """
     if outcome.get("measurement"):
         return outcome["measurement"]["fields"], outcome["measurement"]["steps"]
-    text = read_tail(outcome.get("log_path"))
-    parsed = None
-    if text.strip():
-        from fleetbench.parsing import parse_log_file
+    from fleetbench.harnesses import get as get_harness
 
+    harness = get_harness(case.get("harness"))
+    text = read_tail(outcome.get("log_path"))
+    measured = None
+    if text.strip():
         try:  # the whole log, streamed line by line
-            parsed = parse_log_file(outcome["log_path"], "tf_cnn_benchmarks")
+            measured = harness.measure(outcome["log_path"], case.get("harness_settings") or {})
         except (ValueError, OSError):
-            parsed = None
-    status, failure_class, detail = classify(outcome, parsed, text)
+            measured = None
+    primary = (measured.primary if measured is not None else None) or harness.primary[0] or None
+    status, failure_class, detail = classify(
+        outcome, measured, text,
+        "total images/sec" if harness.name == "tf_cnn_benchmarks" else f"metric {primary or '(any)'}")
+    ok = measured is not None and status == OK
+    sample = measured.primary_sample() if ok else None
+    unit, better = ((sample.unit, sample.better) if sample else harness.primary[1:]) if primary else (None, None)
     fields = {
         "status": status,
         "failure_class": failure_class,
         "failure_detail": detail,
-        "images_per_sec": parsed.total_images_per_sec if parsed and status == OK else None,
-        "accuracy_top1": parsed.accuracy_top1 if parsed and status == OK else None,
-        "step_count": parsed.step_count if parsed else 0,
+        "images_per_sec": measured.images_per_sec if ok else None,
+        "accuracy_top1": measured.accuracy_top1 if ok else None,
+        "metric": primary, "value": sample.value if sample else None, "unit": unit or None,
+        "better": better or None,
+        "step_count": measured.step_count if measured else 0,
         "exit_code": outcome.get("exit_code"),
         "started_at": outcome.get("started_at"),
         "finished_at": outcome.get("finished_at"),
@@ -115,14 +137,11 @@ def measure(case: dict, outcome: dict) -> tuple[dict, list[dict]]:
         # The container's peak memory, as the case's operator read it (fleetbench.telemetry.container_memory).
         "peak_mem_mib": outcome.get("peak_mem_mib"),
         "peak_mem_source": outcome.get("peak_mem_source"),
+        # Every sample the log gave (also of a failed case: e.g. busbw of a run with wrong results).
+        "metric_samples": [s.to_dict() for s in measured.samples] if measured else [],
     }
     fields.update(telemetry_fields(clean_report(parse_report(text)), outcome.get("rapl"), outcome.get("duration_s")))
-    steps = [
-        {"step": s.step, "images_per_sec": s.images_per_sec, "plusminus": s.plusminus, "jitter": s.jitter,
-         "loss": s.loss}
-        for s in (parsed.steps if parsed else [])
-    ]
-    return fields, steps
+    return fields, list(measured.steps) if measured else []
 
 
 def cpu_util_pct(cpu: dict | None) -> float | None:
@@ -186,16 +205,32 @@ def case_fields(case, verdict, image: dict | None, outcome: dict | None) -> tupl
     """One planned case's measurement fields and steps, or why it has none: host not validated or unfit,
     image not prepared, task failed before reporting. `verdict` is the host's HostVerdict (or None)."""
     if verdict is None:
-        return not_run(FAILED, "host_check_failed", "host validation did not finish"), []
-    if verdict.unfit:
-        return not_run(SKIPPED, "host_unfit", f"host {case.host} is unfit: {verdict.reasons}"), []
-    if (getattr(case, "capacity", None) or {}).get("action") == "skip":
-        return not_run(SKIPPED, "predicted_oom", case.capacity.get("note") or "predicted to run out of memory"), []
-    if (image or {}).get("failure_class"):
-        return not_run(FAILED, image["failure_class"], image.get("error") or "image not prepared"), []
-    if outcome is None:
-        return not_run(FAILED, "task_failed", "the case's task failed before reporting (see its task log)"), []
-    return measure({"command": case.command}, outcome)
+        fields = not_run(FAILED, "host_check_failed", "host validation did not finish")
+    elif verdict.unfit:
+        fields = not_run(SKIPPED, "host_unfit", f"host {case.host} is unfit: {verdict.reasons}")
+    elif (getattr(case, "capacity", None) or {}).get("action") == "skip":
+        fields = not_run(SKIPPED, "predicted_oom", case.capacity.get("note") or "predicted to run out of memory")
+    elif (image or {}).get("failure_class"):
+        fields = not_run(FAILED, image["failure_class"], image.get("error") or "image not prepared")
+    elif outcome is None:
+        fields = not_run(FAILED, "task_failed", "the case's task failed before reporting (see its task log)")
+    else:
+        return measure(case_of(case), outcome)
+    return {**fields, **planned_metric(case)}, []
+
+
+def case_of(case) -> dict:
+    """What `measure` needs of a planned case (fleetbench.plan.Case): its command and harness."""
+    return {"command": case.command, "harness": case.harness, "harness_settings": case.harness_settings}
+
+
+def planned_metric(case) -> dict:
+    """The primary metric a case of its harness reports (for the rows of cases that never measured)."""
+    from fleetbench.harnesses import get as get_harness
+
+    metric, unit, better = get_harness(case.harness).primary
+    metric = metric or (case.harness_settings or {}).get("primary")
+    return {"metric": metric or None, "unit": unit or None, "better": better if metric else None}
 
 
 def _gpu_health(verdict) -> str | None:
@@ -211,7 +246,8 @@ def result_row(run, case, verdict, image: dict | None, fields: dict) -> dict:
     image = image or {}
     return {
         "dag_id": run.dag_id, "run_id": run.run_id, "logical_date": run.logical_date,
-        "host": case.host, "case_key": case.case_key, "benchmark": case.benchmark, "model": case.model,
+        "host": case.host, "case_key": case.case_key, "benchmark": case.benchmark, "harness": case.harness,
+        "model": case.model,
         "batch_size_per_device": case.batch_size_per_device, "batch_size_global": case.batch_size_global,
         "num_gpus": case.num_gpus, "variable_update": case.variable_update, "device": case.device,
         "num_batches": case.num_batches, "image_name": case.image,

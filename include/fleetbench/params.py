@@ -37,7 +37,7 @@ DIALECT = {"$schema": "http://json-schema.org/draft-07/schema#"}
 def param_specs(cfg: FleetConfig) -> dict[str, dict]:
     """name -> {default, schema, title, description}; the DAG wraps each in `airflow.sdk.Param`."""
     hosts = [h.name for h in cfg.hosts]
-    models = sorted({m for b in cfg.benchmarks for m in b.models})
+    models = sorted({m for b in cfg.benchmarks for m in b.models or []})
     host_item = {"type": "string", "pattern": NAME_PATTERN}
     host_choices = {}
     if len(hosts) <= MAX_HOST_ENUM:
@@ -87,7 +87,7 @@ def apply_params(cfg: FleetConfig, params: dict | None, source: str = "params") 
     unknown = sorted(set(params) - set(DEFAULTS))
     errors = [f"{name}: unknown parameter" for name in unknown]
     known_hosts = {h.name for h in cfg.hosts}
-    known_models = {m for b in cfg.benchmarks for m in b.models}
+    known_models = {m for b in cfg.benchmarks for m in b.models or []}
     for name, known, what in (("hosts", known_hosts, "host"), ("models", known_models, "model")):
         for i, value in enumerate(params[name] or []):
             if value not in known:
@@ -110,11 +110,11 @@ def apply_params(cfg: FleetConfig, params: dict | None, source: str = "params") 
             bench["hosts"] = [h for h in bench["hosts"] if h in {x["name"] for x in data["hosts"]}]
             if not bench["hosts"]:
                 continue
-        if params["models"]:
-            bench["models"] = [m for m in bench["models"] if m in params["models"]]
+        if params["models"]:  # a benchmark without models (nccl_tests, command) is not among those asked for
+            bench["models"] = [m for m in bench.get("models") or [] if m in params["models"]]
             if not bench["models"]:
                 continue
-        if params["batch_sizes"]:
+        if params["batch_sizes"] and bench.get("batch_sizes"):
             bench["batch_sizes"] = list(params["batch_sizes"])
         if params["num_gpus"] and bench.get("device", "gpu") == "gpu":
             bench["num_gpus"] = list(params["num_gpus"])

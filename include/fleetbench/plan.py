@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Iterable
 
-from fleetbench.config import BenchmarkSpec, FleetConfig
+from fleetbench.config import FleetConfig
 
 if TYPE_CHECKING:
     from fleetbench.run_model import RunPlan
@@ -22,10 +22,10 @@ class Case:
     case_key: str
     benchmark: str
     image: str
-    model: str
-    batch_size_per_device: int
+    model: str | None  # the model (tf_cnn_benchmarks), the collective (nccl_tests), None (command)
+    batch_size_per_device: int | None
     num_gpus: int
-    variable_update: str
+    variable_update: str | None
     device: str
     num_batches: int
     num_warmup_batches: int
@@ -35,9 +35,14 @@ class Case:
     telemetry_period_s: float = 0.5
     # The plan's capacity verdict (fleetbench.capacity.assess): action, capacity, prediction, note.
     capacity: dict = field(default_factory=dict, hash=False)
+    harness: str = "tf_cnn_benchmarks"  # fleetbench.harnesses
+    harness_settings: dict = field(default_factory=dict, hash=False)  # what the harness's measure reads
+    axes: dict = field(default_factory=dict, hash=False)  # the case's point in its benchmark's matrix
 
     @property
-    def batch_size_global(self) -> int:
+    def batch_size_global(self) -> int | None:
+        if self.batch_size_per_device is None:
+            return None
         return self.batch_size_per_device * max(self.num_gpus, 1)
 
     def to_dict(self) -> dict:
@@ -45,34 +50,21 @@ class Case:
 
 
 def case_key(bench: str, model: str, batch_size: int, num_gpus: int, variable_update: str) -> str:
-    """`<benchmark>.<model>.bs<batch per device>.g<gpus>.<variable_update>`: readable and valid in container names."""
-    return f"{bench}.{model}.bs{batch_size}.g{num_gpus}.{variable_update}"
+    """A tf_cnn_benchmarks case's key (fleetbench.harnesses.tf_cnn.case_key)."""
+    from fleetbench.harnesses.tf_cnn import case_key as tf_cnn_case_key
 
-
-def harness_command(prefix: Iterable[str], bench: BenchmarkSpec, model: str, batch_size: int, num_gpus: int,
-                    variable_update: str) -> list[str]:
-    """tf_cnn_benchmarks flags for one case. CPU cases run one device (`--num_gpus=1 --device=cpu`), as
-    tf_cnn_benchmarks expects."""
-    args = [
-        *prefix,
-        f"--model={model}",
-        f"--batch_size={batch_size}",
-        f"--num_batches={bench.num_batches}",
-        f"--num_warmup_batches={bench.num_warmup_batches}",
-        f"--variable_update={variable_update}",
-    ]
-    if bench.device == "cpu":
-        args += ["--device=cpu", "--num_gpus=1", "--data_format=NHWC"]
-    else:
-        args += ["--device=gpu", f"--num_gpus={num_gpus}"]
-    return args + list(bench.extra_args)
+    return tf_cnn_case_key(bench, model, batch_size, num_gpus, variable_update)
 
 
 def expand_cases(cfg: FleetConfig, hosts: Iterable[str] | None = None,
                  models: Iterable[str] | None = None) -> list[Case]:
-    """Every (host, benchmark, model, batch size, GPU count, variable update) combination, in config order."""
+    """Every host x every point of each benchmark's matrix (its harness's axes), in config order.
+    `models` keeps only the cases of those models (harnesses without models are kept)."""
+    from fleetbench.harnesses import get as get_harness
+
     only_hosts = set(hosts) if hosts is not None else None
     only_models = set(models) if models is not None else None
+    points = {bench.name: get_harness(bench.harness).points(bench) for bench in cfg.benchmarks}
     cases: list[Case] = []
     for host in cfg.hosts:
         if only_hosts is not None and host.name not in only_hosts:
@@ -81,32 +73,37 @@ def expand_cases(cfg: FleetConfig, hosts: Iterable[str] | None = None,
             if bench.hosts is not None and host.name not in bench.hosts:
                 continue
             image = cfg.image(bench.image)
-            for model in bench.models:
-                if only_models is not None and model not in only_models:
+            harness = get_harness(bench.harness)
+            container = bench.container_settings().model_dump(mode="json")
+            settings = harness.settings(bench)
+            for point in points[bench.name]:
+                if only_models is not None and "models" in harness.axes and point.model not in only_models:
                     continue
-                for num_gpus in bench.num_gpus:
-                    for batch_size in bench.batch_sizes:
-                        for vu in bench.variable_update:
-                            cases.append(
-                                Case(
-                                    host=host.name,
-                                    case_key=case_key(bench.name, model, batch_size, num_gpus, vu),
-                                    benchmark=bench.name,
-                                    image=image.name,
-                                    model=model,
-                                    batch_size_per_device=batch_size,
-                                    num_gpus=num_gpus,
-                                    variable_update=vu,
-                                    device=bench.device,
-                                    num_batches=bench.num_batches,
-                                    num_warmup_batches=bench.num_warmup_batches,
-                                    timeout_s=bench.timeout_s,
-                                    command=harness_command(image.command, bench, model, batch_size, num_gpus, vu),
-                                    container=bench.container_settings().model_dump(mode="json"),
-                                    # the wrapper also counts a CPU case's CPU time (its energy estimate)
-                                    telemetry_period_s=bench.telemetry_period_s,
-                                )
-                            )
+                env = harness.env(bench, point)
+                cases.append(
+                    Case(
+                        host=host.name,
+                        case_key=point.case_key,
+                        benchmark=bench.name,
+                        image=image.name,
+                        model=point.model,
+                        batch_size_per_device=point.batch_size,
+                        num_gpus=point.num_gpus,
+                        variable_update=point.variable_update,
+                        device=bench.device,
+                        num_batches=bench.num_batches,
+                        num_warmup_batches=bench.num_warmup_batches,
+                        timeout_s=bench.timeout_s,
+                        command=harness.command(image.command, bench, point),
+                        container={**container, "environment": {**container.get("environment", {}), **env}}
+                        if env else container,
+                        # the wrapper also counts a CPU case's CPU time (its energy estimate)
+                        telemetry_period_s=bench.telemetry_period_s,
+                        harness=harness.name,
+                        harness_settings=settings,
+                        axes=point.axes,
+                    )
+                )
     keys = [(c.host, c.case_key) for c in cases]
     if len(keys) != len(set(keys)):
         dupes = sorted({k for k in keys if keys.count(k) > 1})

@@ -33,3 +33,9 @@ def test_failed_migration_rolls_back(pg_engine):
 
 def test_migrate_to_capacity_keeps_rows_and_downgrades(pg_engine):
     check_migrate_to_capacity(pg_engine)
+
+
+def test_migrate_filled_warehouse_to_metric_samples(pg_engine):
+    from warehouse_contract import check_migrate_filled_warehouse_to_metrics
+
+    check_migrate_filled_warehouse_to_metrics(pg_engine)

@@ -40,3 +40,9 @@ def test_two_processes_writing_overlapping_keys_leave_one_row_per_key(pg_databas
 
 def test_rerun_with_fewer_cases_leaves_no_stale_rows(pg_engine):
     check_rerun_with_fewer_cases_leaves_no_stale_rows(pg_engine)
+
+
+def test_metric_samples_stored_with_results(pg_engine):
+    from warehouse_contract import check_metric_samples_stored_with_results
+
+    check_metric_samples_stored_with_results(pg_engine)

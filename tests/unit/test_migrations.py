@@ -99,3 +99,9 @@ def test_schema_module_and_migrations_agree_on_the_rollups(tmp_path):
 
 def test_migrate_to_capacity_keeps_rows_and_downgrades(tmp_path):
     check_migrate_to_capacity(engine_at(tmp_path))
+
+
+def test_migrate_filled_warehouse_to_metric_samples(tmp_path):
+    from warehouse_contract import check_migrate_filled_warehouse_to_metrics
+
+    check_migrate_filled_warehouse_to_metrics(engine_at(tmp_path))

@@ -57,3 +57,9 @@ def test_rewrites_in_chunks_replace_all_their_steps(tmp_path, monkeypatch):
 
 def test_rerun_with_fewer_cases_leaves_no_stale_rows(tmp_path):
     check_rerun_with_fewer_cases_leaves_no_stale_rows(get_engine(f"sqlite:///{tmp_path}/w.db"))
+
+
+def test_metric_samples_stored_with_results(tmp_path):
+    from warehouse_contract import check_metric_samples_stored_with_results
+
+    check_metric_samples_stored_with_results(get_engine(f"sqlite:///{tmp_path}/w.db"))

@@ -96,7 +96,8 @@ def case_kwargs(plan, validations: list, prepared: list, host: str | None = None
             "docker_url": planned.docker_url,
             "docker_tls_conn_id": planned.docker_tls_conn_id,
             "labels": runs.case_labels(run.dag_id, run.run_id, case.host, case.case_key, case.timeout_s),
-            "case": {"host": case.host, "case_key": case.case_key},
+            "case": {"host": case.host, "case_key": case.case_key, "harness": case.harness,
+                     "harness_settings": case.harness_settings},
             "num_gpus": case.num_gpus,
             "gpu_device_ids": _device_ids(case, v),
             "timeout_s": case.timeout_s,
@@ -311,7 +312,8 @@ class BenchmarkCaseOperator(DockerOperator):
         """Measure on this worker, where the log is (collect then needs no shared folder), and keep the outcome file."""
         from fleetbench.measure import measure
 
-        fields, steps = measure({"command": outcome["command"]}, outcome)
+        fields, steps = measure({"command": outcome["command"], "harness": self.case.get("harness"),
+                                 "harness_settings": self.case.get("harness_settings")}, outcome)
         outcome["measurement"] = Measurement(fields=fields, steps=steps).to_xcom()
         CaseOutcome.load(outcome)  # the shape collect reads (fleetbench.run_model); raises on a field it does not know
         self._write_outcome(outcome)

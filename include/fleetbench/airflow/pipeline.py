@@ -157,13 +157,14 @@ def collect(plan, validations: list, prepared: list, outcomes: list) -> dict:
     Cases were measured by their own tasks (`fleetbench.measure.measure`); a task that died before
     returning left its outcome file next to its log, read here through `fleetbench.runs.outcome_path`."""
     from fleetbench.measure import case_fields, outcome_from_file, result_row
+    from fleetbench.warehouse.rows import metric_sample_rows
 
     plan = RunPlan.load(plan)
     run = plan.run
     verdicts = by_host(HostVerdict.load(v) for v in validations if v)
     images = by_host(HostImages.load(p) for p in prepared if p)
     done = {(o["host"], o["case_key"]): o for o in outcomes if o}
-    rows, step_rows = [], []
+    rows, step_rows, metric_rows = [], [], []
     for case in plan.cases:
         verdict, host_images = verdicts.get(case.host), images.get(case.host)
         image = host_images.images.get(case.image) if host_images else None
@@ -171,10 +172,14 @@ def collect(plan, validations: list, prepared: list, outcomes: list) -> dict:
         if outcome is None and verdict is not None and not verdict.unfit:
             outcome = outcome_from_file(str(runs.case_log_dir(run.dag_id, run.run_id, case.host)), case.case_key)
         fields, steps = case_fields(case, verdict, image, outcome)
+        fields = dict(fields)
+        samples = fields.pop("metric_samples", None) or []
         rows.append(result_row(run, case, verdict, image, fields))
-        step_rows += [{"dag_id": run.dag_id, "run_id": run.run_id, "host": case.host, "case_key": case.case_key, **s}
-                      for s in steps]
-    return {"rows": rows, "steps": step_rows, "validations": [v.to_xcom() for v in verdicts.values()]}
+        key = {"dag_id": run.dag_id, "run_id": run.run_id, "host": case.host, "case_key": case.case_key}
+        step_rows += [{**key, **s} for s in steps]
+        metric_rows += metric_sample_rows(key, samples)
+    return {"rows": rows, "steps": step_rows, "metrics": metric_rows,
+            "validations": [v.to_xcom() for v in verdicts.values()]}
 
 
 # -- store ------------------------------------------------------------------------------------
@@ -193,7 +198,8 @@ def store(plan, collected: dict) -> dict:
     engine = get_engine()
     try:
         upgrade(engine)
-        written = store_run(engine, run_row(run, counts, len(rows)), hosts, rows, collected["steps"])
+        written = store_run(engine, run_row(run, counts, len(rows)), hosts, rows, collected["steps"],
+                            metric_rows=collected.get("metrics", ()))
     finally:
         engine.dispose()
     log.info("stored %d result row(s) for run %s: %s", written, run.run_id, counts)

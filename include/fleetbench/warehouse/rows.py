@@ -33,3 +33,10 @@ def host_row(run, verdict) -> dict:
         "gpu_health": state, "gpu_health_issues": health_issues(verdict.checks) or None,
         "gpu_health_json": json.dumps(facts.health()) if state else None,
     }
+
+
+def metric_sample_rows(key: dict, samples: list[dict]) -> list[dict]:
+    """`result_metrics` rows of one case's metric samples (fleetbench.harnesses.base.MetricSample dicts);
+    `key` is the case's dag_id, run_id, host and case_key. Labels are stored as sorted JSON (part of the key)."""
+    return [{**key, "metric": s["metric"], "labels": json.dumps(s.get("labels") or {}, sort_keys=True),
+             "value": s["value"], "unit": s["unit"], "better": s["better"]} for s in samples]

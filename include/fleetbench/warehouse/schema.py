@@ -137,6 +137,14 @@ benchmark_results = Table(
     Column("capacity_mib", Float),
     Column("predicted_mem_mib", Float),
     Column("capacity_note", Text),
+    # The case's harness and its primary metric (revision 0010): images_per_sec for tf_cnn_benchmarks,
+    # avg_busbw (GB/s) for nccl_tests, ...; `better` is the direction (higher | lower). Every metric
+    # sample of the case is in result_metrics.
+    Column("harness", String(50)),
+    Column("metric", String(100)),
+    Column("value", Float),
+    Column("unit", String(20)),
+    Column("better", String(10)),
     UniqueConstraint(*RESULT_KEY, name="uq_benchmark_results_key"),
     Index("ix_benchmark_results_host_case_time", "host", "case_key", "started_at"),
     Index("ix_benchmark_results_logical_date", "logical_date"),
@@ -156,6 +164,26 @@ steps = Table(
     Column("plusminus", Float),
     Column("jitter", Float),
     Column("loss", Float),
+)
+
+# Every metric sample of a case (revision 0007): one row per result and (metric, labels). `labels` is
+# the sample's labels as sorted JSON ("{}" for none), part of the key; the result's key ties it to its
+# benchmark_results row (as steps).
+METRIC_KEY = ("dag_id", "run_id", "host", "case_key", "metric", "labels")
+
+result_metrics = Table(
+    "result_metrics", metadata,
+    Column("dag_id", String(250), primary_key=True),
+    Column("run_id", String(250), primary_key=True),
+    Column("host", String(100), primary_key=True),
+    Column("case_key", String(250), primary_key=True),
+    Column("metric", String(100), primary_key=True),
+    Column("labels", String(2000), primary_key=True),
+    Column("value", Float, nullable=False),
+    Column("unit", String(20), nullable=False),
+    Column("better", String(10), nullable=False),
+    CheckConstraint("better IN ('higher', 'lower')", name="ck_result_metrics_better"),
+    Index("ix_result_metrics_metric_host", "metric", "host", "case_key"),
 )
 
 # Regressions found by comparing a run against its baseline (one row per run, host, case and metric).

@@ -22,15 +22,20 @@ from fleetbench.timestamps import utc
 from fleetbench.warehouse import bulk, fit, rollup
 from fleetbench.warehouse.schema import (
     HOST_KEY,
+    METRIC_KEY,
     RESULT_COLUMNS,
     RESULT_KEY,
     RUN_KEY,
     STEP_KEY,
     benchmark_results,
     host_facts,
+    result_metrics,
     runs,
     steps,
 )
+
+# Tables of a result's own rows, replaced whole with it (and deleted with it).
+_PER_RESULT = (steps, result_metrics)
 
 log = logging.getLogger("fleetbench.warehouse")
 
@@ -89,11 +94,13 @@ def _columns(table, rows: list[dict]) -> list[str]:
 
 
 def store_run(engine: Engine, run: dict, hosts: Iterable[dict], results: Iterable[dict], step_rows: Iterable[dict] = (),
-              complete: bool = True) -> int:
+              complete: bool = True, metric_rows: Iterable[dict] = ()) -> int:
     """Upsert one run's rows in one transaction, and its rollups from them; returns the number of result rows written.
 
+    `metric_rows`: the results' metric samples (`result_metrics`, see `rows.metric_sample_rows`); a result
+    written now has exactly these afterwards, like its steps.
     `complete`: these are all of the run's hosts and results, so any other host or result row of the run
-    stored before (a rerun planned fewer cases) is deleted in the same transaction, with its steps;
+    stored before (a rerun planned fewer cases) is deleted in the same transaction, with its steps and metrics;
     False adds to the run (e.g. one host's rows of it) and keeps the rest.
 
     PostgreSQL gets each table's rows with one COPY into a staging table and one INSERT ... ON
@@ -108,6 +115,7 @@ def store_run(engine: Engine, run: dict, hosts: Iterable[dict], results: Iterabl
                         fit.fit_results(_result_tuples(results, now, dt), RESULT_COLUMNS, benchmark_results),
                         RESULT_KEY)
     step_upserts = _Rows.of_dicts(steps, list(step_rows), STEP_KEY)
+    metric_upserts = _Rows.of_dicts(result_metrics, list(metric_rows), METRIC_KEY)
     run_keys = {k[:2] for k in result_rows.keys} | ({(run_row["dag_id"], run_row["run_id"])} if complete else set())
     for attempt in range(1, WRITE_ATTEMPTS + 1):
         try:
@@ -117,13 +125,15 @@ def store_run(engine: Engine, run: dict, hosts: Iterable[dict], results: Iterabl
                 upsert_rows(conn, runs, [run_row], RUN_KEY)
                 host_rows.upsert(conn)
                 result_rows.upsert(conn)
-                # Steps of the cases written now are replaced as a whole: stale steps from an earlier try go.
+                # Steps and metrics of the cases written now are replaced as a whole: an earlier try's go.
                 if result_rows.rows:
-                    if conn.dialect.name == "postgresql":
-                        bulk.delete_staged(conn, steps, benchmark_results, RESULT_KEY)
-                    else:
-                        bulk.delete_keys(conn, steps, RESULT_KEY, result_rows.keys)
+                    for table in _PER_RESULT:
+                        if conn.dialect.name == "postgresql":
+                            bulk.delete_staged(conn, table, benchmark_results, RESULT_KEY)
+                        else:
+                            bulk.delete_keys(conn, table, RESULT_KEY, result_rows.keys)
                 step_upserts.upsert(conn)
+                metric_upserts.upsert(conn)
                 if complete:
                     _delete_rest_of_run(conn, run_row, host_rows.keys, result_rows.keys)
                 rollup.refresh(conn, run_keys)
@@ -138,14 +148,15 @@ def store_run(engine: Engine, run: dict, hosts: Iterable[dict], results: Iterabl
 
 
 def _delete_rest_of_run(conn, run_row: dict, host_keys: list[tuple], result_keys: list[tuple]) -> None:
-    """Delete the run's stored hosts, results and steps that this write does not have (caller's transaction)."""
+    """Delete the run's stored hosts, results, steps and metrics this write does not have (caller's transaction)."""
     run_key = (run_row["dag_id"], run_row["run_id"])
     where = and_(*[c == v for c, v in zip((benchmark_results.c.dag_id, benchmark_results.c.run_id), run_key)])
     stored = {tuple(r) for r in conn.execute(select(*[benchmark_results.c[k] for k in RESULT_KEY]).where(where))}
     stale = sorted(stored - set(result_keys))
     if stale:
         log.info("run %s: %d result(s) stored before are not in this write: deleted", run_key[1], len(stale))
-        bulk.delete_keys(conn, steps, RESULT_KEY, stale)
+        for table in _PER_RESULT:
+            bulk.delete_keys(conn, table, RESULT_KEY, stale)
         bulk.delete_keys(conn, benchmark_results, RESULT_KEY, stale)
     hosts_where = and_(host_facts.c.dag_id == run_key[0], host_facts.c.run_id == run_key[1])
     stored_hosts = {tuple(r) for r in conn.execute(select(*[host_facts.c[k] for k in HOST_KEY]).where(hosts_where))}

@@ -1,0 +1,53 @@
+"""`make bench` part: metric samples. A night of 20,000 results (1,000 hosts x 20 cases) with 5 metric samples
+each (100,000 result_metrics rows) stored by `store_run` on PostgreSQL, next to the same night without samples;
+the target is under 5 s. Median of 3 nights on a fresh database (quick: 100 hosts). Run through
+`bench/run.py --only metrics`.
+"""
+
+from __future__ import annotations
+
+import time
+
+from bench_warehouse import CASES, night_rows
+from common import PG_URL, median
+
+NIGHTS = 3
+SAMPLES = (("images_per_sec", "images/s", "higher"), ("step_time_median", "ms", "lower"),
+           ("final_loss", "1", "lower"), ("busbw", "GB/s", "higher"), ("time", "us", "lower"))
+
+
+def metric_rows(rows: list[dict]) -> list[dict]:
+    """Five samples per result, one of them labelled as nccl-tests' are."""
+    out = []
+    for r in rows:
+        key = {k: r[k] for k in ("dag_id", "run_id", "host", "case_key")}
+        for i, (metric, unit, better) in enumerate(SAMPLES):
+            labels = '{"placement": "out_of_place", "size_bytes": 8589934592}' if i >= 3 else "{}"
+            out.append({**key, "metric": metric, "labels": labels, "value": 100.0 + i, "unit": unit,
+                        "better": better})
+    return out
+
+
+def bench_metrics(quick: bool) -> dict:
+    from fleetbench.warehouse import get_engine, store_run, upgrade
+    from pg_databases import fresh_database
+
+    hosts = 100 if quick else 1000
+    out = {"hosts": hosts, "results_per_night": hosts * len(CASES),
+           "metric_rows_per_night": hosts * len(CASES) * len(SAMPLES), "nights": NIGHTS}
+    with fresh_database(PG_URL, prefix="fb_bench_metrics") as pg:
+        engine = get_engine(pg)
+        try:
+            upgrade(engine)
+            for label, with_samples, first in (("without_samples", False, 0), ("with_samples", True, NIGHTS)):
+                times = []
+                for n in range(first, first + NIGHTS):
+                    run, rows = night_rows(n, hosts)
+                    samples = metric_rows(rows) if with_samples else []
+                    start = time.monotonic()
+                    store_run(engine, run, [], rows, metric_rows=samples)
+                    times.append(round(time.monotonic() - start, 3))
+                out[f"night_store_s_{label}"] = {"median": median(times), "each": times}
+        finally:
+            engine.dispose()
+    return out

@@ -1,0 +1,83 @@
+"""tf_cnn_benchmarks: total images/sec (primary), top-1/top-5 accuracy and the per-step images/sec."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable
+
+from fleetbench.failures import row_class
+from fleetbench.harnesses.base import HIGHER, CasePoint, Harness, Measured, SampleSink
+
+if TYPE_CHECKING:
+    from fleetbench.config import BenchmarkSpec
+    from fleetbench.parsing import ParsedLog
+
+# The parser's classes that fail a case by themselves; the others (other_error, no_result) only explain an exit.
+_FAILING = ("oom", "nccl", "import_error", "cuda_driver")
+
+
+def case_key(bench: str, model: str, batch_size: int, num_gpus: int, variable_update: str) -> str:
+    """`<benchmark>.<model>.bs<batch per device>.g<gpus>.<variable_update>`: readable and valid in container names."""
+    return f"{bench}.{model}.bs{batch_size}.g{num_gpus}.{variable_update}"
+
+
+def from_parsed(parsed: "ParsedLog") -> Measured:
+    """A tf_cnn_benchmarks (or Horovod synthetic) ParsedLog as metric samples."""
+    failing = parsed.failure_class in _FAILING
+    measured = Measured(primary="images_per_sec",
+                        failure_class=row_class(parsed.failure_class) if failing else None,
+                        failure_detail=parsed.failure_detail,
+                        step_count=parsed.step_count, images_per_sec=parsed.total_images_per_sec,
+                        accuracy_top1=parsed.accuracy_top1)
+    measured.steps = [{"step": s.step, "images_per_sec": s.images_per_sec, "plusminus": s.plusminus,
+                       "jitter": s.jitter, "loss": s.loss} for s in parsed.steps]
+    sink = SampleSink(measured)
+    if parsed.total_images_per_sec is not None:
+        sink.add("images_per_sec", parsed.total_images_per_sec, "images/s", HIGHER)
+    if parsed.accuracy_top1 is not None:
+        sink.add("accuracy_top1", parsed.accuracy_top1, "1", HIGHER)
+    if parsed.accuracy_top5 is not None:
+        sink.add("accuracy_top5", parsed.accuracy_top5, "1", HIGHER)
+    return sink.done()
+
+
+class TfCnnBenchmarks(Harness):
+    name = "tf_cnn_benchmarks"
+    axes = ("models", "batch_sizes", "num_gpus", "variable_update")
+    required = ("models", "batch_sizes")
+    primary = ("images_per_sec", "images/s", HIGHER)
+    description = "TensorFlow tf_cnn_benchmarks: total images/sec, accuracy, step throughput"
+
+    def points(self, bench: "BenchmarkSpec") -> list[CasePoint]:
+        return [CasePoint(case_key(bench.name, model, bs, gpus, vu), model, bs, gpus, vu,
+                          {"model": model, "batch_size": bs, "num_gpus": gpus, "variable_update": vu})
+                for model in bench.models for gpus in bench.num_gpus for bs in bench.batch_sizes
+                for vu in bench.variable_update]
+
+    def command(self, prefix: Iterable[str], bench: "BenchmarkSpec", point: CasePoint) -> list[str]:
+        """tf_cnn_benchmarks flags for one case. CPU cases run one device (`--num_gpus=1 --device=cpu`), as
+        tf_cnn_benchmarks expects."""
+        args = [
+            *prefix,
+            f"--model={point.model}",
+            f"--batch_size={point.batch_size}",
+            f"--num_batches={bench.num_batches}",
+            f"--num_warmup_batches={bench.num_warmup_batches}",
+            f"--variable_update={point.variable_update}",
+        ]
+        if bench.device == "cpu":
+            args += ["--device=cpu", "--num_gpus=1", "--data_format=NHWC"]
+        else:
+            args += ["--device=gpu", f"--num_gpus={point.num_gpus}"]
+        return args + list(bench.extra_args)
+
+    def measure(self, path: str, settings: dict) -> Measured:
+        from fleetbench.parsing import parse_log_file
+
+        try:
+            parsed = parse_log_file(path, "tf_cnn_benchmarks")
+        except ValueError:
+            return Measured(primary="images_per_sec")
+        return from_parsed(parsed)
+
+
+HARNESS = TfCnnBenchmarks()

@@ -1,0 +1,89 @@
+"""torch_synthetic: PyTorch training throughput of a torchvision model on synthetic data.
+
+The training loop is the project's own (include/images/torch-cpu/torch_synthetic.py, in the CPU image and
+for baking into GPU images): it prints a line per timed step and JSON metric lines (images_per_sec, the
+primary; step_time_median; final_loss), read as the command harness reads them.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Iterable
+
+from fleetbench.files import open_regular
+from fleetbench.harnesses.base import HIGHER, CasePoint, Harness, Measured
+
+if TYPE_CHECKING:
+    from fleetbench.config import BenchmarkSpec
+
+_STEP = re.compile(r"^step (\d{1,9}): ([0-9]{1,12}(?:\.[0-9]{1,9})?) images/sec loss ([-+0-9.eEnaif]{1,30})$")
+MAX_STEPS = 100_000
+
+
+def case_key(bench: str, model: str, batch_size: int, num_gpus: int, precision: str, channels_last: bool,
+             compiled: bool) -> str:
+    """`<benchmark>.<model>.bs<batch>.g<gpus>.<precision>.<nchw|nhwc>.<eager|compiled>`."""
+    return (f"{bench}.{model}.bs{batch_size}.g{num_gpus}.{precision}.{'nhwc' if channels_last else 'nchw'}."
+            f"{'compiled' if compiled else 'eager'}")
+
+
+class TorchSynthetic(Harness):
+    name = "torch_synthetic"
+    axes = ("models", "batch_sizes", "num_gpus", "precisions", "channels_last", "compile")
+    required = ("models", "batch_sizes")
+    primary = ("images_per_sec", "images/s", HIGHER)
+    description = "PyTorch synthetic-data training: images/sec of torchvision models"
+
+    def points(self, bench: "BenchmarkSpec") -> list[CasePoint]:
+        return [CasePoint(case_key(bench.name, model, bs, gpus, prec, cl, comp), model, bs, gpus, None,
+                          {"model": model, "batch_size": bs, "num_gpus": gpus, "precision": prec,
+                           "channels_last": cl, "compile": comp})
+                for model in bench.models for gpus in bench.num_gpus for bs in bench.batch_sizes
+                for prec in bench.precisions for cl in bench.channels_last for comp in bench.compile]
+
+    def command(self, prefix: Iterable[str], bench: "BenchmarkSpec", point: CasePoint) -> list[str]:
+        axes = point.axes
+        return [*prefix, f"--model={point.model}", f"--batch_size={point.batch_size}",
+                f"--num_batches={bench.num_batches}", f"--num_warmup_batches={bench.num_warmup_batches}",
+                f"--precision={axes['precision']}", f"--channels_last={int(axes['channels_last'])}",
+                f"--compile={int(axes['compile'])}",
+                *(["--device=cpu", "--num_gpus=1"] if bench.device == "cpu" else
+                  ["--device=cuda", f"--num_gpus={point.num_gpus}"]),
+                *bench.extra_args]
+
+    def measure(self, path: str, settings: dict) -> Measured:
+        from fleetbench.parsing.source import file_lines
+
+        with open_regular(path) as handle:
+            return measure_lines(file_lines(handle))
+
+
+def measure_lines(lines: Iterable[tuple[str, bool]]) -> Measured:
+    from fleetbench.harnesses.command import measure_lines as metric_lines
+
+    steps: list[dict] = []
+    count = 0
+
+    def tap(source):  # the step lines, on the way to the metric-line reader
+        nonlocal count
+        for line, complete in source:
+            found = _STEP.match(line.strip()) if complete and line.startswith("step ") else None
+            if found:
+                count += 1
+                if len(steps) < MAX_STEPS:
+                    try:
+                        loss = float(found.group(3))
+                    except ValueError:
+                        loss = None
+                    steps.append({"step": int(found.group(1)), "images_per_sec": float(found.group(2)),
+                                  "plusminus": None, "jitter": None, "loss": loss})
+            yield line, complete
+
+    measured = metric_lines(tap(lines), {"json_lines": True, "primary": "images_per_sec", "patterns": []})
+    measured.steps, measured.step_count = steps, count
+    sample = measured.primary_sample()
+    measured.images_per_sec = sample.value if sample else None
+    return measured
+
+
+HARNESS = TorchSynthetic()

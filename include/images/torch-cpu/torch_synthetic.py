@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""fleetbench's torch_synthetic harness: training throughput of a torchvision model on synthetic data.
+
+A plain training loop (forward, loss, backward, SGD step) on one random batch kept on the device, so the
+number measures the model, the framework and the hardware, not a data pipeline. Warm-up steps (and
+torch.compile's compilation) are not timed; each timed step ends with the loss read back, which waits
+for the device. Prints one line per timed step and JSON metric lines at the end:
+
+    step 3: 412.50 images/sec loss 6.9312
+    {"metric": "images_per_sec", "value": 405.1, "unit": "images/s", "better": "higher"}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+
+def emit(metric: str, value: float, unit: str, better: str) -> None:
+    print(json.dumps({"metric": metric, "value": value, "unit": unit, "better": better}), flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="a torchvision classification model, e.g. resnet50")
+    parser.add_argument("--batch_size", type=int, required=True, help="per device")
+    parser.add_argument("--num_batches", type=int, default=20)
+    parser.add_argument("--num_warmup_batches", type=int, default=2)
+    parser.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp32")
+    parser.add_argument("--channels_last", type=int, choices=[0, 1], default=0)
+    parser.add_argument("--compile", type=int, choices=[0, 1], default=0)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    parser.add_argument("--num_gpus", type=int, default=1)
+    parser.add_argument("--image_size", type=int, default=224)
+    parser.add_argument("--num_classes", type=int, default=1000)
+    args = parser.parse_args()
+
+    import torch
+    import torchvision
+
+    torch.manual_seed(0)
+    device = torch.device(args.device)
+    devices = max(args.num_gpus, 1) if device.type == "cuda" else 1
+    print(f"torch {torch.__version__} torchvision {torchvision.__version__} device {device} x{devices} "
+          f"model {args.model} batch {args.batch_size} precision {args.precision} "
+          f"channels_last {args.channels_last} compile {args.compile}", flush=True)
+    memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
+    model = torchvision.models.get_model(args.model, weights=None, num_classes=args.num_classes)
+    model = model.to(device=device, memory_format=memory_format).train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    network = torch.nn.DataParallel(model, device_ids=list(range(devices))) if devices > 1 else model
+    if args.compile:
+        network = torch.compile(network)
+    batch = args.batch_size * devices
+    images = torch.randn(batch, 3, args.image_size, args.image_size, device=device).to(memory_format=memory_format)
+    labels = torch.randint(0, args.num_classes, (batch,), device=device)
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(args.precision)
+    scaler = torch.amp.GradScaler(device.type) if args.precision == "fp16" else None
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step() -> float:
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            loss = loss_fn(network(images), labels)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
+        return loss.item()  # waits for the device
+
+    for _ in range(args.num_warmup_batches):
+        step()
+    times, loss = [], float("nan")
+    for i in range(1, args.num_batches + 1):
+        start = time.perf_counter()
+        loss = step()
+        elapsed = time.perf_counter() - start
+        times.append(elapsed)
+        print(f"step {i}: {batch / elapsed:.2f} images/sec loss {loss:.4f}", flush=True)
+    emit("images_per_sec", batch * len(times) / sum(times), "images/s", "higher")
+    emit("step_time_median", statistics.median(times) * 1000, "ms", "lower")
+    emit("final_loss", loss, "1", "lower")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
