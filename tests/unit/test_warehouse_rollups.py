@@ -18,6 +18,7 @@ from sqlalchemy import MetaData, Table, inspect, select
 
 from fleetbench.warehouse import current_revision, downgrade, fetch_results, get_engine, store_run, upgrade
 from fleetbench.warehouse.schema import host_month_rollup, run_case_rollup, run_host_rollup
+from warehouse_contract import HEAD
 from warehouse_rows import result_row, run_row
 
 DAG = "fleet_benchmark"
@@ -283,7 +284,7 @@ def check_migration_backfills_rollups(engine) -> None:
     rows = [r for day in (0, 2, 3, 31) for r in nightly(day, driver_of=upgrade_driver)]
     _insert_at_0003(engine, rows)
     upgrade(engine)
-    assert current_revision(engine) == "0004"
+    assert current_revision(engine) == HEAD
     assert len(fetch_results(engine)) == len(rows)
     check_rollups_match_results(engine)
     assert len(stored_rollup(engine, host_month_rollup)) > len(HOSTS)  # three months of them

@@ -1,7 +1,10 @@
 """Writing a run: one transaction for its run row, host facts, results, steps and rollups; idempotent.
 
-Rows are upserted keyed by (dag_id, run_id, host, case_key), so a retry or rerun replaces its own
-rows; a complete store also deletes what the run no longer has. Writers that race on the same keys
+Rows are upserted keyed by (dag_id, run_id, host, case_key): benchmark_results holds each case's
+current attempt. A retry writing the same attempt again replaces it; a new execution of the case (a
+cleared and rerun run, a backfill that reprocesses it) first moves the stored attempt to
+superseded_results (`fleetbench.warehouse.attempts`), so no measurement is ever deleted; a complete
+store also moves there what the run no longer plans. Writers that race on the same keys
 serialise on the run's row; rows are written in key order, and a transaction the database aborts to
 break a deadlock is retried whole. Values are fitted to their columns first (`fit`).
 """
@@ -19,7 +22,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 
 from fleetbench.timestamps import utc
-from fleetbench.warehouse import bulk, fit, rollup
+from fleetbench.warehouse import attempts, bulk, fit, rollup
 from fleetbench.warehouse.schema import (
     HOST_KEY,
     RESULT_COLUMNS,
@@ -116,7 +119,9 @@ def store_run(engine: Engine, run: dict, hosts: Iterable[dict], results: Iterabl
                 # result and steps end up from one writer, and its rollups are computed after the other's.
                 upsert_rows(conn, runs, [run_row], RUN_KEY)
                 host_rows.upsert(conn)
-                result_rows.upsert(conn)
+                # Attempt numbers; a stored attempt that a new execution replaces is kept as superseded.
+                numbered = attempts.number(conn, result_rows.columns, result_rows.rows, result_rows.keys, now)
+                bulk.upsert(conn, benchmark_results, result_rows.columns, numbered, RESULT_KEY)
                 # Steps of the cases written now are replaced as a whole: stale steps from an earlier try go.
                 if result_rows.rows:
                     if conn.dialect.name == "postgresql":
@@ -125,7 +130,7 @@ def store_run(engine: Engine, run: dict, hosts: Iterable[dict], results: Iterabl
                         bulk.delete_keys(conn, steps, RESULT_KEY, result_rows.keys)
                 step_upserts.upsert(conn)
                 if complete:
-                    _delete_rest_of_run(conn, run_row, host_rows.keys, result_rows.keys)
+                    _delete_rest_of_run(conn, run_row, host_rows.keys, result_rows.keys, now)
                 rollup.refresh(conn, run_keys)
             return len(result_rows.rows)
         except DBAPIError as exc:
@@ -137,14 +142,17 @@ def store_run(engine: Engine, run: dict, hosts: Iterable[dict], results: Iterabl
     raise AssertionError("unreachable")
 
 
-def _delete_rest_of_run(conn, run_row: dict, host_keys: list[tuple], result_keys: list[tuple]) -> None:
-    """Delete the run's stored hosts, results and steps that this write does not have (caller's transaction)."""
+def _delete_rest_of_run(conn, run_row: dict, host_keys: list[tuple], result_keys: list[tuple], now: datetime) -> None:
+    """Delete the run's stored hosts, results and steps that this write does not have (caller's transaction);
+    such results are kept as superseded attempts first."""
     run_key = (run_row["dag_id"], run_row["run_id"])
     where = and_(*[c == v for c, v in zip((benchmark_results.c.dag_id, benchmark_results.c.run_id), run_key)])
     stored = {tuple(r) for r in conn.execute(select(*[benchmark_results.c[k] for k in RESULT_KEY]).where(where))}
     stale = sorted(stored - set(result_keys))
     if stale:
-        log.info("run %s: %d result(s) stored before are not in this write: deleted", run_key[1], len(stale))
+        log.info("run %s: %d result(s) stored before are not in this write: kept as superseded attempts",
+                 run_key[1], len(stale))
+        attempts.archive(conn, dict.fromkeys(stale), now)
         bulk.delete_keys(conn, steps, RESULT_KEY, stale)
         bulk.delete_keys(conn, benchmark_results, RESULT_KEY, stale)
     hosts_where = and_(host_facts.c.dag_id == run_key[0], host_facts.c.run_id == run_key[1])

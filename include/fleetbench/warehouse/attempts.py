@@ -1,0 +1,242 @@
+"""Attempts: a rerun never destroys a measurement.
+
+An attempt is one execution of a planned case in a run (run, host, case_key): one container outcome,
+or for a case that did not run (host unfit, image not prepared, task failed before reporting), one
+judgement of it by the run's collect step. Each attempt has a number (1, 2, ... per run, host and
+case, in the order they were stored) and an identity, `attempt_id` (`attempt_id`: a digest of the
+container outcome, the container's start and end as the engine reported them).
+
+Storing a (run, host, case) (`decide`, inside `store_run`'s one transaction):
+
+- nothing stored yet: attempt 1 (or the number after the highest superseded one);
+- the stored attempt has the same identity: it is the same execution written again (the store or
+  collect task retried, `fleetbench results` of a re-collected run): it is replaced in place, its
+  number kept;
+- another identity (the run was cleared and ran again, or a backfill with `--reprocess-behavior
+  completed` or `failed`): a new attempt. The stored one moves to `superseded_results` whole (with its
+  steps as JSON) and the new one takes the next number.
+
+A complete store that no longer plans a case the run had stored moves that attempt to
+`superseded_results` as well (superseded_by NULL) rather than deleting it.
+
+The current attempt (`current_attempt`) of a (run, host, case) is the one stored last, i.e. the
+highest number; benchmark_results holds exactly the current attempts, so rollups, the report, the
+capacity_features view and regressions count each (run, host, case) once. Superseded attempts are
+read with `fetch_attempts` (`fleetbench results --attempts`) and by `fleetbench compare --attempts`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime
+from typing import Any, Iterable, Mapping, Sequence
+
+from sqlalchemy import and_, func, select, tuple_
+
+from fleetbench.warehouse.schema import (
+    ATTEMPT_KEY,
+    RESULT_KEY,
+    benchmark_results,
+    steps,
+    superseded_results,
+)
+
+CHUNK = 500  # keys per IN list
+
+
+# -- identity and the rule -------------------------------------------------------------------------
+def attempt_id(host: str, case_key: str, outcome: Mapping[str, Any] | None = None,
+               not_run: Sequence[Any] = ()) -> str:
+    """The identity of an attempt: of its container outcome (container, start and end as the engine
+    reported them: a retried task re-reading the same outcome gets the same identity, a new execution
+    another), or for a case that did not run, of what `not_run` names (e.g. the run's start and the
+    host check's time, which a cleared and rerun run renews)."""
+    if outcome is not None:
+        basis = ["outcome", host, case_key, outcome.get("container_name"), outcome.get("started_at"),
+                 outcome.get("finished_at")]
+    else:
+        basis = ["not-run", host, case_key, *not_run]
+    return hashlib.sha256("\0".join("" if v is None else str(v) for v in basis).encode()).hexdigest()[:32]
+
+
+def row_attempt_id(row: Mapping[str, Any]) -> str:
+    """The identity of a result row written without one (e.g. by a script): its own start, end and log."""
+    return attempt_id(row["host"], row["case_key"], {"container_name": row.get("log_path"),
+                                                    "started_at": row.get("started_at"),
+                                                    "finished_at": row.get("finished_at")})
+
+
+def decide(stored: tuple[int, str | None] | None, superseded_max: int, incoming_id: str) -> tuple[int, bool]:
+    """(the incoming attempt's number, whether the stored current attempt is superseded by it).
+
+    `stored`: the current attempt's (number, attempt_id), None when there is none; `superseded_max`:
+    the highest number already superseded (0 when none)."""
+    if stored is None:
+        return superseded_max + 1, False
+    number, stored_id = stored
+    if stored_id is not None and stored_id == incoming_id:
+        return number, False
+    return max(number, superseded_max) + 1, True
+
+
+def current_attempt(attempts: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The current attempt among attempts of one (run, host, case): the one stored last (highest number)."""
+    return max(attempts, key=lambda a: a["attempt"] or 0, default=None)
+
+
+def remeasure_reasons(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    """Why a night was measured again, from a superseded attempt and the one after it: the driver or the
+    image changed, or the earlier attempt had failed (else: "rerun")."""
+    reasons = []
+    if before.get("driver_version") != after.get("driver_version"):
+        reasons.append(f"driver {before.get('driver_version') or '?'} -> {after.get('driver_version') or '?'}")
+    if before.get("image_digest") != after.get("image_digest"):
+        reasons.append("image changed")
+    if before.get("status") != "ok":
+        reasons.append(f"rerun of a {before.get('status') or 'missing'} result")
+    return reasons or ["rerun"]
+
+
+# -- inside store_run's transaction ----------------------------------------------------------------
+def number(conn, columns: Sequence[str], rows: list[tuple], keys: list[tuple], now: datetime) -> list[tuple]:
+    """The rows with their attempt numbers (and identities) set by `decide`; stored attempts they supersede
+    are moved to superseded_results first. `keys`: each row's RESULT_KEY, in the same order."""
+    if not rows:
+        return rows
+    i_num, i_id = columns.index("attempt"), columns.index("attempt_id")
+    stored, past = _stored(conn, {k[:2] for k in keys})
+    numbered, superseded = [], {}
+    for key, row in zip(keys, rows):
+        aid = row[i_id] or row_attempt_id(dict(zip(columns, row)))
+        n, supersedes = decide(stored.get(key), past.get(key, 0), aid)
+        if supersedes:
+            superseded[key] = n
+        row = list(row)
+        row[i_num], row[i_id] = n, aid
+        numbered.append(tuple(row))
+    archive(conn, superseded, now)
+    return numbered
+
+
+def _stored(conn, run_keys: set[tuple]) -> tuple[dict, dict]:
+    """Of the runs written: each (run, host, case)'s current (number, attempt_id), and its highest superseded number."""
+    br, sr = benchmark_results, superseded_results
+    stored, past = {}, {}
+    for dag_id, run_id in sorted(run_keys):
+        for *key, n, aid in conn.execute(select(*[br.c[k] for k in RESULT_KEY], br.c.attempt, br.c.attempt_id)
+                                         .where(br.c.dag_id == dag_id, br.c.run_id == run_id)):
+            stored[tuple(key)] = (n, aid)
+        for *key, n in conn.execute(select(*[sr.c[k] for k in RESULT_KEY], func.max(sr.c.attempt))
+                                    .where(sr.c.dag_id == dag_id, sr.c.run_id == run_id)
+                                    .group_by(*[sr.c[k] for k in RESULT_KEY])):
+            past[tuple(key)] = n
+    return stored, past
+
+
+def archive(conn, superseded_by: Mapping[tuple, int | None], now: datetime) -> None:
+    """Copy the current attempts of these (run, host, case) keys, with their steps, into superseded_results.
+
+    `superseded_by`: key -> the number of the attempt replacing it (None: the case is no longer planned)."""
+    if not superseded_by:
+        return
+    from fleetbench.warehouse.store import upsert_rows
+
+    keys = sorted(superseded_by)
+    br_key = tuple_(*[benchmark_results.c[k] for k in RESULT_KEY])
+    st_key = tuple_(*[steps.c[k] for k in RESULT_KEY])
+    columns = [c for c in superseded_results.c.keys() if c in benchmark_results.c and c != "id"]
+    for i in range(0, len(keys), CHUNK):
+        chunk = keys[i:i + CHUNK]
+        step_lists: dict[tuple, list[dict]] = {}
+        for r in conn.execute(select(steps).where(st_key.in_(chunk)).order_by(steps.c.step)):
+            m = r._mapping
+            step_lists.setdefault(tuple(m[k] for k in RESULT_KEY), []).append(
+                {k: m[k] for k in ("step", "images_per_sec", "plusminus", "jitter", "loss")})
+        out = []
+        for r in conn.execute(select(*[benchmark_results.c[c] for c in columns]).where(br_key.in_(chunk))):
+            row = dict(r._mapping)
+            key = tuple(row[k] for k in RESULT_KEY)
+            out.append({**row, "steps_json": json.dumps(step_lists[key]) if key in step_lists else None,
+                        "superseded_at": now, "superseded_by": superseded_by[key]})
+        upsert_rows(conn, superseded_results, out, ATTEMPT_KEY)
+
+
+# -- reading -------------------------------------------------------------------------------------------
+def attempts_query(table, run_id: str | None = None, dag_id: str | None = None, since=None, until=None):
+    conds = []
+    if run_id:
+        conds.append(table.c.run_id == run_id)
+    if dag_id:
+        conds.append(table.c.dag_id == dag_id)
+    if since is not None:
+        conds.append(table.c.logical_date >= since)
+    if until is not None:
+        conds.append(table.c.logical_date < until)
+    return select(table).where(and_(*conds)) if conds else select(table)
+
+
+def fetch_attempts(engine, run_id: str | None = None, dag_id: str | None = None,
+                   only_remeasured: bool = False) -> list[dict]:
+    """Every attempt (current and superseded) of the runs asked for, oldest attempt first per (run, host,
+    case), each with `current` (True for the one benchmark_results holds) and, for a superseded one,
+    `superseded_at` and `superseded_by`. `only_remeasured`: only (run, host, case)s with more than one."""
+    with engine.connect() as conn:
+        past = [dict(r._mapping) for r in conn.execute(attempts_query(superseded_results, run_id, dag_id))]
+        if only_remeasured:
+            keys = sorted({tuple(r[k] for k in RESULT_KEY) for r in past})
+            current = []
+            for i in range(0, len(keys), CHUNK):
+                key = tuple_(*[benchmark_results.c[k] for k in RESULT_KEY])
+                current += [dict(r._mapping) for r in conn.execute(
+                    select(benchmark_results).where(key.in_(keys[i:i + CHUNK])))]
+        else:
+            current = [dict(r._mapping) for r in conn.execute(attempts_query(benchmark_results, run_id, dag_id))]
+    rows = []
+    for r in past:
+        r.pop("id", None)
+        rows.append({**r, "current": False})
+    for r in current:
+        r.pop("id", None)
+        rows.append({**r, "current": True, "steps_json": None, "superseded_at": None, "superseded_by": None})
+    rows.sort(key=lambda r: (_text(r["logical_date"]), r["dag_id"], r["run_id"], r["host"], r["case_key"],
+                             r["attempt"] or 0))
+    return rows
+
+
+def _text(value) -> str:
+    return "" if value is None else value.isoformat() if isinstance(value, datetime) else str(value)
+
+
+def remeasured(engine, since=None, until=None, dag_id: str | None = None) -> list[dict]:
+    """Each (run, host, case) of the window measured more than once: its superseded attempts and the
+    current one, and why it was measured again (`remeasure_reasons` of each attempt and the next)."""
+    sr, br = superseded_results, benchmark_results
+    with engine.connect() as conn:
+        past = [dict(r._mapping) for r in conn.execute(
+            attempts_query(sr, dag_id=dag_id, since=since, until=until).with_only_columns(
+                *[sr.c[k] for k in (*RESULT_KEY, "attempt", "logical_date", "status", "driver_version",
+                                    "image_digest", "images_per_sec", "superseded_at")]))]
+        keys = sorted({tuple(r[k] for k in RESULT_KEY) for r in past})
+        current = {}
+        cols = [br.c[k] for k in (*RESULT_KEY, "attempt", "logical_date", "status", "driver_version",
+                                  "image_digest", "images_per_sec")]
+        for i in range(0, len(keys), CHUNK):
+            chunk = keys[i:i + CHUNK]
+            for r in conn.execute(select(*cols).where(tuple_(*[br.c[k] for k in RESULT_KEY]).in_(chunk))):
+                m = dict(r._mapping)
+                current[tuple(m[k] for k in RESULT_KEY)] = m
+    by_key: dict[tuple, list[dict]] = {}
+    for r in past:
+        by_key.setdefault(tuple(r[k] for k in RESULT_KEY), []).append(r)
+    out = []
+    for key, attempts in sorted(by_key.items()):
+        chain = sorted(attempts, key=lambda a: a["attempt"]) + ([current[key]] if key in current else [])
+        reasons = []
+        for a, b in zip(chain, chain[1:]):
+            reasons += [r for r in remeasure_reasons(a, b) if r not in reasons]
+        out.append({"dag_id": key[0], "run_id": key[1], "host": key[2], "case_key": key[3],
+                    "logical_date": chain[0]["logical_date"], "attempts": len(chain),
+                    "current": current[key]["attempt"] if key in current else None,
+                    "reasons": reasons or ["no longer planned"], "chain": chain})
+    return out
