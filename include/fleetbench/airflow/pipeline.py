@@ -164,10 +164,22 @@ def collect(plan, validations: list, prepared: list, outcomes: list) -> dict:
         if outcome is None and verdict is not None and not verdict.unfit:
             outcome = outcome_from_file(str(runs.case_log_dir(run.dag_id, run.run_id, case.host)), case.case_key)
         fields, steps = case_fields(case, verdict, image, outcome)
-        rows.append(result_row(run, case, verdict, image, fields))
+        rows.append({**result_row(run, case, verdict, image, fields),
+                     "attempt_id": _attempt_id(run, case, verdict, image, outcome, fields)})
         step_rows += [{"dag_id": run.dag_id, "run_id": run.run_id, "host": case.host, "case_key": case.case_key, **s}
                       for s in steps]
     return {"rows": rows, "steps": step_rows}
+
+
+def _attempt_id(run, case, verdict, image: dict | None, outcome: dict | None, fields: dict) -> str:
+    """The attempt's identity (`fleetbench.warehouse.attempts`): its container outcome when the case ran;
+    else the run's start and the host check's time, which a cleared and rerun run renews."""
+    from fleetbench.warehouse.attempts import attempt_id
+
+    ran = verdict is not None and not verdict.unfit and not (image or {}).get("failure_class")
+    return attempt_id(case.host, case.case_key, outcome if ran else None,
+                      (run.started_at, verdict.collected_at if verdict else None, fields["status"],
+                       fields["failure_class"]))
 
 
 # -- store ------------------------------------------------------------------------------------

@@ -1,0 +1,63 @@
+"""Attempts on SQLite: the rule, a rerun adds an attempt, a retry replaces it, the migration."""
+
+from __future__ import annotations
+
+from attempts_contract import (
+    check_failed_rerun_keeps_the_previous_attempt,
+    check_migration_makes_stored_rows_attempt_1,
+    check_rerun_adds_attempts_and_a_retry_replaces,
+)
+from fleetbench.warehouse import get_engine
+from fleetbench.warehouse.attempts import attempt_id, current_attempt, decide, remeasure_reasons
+
+
+def engine_at(tmp_path):
+    return get_engine(f"sqlite:///{tmp_path}/w.db")
+
+
+def test_decide_numbers_attempts():
+    assert decide(None, 0, "x") == (1, False)  # first store
+    assert decide(None, 2, "x") == (3, False)  # planned again after its attempts were superseded
+    assert decide((1, "x"), 0, "x") == (1, False)  # the same outcome stored again: replaced in place
+    assert decide((1, "x"), 0, "y") == (2, True)  # a new execution
+    assert decide((1, None), 0, "x") == (2, True)  # migrated row (identity unknown): kept, the new one added
+    assert decide((2, "y"), 1, "z") == (3, True)
+
+
+def test_current_attempt_is_the_one_stored_last():
+    assert current_attempt([{"attempt": 1}, {"attempt": 3}, {"attempt": 2}]) == {"attempt": 3}
+    assert current_attempt([]) is None
+
+
+def test_attempt_id_follows_the_container_outcome():
+    outcome = {"container_name": "fb-1-h1-a", "started_at": "2026-12-01T02:00:05.123456+00:00",
+               "finished_at": "2026-12-01T02:01:05.5+00:00", "exit_code": 0}
+    same = attempt_id("h1", "a", {**outcome, "measurement": {"fields": {}}})  # re-read from the outcome file
+    assert attempt_id("h1", "a", outcome) == same
+    assert attempt_id("h1", "a", {**outcome, "started_at": "2026-12-02T02:00:05+00:00"}) != same
+    assert attempt_id("h2", "a", outcome) != same
+    not_run = attempt_id("h1", "a", None, ("2026-12-01T02:00:01", "2026-12-01T02:00:02", "skipped", "host_unfit"))
+    assert not_run == attempt_id("h1", "a", None, ("2026-12-01T02:00:01", "2026-12-01T02:00:02", "skipped",
+                                                    "host_unfit"))
+    assert not_run != attempt_id("h1", "a", None, ("2026-12-02T02:00:01", "2026-12-02T02:00:02", "skipped",
+                                                    "host_unfit"))
+
+
+def test_remeasure_reasons():
+    a = {"driver_version": "550.127.05", "image_digest": "sha256:1", "status": "ok"}
+    assert remeasure_reasons(a, {**a, "driver_version": "590.48.01"}) == ["driver 550.127.05 -> 590.48.01"]
+    assert remeasure_reasons(a, {**a, "image_digest": "sha256:2"}) == ["image changed"]
+    assert remeasure_reasons({**a, "status": "failed"}, a) == ["rerun of a failed result"]
+    assert remeasure_reasons(a, a) == ["rerun"]
+
+
+def test_rerun_adds_attempts_and_a_retry_replaces(tmp_path):
+    check_rerun_adds_attempts_and_a_retry_replaces(engine_at(tmp_path))
+
+
+def test_failed_rerun_keeps_the_previous_attempt(tmp_path, monkeypatch):
+    check_failed_rerun_keeps_the_previous_attempt(engine_at(tmp_path), monkeypatch)
+
+
+def test_migration_makes_stored_rows_attempt_1(tmp_path):
+    check_migration_makes_stored_rows_attempt_1(engine_at(tmp_path))
