@@ -61,3 +61,50 @@ def test_failed_rerun_keeps_the_previous_attempt(tmp_path, monkeypatch):
 
 def test_migration_makes_stored_rows_attempt_1(tmp_path):
     check_migration_makes_stored_rows_attempt_1(engine_at(tmp_path))
+
+
+def backfilled(engine) -> None:
+    """Three nights measured on driver A, then measured again on driver B (a backfill after the upgrade)."""
+    from fleetbench.warehouse import store_run, upgrade
+    from warehouse_rows import result_row, run_row, step_rows
+
+    upgrade(engine)
+    for attempt, driver, base in (("A", "550.127.05", 100.0), ("B", "590.48.01", 120.0)):
+        for n in (1, 2, 3):
+            day = f"2026-11-0{n}T00:00:00+00:00"
+            rows = [result_row(c, run_id=f"night{n}", ips=base + 10 * i + n, driver_version=driver, logical_date=day,
+                               attempt_id=f"{attempt}{n}{c}", started_at=f"2026-11-0{n}T0{n}:00:00+00:00")
+                    for i, c in enumerate(("a", "b"))]
+            steps = [s for c in ("a", "b") for s in step_rows(c, 3, run_id=f"night{n}", base=base)]
+            store_run(engine, {**run_row(f"night{n}"), "logical_date": day}, [], rows, steps)
+
+
+def test_cli_results_and_compare_across_attempts(tmp_path, monkeypatch, capsys):
+    from fleetbench.cli import main
+
+    url = f"sqlite:///{tmp_path}/w.db"
+    monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", url)
+    backfilled(get_engine(url))
+
+    assert main(["results", "--run-id", "night2", "--attempts"]) == 0
+    out = capsys.readouterr().out
+    assert "1 (superseded)" in out and "2 (current)" in out and "550.127.05" in out and "590.48.01" in out
+    assert "4 attempt(s) of 2 case(s): 2 current, 2 superseded" in out
+    assert main(["results", "--run-id", "night2"]) == 0  # current attempts only
+    assert "2 case(s): 2 ok" in capsys.readouterr().out
+
+    # The old driver's nights are superseded: a plain compare says where they are.
+    assert main(["compare", "--before", "550.127.05", "--after", "590.48.01"]) == 2
+    assert "add --attempts" in capsys.readouterr().err
+    assert main(["compare", "--before", "550.127.05", "--after", "590.48.01", "--attempts", "--format", "json"]) == 0
+    import json
+
+    rows = {r["case_key"]: r for r in json.loads(capsys.readouterr().out)}
+    assert set(rows) == {"a", "b"}
+    a = rows["a"]
+    assert (a["before_driver_version"], a["after_driver_version"], a["before_n"], a["after_n"]) == (
+        "550.127.05", "590.48.01", 3, 3)
+    assert (a["before_images_per_sec"], a["after_images_per_sec"]) == (102.0, 122.0)
+    assert rows["b"]["after_images_per_sec"] == 132.0 and a["delta_pct"] > 19
+    assert main(["compare", "--before", "550.127.05", "--after", "590.48.01", "--attempts"]) == 0
+    assert "2 case(s)" in capsys.readouterr().out

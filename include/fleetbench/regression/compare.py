@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import date, datetime, time, timedelta, timezone
 from typing import Any, Mapping, Sequence
@@ -135,31 +136,48 @@ def parse_side(text: str) -> tuple[str, Any]:
     return "driver", text
 
 
-def _side_rows(conn, side: str, host: str | None, dag_id: str | None) -> list[dict]:
+def _side_query(table, side: str, host: str | None, dag_id: str | None):
     from sqlalchemy import select
 
-    from fleetbench.warehouse.schema import benchmark_results as br
-
     kind, value = parse_side(side)
-    query = select(br).where(br.c.status == "ok")
+    query = select(table).where(table.c.status == "ok")
     if kind == "date":
         start = datetime.combine(value, time(), tzinfo=timezone.utc)
-        query = query.where(br.c.logical_date >= start, br.c.logical_date < start + timedelta(days=1))
-        what = f"with a logical date on {value.isoformat()} (UTC)"
+        query = query.where(table.c.logical_date >= start, table.c.logical_date < start + timedelta(days=1))
     else:
-        query = query.where(br.c.driver_version == value)
-        what = f"with driver version {value!r}"
+        query = query.where(table.c.driver_version == value)
     if host:
-        query = query.where(br.c.host == host)
-        what += f" on host {host!r}"
+        query = query.where(table.c.host == host)
     if dag_id:
-        query = query.where(br.c.dag_id == dag_id)
-    rows = [dict(r._mapping) for r in conn.execute(query.order_by(br.c.logical_date.desc()))]
+        query = query.where(table.c.dag_id == dag_id)
+    return query.order_by(table.c.logical_date.desc())
+
+
+def _side_rows(conn, side: str, host: str | None, dag_id: str | None, attempts: bool = False) -> list[dict]:
+    """The ok results of one side: current attempts, or with `attempts` superseded ones too, of which each
+    (run, host, case) keeps its latest attempt on this side (`fleetbench.warehouse.attempts.current_attempt`)."""
+    from sqlalchemy import select
+
+    from fleetbench.warehouse.attempts import current_attempt
+    from fleetbench.warehouse.schema import benchmark_results as br
+    from fleetbench.warehouse.schema import superseded_results as sr
+
+    kind, value = parse_side(side)
+    rows = [dict(r._mapping) for r in conn.execute(_side_query(br, side, host, dag_id))]
+    if attempts:
+        by_key: dict[tuple, list[dict]] = {}
+        for r in rows + [dict(r._mapping) for r in conn.execute(_side_query(sr, side, host, dag_id))]:
+            by_key.setdefault((r["dag_id"], r["run_id"], r["host"], r["case_key"]), []).append(r)
+        rows = [current_attempt(a) for a in by_key.values()]
     if not rows:
+        what = (f"with a logical date on {value.isoformat()} (UTC)" if kind == "date"
+                else f"with driver version {value!r}") + (f" on host {host!r}" if host else "")
         hint = ""
         if kind == "driver":
             known = sorted(v for v in conn.execute(select(br.c.driver_version).distinct()).scalars() if v)
             hint = f" (known driver versions: {', '.join(known) or 'none'})"
+        if not attempts and conn.execute(_side_query(sr, side, host, dag_id).limit(1)).first() is not None:
+            hint += "; superseded attempts have some: add --attempts"
         raise NoResults(f"no ok results {what}{hint}")
     return rows
 
@@ -169,8 +187,12 @@ def _step_samples(conn, rows: Sequence[Mapping[str, Any]]) -> dict[tuple[str, st
 
     from fleetbench.warehouse.schema import steps
 
-    keys = sorted({(r["dag_id"], r["run_id"], r["host"], r["case_key"]) for r in rows})
     out: dict[tuple[str, str], list[float]] = {}
+    for r in rows:  # a superseded attempt carries its own steps
+        if r.get("steps_json"):
+            out.setdefault((r["host"], r["case_key"]), []).extend(
+                s["images_per_sec"] for s in json.loads(r["steps_json"]) if s.get("images_per_sec") is not None)
+    keys = sorted({(r["dag_id"], r["run_id"], r["host"], r["case_key"]) for r in rows if "steps_json" not in r})
     for i in range(0, len(keys), 500):  # bounded IN lists
         chunk = keys[i:i + 500]
         query = select(steps.c.host, steps.c.case_key, steps.c.images_per_sec).where(
@@ -182,17 +204,19 @@ def _step_samples(conn, rows: Sequence[Mapping[str, Any]]) -> dict[tuple[str, st
 
 
 def compare(engine, before: str, after: str, host: str | None = None, dag_id: str | None = None,
-            settings: RegressionSettings | None = None) -> list[dict]:
+            settings: RegressionSettings | None = None, attempts: bool = False) -> list[dict]:
     """Before/after report per host and case (`compare_case`), for the hosts and cases both sides have.
 
     `before` / `after`: a driver version (matches `driver_version` exactly) or a date YYYY-MM-DD (the
-    results whose logical date falls on that day, UTC). Raises `NoResults` when a side matches no ok
-    result, `ValueError` for an impossible date.
+    results whose logical date falls on that day, UTC). `attempts`: superseded attempts count too
+    (e.g. nights measured on the old driver and measured again on the new one by a backfill), each
+    night once per side. Raises `NoResults` when a side matches no ok result, `ValueError` for an
+    impossible date.
     """
     settings = settings or RegressionSettings()
     with engine.connect() as conn:
-        b_rows = _side_rows(conn, before, host, dag_id)
-        a_rows = _side_rows(conn, after, host, dag_id)
+        b_rows = _side_rows(conn, before, host, dag_id, attempts)
+        a_rows = _side_rows(conn, after, host, dag_id, attempts)
         b_steps, a_steps = _step_samples(conn, b_rows), _step_samples(conn, a_rows)
     groups: dict[tuple[str, str], tuple[list, list]] = {}
     for r in b_rows:

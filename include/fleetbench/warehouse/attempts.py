@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, Sequence
 
 from sqlalchemy import and_, func, select, tuple_
@@ -199,13 +199,13 @@ def fetch_attempts(engine, run_id: str | None = None, dag_id: str | None = None,
     for r in current:
         r.pop("id", None)
         rows.append({**r, "current": True, "steps_json": None, "superseded_at": None, "superseded_by": None})
-    rows.sort(key=lambda r: (_text(r["logical_date"]), r["dag_id"], r["run_id"], r["host"], r["case_key"],
+    for row in rows:  # ISO timestamps, as fetch_results gives them
+        for k, v in row.items():
+            if isinstance(v, datetime):
+                row[k] = (v if v.tzinfo else v.replace(tzinfo=timezone.utc)).isoformat()
+    rows.sort(key=lambda r: (r["logical_date"] or "", r["dag_id"], r["run_id"], r["host"], r["case_key"],
                              r["attempt"] or 0))
     return rows
-
-
-def _text(value) -> str:
-    return "" if value is None else value.isoformat() if isinstance(value, datetime) else str(value)
 
 
 def remeasured(engine, since=None, until=None, dag_id: str | None = None) -> list[dict]:
