@@ -108,3 +108,32 @@ def test_cli_results_and_compare_across_attempts(tmp_path, monkeypatch, capsys):
     assert rows["b"]["after_images_per_sec"] == 132.0 and a["delta_pct"] > 19
     assert main(["compare", "--before", "550.127.05", "--after", "590.48.01", "--attempts"]) == 0
     assert "2 case(s)" in capsys.readouterr().out
+
+
+def test_report_counts_current_attempts_and_marks_remeasured_nights(tmp_path):
+    from fleetbench.report import build_report, write_report
+
+    engine = engine_at(tmp_path)
+    backfilled(engine)
+    report = build_report(engine)
+    assert report["summary"]["results"] == 6 and report["summary"]["runs"] == 3  # not 12: current attempts only
+    assert [(r["run_id"], r["host"], r["superseded"], r["reasons"]) for r in report["remeasured"]] == [
+        (f"night{n}", "h1", 2, ["driver 550.127.05 -> 590.48.01"]) for n in (3, 2, 1)]
+    written = write_report(tmp_path / "report", engine=engine)
+    html = open(written["html"]).read()
+    assert "Re-measured nights" in html and "driver 550.127.05 -&gt; 590.48.01" in html
+
+
+def test_report_says_why_a_failed_night_was_measured_again(tmp_path):
+    from fleetbench.report import build_report
+    from fleetbench.warehouse import store_run, upgrade
+    from warehouse_rows import result_row, run_row
+
+    engine = engine_at(tmp_path)
+    upgrade(engine)
+    store_run(engine, run_row(), [], [result_row("a", status="failed", ips=None, attempt_id="1")])
+    store_run(engine, run_row(), [], [result_row("a", attempt_id="2", image_digest="sha256:" + "b" * 64)])
+    assert [r["reasons"] for r in build_report(engine)["remeasured"]] == [
+        ["image changed", "rerun of a failed result"]]
+    store_run(engine, run_row(), [], [result_row("b", attempt_id="3")])  # a no longer planned
+    assert build_report(engine)["remeasured"][0]["reasons"] == ["no longer planned"]

@@ -66,6 +66,7 @@ from fleetbench.warehouse.schema import host_month_rollup as hm
 from fleetbench.warehouse.schema import regressions as rg
 from fleetbench.warehouse.schema import run_case_rollup as cr
 from fleetbench.warehouse.schema import run_host_rollup as hr
+from fleetbench.warehouse.schema import superseded_results as sr
 
 DEFAULT_DAYS = 30
 # Throughput one series per (host, case) up to these many series and points, else the fleet's per case.
@@ -575,12 +576,53 @@ def open_regressions(conn, f: Filters) -> list[dict]:
     return out
 
 
+REMEASURED_MAX = 200  # (night, host) rows of the re-measured section
+
+
+def remeasured(conn, f: Filters) -> list[dict]:
+    """Nights of the window that were measured again (a rerun or a backfill added attempts), per run and
+    host, newest first: how many attempts were superseded and why (`fleetbench.warehouse.attempts.
+    remeasure_reasons` of each superseded attempt against the current one: driver changed, image changed,
+    rerun of a failed result). Aggregated in the database, so a re-measured year stays a short answer."""
+    from fleetbench.warehouse.attempts import remeasure_reasons
+
+    if not inspect(conn).has_table(sr.name):
+        return []
+    key = [sr.c[k] == br.c[k] for k in ("dag_id", "run_id", "host", "case_key")]
+    image_changed = case((func.coalesce(sr.c.image_digest, "") == func.coalesce(br.c.image_digest, ""), 0), else_=1)
+    groups = (sr.c.dag_id, sr.c.run_id, sr.c.host, sr.c.driver_version, br.c.driver_version, image_changed,
+              sr.c.status)
+    query = (select(sr.c.dag_id, sr.c.run_id, sr.c.host, _ts(func.min(sr.c.logical_date)).label("logical_date"),
+                    sr.c.driver_version.label("before"), br.c.driver_version.label("after"),
+                    image_changed.label("image_changed"), sr.c.status, func.count().label("n"),
+                    func.max(br.c.attempt).label("current"),
+                    _ts(func.max(sr.c.superseded_at)).label("superseded_at"))
+             .select_from(sr.outerjoin(br, and_(*key)))
+             .where(*_scope(f, table=sr)).group_by(*groups))
+    merged: dict[tuple, dict] = {}
+    for r in conn.execute(query):
+        row = merged.setdefault((r.dag_id, r.run_id, r.host), {
+            "dag_id": r.dag_id, "run_id": r.run_id, "host": r.host, "logical_date": _iso(r.logical_date),
+            "superseded": 0, "superseded_at": None, "reasons": []})
+        row["superseded"] += _int(r.n)
+        row["superseded_at"] = max(filter(None, (row["superseded_at"], _iso(r.superseded_at))), default=None)
+        # The digests themselves are not read: whether they differ (image_changed) is what the reason needs.
+        before = {"driver_version": r.before, "image_digest": 0, "status": r.status}
+        after = {"driver_version": r.after, "image_digest": _int(r.image_changed)}
+        for reason in (remeasure_reasons(before, after) if r.current is not None else ["no longer planned"]):
+            if reason not in row["reasons"]:
+                row["reasons"].append(reason)
+    out = sorted(merged.values(), key=lambda r: (r["logical_date"] or "", r["run_id"], r["host"]), reverse=True)
+    return out[:REMEASURED_MAX]
+
+
 # Every section as (connection, filters) -> data, e.g. to time them one by one.
 SECTIONS = {
     "resolve_window": resolve_window, "filter_options": filter_options, "summary": summary,
     "host_summary": host_summary, "throughput": throughput, "driver_changes": driver_changes, "scaling": scaling,
     "efficiency": efficiency, "latest_run": latest_run,
     "failures": lambda conn, f: failures(conn, f, latest_run(conn, f)), "open_regressions": open_regressions,
+    "remeasured": remeasured,
 }
 
 
@@ -596,7 +638,7 @@ def blank_report(f: Filters | None = None, warehouse: str = "") -> dict:
         "summary": {"runs": 0, "results": 0, "ok": 0, "failed": 0, "skipped": 0, "hosts": 0, "models": 0,
                     "first": None, "last": None},
         "hosts": [], "throughput": [], "throughput_mode": HOSTS, "driver_changes": [], "scaling": [], "efficiency": [],
-        "latest_run": None, "failures": [], "regressions": [],
+        "latest_run": None, "failures": [], "regressions": [], "remeasured": [],
     }
 
 
@@ -649,6 +691,7 @@ def build_report(engine: Engine, f: Filters | None = None, *, max_series: int | 
             conn, scoped, THROUGHPUT_MAX_SERIES if max_series is None else max_series,
             THROUGHPUT_MAX_POINTS if max_points is None else max_points)
         report["driver_changes"] = driver_changes(conn, scoped)
+        report["remeasured"] = remeasured(conn, scoped)
         report["scaling"] = scaling(conn, scoped)
         report["efficiency"] = efficiency(conn, scoped)
         report["latest_run"] = latest_run(conn, scoped)
