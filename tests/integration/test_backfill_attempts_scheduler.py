@@ -52,6 +52,12 @@ def attempts(engine) -> list[tuple]:
             f"from superseded_results where {NIGHTS} order by 1, 2, 3"))]
 
 
+def night3_stored_at(engine):
+    with engine.connect() as conn:
+        return conn.execute(text("select max(stored_at) from benchmark_results "
+                                 "where logical_date >= '2026-11-03' and logical_date < '2026-11-04'")).scalar()
+
+
 def wait_until(check, airflow: LocalAirflow, timeout: float = 400) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -99,18 +105,10 @@ def test_backfill_on_a_new_driver_adds_attempts(tmp_path, pg_url, smoke_image, d
         airflow.wait_for_backfills()
 
         # Collect and store of one night run again (the same container outcomes): no attempt is added.
-        with engine.connect() as conn:
-            stored_at = conn.execute(text("select max(stored_at) from benchmark_results "
-                                          "where logical_date >= '2026-11-03' and logical_date < '2026-11-04'")).scalar()
+        stored_at = night3_stored_at(engine)
         airflow.cli("tasks", "clear", "fleet_benchmark", "--task-regex", "^(collect|store)$", "--start-date",
                     "2026-11-03T00:00:00", "--end-date", "2026-11-03T12:00:00", "--yes")
-
-        def stored_again() -> bool:
-            with engine.connect() as conn:
-                return conn.execute(text(
-                    "select max(stored_at) from benchmark_results where logical_date >= '2026-11-03' "
-                    "and logical_date < '2026-11-04'")).scalar() != stored_at
-        wait_until(stored_again, airflow, timeout=300)
+        wait_until(lambda: night3_stored_at(engine) != stored_at, airflow, timeout=300)
         assert attempts(engine) == after
 
     # The before/after of the upgrade, per case, from the same nights.
