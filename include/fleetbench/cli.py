@@ -263,7 +263,8 @@ def _compare(args: argparse.Namespace) -> int:
     elif not rows:
         print(f"no host and case has ok results both for {args.before} and for {args.after}")
     else:
-        print(f"before: {args.before}   after: {args.after}" + (f"   host: {args.host}" if args.host else ""))
+        print(f"before: {args.before}   after: {args.after}" + (f"   host: {args.host}" if args.host else "")
+              + ("   (superseded attempts counted)" if args.attempts else ""))
         print(format_compare(rows))
         worse = sum(1 for r in rows if r["verdict"] == "regression")
         better = sum(1 for r in rows if r["verdict"] == "improvement")
