@@ -95,9 +95,10 @@ def store_run(engine: Engine, run: dict, hosts: Iterable[dict], results: Iterabl
               complete: bool = True) -> int:
     """Upsert one run's rows in one transaction, and its rollups from them; returns the number of result rows written.
 
-    `complete`: these are all of the run's hosts and results, so any other host or result row of the run
-    stored before (a rerun planned fewer cases) is deleted in the same transaction, with its steps;
-    False adds to the run (e.g. one host's rows of it) and keeps the rest.
+    `complete`: these are all of the run's hosts and results, so any other host row of the run stored
+    before (a rerun planned fewer cases) is deleted in the same transaction, and any other result is
+    moved to superseded_results with its steps; False adds to the run (e.g. one host's rows of it) and
+    keeps the rest. Each result's attempt number comes from `fleetbench.warehouse.attempts.decide`.
 
     PostgreSQL gets each table's rows with one COPY into a staging table and one INSERT ... ON
     CONFLICT; SQLite with one prepared upsert over all rows (`fleetbench.warehouse.bulk`).
