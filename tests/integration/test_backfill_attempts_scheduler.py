@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import os
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -50,6 +52,28 @@ def attempts(engine) -> list[tuple]:
             f"from benchmark_results where {NIGHTS} union all "
             f"select substr(cast(logical_date as varchar), 1, 10), case_key, attempt, driver_version, 0 "
             f"from superseded_results where {NIGHTS} order by 1, 2, 3"))]
+
+
+def api(airflow: LocalAirflow, method: str, path: str, body: dict, token: str | None = None) -> dict:
+    headers = {"Content-Type": "application/json", "Accept": "application/json",
+               **({"Authorization": f"Bearer {token}"} if token else {})}
+    req = urllib.request.Request(f"http://127.0.0.1:{airflow.port}{path}", method=method, headers=headers,
+                                 data=json.dumps(body).encode())
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        raise RuntimeError(f"{method} {path}: HTTP {exc.code}: {exc.read()[:2000]!r}") from None
+
+
+def clear_tasks(airflow: LocalAirflow, run_id: str, task_ids: list[str]) -> None:
+    """What the UI's Clear of these tasks of a run does (the public REST API, as the simple auth manager's admin)."""
+    password = json.loads((airflow.home / "simple_auth_manager_passwords.json.generated").read_text())["admin"]
+    token = api(airflow, "POST", "/auth/token", {"username": "admin", "password": password})["access_token"]
+    cleared = api(airflow, "POST", "/api/v2/dags/fleet_benchmark/clearTaskInstances",
+                  {"dry_run": False, "dag_run_id": run_id, "task_ids": task_ids, "only_failed": False,
+                   "reset_dag_runs": True}, token)
+    assert sorted(ti["task_id"] for ti in cleared["task_instances"]) == sorted(task_ids), cleared
 
 
 def night3_stored_at(engine):
@@ -106,8 +130,7 @@ def test_backfill_on_a_new_driver_adds_attempts(tmp_path, pg_url, smoke_image, d
 
         # Collect and store of one night run again (the same container outcomes): no attempt is added.
         stored_at = night3_stored_at(engine)
-        airflow.cli("tasks", "clear", "fleet_benchmark", "--task-regex", "^(collect|store)$", "--start-date",
-                    "2026-11-03T00:00:00", "--end-date", "2026-11-03T12:00:00", "--yes")
+        clear_tasks(airflow, "backfill__2026-11-03T02:00:00+00:00", ["collect", "store"])
         wait_until(lambda: night3_stored_at(engine) != stored_at, airflow, timeout=300)
         assert attempts(engine) == after
 

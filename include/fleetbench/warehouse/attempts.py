@@ -34,6 +34,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from sqlalchemy import and_, func, select, tuple_
 
+from fleetbench.warehouse import bulk
 from fleetbench.warehouse.schema import (
     ATTEMPT_KEY,
     RESULT_KEY,
@@ -99,13 +100,16 @@ def remeasure_reasons(before: Mapping[str, Any], after: Mapping[str, Any]) -> li
 
 
 # -- inside store_run's transaction ----------------------------------------------------------------
-def number(conn, columns: Sequence[str], rows: list[tuple], keys: list[tuple], now: datetime) -> list[tuple]:
-    """The rows with their attempt numbers (and identities) set by `decide`; stored attempts they supersede
-    are moved to superseded_results first. `keys`: each row's RESULT_KEY, in the same order."""
-    if not rows:
+def number(conn, columns: Sequence[str], rows: list[tuple], keys: list[tuple], now: datetime,
+           complete_run: tuple[str, str] | None = None) -> list[tuple]:
+    """The rows with their attempt numbers (and identities) set by `decide`. Stored attempts they supersede
+    are moved to superseded_results first, and with `complete_run` (dag_id, run_id) so are the run's
+    stored results this write no longer has. `keys`: each row's RESULT_KEY, in the same order."""
+    run_keys = {k[:2] for k in keys} | ({complete_run} if complete_run else set())
+    if not run_keys:
         return rows
     i_num, i_id = columns.index("attempt"), columns.index("attempt_id")
-    stored, past = _stored(conn, {k[:2] for k in keys})
+    stored, past = _stored(conn, run_keys)
     numbered, superseded = [], {}
     for key, row in zip(keys, rows):
         aid = row[i_id] or row_attempt_id(dict(zip(columns, row)))
@@ -115,6 +119,9 @@ def number(conn, columns: Sequence[str], rows: list[tuple], keys: list[tuple], n
         row = list(row)
         row[i_num], row[i_id] = n, aid
         numbered.append(tuple(row))
+    if complete_run:
+        written = set(keys)
+        superseded.update((k, None) for k in stored if k[:2] == complete_run and k not in written)
     archive(conn, superseded, now)
     return numbered
 
@@ -134,32 +141,38 @@ def _stored(conn, run_keys: set[tuple]) -> tuple[dict, dict]:
     return stored, past
 
 
+ARCHIVED = [c for c in superseded_results.c.keys() if c != "id"]  # the columns archive writes, in this order
+_FROM_RESULTS = [c for c in ARCHIVED if c in benchmark_results.c]
+_STEP_FIELDS = ("step", "images_per_sec", "plusminus", "jitter", "loss")
+
+
 def archive(conn, superseded_by: Mapping[tuple, int | None], now: datetime) -> None:
-    """Copy the current attempts of these (run, host, case) keys, with their steps, into superseded_results.
+    """Copy the current attempts of these (run, host, case) keys, with their steps, into superseded_results
+    (one bulk upsert: COPY on PostgreSQL). Called once per store transaction.
 
     `superseded_by`: key -> the number of the attempt replacing it (None: the case is no longer planned)."""
     if not superseded_by:
         return
-    from fleetbench.warehouse.store import upsert_rows
-
-    keys = sorted(superseded_by)
-    br_key = tuple_(*[benchmark_results.c[k] for k in RESULT_KEY])
-    st_key = tuple_(*[steps.c[k] for k in RESULT_KEY])
-    columns = [c for c in superseded_results.c.keys() if c in benchmark_results.c and c != "id"]
-    for i in range(0, len(keys), CHUNK):
-        chunk = keys[i:i + CHUNK]
+    out = []
+    for dag_id, run_id in sorted({k[:2] for k in superseded_by}):  # a run's rows through the result key's index
         step_lists: dict[tuple, list[dict]] = {}
-        for r in conn.execute(select(steps).where(st_key.in_(chunk)).order_by(steps.c.step)):
-            m = r._mapping
-            step_lists.setdefault(tuple(m[k] for k in RESULT_KEY), []).append(
-                {k: m[k] for k in ("step", "images_per_sec", "plusminus", "jitter", "loss")})
-        out = []
-        for r in conn.execute(select(*[benchmark_results.c[c] for c in columns]).where(br_key.in_(chunk))):
-            row = dict(r._mapping)
+        for r in conn.execute(select(*[steps.c[k] for k in (*RESULT_KEY, *_STEP_FIELDS)])
+                              .where(steps.c.dag_id == dag_id, steps.c.run_id == run_id).order_by(steps.c.step)):
+            key = tuple(r[:4])
+            if key in superseded_by:
+                step_lists.setdefault(key, []).append(dict(zip(_STEP_FIELDS, r[4:])))
+        for r in conn.execute(select(*[benchmark_results.c[c] for c in _FROM_RESULTS])
+                              .where(benchmark_results.c.dag_id == dag_id, benchmark_results.c.run_id == run_id)):
+            row = dict(zip(_FROM_RESULTS, r))
             key = tuple(row[k] for k in RESULT_KEY)
-            out.append({**row, "steps_json": json.dumps(step_lists[key]) if key in step_lists else None,
-                        "superseded_at": now, "superseded_by": superseded_by[key]})
-        upsert_rows(conn, superseded_results, out, ATTEMPT_KEY)
+            if key not in superseded_by:
+                continue
+            row.update(steps_json=json.dumps(step_lists[key]) if key in step_lists else None, superseded_at=now,
+                       superseded_by=superseded_by[key])
+            out.append(tuple(row[c] for c in ARCHIVED))
+    at = [ARCHIVED.index(k) for k in ATTEMPT_KEY]
+    out.sort(key=lambda row: tuple(row[i] for i in at))
+    bulk.upsert(conn, superseded_results, ARCHIVED, out, ATTEMPT_KEY)
 
 
 # -- reading -------------------------------------------------------------------------------------------

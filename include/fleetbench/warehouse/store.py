@@ -121,7 +121,8 @@ def store_run(engine: Engine, run: dict, hosts: Iterable[dict], results: Iterabl
                 upsert_rows(conn, runs, [run_row], RUN_KEY)
                 host_rows.upsert(conn)
                 # Attempt numbers; a stored attempt that a new execution replaces is kept as superseded.
-                numbered = attempts.number(conn, result_rows.columns, result_rows.rows, result_rows.keys, now)
+                numbered = attempts.number(conn, result_rows.columns, result_rows.rows, result_rows.keys, now,
+                                           (run_row["dag_id"], run_row["run_id"]) if complete else None)
                 bulk.upsert(conn, benchmark_results, result_rows.columns, numbered, RESULT_KEY)
                 # Steps of the cases written now are replaced as a whole: stale steps from an earlier try go.
                 if result_rows.rows:
@@ -131,7 +132,7 @@ def store_run(engine: Engine, run: dict, hosts: Iterable[dict], results: Iterabl
                         bulk.delete_keys(conn, steps, RESULT_KEY, result_rows.keys)
                 step_upserts.upsert(conn)
                 if complete:
-                    _delete_rest_of_run(conn, run_row, host_rows.keys, result_rows.keys, now)
+                    _delete_rest_of_run(conn, run_row, host_rows.keys, result_rows.keys)
                 rollup.refresh(conn, run_keys)
             return len(result_rows.rows)
         except DBAPIError as exc:
@@ -143,9 +144,9 @@ def store_run(engine: Engine, run: dict, hosts: Iterable[dict], results: Iterabl
     raise AssertionError("unreachable")
 
 
-def _delete_rest_of_run(conn, run_row: dict, host_keys: list[tuple], result_keys: list[tuple], now: datetime) -> None:
+def _delete_rest_of_run(conn, run_row: dict, host_keys: list[tuple], result_keys: list[tuple]) -> None:
     """Delete the run's stored hosts, results and steps that this write does not have (caller's transaction);
-    such results are kept as superseded attempts first."""
+    `attempts.number` has kept such results as superseded attempts already."""
     run_key = (run_row["dag_id"], run_row["run_id"])
     where = and_(*[c == v for c, v in zip((benchmark_results.c.dag_id, benchmark_results.c.run_id), run_key)])
     stored = {tuple(r) for r in conn.execute(select(*[benchmark_results.c[k] for k in RESULT_KEY]).where(where))}
@@ -153,7 +154,6 @@ def _delete_rest_of_run(conn, run_row: dict, host_keys: list[tuple], result_keys
     if stale:
         log.info("run %s: %d result(s) stored before are not in this write: kept as superseded attempts",
                  run_key[1], len(stale))
-        attempts.archive(conn, dict.fromkeys(stale), now)
         bulk.delete_keys(conn, steps, RESULT_KEY, stale)
         bulk.delete_keys(conn, benchmark_results, RESULT_KEY, stale)
     hosts_where = and_(host_facts.c.dag_id == run_key[0], host_facts.c.run_id == run_key[1])
