@@ -82,7 +82,7 @@ def night3_stored_at(engine):
                                  "where logical_date >= '2026-11-03' and logical_date < '2026-11-04'")).scalar()
 
 
-def wait_until(check, airflow: LocalAirflow, timeout: float = 400) -> None:
+def wait_until(check, airflow: LocalAirflow, timeout: float = 900) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         runs = [r for r in airflow.runs("fleet_benchmark") if r["run_type"] == "backfill"]
@@ -110,7 +110,7 @@ def test_backfill_on_a_new_driver_adds_attempts(tmp_path, pg_url, smoke_image, d
         nights = ("backfill", "create", "--dag-id", "fleet_benchmark", "--from-date", "2026-11-01T00:00:00",
                   "--to-date", "2026-11-03T12:00:00")
         airflow.cli(*nights, "--reprocess-behavior", "failed")
-        runs = airflow.wait_for_runs("fleet_benchmark", 3, timeout=400, run_type="backfill")
+        runs = airflow.wait_for_runs("fleet_benchmark", 3, timeout=900, run_type="backfill")
         assert [r["state"] for r in runs] == ["success"] * 3, airflow.logs()
         before = attempts(engine)
         assert [(a[2], a[3], a[4]) for a in before] == [(1, DRIVER_A, 1)] * 6, before  # 3 nights x 2 cases
@@ -131,7 +131,7 @@ def test_backfill_on_a_new_driver_adds_attempts(tmp_path, pg_url, smoke_image, d
         # Collect and store of one night run again (the same container outcomes): no attempt is added.
         stored_at = night3_stored_at(engine)
         clear_tasks(airflow, "backfill__2026-11-03T02:00:00+00:00", ["collect", "store"])
-        wait_until(lambda: night3_stored_at(engine) != stored_at, airflow, timeout=300)
+        wait_until(lambda: night3_stored_at(engine) != stored_at, airflow, timeout=600)
         assert attempts(engine) == after
 
     # The before/after of the upgrade, per case, from the same nights.
