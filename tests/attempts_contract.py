@@ -70,14 +70,16 @@ def check_rerun_adds_attempts_and_a_retry_replaces(engine):
     assert [(r["case_key"], r["attempt"], r["current"], r["driver_version"]) for r in every] == [
         ("a", 1, False, DRIVER_A), ("a", 2, True, DRIVER_B), ("b", 1, False, DRIVER_A), ("b", 2, True, DRIVER_B)]
     marks = remeasured(engine)
-    assert [(m["case_key"], m["attempts"], m["current"], m["reasons"]) for m in marks] == [
-        ("a", 2, 2, [f"driver {DRIVER_A} -> {DRIVER_B}"]), ("b", 2, 2, [f"driver {DRIVER_A} -> {DRIVER_B}"])]
+    assert [(m["case_key"], len(m["superseded"]), m["current"], m["reasons"]) for m in marks] == [
+        ("a", 1, 2, [f"driver {DRIVER_A} -> {DRIVER_B}"]), ("b", 1, 2, [f"driver {DRIVER_A} -> {DRIVER_B}"])]
+    assert {r["superseded_why"] for r in superseded(engine)} == {f"driver {DRIVER_A} -> {DRIVER_B}"}
 
     # A rerun that no longer plans b: b's attempt is kept as superseded (by nothing), not deleted.
     store_run(engine, run_row(), [], night("C", DRIVER_B, 300.0)[:1])
     assert [r["case_key"] for r in fetch_results(engine, run_id="r1")] == ["a"]
-    assert [(r["case_key"], r["attempt"], r["superseded_by"]) for r in superseded(engine)] == [
-        ("a", 1, 2), ("a", 2, 3), ("b", 1, 2), ("b", 2, None)]
+    assert [(r["case_key"], r["attempt"], r["superseded_by"], r["superseded_why"]) for r in superseded(engine)] == [
+        ("a", 1, 2, f"driver {DRIVER_A} -> {DRIVER_B}"), ("a", 2, 3, "rerun"),
+        ("b", 1, 2, f"driver {DRIVER_A} -> {DRIVER_B}"), ("b", 2, None, "no longer planned")]
     # b planned again later: attempt 3, after the superseded ones.
     store_run(engine, run_row(), [], night("D", DRIVER_B, 400.0)[1:], complete=False)
     assert {r["case_key"]: r["attempt"] for r in fetch_results(engine, run_id="r1")} == {"a": 3, "b": 3}

@@ -136,4 +136,5 @@ def test_report_says_why_a_failed_night_was_measured_again(tmp_path):
     assert [r["reasons"] for r in build_report(engine)["remeasured"]] == [
         ["image changed", "rerun of a failed result"]]
     store_run(engine, run_row(), [], [result_row("b", attempt_id="3")])  # a no longer planned
-    assert build_report(engine)["remeasured"][0]["reasons"] == ["no longer planned"]
+    assert build_report(engine)["remeasured"][0]["reasons"] == [
+        "image changed", "rerun of a failed result", "no longer planned"]

@@ -581,24 +581,16 @@ REMEASURED_MAX = 200  # (night, host) rows of the re-measured section
 
 def remeasured(conn, f: Filters) -> list[dict]:
     """Nights of the window that were measured again (a rerun or a backfill added attempts), per run and
-    host, newest first: how many attempts were superseded and why (`fleetbench.warehouse.attempts.
-    remeasure_reasons` of each superseded attempt against the current one: driver changed, image changed,
-    rerun of a failed result). Aggregated in the database, so a re-measured year stays a short answer."""
-    from fleetbench.warehouse.attempts import remeasure_reasons
-
+    host, newest first: how many attempts were superseded and why (driver changed, image changed, rerun
+    of a failed result: `superseded_why`, written when the attempt was superseded). One GROUP BY over
+    superseded_results, no join: a re-measured year stays a short answer."""
     if not inspect(conn).has_table(sr.name):
         return []
-    key = [sr.c[k] == br.c[k] for k in ("dag_id", "run_id", "host", "case_key")]
-    image_changed = case((func.coalesce(sr.c.image_digest, "") == func.coalesce(br.c.image_digest, ""), 0), else_=1)
-    groups = (sr.c.dag_id, sr.c.run_id, sr.c.host, sr.c.driver_version, br.c.driver_version, image_changed,
-              sr.c.status)
     query = (select(sr.c.dag_id, sr.c.run_id, sr.c.host, _ts(func.min(sr.c.logical_date)).label("logical_date"),
-                    sr.c.driver_version.label("before"), br.c.driver_version.label("after"),
-                    image_changed.label("image_changed"), sr.c.status, func.count().label("n"),
-                    func.max(br.c.attempt).label("current"),
+                    sr.c.superseded_why, func.count().label("n"),
                     _ts(func.max(sr.c.superseded_at)).label("superseded_at"))
-             .select_from(sr.outerjoin(br, and_(*key)))
-             .where(*_scope(f, table=sr)).group_by(*groups))
+             .where(*_scope(f, table=sr)).group_by(sr.c.dag_id, sr.c.run_id, sr.c.host, sr.c.superseded_why)
+             .order_by(func.min(sr.c.attempt), sr.c.superseded_why))  # reasons in the order they happened
     merged: dict[tuple, dict] = {}
     for r in conn.execute(query):
         row = merged.setdefault((r.dag_id, r.run_id, r.host), {
@@ -606,10 +598,7 @@ def remeasured(conn, f: Filters) -> list[dict]:
             "superseded": 0, "superseded_at": None, "reasons": []})
         row["superseded"] += _int(r.n)
         row["superseded_at"] = max(filter(None, (row["superseded_at"], _iso(r.superseded_at))), default=None)
-        # The digests themselves are not read: whether they differ (image_changed) is what the reason needs.
-        before = {"driver_version": r.before, "image_digest": 0, "status": r.status}
-        after = {"driver_version": r.after, "image_digest": _int(r.image_changed)}
-        for reason in (remeasure_reasons(before, after) if r.current is not None else ["no longer planned"]):
+        for reason in (r.superseded_why or "rerun").split("; "):
             if reason not in row["reasons"]:
                 row["reasons"].append(reason)
     out = sorted(merged.values(), key=lambda r: (r["logical_date"] or "", r["run_id"], r["host"]), reverse=True)

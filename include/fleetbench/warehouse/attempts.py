@@ -86,6 +86,9 @@ def current_attempt(attempts: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] 
     return max(attempts, key=lambda a: a["attempt"] or 0, default=None)
 
 
+NO_LONGER_PLANNED = "no longer planned"
+
+
 def remeasure_reasons(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
     """Why a night was measured again, from a superseded attempt and the one after it: the driver or the
     image changed, or the earlier attempt had failed (else: "rerun")."""
@@ -109,19 +112,20 @@ def number(conn, columns: Sequence[str], rows: list[tuple], keys: list[tuple], n
     if not run_keys:
         return rows
     i_num, i_id = columns.index("attempt"), columns.index("attempt_id")
+    i_why = [(c, columns.index(c)) for c in WHY_COLUMNS]
     stored, past = _stored(conn, run_keys)
     numbered, superseded = [], {}
     for key, row in zip(keys, rows):
         aid = row[i_id] or row_attempt_id(dict(zip(columns, row)))
         n, supersedes = decide(stored.get(key), past.get(key, 0), aid)
         if supersedes:
-            superseded[key] = n
+            superseded[key] = (n, {c: row[i] for c, i in i_why})
         row = list(row)
         row[i_num], row[i_id] = n, aid
         numbered.append(tuple(row))
     if complete_run:
         written = set(keys)
-        superseded.update((k, None) for k in stored if k[:2] == complete_run and k not in written)
+        superseded.update((k, (None, None)) for k in stored if k[:2] == complete_run and k not in written)
     archive(conn, superseded, now)
     return numbered
 
@@ -146,11 +150,15 @@ _FROM_RESULTS = [c for c in ARCHIVED if c in benchmark_results.c]
 _STEP_FIELDS = ("step", "images_per_sec", "plusminus", "jitter", "loss")
 
 
-def archive(conn, superseded_by: Mapping[tuple, int | None], now: datetime) -> None:
-    """Copy the current attempts of these (run, host, case) keys, with their steps, into superseded_results
-    (one bulk upsert: COPY on PostgreSQL). Called once per store transaction.
+WHY_COLUMNS = ("driver_version", "image_digest", "status")  # what `remeasure_reasons` compares
 
-    `superseded_by`: key -> the number of the attempt replacing it (None: the case is no longer planned)."""
+
+def archive(conn, superseded_by: Mapping[tuple, tuple[int | None, Mapping[str, Any] | None]], now: datetime) -> None:
+    """Copy the current attempts of these (run, host, case) keys, with their steps, into superseded_results
+    (one bulk upsert: COPY on PostgreSQL), each with why it was superseded. Called once per store transaction.
+
+    `superseded_by`: key -> (the number of the attempt replacing it, that attempt's WHY_COLUMNS); (None,
+    None): the case is no longer planned."""
     if not superseded_by:
         return
     out = []
@@ -167,8 +175,10 @@ def archive(conn, superseded_by: Mapping[tuple, int | None], now: datetime) -> N
             key = tuple(row[k] for k in RESULT_KEY)
             if key not in superseded_by:
                 continue
+            by, successor = superseded_by[key]
+            why = "; ".join(remeasure_reasons(row, successor)) if successor is not None else NO_LONGER_PLANNED
             row.update(steps_json=json.dumps(step_lists[key]) if key in step_lists else None, superseded_at=now,
-                       superseded_by=superseded_by[key])
+                       superseded_by=by, superseded_why=why)
             out.append(tuple(row[c] for c in ARCHIVED))
     at = [ARCHIVED.index(k) for k in ATTEMPT_KEY]
     out.sort(key=lambda row: tuple(row[i] for i in at))
@@ -222,34 +232,25 @@ def fetch_attempts(engine, run_id: str | None = None, dag_id: str | None = None,
 
 
 def remeasured(engine, since=None, until=None, dag_id: str | None = None) -> list[dict]:
-    """Each (run, host, case) of the window measured more than once: its superseded attempts and the
-    current one, and why it was measured again (`remeasure_reasons` of each attempt and the next)."""
-    sr, br = superseded_results, benchmark_results
+    """Each (run, host, case) of the window measured more than once: its superseded attempts (oldest first),
+    the current attempt's number, and why it was measured again (each superseded attempt's reasons)."""
+    sr = superseded_results
     with engine.connect() as conn:
         past = [dict(r._mapping) for r in conn.execute(
             attempts_query(sr, dag_id=dag_id, since=since, until=until).with_only_columns(
-                *[sr.c[k] for k in (*RESULT_KEY, "attempt", "logical_date", "status", "driver_version",
-                                    "image_digest", "images_per_sec", "superseded_at")]))]
-        keys = sorted({tuple(r[k] for k in RESULT_KEY) for r in past})
-        current = {}
-        cols = [br.c[k] for k in (*RESULT_KEY, "attempt", "logical_date", "status", "driver_version",
-                                  "image_digest", "images_per_sec")]
-        for i in range(0, len(keys), CHUNK):
-            chunk = keys[i:i + CHUNK]
-            for r in conn.execute(select(*cols).where(tuple_(*[br.c[k] for k in RESULT_KEY]).in_(chunk))):
-                m = dict(r._mapping)
-                current[tuple(m[k] for k in RESULT_KEY)] = m
+                *[sr.c[k] for k in (*RESULT_KEY, "attempt", "logical_date", "superseded_by", "superseded_why")]))]
     by_key: dict[tuple, list[dict]] = {}
     for r in past:
         by_key.setdefault(tuple(r[k] for k in RESULT_KEY), []).append(r)
     out = []
-    for key, attempts in sorted(by_key.items()):
-        chain = sorted(attempts, key=lambda a: a["attempt"]) + ([current[key]] if key in current else [])
+    for key, chain in sorted(by_key.items()):
+        chain.sort(key=lambda a: a["attempt"])
         reasons = []
-        for a, b in zip(chain, chain[1:]):
-            reasons += [r for r in remeasure_reasons(a, b) if r not in reasons]
+        for a in chain:
+            for reason in (a["superseded_why"] or "").split("; "):
+                if reason and reason not in reasons:
+                    reasons.append(reason)
         out.append({"dag_id": key[0], "run_id": key[1], "host": key[2], "case_key": key[3],
-                    "logical_date": chain[0]["logical_date"], "attempts": len(chain),
-                    "current": current[key]["attempt"] if key in current else None,
-                    "reasons": reasons or ["no longer planned"], "chain": chain})
+                    "logical_date": chain[0]["logical_date"], "superseded": chain,
+                    "current": chain[-1]["superseded_by"], "reasons": reasons})
     return out

@@ -145,6 +145,7 @@ superseded_results = Table(
     Column("steps_json", Text),  # [{"step", "images_per_sec", "plusminus", "jitter", "loss"}, ...]
     Column("superseded_at", DateTime(timezone=True), nullable=False),
     Column("superseded_by", Integer),  # the attempt that replaced it; NULL: a rerun no longer planned the case
+    Column("superseded_why", Text),  # `attempts.remeasure_reasons` against that attempt, "; "-joined
     UniqueConstraint(*ATTEMPT_KEY, name="uq_superseded_results_key"),
     Index("ix_superseded_results_date", "logical_date"),
 )

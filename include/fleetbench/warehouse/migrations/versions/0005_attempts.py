@@ -6,7 +6,8 @@
   attempt 1, with no attempt_id (their identity was not recorded): the next store of such a case adds
   attempt 2.
 - superseded_results: an attempt a later one replaced, the whole row as it was (benchmark_results'
-  columns as of this revision), its steps as JSON, when it was superseded and by which attempt.
+  columns as of this revision), its steps as JSON, when it was superseded, by which attempt and why
+  (driver changed, image changed, rerun of a failed result).
 
 Columns are added in place (ALTER TABLE ... ADD COLUMN on both databases), so SQLite does not rebuild
 benchmark_results and the capacity_features view stays as it is.
@@ -98,6 +99,7 @@ def upgrade() -> None:
         sa.Column("steps_json", sa.Text),
         sa.Column("superseded_at", TZ, nullable=False),
         sa.Column("superseded_by", sa.Integer),
+        sa.Column("superseded_why", sa.Text),
         sa.UniqueConstraint("dag_id", "run_id", "host", "case_key", "attempt", name="uq_superseded_results_key"),
     )
     op.create_index("ix_superseded_results_date", "superseded_results", ["logical_date"])
