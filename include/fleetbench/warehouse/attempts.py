@@ -32,7 +32,7 @@ import json
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, Sequence
 
-from sqlalchemy import and_, func, select, tuple_
+from sqlalchemy import and_, func, select
 
 from fleetbench.warehouse import bulk
 from fleetbench.warehouse.schema import (
@@ -42,8 +42,6 @@ from fleetbench.warehouse.schema import (
     steps,
     superseded_results,
 )
-
-CHUNK = 500  # keys per IN list
 
 
 # -- identity and the rule -------------------------------------------------------------------------
@@ -199,29 +197,21 @@ def attempts_query(table, run_id: str | None = None, dag_id: str | None = None, 
     return select(table).where(and_(*conds)) if conds else select(table)
 
 
-def fetch_attempts(engine, run_id: str | None = None, dag_id: str | None = None,
-                   only_remeasured: bool = False) -> list[dict]:
+def fetch_attempts(engine, run_id: str | None = None, dag_id: str | None = None) -> list[dict]:
     """Every attempt (current and superseded) of the runs asked for, oldest attempt first per (run, host,
     case), each with `current` (True for the one benchmark_results holds) and, for a superseded one,
-    `superseded_at` and `superseded_by`. `only_remeasured`: only (run, host, case)s with more than one."""
+    `superseded_at`, `superseded_by` and `superseded_why`."""
     with engine.connect() as conn:
         past = [dict(r._mapping) for r in conn.execute(attempts_query(superseded_results, run_id, dag_id))]
-        if only_remeasured:
-            keys = sorted({tuple(r[k] for k in RESULT_KEY) for r in past})
-            current = []
-            for i in range(0, len(keys), CHUNK):
-                key = tuple_(*[benchmark_results.c[k] for k in RESULT_KEY])
-                current += [dict(r._mapping) for r in conn.execute(
-                    select(benchmark_results).where(key.in_(keys[i:i + CHUNK])))]
-        else:
-            current = [dict(r._mapping) for r in conn.execute(attempts_query(benchmark_results, run_id, dag_id))]
+        current = [dict(r._mapping) for r in conn.execute(attempts_query(benchmark_results, run_id, dag_id))]
     rows = []
     for r in past:
         r.pop("id", None)
         rows.append({**r, "current": False})
     for r in current:
         r.pop("id", None)
-        rows.append({**r, "current": True, "steps_json": None, "superseded_at": None, "superseded_by": None})
+        rows.append({**r, "current": True, "steps_json": None, "superseded_at": None, "superseded_by": None,
+                     "superseded_why": None})
     for row in rows:  # ISO timestamps, as fetch_results gives them
         for k, v in row.items():
             if isinstance(v, datetime):
