@@ -290,3 +290,58 @@ def _median_time(fn) -> float:
         fn()
         samples.append(time.monotonic() - start)
     return median(samples)
+
+
+# -- attempts (`bench/run.py --only attempts`) -------------------------------------------------------
+ATTEMPT_NIGHTS = 3
+
+
+def bench_attempts(quick: bool) -> dict:
+    """A night of `hosts` x 20 results stored, stored again by a retried task (the same attempts: replaced),
+    then measured again on a new driver (`--reprocess-behavior completed`: every result gets a second
+    attempt and the first moves to superseded_results); per backend, on a fresh database, medians of
+    ATTEMPT_NIGHTS nights. Then the report over those nights and its re-measured section."""
+    from sqlalchemy import func, select
+
+    from fleetbench.report import queries
+    from fleetbench.report.queries import build_report, parse_filters
+    from fleetbench.warehouse import get_engine, store_run, upgrade
+    from fleetbench.warehouse.schema import superseded_results
+    from pg_databases import fresh_database
+
+    hosts = 100 if quick else 1000
+    out: dict = {"hosts": hosts, "rows_per_night": hosts * len(CASES), "nights": ATTEMPT_NIGHTS}
+    workdir = Path(tempfile.mkdtemp(prefix="fleetbench-attempts-"))
+    try:
+        with fresh_database(PG_URL, prefix="fb_bench") as pg:
+            for label, url in (("sqlite", f"sqlite:///{workdir}/w.db"), ("postgresql", pg)):
+                engine = get_engine(url)
+                try:
+                    upgrade(engine)
+                    times: dict[str, list[float]] = {"first_store_s": [], "retry_same_attempt_s": [],
+                                                     "rerun_new_driver_s": []}
+                    for n in range(ATTEMPT_NIGHTS):
+                        run, rows = night_rows(n, hosts)
+                        again = [{**r, "driver_version": NEW_DRIVER, "attempt_id": f"b{n}-{i}",
+                                  "started_at": r["started_at"] + timedelta(days=30)} for i, r in enumerate(rows)]
+                        for name, write in (("first_store_s", rows), ("retry_same_attempt_s", rows),
+                                            ("rerun_new_driver_s", again)):
+                            start = time.monotonic()
+                            store_run(engine, run, [], write)
+                            times[name].append(round(time.monotonic() - start, 3))
+                    res = {name: {"median": median(each), "each": each} for name, each in times.items()}
+                    with engine.connect() as conn:
+                        res["superseded_rows"] = conn.execute(
+                            select(func.count()).select_from(superseded_results)).scalar()
+                    window = parse_filters(since=night(0).date().isoformat(),
+                                           until=night(ATTEMPT_NIGHTS).date().isoformat())
+                    res["report_s"] = round(_median_time(lambda: build_report(engine, window)), 3)
+                    with engine.connect() as conn:
+                        res["remeasured_section_s"] = round(_median_time(
+                            lambda: queries.remeasured(conn, window)), 3)
+                    out[label] = res
+                finally:
+                    engine.dispose()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return out

@@ -9,6 +9,9 @@ Parts (each bounded; `--quick` is the CI smoke version):
                  fleets of 10, 100 and 1,000 hosts x 20 cases; task count; peak memory
   warehouse      storing a night of results and a year of nights on SQLite and PostgreSQL; the
                  latency of the report's queries over that history (bench/bench_warehouse.py)
+  attempts       a 20,000-result night stored, stored again by a retry (replaced), and measured again on a
+                 new driver (a second attempt each, the first kept as superseded), on SQLite and
+                 PostgreSQL; the report and its re-measured section over those nights (bench/bench_warehouse.py)
   telemetry      CPU cost of the GPU sampler at 0.5 s and 0.1 s periods, through the NVML seam
   logs           a 200 MB case log measured as a case's task does: time and peak RSS (bench/bench_logs.py)
 
@@ -131,10 +134,11 @@ def bench_telemetry(quick: bool) -> dict:
 from bench_logs import bench_logs  # noqa: E402  (bench/ is the script directory)
 from bench_metrics import bench_metrics  # noqa: E402
 from bench_regression import bench_regression  # noqa: E402
-from bench_warehouse import bench_warehouse  # noqa: E402
+from bench_warehouse import bench_attempts, bench_warehouse  # noqa: E402
 
 PARTS = {"orchestration": bench_orchestration, "parse": bench_parse, "warehouse": bench_warehouse,
-         "telemetry": bench_telemetry, "logs": bench_logs, "regression": bench_regression, "metrics": bench_metrics}
+         "attempts": bench_attempts, "telemetry": bench_telemetry, "logs": bench_logs, "regression": bench_regression,
+         "metrics": bench_metrics}
 
 
 def flatten(prefix: str, value, rows: list) -> None:

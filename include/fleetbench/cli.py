@@ -1,12 +1,12 @@
 """The `fleetbench` command line.
 
     fleetbench config check FILE
-    fleetbench results [--format table|json|csv] [--run-id ID] [--dag-id ID]
+    fleetbench results [--format table|json|csv] [--run-id ID] [--dag-id ID] [--all] [--attempts]
     fleetbench parse [--format auto|tf_cnn_benchmarks|horovod_synthetic|torch_synthetic|nccl_tests|command] FILE...
     fleetbench host-check (--facts DIR | --local [--docker-url URL]) [--image-cuda X.Y] [--gpus N]
                           [--format json|table] [--strict] [--dcgm-level N] [--probe-path DIR]
     fleetbench pools export [--config FILE]
-    fleetbench compare --before SIDE --after SIDE [--host H] [--format table|json]
+    fleetbench compare --before SIDE --after SIDE [--host H] [--attempts] [--format table|json]
     fleetbench regressions list [--dag-id ID] [--host H] [--all]
     fleetbench regressions accept --host H [--case KEY] [--dag-id ID] [--note TEXT]
     fleetbench report [--since DATE] [--until DATE] [--host H] [--model M] [--dag-id ID] [--out DIR]
@@ -30,6 +30,9 @@ RESULT_TABLE = [  # (header, column)
     ("status", "status"), ("images/sec", "images_per_sec"), ("duration s", "duration_s"),
     ("energy Wh", "energy_j"), ("cost $", "cost_usd"), ("image digest", "image_digest"),
 ]
+# `results --attempts`: which attempt, its driver, and whether it is the current one.
+ATTEMPT_TABLE = [*RESULT_TABLE[:1], ("case", "case_key"), ("attempt", "attempt"), ("driver", "driver_version"),
+                 *RESULT_TABLE[4:]]
 
 
 class UsageError(Exception):
@@ -65,12 +68,14 @@ def _cell(row: dict, column: str) -> str:
         return "-" if value is None else f"{value:.6f}"
     if column == "image_digest":
         return "-" if not value else value[:19]
+    if column == "attempt" and "current" in row:
+        return f"{value} ({'current' if row['current'] else 'superseded'})"
     return "-" if value is None else str(value)
 
 
-def format_table(rows: list[dict]) -> str:
-    cells = [[h for h, _ in RESULT_TABLE]] + [[_cell(r, c) for _, c in RESULT_TABLE] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(RESULT_TABLE))]
+def format_table(rows: list[dict], columns: list[tuple[str, str]] = RESULT_TABLE) -> str:
+    cells = [[h for h, _ in columns]] + [[_cell(r, c) for _, c in columns] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
@@ -80,13 +85,15 @@ def _results(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
     from fleetbench.warehouse import fetch_results, get_engine, latest_run_id, warehouse_display_url
+    from fleetbench.warehouse.attempts import fetch_attempts
 
     engine = get_engine()
     try:
         run_id = args.run_id
         if run_id is None and not args.all:
             run_id = latest_run_id(engine, args.dag_id)
-        rows = fetch_results(engine, run_id=run_id, dag_id=args.dag_id) if (run_id or args.all) else []
+        fetch = fetch_attempts if args.attempts else fetch_results
+        rows = fetch(engine, run_id=run_id, dag_id=args.dag_id) if (run_id or args.all) else []
     except SQLAlchemyError as exc:
         raise UsageError(f"cannot read the warehouse at {warehouse_display_url()}: {str(exc).splitlines()[0]} "
                          "(run the DAG once, or `fleetbench db upgrade`)") from None
@@ -110,6 +117,12 @@ def _results(args: argparse.Namespace) -> int:
             return 0
         if run_id:
             print(f"run {run_id}")
+        if args.attempts:
+            print(format_table(rows, ATTEMPT_TABLE))
+            current = [r for r in rows if r["current"]]
+            print(f"{len(rows)} attempt(s) of {len({(r['run_id'], r['host'], r['case_key']) for r in rows})} case(s): "
+                  f"{len(current)} current, {len(rows) - len(current)} superseded")
+            return 0
         print(format_table(rows))
         counts = {s: sum(1 for r in rows if r["status"] == s) for s in ("ok", "failed", "skipped")}
         print(f"{len(rows)} case(s): {counts['ok']} ok, {counts['failed']} failed, {counts['skipped']} skipped")
@@ -265,7 +278,8 @@ def _compare(args: argparse.Namespace) -> int:
     settings = _regression_settings(args.config)
     engine = get_engine()
     try:
-        rows = compare(engine, args.before, args.after, host=args.host, dag_id=args.dag_id, settings=settings)
+        rows = compare(engine, args.before, args.after, host=args.host, dag_id=args.dag_id, settings=settings,
+                       attempts=args.attempts)
     except NoResults as exc:
         raise UsageError(str(exc)) from None
     except ValueError as exc:
@@ -280,7 +294,8 @@ def _compare(args: argparse.Namespace) -> int:
     elif not rows:
         print(f"no host and case has ok results both for {args.before} and for {args.after}")
     else:
-        print(f"before: {args.before}   after: {args.after}" + (f"   host: {args.host}" if args.host else ""))
+        print(f"before: {args.before}   after: {args.after}" + (f"   host: {args.host}" if args.host else "")
+              + ("   (superseded attempts counted)" if args.attempts else ""))
         print(format_compare(rows))
         count = {v: sum(1 for r in rows if r["verdict"] == v)
                  for v in ("regression", "improvement", "no change", "not enough nights to tell")}
@@ -437,6 +452,9 @@ def build_parser() -> argparse.ArgumentParser:
     results.add_argument("--run-id", help="this run's results (default: the latest run)")
     results.add_argument("--dag-id", help="only results of this DAG")
     results.add_argument("--all", action="store_true", help="every run, not just the latest")
+    results.add_argument("--attempts", action="store_true",
+                         help="every attempt of each case (earlier executions a rerun superseded too), not just "
+                              "the current one")
     results.set_defaults(func=_results)
 
     parse = sub.add_parser("parse", help="parse benchmark logs into JSON Lines")
@@ -485,6 +503,9 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--after", required=True, metavar="SIDE", help="e.g. driver=550.54.14, host=gpu07")
     cmp.add_argument("--host", help="only this host")
     cmp.add_argument("--dag-id", help="only results of this DAG")
+    cmp.add_argument("--attempts", action="store_true",
+                     help="count superseded attempts too: nights measured again (e.g. by a backfill on a new "
+                          "driver) compare their old measurement with the new one")
     cmp.add_argument("--format", choices=["table", "json"], default="table", help="output format (default: table)")
     cmp.add_argument("--config", help="fleet config with the regression settings (default: FLEETBENCH_CONFIG or "
                                       "include/config/fleet.yaml; built-in defaults when that cannot be read)")

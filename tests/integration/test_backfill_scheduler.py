@@ -1,6 +1,7 @@
 """Backfill after a driver upgrade, for real: `airflow backfill create` executed by a running scheduler
 (LocalExecutor). Three past nights give exactly 3 x cases rows; reprocessing one night replaces its
-rows and adds none."""
+current rows and adds none to the nights' results (the earlier attempts are kept aside: see
+test_backfill_attempts_scheduler.py)."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def test_backfill_three_nights_then_rerun_one(tmp_path, pg_url, smoke_image, doc
         first_store = {n[0]: n[2] for n in nights}
         airflow.wait_for_backfills()
 
-        # The operator reruns one night (e.g. after a driver upgrade): rows are replaced, not added.
+        # The operator reruns one night (e.g. after a driver upgrade): its current rows are replaced, not added.
         airflow.cli("backfill", "create", "--dag-id", "fleet_benchmark", "--from-date", "2026-11-02T00:00:00",
                     "--to-date", "2026-11-02T12:00:00", "--reprocess-behavior", "completed")
         import time

@@ -174,12 +174,24 @@ def collect(plan, validations: list, prepared: list, outcomes: list) -> dict:
         fields, steps = case_fields(case, verdict, image, outcome)
         fields = dict(fields)
         samples = fields.pop("metric_samples", None) or []
-        rows.append(result_row(run, case, verdict, image, fields))
+        rows.append({**result_row(run, case, verdict, image, fields),
+                     "attempt_id": _attempt_id(run, case, verdict, image, outcome, fields)})
         key = {"dag_id": run.dag_id, "run_id": run.run_id, "host": case.host, "case_key": case.case_key}
         step_rows += [{**key, **s} for s in steps]
         metric_rows += metric_sample_rows(key, samples)
     return {"rows": rows, "steps": step_rows, "metrics": metric_rows,
             "validations": [v.to_xcom() for v in verdicts.values()]}
+
+
+def _attempt_id(run, case, verdict, image: dict | None, outcome: dict | None, fields: dict) -> str:
+    """The attempt's identity (`fleetbench.warehouse.attempts`): its container outcome when the case ran;
+    else the run's start and the host check's time, which a cleared and rerun run renews."""
+    from fleetbench.warehouse.attempts import attempt_id
+
+    ran = verdict is not None and not verdict.unfit and not (image or {}).get("failure_class")
+    return attempt_id(case.host, case.case_key, outcome if ran else None,
+                      (run.started_at, verdict.collected_at if verdict else None, fields["status"],
+                       fields["failure_class"]))
 
 
 # -- store ------------------------------------------------------------------------------------

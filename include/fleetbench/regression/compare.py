@@ -199,48 +199,71 @@ def parse_side(text: str) -> tuple[str, Any]:
     return kind, value
 
 
-def _side_rows(conn, side: str, host: str | None, dag_id: str | None) -> list[dict]:
+def _side_query(table, side: str, host: str | None, dag_id: str | None):
     from sqlalchemy import select
 
-    from fleetbench.warehouse.schema import benchmark_results as br
-
     kind, value = parse_side(side)
-    query = select(br).where(br.c.status == "ok")
+    query = select(table).where(table.c.status == "ok")
     if kind == "date":
         start = datetime.combine(value[0], time(), tzinfo=timezone.utc)
         end = datetime.combine(value[1], time(), tzinfo=timezone.utc) + timedelta(days=1)
-        query = query.where(br.c.logical_date >= start, br.c.logical_date < end)
-        what = (f"with a logical date on {value[0].isoformat()}" if value[0] == value[1] else
-                f"with a logical date from {value[0].isoformat()} to {value[1].isoformat()}") + " (UTC)"
+        query = query.where(table.c.logical_date >= start, table.c.logical_date < end)
     else:
-        query = query.where(br.c[SIDE_COLUMNS[kind]] == value)
-        what = f"with {SIDE_COLUMNS[kind]} {value!r}"
+        query = query.where(table.c[SIDE_COLUMNS[kind]] == value)
     if host:
-        query = query.where(br.c.host == host)
-        what += f" on host {host!r}"
+        query = query.where(table.c.host == host)
     if dag_id:
-        query = query.where(br.c.dag_id == dag_id)
-    rows = [dict(r._mapping) for r in conn.execute(query.order_by(br.c.logical_date.desc()))]
+        query = query.where(table.c.dag_id == dag_id)
+    return query.order_by(table.c.logical_date.desc())
+
+
+def _side_what(kind: str, value: Any) -> str:
+    if kind == "date":
+        return (f"with a logical date on {value[0].isoformat()}" if value[0] == value[1] else
+                f"with a logical date from {value[0].isoformat()} to {value[1].isoformat()}") + " (UTC)"
+    return f"with {SIDE_COLUMNS[kind]} {value!r}"
+
+
+def _side_rows(conn, side: str, host: str | None, dag_id: str | None, attempts: bool = False) -> list[dict]:
+    """The ok results of one side: current attempts, or with `attempts` superseded ones too, of which each
+    (run, host, case) keeps its latest attempt on this side (`fleetbench.warehouse.attempts.current_attempt`)."""
+    from sqlalchemy import select
+
+    from fleetbench.warehouse.attempts import current_attempt
+    from fleetbench.warehouse.schema import benchmark_results as br
+    from fleetbench.warehouse.schema import superseded_results as sr
+
+    kind, value = parse_side(side)
+    rows = [dict(r._mapping) for r in conn.execute(_side_query(br, side, host, dag_id))]
+    if attempts:
+        by_key: dict[tuple, list[dict]] = {}
+        for r in rows + [dict(r._mapping) for r in conn.execute(_side_query(sr, side, host, dag_id))]:
+            by_key.setdefault((r["dag_id"], r["run_id"], r["host"], r["case_key"]), []).append(r)
+        rows = [current_attempt(a) for a in by_key.values()]
     if not rows:
+        what = _side_what(kind, value) + (f" on host {host!r}" if host else "")
         hint = ""
         if kind != "date":
             col = br.c[SIDE_COLUMNS[kind]]
             known = sorted(v for v in conn.execute(select(col).distinct().limit(50)).scalars() if v)
             hint = f" (known: {', '.join(known) or 'none'})"
+        if not attempts and conn.execute(_side_query(sr, side, host, dag_id).limit(1)).first() is not None:
+            hint += "; superseded attempts have some: add --attempts"
         raise NoResults(f"no ok results {what}{hint}")
     return rows
 
 
 def compare(engine, before: str, after: str, host: str | None = None, dag_id: str | None = None,
-            settings: RegressionSettings | None = None) -> list[dict]:
+            settings: RegressionSettings | None = None, attempts: bool = False) -> list[dict]:
     """Before/after report (`compare_case`) per host and case both sides have; per case when the sides are
-    hosts (host against host). Raises `NoResults` when a side matches no ok result, `ValueError` for a side
-    that cannot be read."""
+    hosts (host against host). `attempts`: superseded attempts count too (e.g. nights measured on the old
+    driver and measured again on the new one by a backfill), each night once per side. Raises `NoResults`
+    when a side matches no ok result, `ValueError` for a side that cannot be read."""
     settings = settings or RegressionSettings()
     by_host = parse_side(before)[0] != "host"
     with engine.connect() as conn:
-        b_rows = _side_rows(conn, before, host, dag_id)
-        a_rows = _side_rows(conn, after, host, dag_id)
+        b_rows = _side_rows(conn, before, host, dag_id, attempts)
+        a_rows = _side_rows(conn, after, host, dag_id, attempts)
     groups: dict[tuple[str, str], tuple[list, list]] = {}
     for side, rows in ((0, b_rows), (1, a_rows)):
         for r in rows:

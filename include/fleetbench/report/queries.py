@@ -71,6 +71,7 @@ from fleetbench.warehouse.schema import regressions as rg
 from fleetbench.warehouse.schema import run_case_rollup as cr
 from fleetbench.warehouse.schema import run_host_rollup as hr
 from fleetbench.warehouse.schema import runs as rn
+from fleetbench.warehouse.schema import superseded_results as sr
 
 DEFAULT_DAYS = 30
 # Throughput one series per (host, case) up to these many series and points, else the fleet's per case.
@@ -671,12 +672,42 @@ def change_map(conn, f: Filters) -> dict:
             "skipped": None}
 
 
+REMEASURED_MAX = 200  # (night, host) rows of the re-measured section
+
+
+def remeasured(conn, f: Filters) -> list[dict]:
+    """Nights of the window that were measured again (a rerun or a backfill added attempts), per run and
+    host, newest first: how many attempts were superseded and why (driver changed, image changed, rerun
+    of a failed result: `superseded_why`, written when the attempt was superseded). One GROUP BY over
+    superseded_results, no join: a re-measured year stays a short answer."""
+    if not inspect(conn).has_table(sr.name):
+        return []
+    query = (select(sr.c.dag_id, sr.c.run_id, sr.c.host, _ts(func.min(sr.c.logical_date)).label("logical_date"),
+                    sr.c.superseded_why, func.count().label("n"),
+                    _ts(func.max(sr.c.superseded_at)).label("superseded_at"))
+             .where(*_scope(f, table=sr)).group_by(sr.c.dag_id, sr.c.run_id, sr.c.host, sr.c.superseded_why)
+             .order_by(func.min(sr.c.attempt), sr.c.superseded_why))  # reasons in the order they happened
+    merged: dict[tuple, dict] = {}
+    for r in conn.execute(query):
+        row = merged.setdefault((r.dag_id, r.run_id, r.host), {
+            "dag_id": r.dag_id, "run_id": r.run_id, "host": r.host, "logical_date": _iso(r.logical_date),
+            "superseded": 0, "superseded_at": None, "reasons": []})
+        row["superseded"] += _int(r.n)
+        row["superseded_at"] = max(filter(None, (row["superseded_at"], _iso(r.superseded_at))), default=None)
+        for reason in (r.superseded_why or "rerun").split("; "):
+            if reason not in row["reasons"]:
+                row["reasons"].append(reason)
+    out = sorted(merged.values(), key=lambda r: (r["logical_date"] or "", r["run_id"], r["host"]), reverse=True)
+    return out[:REMEASURED_MAX]
+
+
 # Every section as (connection, filters) -> data, e.g. to time them one by one.
 SECTIONS = {
     "resolve_window": resolve_window, "filter_options": filter_options, "summary": summary,
     "host_summary": host_summary, "throughput": throughput, "driver_changes": driver_changes, "scaling": scaling,
     "efficiency": efficiency, "latest_run": latest_run,
     "failures": lambda conn, f: failures(conn, f, latest_run(conn, f)), "open_regressions": open_regressions,
+    "remeasured": remeasured,
 }
 
 
@@ -710,7 +741,7 @@ def blank_report(f: Filters | None = None, warehouse: str = "") -> dict:
                     "first": None, "last": None},
         "hosts": [], "throughput": [], "throughput_mode": HOSTS, "driver_changes": [], "scaling": [], "efficiency": [],
         "latest_run": None, "failures": [], "regressions": [], "fleet_health": [], "suspected": [], "improvements": [],
-        "change_map": {"hosts": [], "cases": [], "cells": {}, "skipped": None}, "capacity": [],
+        "change_map": {"hosts": [], "cases": [], "cells": {}, "skipped": None}, "capacity": [], "remeasured": [],
     }
 
 
@@ -765,6 +796,7 @@ def build_report(engine: Engine, f: Filters | None = None, *, max_series: int | 
             conn, scoped, THROUGHPUT_MAX_SERIES if max_series is None else max_series,
             THROUGHPUT_MAX_POINTS if max_points is None else max_points)
         report["driver_changes"] = driver_changes(conn, scoped)
+        report["remeasured"] = remeasured(conn, scoped)
         report["scaling"] = scaling(conn, scoped)
         report["efficiency"] = efficiency(conn, scoped)
         report["latest_run"] = latest_run(conn, scoped)

@@ -285,6 +285,16 @@ def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str,
                                                     ("from", "from", "text"), ("to", "to", "text"),
                                                     ("run", "run_id", "text")],
                            report["driver_changes"]))
+    if report.get("remeasured"):
+        parts.append("<h2>Re-measured nights</h2>")
+        parts.append('<p class="meta">Nights measured again (a rerun or a backfill): the figures above are the '
+                     'current attempts; the superseded ones stay in the warehouse '
+                     '(<code>fleetbench results --attempts</code>, <code>fleetbench compare --attempts</code>).</p>')
+        parts.append(table("remeasured-table", [("night", "logical_date", "date"), ("host", "host", "text"),
+                                                ("run", "run_id", "text"), ("superseded attempts", "superseded", "int"),
+                                                ("why", "reasons_text", "text"),
+                                                ("re-measured", "superseded_at", "date")],
+                           [{**r, "reasons_text": "; ".join(r["reasons"])} for r in report["remeasured"]]))
 
     parts.append("<h2>Scaling efficiency per GPU count</h2>")
     parts.append('<p class="meta">N-GPU images/sec ÷ (N × 1-GPU images/sec) of the same host, model, batch and run; '

@@ -145,12 +145,38 @@ benchmark_results = Table(
     Column("value", Float),
     Column("unit", String(20)),
     Column("better", String(10)),
+    # Which execution of the case this row is (revision 0011, `fleetbench.warehouse.attempts`): its number
+    # (1, 2, ... in the order they were stored) and the identity of its container outcome.
+    Column("attempt", Integer, nullable=False, server_default="1"),
+    Column("attempt_id", String(64)),
     UniqueConstraint(*RESULT_KEY, name="uq_benchmark_results_key"),
     Index("ix_benchmark_results_host_case_time", "host", "case_key", "started_at"),
     Index("ix_benchmark_results_logical_date", "logical_date"),
     Index("ix_benchmark_results_case_time", "case_key", "started_at"),
     # A (host, case)'s results by night: open regressions, one host's series (revision 0004).
     Index("ix_benchmark_results_host_case_date", "host", "case_key", "logical_date"),
+)
+
+RESULT_COLUMNS = [c.name for c in benchmark_results.columns if c.name != "id"]
+ATTEMPT_KEY = (*RESULT_KEY, "attempt")
+
+# Attempts that a later execution of the same (run, host, case) replaced as the current result
+# (revision 0005, `fleetbench.warehouse.attempts`): the whole row as it was, its steps as JSON, and
+# when and why it was superseded. benchmark_results holds only current attempts, so everything that
+# reads it (rollups, report, view, regressions) counts each night once.
+# A later revision that adds a column to benchmark_results adds it to superseded_results too (this table copies
+# benchmark_results' columns; the migration contract compares both with the migrated database).
+superseded_results = Table(
+    "superseded_results", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    *[c._copy() for c in benchmark_results.columns if c.name != "id"],
+    Column("steps_json", Text),  # [{"step", "images_per_sec", "plusminus", "jitter", "loss"}, ...]
+    Column("metrics_json", Text),  # its result_metrics rows: [{"metric", "labels", "value", "unit", "better"}, ...]
+    Column("superseded_at", DateTime(timezone=True), nullable=False),
+    Column("superseded_by", Integer),  # the attempt that replaced it; NULL: a rerun no longer planned the case
+    Column("superseded_why", Text),  # `attempts.remeasure_reasons` against that attempt, "; "-joined
+    UniqueConstraint(*ATTEMPT_KEY, name="uq_superseded_results_key"),
+    Index("ix_superseded_results_date", "logical_date"),
 )
 
 steps = Table(
@@ -346,4 +372,3 @@ ROLLUPS = (run_host_rollup, host_month_rollup, run_case_rollup)
 # Views (created by migrations with plain SQL, not part of `metadata`).
 CAPACITY_FEATURES_VIEW = "capacity_features"
 
-RESULT_COLUMNS = [c.name for c in benchmark_results.columns if c.name != "id"]

@@ -1,7 +1,10 @@
 """Writing a run: one transaction for its run row, host facts, results, steps and rollups; idempotent.
 
-Rows are upserted keyed by (dag_id, run_id, host, case_key), so a retry or rerun replaces its own
-rows; a complete store also deletes what the run no longer has. Writers that race on the same keys
+Rows are upserted keyed by (dag_id, run_id, host, case_key): benchmark_results holds each case's
+current attempt. A retry writing the same attempt again replaces it; a new execution of the case (a
+cleared and rerun run, a backfill that reprocesses it) first moves the stored attempt to
+superseded_results (`fleetbench.warehouse.attempts`), so no measurement is ever deleted; a complete
+store also moves there what the run no longer plans. Writers that race on the same keys
 serialise on the run's row; rows are written in key order, and a transaction the database aborts to
 break a deadlock is retried whole. Values are fitted to their columns first (`fit`).
 """
@@ -19,7 +22,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 
 from fleetbench.timestamps import utc
-from fleetbench.warehouse import bulk, fit, rollup
+from fleetbench.warehouse import attempts, bulk, fit, rollup
 from fleetbench.warehouse.schema import (
     HOST_KEY,
     METRIC_KEY,
@@ -99,9 +102,10 @@ def store_run(engine: Engine, run: dict, hosts: Iterable[dict], results: Iterabl
 
     `metric_rows`: the results' metric samples (`result_metrics`, see `rows.metric_sample_rows`); a result
     written now has exactly these afterwards, like its steps.
-    `complete`: these are all of the run's hosts and results, so any other host or result row of the run
-    stored before (a rerun planned fewer cases) is deleted in the same transaction, with its steps and metrics;
-    False adds to the run (e.g. one host's rows of it) and keeps the rest.
+    `complete`: these are all of the run's hosts and results, so any other host row of the run stored
+    before (a rerun planned fewer cases) is deleted in the same transaction, and any other result is moved to
+    superseded_results with its steps and metric samples; False adds to the run (e.g. one host's rows of it)
+    and keeps the rest. Each result's attempt number comes from `fleetbench.warehouse.attempts.decide`.
 
     PostgreSQL gets each table's rows with one COPY into a staging table and one INSERT ... ON
     CONFLICT; SQLite with one prepared upsert over all rows (`fleetbench.warehouse.bulk`).
@@ -124,7 +128,10 @@ def store_run(engine: Engine, run: dict, hosts: Iterable[dict], results: Iterabl
                 # result and steps end up from one writer, and its rollups are computed after the other's.
                 upsert_rows(conn, runs, [run_row], RUN_KEY)
                 host_rows.upsert(conn)
-                result_rows.upsert(conn)
+                # Attempt numbers; a stored attempt that a new execution replaces is kept as superseded.
+                numbered = attempts.number(conn, result_rows.columns, result_rows.rows, result_rows.keys, now,
+                                           (run_row["dag_id"], run_row["run_id"]) if complete else None)
+                bulk.upsert(conn, benchmark_results, result_rows.columns, numbered, RESULT_KEY)
                 # Steps and metrics of the cases written now are replaced as a whole: an earlier try's go.
                 if result_rows.rows:
                     for table in _PER_RESULT:
@@ -148,13 +155,15 @@ def store_run(engine: Engine, run: dict, hosts: Iterable[dict], results: Iterabl
 
 
 def _delete_rest_of_run(conn, run_row: dict, host_keys: list[tuple], result_keys: list[tuple]) -> None:
-    """Delete the run's stored hosts, results, steps and metrics this write does not have (caller's transaction)."""
+    """Delete the run's stored hosts, results, steps and metrics this write does not have (caller's transaction);
+    `attempts.number` has kept such results as superseded attempts already."""
     run_key = (run_row["dag_id"], run_row["run_id"])
     where = and_(*[c == v for c, v in zip((benchmark_results.c.dag_id, benchmark_results.c.run_id), run_key)])
     stored = {tuple(r) for r in conn.execute(select(*[benchmark_results.c[k] for k in RESULT_KEY]).where(where))}
     stale = sorted(stored - set(result_keys))
     if stale:
-        log.info("run %s: %d result(s) stored before are not in this write: deleted", run_key[1], len(stale))
+        log.info("run %s: %d result(s) stored before are not in this write: kept as superseded attempts",
+                 run_key[1], len(stale))
         for table in _PER_RESULT:
             bulk.delete_keys(conn, table, RESULT_KEY, stale)
         bulk.delete_keys(conn, benchmark_results, RESULT_KEY, stale)

@@ -1,0 +1,262 @@
+"""Attempts: a rerun never destroys a measurement.
+
+An attempt is one execution of a planned case in a run (run, host, case_key): one container outcome,
+or for a case that did not run (host unfit, image not prepared, task failed before reporting), one
+judgement of it by the run's collect step. Each attempt has a number (1, 2, ... per run, host and
+case, in the order they were stored) and an identity, `attempt_id` (`attempt_id`: a digest of the
+container outcome, the container's start and end as the engine reported them).
+
+Storing a (run, host, case) (`decide`, inside `store_run`'s one transaction):
+
+- nothing stored yet: attempt 1 (or the number after the highest superseded one);
+- the stored attempt has the same identity: it is the same execution written again (the store or
+  collect task retried, `fleetbench results` of a re-collected run): it is replaced in place, its
+  number kept;
+- another identity (the run was cleared and ran again, or a backfill with `--reprocess-behavior
+  completed` or `failed`): a new attempt. The stored one moves to `superseded_results` whole (with its
+  steps as JSON) and the new one takes the next number.
+
+A complete store that no longer plans a case the run had stored moves that attempt to
+`superseded_results` as well (superseded_by NULL) rather than deleting it.
+
+The current attempt (`current_attempt`) of a (run, host, case) is the one stored last, i.e. the
+highest number; benchmark_results holds exactly the current attempts, so rollups, the report, the
+capacity_features view and regressions count each (run, host, case) once. Superseded attempts are
+read with `fetch_attempts` (`fleetbench results --attempts`) and by `fleetbench compare --attempts`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime, timezone
+from typing import Any, Iterable, Mapping, Sequence
+
+from sqlalchemy import and_, func, select
+
+from fleetbench.warehouse import bulk
+from fleetbench.warehouse.schema import (
+    ATTEMPT_KEY,
+    RESULT_KEY,
+    benchmark_results,
+    result_metrics,
+    steps,
+    superseded_results,
+)
+
+
+# -- identity and the rule -------------------------------------------------------------------------
+def attempt_id(host: str, case_key: str, outcome: Mapping[str, Any] | None = None,
+               not_run: Sequence[Any] = ()) -> str:
+    """The identity of an attempt: of its container outcome (container, start and end as the engine
+    reported them: a retried task re-reading the same outcome gets the same identity, a new execution
+    another), or for a case that did not run, of what `not_run` names (e.g. the run's start and the
+    host check's time, which a cleared and rerun run renews)."""
+    if outcome is not None:
+        basis = ["outcome", host, case_key, outcome.get("container_name"), outcome.get("started_at"),
+                 outcome.get("finished_at")]
+    else:
+        basis = ["not-run", host, case_key, *not_run]
+    return hashlib.sha256("\0".join("" if v is None else str(v) for v in basis).encode()).hexdigest()[:32]
+
+
+def row_attempt_id(row: Mapping[str, Any]) -> str:
+    """The identity of a result row written without one (e.g. by a script): its own start, end and log."""
+    return attempt_id(row["host"], row["case_key"], {"container_name": row.get("log_path"),
+                                                    "started_at": row.get("started_at"),
+                                                    "finished_at": row.get("finished_at")})
+
+
+def decide(stored: tuple[int, str | None] | None, superseded_max: int, incoming_id: str) -> tuple[int, bool]:
+    """(the incoming attempt's number, whether the stored current attempt is superseded by it).
+
+    `stored`: the current attempt's (number, attempt_id), None when there is none; `superseded_max`:
+    the highest number already superseded (0 when none)."""
+    if stored is None:
+        return superseded_max + 1, False
+    number, stored_id = stored
+    if stored_id is not None and stored_id == incoming_id:
+        return number, False
+    return max(number, superseded_max) + 1, True
+
+
+def current_attempt(attempts: Iterable[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The current attempt among attempts of one (run, host, case): the one stored last (highest number)."""
+    return max(attempts, key=lambda a: a["attempt"] or 0, default=None)
+
+
+NO_LONGER_PLANNED = "no longer planned"
+
+
+def remeasure_reasons(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[str]:
+    """Why a night was measured again, from a superseded attempt and the one after it: the driver or the
+    image changed, or the earlier attempt had failed (else: "rerun")."""
+    reasons = []
+    if before.get("driver_version") != after.get("driver_version"):
+        reasons.append(f"driver {before.get('driver_version') or '?'} -> {after.get('driver_version') or '?'}")
+    if before.get("image_digest") != after.get("image_digest"):
+        reasons.append("image changed")
+    if before.get("status") != "ok":
+        reasons.append(f"rerun of a {before.get('status') or 'missing'} result")
+    return reasons or ["rerun"]
+
+
+# -- inside store_run's transaction ----------------------------------------------------------------
+def number(conn, columns: Sequence[str], rows: list[tuple], keys: list[tuple], now: datetime,
+           complete_run: tuple[str, str] | None = None) -> list[tuple]:
+    """The rows with their attempt numbers (and identities) set by `decide`. Stored attempts they supersede
+    are moved to superseded_results first, and with `complete_run` (dag_id, run_id) so are the run's
+    stored results this write no longer has. `keys`: each row's RESULT_KEY, in the same order."""
+    run_keys = {k[:2] for k in keys} | ({complete_run} if complete_run else set())
+    if not run_keys:
+        return rows
+    i_num, i_id = columns.index("attempt"), columns.index("attempt_id")
+    i_why = [(c, columns.index(c)) for c in WHY_COLUMNS]
+    stored, past = _stored(conn, run_keys)
+    numbered, superseded = [], {}
+    for key, row in zip(keys, rows):
+        aid = row[i_id] or row_attempt_id(dict(zip(columns, row)))
+        n, supersedes = decide(stored.get(key), past.get(key, 0), aid)
+        if supersedes:
+            superseded[key] = (n, {c: row[i] for c, i in i_why})
+        row = list(row)
+        row[i_num], row[i_id] = n, aid
+        numbered.append(tuple(row))
+    if complete_run:
+        written = set(keys)
+        superseded.update((k, (None, None)) for k in stored if k[:2] == complete_run and k not in written)
+    archive(conn, superseded, now)
+    return numbered
+
+
+def _stored(conn, run_keys: set[tuple]) -> tuple[dict, dict]:
+    """Of the runs written: each (run, host, case)'s current (number, attempt_id), and its highest superseded number."""
+    br, sr = benchmark_results, superseded_results
+    stored, past = {}, {}
+    for dag_id, run_id in sorted(run_keys):
+        for *key, n, aid in conn.execute(select(*[br.c[k] for k in RESULT_KEY], br.c.attempt, br.c.attempt_id)
+                                         .where(br.c.dag_id == dag_id, br.c.run_id == run_id)):
+            stored[tuple(key)] = (n, aid)
+        for *key, n in conn.execute(select(*[sr.c[k] for k in RESULT_KEY], func.max(sr.c.attempt))
+                                    .where(sr.c.dag_id == dag_id, sr.c.run_id == run_id)
+                                    .group_by(*[sr.c[k] for k in RESULT_KEY])):
+            past[tuple(key)] = n
+    return stored, past
+
+
+ARCHIVED = [c for c in superseded_results.c.keys() if c != "id"]  # the columns archive writes, in this order
+_FROM_RESULTS = [c for c in ARCHIVED if c in benchmark_results.c]
+_STEP_FIELDS = ("step", "images_per_sec", "plusminus", "jitter", "loss")
+_METRIC_FIELDS = ("metric", "labels", "value", "unit", "better")
+
+
+WHY_COLUMNS = ("driver_version", "image_digest", "status")  # what `remeasure_reasons` compares
+
+
+def archive(conn, superseded_by: Mapping[tuple, tuple[int | None, Mapping[str, Any] | None]], now: datetime) -> None:
+    """Copy the current attempts of these (run, host, case) keys, with their steps and metric samples, into
+    superseded_results (one bulk upsert: COPY on PostgreSQL), each with why it was superseded. Called once per
+    store transaction.
+
+    `superseded_by`: key -> (the number of the attempt replacing it, that attempt's WHY_COLUMNS); (None,
+    None): the case is no longer planned."""
+    if not superseded_by:
+        return
+    out = []
+    for dag_id, run_id in sorted({k[:2] for k in superseded_by}):  # a run's rows through the result key's index
+        step_lists: dict[tuple, list[dict]] = {}
+        for r in conn.execute(select(*[steps.c[k] for k in (*RESULT_KEY, *_STEP_FIELDS)])
+                              .where(steps.c.dag_id == dag_id, steps.c.run_id == run_id).order_by(steps.c.step)):
+            key = tuple(r[:4])
+            if key in superseded_by:
+                step_lists.setdefault(key, []).append(dict(zip(_STEP_FIELDS, r[4:])))
+        metric_lists = _per_result(conn, result_metrics, _METRIC_FIELDS, dag_id, run_id, superseded_by)
+        for r in conn.execute(select(*[benchmark_results.c[c] for c in _FROM_RESULTS])
+                              .where(benchmark_results.c.dag_id == dag_id, benchmark_results.c.run_id == run_id)):
+            row = dict(zip(_FROM_RESULTS, r))
+            key = tuple(row[k] for k in RESULT_KEY)
+            if key not in superseded_by:
+                continue
+            by, successor = superseded_by[key]
+            why = "; ".join(remeasure_reasons(row, successor)) if successor is not None else NO_LONGER_PLANNED
+            row.update(steps_json=json.dumps(step_lists[key]) if key in step_lists else None,
+                       metrics_json=json.dumps(metric_lists[key]) if key in metric_lists else None, superseded_at=now,
+                       superseded_by=by, superseded_why=why)
+            out.append(tuple(row[c] for c in ARCHIVED))
+    at = [ARCHIVED.index(k) for k in ATTEMPT_KEY]
+    out.sort(key=lambda row: tuple(row[i] for i in at))
+    bulk.upsert(conn, superseded_results, ARCHIVED, out, ATTEMPT_KEY)
+
+
+def _per_result(conn, table, fields: Sequence[str], dag_id: str, run_id: str, keys) -> dict[tuple, list[dict]]:
+    """A run's rows of a per-result table (result_metrics), as dicts of `fields`, per (run, host, case) in `keys`."""
+    out: dict[tuple, list[dict]] = {}
+    for r in conn.execute(select(*[table.c[k] for k in (*RESULT_KEY, *fields)])
+                          .where(table.c.dag_id == dag_id, table.c.run_id == run_id)):
+        key = tuple(r[:4])
+        if key in keys:
+            out.setdefault(key, []).append(dict(zip(fields, r[4:])))
+    return out
+
+
+# -- reading -------------------------------------------------------------------------------------------
+def attempts_query(table, run_id: str | None = None, dag_id: str | None = None, since=None, until=None):
+    conds = []
+    if run_id:
+        conds.append(table.c.run_id == run_id)
+    if dag_id:
+        conds.append(table.c.dag_id == dag_id)
+    if since is not None:
+        conds.append(table.c.logical_date >= since)
+    if until is not None:
+        conds.append(table.c.logical_date < until)
+    return select(table).where(and_(*conds)) if conds else select(table)
+
+
+def fetch_attempts(engine, run_id: str | None = None, dag_id: str | None = None) -> list[dict]:
+    """Every attempt (current and superseded) of the runs asked for, oldest attempt first per (run, host,
+    case), each with `current` (True for the one benchmark_results holds) and, for a superseded one,
+    `superseded_at`, `superseded_by` and `superseded_why`."""
+    with engine.connect() as conn:
+        past = [dict(r._mapping) for r in conn.execute(attempts_query(superseded_results, run_id, dag_id))]
+        current = [dict(r._mapping) for r in conn.execute(attempts_query(benchmark_results, run_id, dag_id))]
+    rows = []
+    for r in past:
+        r.pop("id", None)
+        rows.append({**r, "current": False})
+    for r in current:
+        r.pop("id", None)
+        rows.append({**r, "current": True, "steps_json": None, "metrics_json": None, "superseded_at": None,
+                     "superseded_by": None, "superseded_why": None})
+    for row in rows:  # ISO timestamps, as fetch_results gives them
+        for k, v in row.items():
+            if isinstance(v, datetime):
+                row[k] = (v if v.tzinfo else v.replace(tzinfo=timezone.utc)).isoformat()
+    rows.sort(key=lambda r: (r["logical_date"] or "", r["dag_id"], r["run_id"], r["host"], r["case_key"],
+                             r["attempt"] or 0))
+    return rows
+
+
+def remeasured(engine, since=None, until=None, dag_id: str | None = None) -> list[dict]:
+    """Each (run, host, case) of the window measured more than once: its superseded attempts (oldest first),
+    the current attempt's number, and why it was measured again (each superseded attempt's reasons)."""
+    sr = superseded_results
+    with engine.connect() as conn:
+        past = [dict(r._mapping) for r in conn.execute(
+            attempts_query(sr, dag_id=dag_id, since=since, until=until).with_only_columns(
+                *[sr.c[k] for k in (*RESULT_KEY, "attempt", "logical_date", "superseded_by", "superseded_why")]))]
+    by_key: dict[tuple, list[dict]] = {}
+    for r in past:
+        by_key.setdefault(tuple(r[k] for k in RESULT_KEY), []).append(r)
+    out = []
+    for key, chain in sorted(by_key.items()):
+        chain.sort(key=lambda a: a["attempt"])
+        reasons = []
+        for a in chain:
+            for reason in (a["superseded_why"] or "").split("; "):
+                if reason and reason not in reasons:
+                    reasons.append(reason)
+        out.append({"dag_id": key[0], "run_id": key[1], "host": key[2], "case_key": key[3],
+                    "logical_date": chain[0]["logical_date"], "superseded": chain,
+                    "current": chain[-1]["superseded_by"], "reasons": reasons})
+    return out

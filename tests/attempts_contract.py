@@ -1,0 +1,143 @@
+"""What the warehouse promises about attempts, checked on SQLite (tests/unit) and PostgreSQL (tests/integration)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sqlalchemy import func, select
+
+from fleetbench.warehouse import current_revision, downgrade, fetch_results, store_run, upgrade
+from fleetbench.warehouse.attempts import fetch_attempts, remeasured
+from fleetbench.warehouse.schema import benchmark_results, result_metrics, run_case_rollup, steps, superseded_results
+from warehouse_rows import result_row, run_row, step_rows
+
+DRIVER_A, DRIVER_B = "550.127.05", "590.48.01"
+
+
+def count(engine, table, **where) -> int:
+    with engine.connect() as conn:
+        query = select(func.count()).select_from(table)
+        for k, v in where.items():
+            query = query.where(table.c[k] == v)
+        return conn.execute(query).scalar()
+
+
+def night(attempt: str, driver: str, ips: float, **extra) -> list[dict]:
+    """Cases a and b of run r1 as one execution (`attempt` names its container outcomes)."""
+    return [result_row(c, ips=ips + i, driver_version=driver, attempt_id=f"{attempt}-{c}", **extra)
+            for i, c in enumerate(("a", "b"))]
+
+
+def sample(case_key: str, metric: str, value: float, unit: str = "images/s", better: str = "higher") -> dict:
+    """A result_metrics row of run r1 on the host of `warehouse_rows.result_row`."""
+    return {**{k: v for k, v in result_row(case_key).items() if k in ("dag_id", "run_id", "host", "case_key")},
+            "metric": metric, "labels": "{}", "value": value, "unit": unit, "better": better}
+
+
+def superseded(engine) -> list[dict]:
+    with engine.connect() as conn:
+        return [dict(r._mapping) for r in conn.execute(
+            select(superseded_results).order_by(superseded_results.c.case_key, superseded_results.c.attempt))]
+
+
+def check_rerun_adds_attempts_and_a_retry_replaces(engine):
+    upgrade(engine)
+    store_run(engine, run_row(), [], night("A", DRIVER_A, 100.0), step_rows("a", 3))
+    # The store task retried with the same outcomes (numbers re-derived): the same attempt, replaced in place.
+    store_run(engine, run_row(), [], night("A", DRIVER_A, 101.0), step_rows("a", 3))
+    assert count(engine, superseded_results) == 0
+    assert {(r["case_key"], r["attempt"], r["images_per_sec"]) for r in fetch_results(engine, run_id="r1")} == {
+        ("a", 1, 101.0), ("b", 1, 102.0)}
+
+    # The run cleared and rerun on driver B: new outcomes, so new attempts; A's are kept whole.
+    store_run(engine, run_row(), [], night("B", DRIVER_B, 200.0), step_rows("a", 2, base=200.0),
+              metric_rows=[sample("b", "images_per_sec", 201.0), sample("b", "p99_ms", 7.5, unit="ms", better="lower")])
+    current = {r["case_key"]: r for r in fetch_results(engine, run_id="r1")}
+    assert {k: (r["attempt"], r["driver_version"], r["images_per_sec"]) for k, r in current.items()} == {
+        "a": (2, DRIVER_B, 200.0), "b": (2, DRIVER_B, 201.0)}
+    old = superseded(engine)
+    assert [(r["case_key"], r["attempt"], r["driver_version"], r["images_per_sec"], r["superseded_by"])
+            for r in old] == [("a", 1, DRIVER_A, 101.0, 2), ("b", 1, DRIVER_A, 102.0, 2)]
+    assert [s["images_per_sec"] for s in json.loads(old[0]["steps_json"])] == [101.0, 102.0, 103.0]
+    assert old[1]["steps_json"] is None and old[0]["attempt_id"] == "A-a"
+    assert old[0]["command"] == '["python", "x.py"]' and old[0]["superseded_at"] is not None
+    assert count(engine, steps, case_key="a") == 2  # the current attempt's steps
+    # Rollups count the current attempt only: one result per case, B's throughput.
+    with engine.connect() as conn:
+        rollups = conn.execute(select(run_case_rollup.c.case_key, run_case_rollup.c.results,
+                                      run_case_rollup.c.ips_median).order_by(run_case_rollup.c.case_key)).all()
+    assert [tuple(r) for r in rollups] == [("a", 1, 200.0), ("b", 1, 201.0)]
+
+    # A retry of B's store adds nothing.
+    store_run(engine, run_row(), [], night("B", DRIVER_B, 200.0), step_rows("a", 2, base=200.0),
+              metric_rows=[sample("b", "images_per_sec", 201.0), sample("b", "p99_ms", 7.5, unit="ms", better="lower")])
+    assert count(engine, superseded_results) == 2 and count(engine, benchmark_results) == 2
+
+    every = fetch_attempts(engine, run_id="r1")
+    assert [(r["case_key"], r["attempt"], r["current"], r["driver_version"]) for r in every] == [
+        ("a", 1, False, DRIVER_A), ("a", 2, True, DRIVER_B), ("b", 1, False, DRIVER_A), ("b", 2, True, DRIVER_B)]
+    marks = remeasured(engine)
+    assert [(m["case_key"], len(m["superseded"]), m["current"], m["reasons"]) for m in marks] == [
+        ("a", 1, 2, [f"driver {DRIVER_A} -> {DRIVER_B}"]), ("b", 1, 2, [f"driver {DRIVER_A} -> {DRIVER_B}"])]
+    assert {r["superseded_why"] for r in superseded(engine)} == {f"driver {DRIVER_A} -> {DRIVER_B}"}
+
+    # A rerun that no longer plans b: b's attempt is kept as superseded (by nothing), not deleted, with its
+    # metric samples; the current rows have none left for b.
+    store_run(engine, run_row(), [], night("C", DRIVER_B, 300.0)[:1])
+    b_old = next(r for r in superseded(engine) if (r["case_key"], r["attempt"]) == ("b", 2))
+    assert sorted((m["metric"], m["value"], m["unit"], m["better"]) for m in json.loads(b_old["metrics_json"])) == [
+        ("images_per_sec", 201.0, "images/s", "higher"), ("p99_ms", 7.5, "ms", "lower")]
+    assert count(engine, result_metrics, case_key="b") == 0
+    assert [r["case_key"] for r in fetch_results(engine, run_id="r1")] == ["a"]
+    assert [(r["case_key"], r["attempt"], r["superseded_by"], r["superseded_why"]) for r in superseded(engine)] == [
+        ("a", 1, 2, f"driver {DRIVER_A} -> {DRIVER_B}"), ("a", 2, 3, "rerun"),
+        ("b", 1, 2, f"driver {DRIVER_A} -> {DRIVER_B}"), ("b", 2, None, "no longer planned")]
+    # b planned again later: attempt 3, after the superseded ones.
+    store_run(engine, run_row(), [], night("D", DRIVER_B, 400.0)[1:], complete=False)
+    assert {r["case_key"]: r["attempt"] for r in fetch_results(engine, run_id="r1")} == {"a": 3, "b": 3}
+
+
+def check_failed_rerun_keeps_the_previous_attempt(engine, monkeypatch):
+    """The attempt bookkeeping is part of the store's one transaction: a store that fails after moving
+    the stored attempt leaves it current and superseded_results as it was."""
+    from fleetbench.warehouse import rollup
+
+    upgrade(engine)
+    store_run(engine, run_row(), [], night("A", DRIVER_A, 100.0))
+
+    def broken(conn, run_keys):
+        raise RuntimeError("rollup failed")
+
+    monkeypatch.setattr(rollup, "refresh", broken)
+    with pytest.raises(RuntimeError, match="rollup failed"):
+        store_run(engine, run_row(), [], night("B", DRIVER_B, 200.0))
+    assert count(engine, superseded_results) == 0
+    assert {(r["attempt"], r["driver_version"]) for r in fetch_results(engine, run_id="r1")} == {(1, DRIVER_A)}
+
+
+def check_migration_makes_stored_rows_attempt_1(engine):
+    """Rows stored at revision 0004 become attempt 1 (identity unknown); a rerun after the upgrade adds
+    attempt 2 and keeps attempt 1; the downgrade drops the superseded attempts, the current ones stay."""
+    from sqlalchemy import MetaData, Table, inspect
+
+    from fleetbench.timestamps import utc
+
+    upgrade(engine, "0004")
+    with engine.begin() as conn:
+        table = Table("benchmark_results", MetaData(), autoload_with=conn)
+        conn.execute(table.insert(), [
+            {k: (utc(v) if k in ("logical_date", "started_at", "finished_at") else v) for k, v in r.items()
+             if k in table.c and k not in ("command", "attempt_id")} for r in night("A", DRIVER_A, 100.0)])
+    upgrade(engine)
+    assert current_revision(engine) == "0011"
+    assert {(r["attempt"], r["attempt_id"]) for r in fetch_results(engine)} == {(1, None)}
+    store_run(engine, run_row(), [], night("B", DRIVER_B, 200.0))
+    assert {(r["attempt"], r["driver_version"]) for r in fetch_results(engine)} == {(2, DRIVER_B)}
+    assert [(r["attempt"], r["driver_version"]) for r in superseded(engine)] == [(1, DRIVER_A), (1, DRIVER_A)]
+    downgrade(engine, "0010")
+    assert "superseded_results" not in inspect(engine).get_table_names()
+    assert not {"attempt", "attempt_id"} & {c["name"] for c in inspect(engine).get_columns("benchmark_results")}
+    assert count(engine, benchmark_results) == 2
+    upgrade(engine)
+    assert {r["attempt"] for r in fetch_results(engine)} == {1}

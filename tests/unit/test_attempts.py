@@ -1,0 +1,140 @@
+"""Attempts on SQLite: the rule, a rerun adds an attempt, a retry replaces it, the migration."""
+
+from __future__ import annotations
+
+from attempts_contract import (
+    check_failed_rerun_keeps_the_previous_attempt,
+    check_migration_makes_stored_rows_attempt_1,
+    check_rerun_adds_attempts_and_a_retry_replaces,
+)
+from fleetbench.warehouse import get_engine
+from fleetbench.warehouse.attempts import attempt_id, current_attempt, decide, remeasure_reasons
+
+
+def engine_at(tmp_path):
+    return get_engine(f"sqlite:///{tmp_path}/w.db")
+
+
+def test_decide_numbers_attempts():
+    assert decide(None, 0, "x") == (1, False)  # first store
+    assert decide(None, 2, "x") == (3, False)  # planned again after its attempts were superseded
+    assert decide((1, "x"), 0, "x") == (1, False)  # the same outcome stored again: replaced in place
+    assert decide((1, "x"), 0, "y") == (2, True)  # a new execution
+    assert decide((1, None), 0, "x") == (2, True)  # migrated row (identity unknown): kept, the new one added
+    assert decide((2, "y"), 1, "z") == (3, True)
+
+
+def test_current_attempt_is_the_one_stored_last():
+    assert current_attempt([{"attempt": 1}, {"attempt": 3}, {"attempt": 2}]) == {"attempt": 3}
+    assert current_attempt([]) is None
+
+
+def test_attempt_id_follows_the_container_outcome():
+    outcome = {"container_name": "fb-1-h1-a", "started_at": "2026-12-01T02:00:05.123456+00:00",
+               "finished_at": "2026-12-01T02:01:05.5+00:00", "exit_code": 0}
+    same = attempt_id("h1", "a", {**outcome, "measurement": {"fields": {}}})  # re-read from the outcome file
+    assert attempt_id("h1", "a", outcome) == same
+    assert attempt_id("h1", "a", {**outcome, "started_at": "2026-12-02T02:00:05+00:00"}) != same
+    assert attempt_id("h2", "a", outcome) != same
+    not_run = attempt_id("h1", "a", None, ("2026-12-01T02:00:01", "2026-12-01T02:00:02", "skipped", "host_unfit"))
+    assert not_run == attempt_id("h1", "a", None, ("2026-12-01T02:00:01", "2026-12-01T02:00:02", "skipped",
+                                                    "host_unfit"))
+    assert not_run != attempt_id("h1", "a", None, ("2026-12-02T02:00:01", "2026-12-02T02:00:02", "skipped",
+                                                    "host_unfit"))
+
+
+def test_remeasure_reasons():
+    a = {"driver_version": "550.127.05", "image_digest": "sha256:1", "status": "ok"}
+    assert remeasure_reasons(a, {**a, "driver_version": "590.48.01"}) == ["driver 550.127.05 -> 590.48.01"]
+    assert remeasure_reasons(a, {**a, "image_digest": "sha256:2"}) == ["image changed"]
+    assert remeasure_reasons({**a, "status": "failed"}, a) == ["rerun of a failed result"]
+    assert remeasure_reasons(a, a) == ["rerun"]
+
+
+def test_rerun_adds_attempts_and_a_retry_replaces(tmp_path):
+    check_rerun_adds_attempts_and_a_retry_replaces(engine_at(tmp_path))
+
+
+def test_failed_rerun_keeps_the_previous_attempt(tmp_path, monkeypatch):
+    check_failed_rerun_keeps_the_previous_attempt(engine_at(tmp_path), monkeypatch)
+
+
+def test_migration_makes_stored_rows_attempt_1(tmp_path):
+    check_migration_makes_stored_rows_attempt_1(engine_at(tmp_path))
+
+
+def backfilled(engine) -> None:
+    """Three nights measured on driver A, then measured again on driver B (a backfill after the upgrade)."""
+    from fleetbench.warehouse import store_run, upgrade
+    from warehouse_rows import result_row, run_row, step_rows
+
+    upgrade(engine)
+    for attempt, driver, base in (("A", "550.127.05", 100.0), ("B", "590.48.01", 120.0)):
+        for n in (1, 2, 3):
+            day = f"2026-11-0{n}T00:00:00+00:00"
+            rows = [result_row(c, run_id=f"night{n}", ips=base + 10 * i + n, driver_version=driver, logical_date=day,
+                               attempt_id=f"{attempt}{n}{c}", started_at=f"2026-11-0{n}T0{n}:00:00+00:00")
+                    for i, c in enumerate(("a", "b"))]
+            steps = [s for c in ("a", "b") for s in step_rows(c, 3, run_id=f"night{n}", base=base)]
+            store_run(engine, {**run_row(f"night{n}"), "logical_date": day}, [], rows, steps)
+
+
+def test_cli_results_and_compare_across_attempts(tmp_path, monkeypatch, capsys):
+    from fleetbench.cli import main
+
+    url = f"sqlite:///{tmp_path}/w.db"
+    monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", url)
+    backfilled(get_engine(url))
+
+    assert main(["results", "--run-id", "night2", "--attempts"]) == 0
+    out = capsys.readouterr().out
+    assert "1 (superseded)" in out and "2 (current)" in out and "550.127.05" in out and "590.48.01" in out
+    assert "4 attempt(s) of 2 case(s): 2 current, 2 superseded" in out
+    assert main(["results", "--run-id", "night2"]) == 0  # current attempts only
+    assert "2 case(s): 2 ok" in capsys.readouterr().out
+
+    # The old driver's nights are superseded: a plain compare says where they are.
+    assert main(["compare", "--before", "550.127.05", "--after", "590.48.01"]) == 2
+    assert "add --attempts" in capsys.readouterr().err
+    assert main(["compare", "--before", "550.127.05", "--after", "590.48.01", "--attempts", "--format", "json"]) == 0
+    import json
+
+    rows = {r["case_key"]: r for r in json.loads(capsys.readouterr().out)}
+    assert set(rows) == {"a", "b"}
+    a = rows["a"]
+    assert (a["before_driver_version"], a["after_driver_version"], a["before_n"], a["after_n"]) == (
+        "550.127.05", "590.48.01", 3, 3)
+    assert (a["before_images_per_sec"], a["after_images_per_sec"]) == (102.0, 122.0)
+    assert rows["b"]["after_images_per_sec"] == 132.0 and a["delta_pct"] > 19
+    assert main(["compare", "--before", "550.127.05", "--after", "590.48.01", "--attempts"]) == 0
+    assert "2 case(s)" in capsys.readouterr().out
+
+
+def test_report_counts_current_attempts_and_marks_remeasured_nights(tmp_path):
+    from fleetbench.report import build_report, write_report
+
+    engine = engine_at(tmp_path)
+    backfilled(engine)
+    report = build_report(engine)
+    assert report["summary"]["results"] == 6 and report["summary"]["runs"] == 3  # not 12: current attempts only
+    assert [(r["run_id"], r["host"], r["superseded"], r["reasons"]) for r in report["remeasured"]] == [
+        (f"night{n}", "h1", 2, ["driver 550.127.05 -> 590.48.01"]) for n in (3, 2, 1)]
+    written = write_report(tmp_path / "report", engine=engine)
+    html = open(written["html"]).read()
+    assert "Re-measured nights" in html and "driver 550.127.05 -&gt; 590.48.01" in html
+
+
+def test_report_says_why_a_failed_night_was_measured_again(tmp_path):
+    from fleetbench.report import build_report
+    from fleetbench.warehouse import store_run, upgrade
+    from warehouse_rows import result_row, run_row
+
+    engine = engine_at(tmp_path)
+    upgrade(engine)
+    store_run(engine, run_row(), [], [result_row("a", status="failed", ips=None, attempt_id="1")])
+    store_run(engine, run_row(), [], [result_row("a", attempt_id="2", image_digest="sha256:" + "b" * 64)])
+    assert [r["reasons"] for r in build_report(engine)["remeasured"]] == [
+        ["image changed", "rerun of a failed result"]]
+    store_run(engine, run_row(), [], [result_row("b", attempt_id="3")])  # a no longer planned
+    assert build_report(engine)["remeasured"][0]["reasons"] == [
+        "image changed", "rerun of a failed result", "no longer planned"]
