@@ -50,3 +50,17 @@ def test_make_venv_and_the_image_install_with_it():
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert re.search(r"-r /opt/airflow/requirements\.txt \\\n\s+-c /opt/airflow/requirements\.lock", dockerfile)
     assert "COPY --chown=airflow:0 requirements.txt requirements.lock /opt/airflow/" in dockerfile
+
+
+def test_the_package_declares_what_it_imports_and_the_lock_satisfies_it():
+    """pyproject.toml's dependencies: each is a requirement of requirements.txt, and its locked version fits."""
+    import tomllib
+
+    declared = [Requirement(d) for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]]
+    assert {canonicalize_name(d.name) for d in declared} >= {"apache-airflow", "apache-airflow-providers-docker",
+                                                           "docker", "pandas", "sqlalchemy", "pydantic"}
+    runtime = {canonicalize_name(r.name) for r in requirements("requirements.txt")}
+    pins = lock()
+    for dep in declared:
+        assert canonicalize_name(dep.name) in runtime, f"{dep.name} is not in requirements.txt"
+        assert dep.specifier.contains(pins[canonicalize_name(dep.name)], prereleases=True), dep
