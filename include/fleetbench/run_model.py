@@ -77,10 +77,22 @@ class PlannedHost(_XcomEdge, HostSpec):
         return self.connection == "local"
 
 
+class MissingPlan(RuntimeError):
+    """A task that runs whatever happened upstream (collect, store, report) got no plan: `plan` failed."""
+
+
 class RunPlan(_Xcom):
     run: RunInfo
     hosts: list[PlannedHost]
     cases: list[Case]
+
+    @classmethod
+    def load(cls, value):
+        """As `_XcomEdge.load`, but a missing plan is an error that says so: every later step needs it."""
+        if value is None:
+            raise MissingPlan("this run has no plan: the `plan` task failed or did not run (see its log), so there "
+                              "is nothing to run, collect or store")
+        return super().load(value)
 
     def host(self, name: str) -> PlannedHost | None:
         """The host as planned for this run; None when the run has no case on it (e.g. a `hosts` parameter)."""

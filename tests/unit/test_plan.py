@@ -67,3 +67,24 @@ def test_a_valid_config_never_plans_the_same_case_twice():
                           ("variable_update", ["replicated", "replicated"])):
         with pytest.raises(ConfigError, match=f"benchmarks\\[0\\].{field}: must not repeat a value"):
             parse_config(config(**{field: values}))
+
+
+def test_steps_after_a_failed_plan_say_so(tmp_path, monkeypatch):
+    """collect and store run whatever happened upstream: without a plan (or rows) they fail naming the task."""
+    from fleetbench.airflow.pipeline import collect, store
+    from fleetbench.run_model import MissingPlan
+
+    monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", f"sqlite:///{tmp_path}/w.db")
+    with pytest.raises(MissingPlan, match="the `plan` task failed"):
+        collect(None, [], [], [])
+    with pytest.raises(MissingPlan, match="the `plan` task failed"):
+        store(None, {"rows": [], "steps": [], "metrics": [], "validations": []})
+    assert not (tmp_path / "w.db").exists()  # nothing written
+
+    from fleet_configs import write_config
+
+    from fleetbench.airflow.pipeline import make_plan
+
+    plan = make_plan({"dag_id": "fleet_benchmark", "run_id": "r1"}, str(write_config(tmp_path / "f.yaml", config())))
+    with pytest.raises(RuntimeError, match="`collect` did not finish"):
+        store(plan, None)

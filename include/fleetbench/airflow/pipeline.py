@@ -203,6 +203,9 @@ def store(plan, collected: dict) -> dict:
 
     plan = RunPlan.load(plan)
     run = plan.run
+    if not collected:
+        raise RuntimeError(f"run {run.run_id}: `collect` did not finish (see its log), so there are no rows to store; "
+                           "clear `collect` to collect and store the run again")
     # Derived metrics (training time, step spread, speedup, cost, energy) on every row before it is written.
     rows = derive(collected["rows"], collected["steps"], load_catalog_or_none(), MetricSettings.from_plan(plan))
     counts = {s: sum(1 for r in rows if r["status"] == s) for s in (OK, FAILED, SKIPPED)}
