@@ -82,7 +82,6 @@ def test_steps_after_a_failed_plan_say_so(tmp_path, monkeypatch):
     assert not (tmp_path / "w.db").exists()  # nothing written
 
     from fleet_configs import write_config
-
     from fleetbench.airflow.pipeline import make_plan
 
     plan = make_plan({"dag_id": "fleet_benchmark", "run_id": "r1"}, str(write_config(tmp_path / "f.yaml", config())))
