@@ -58,6 +58,33 @@ def wait_for_url(url: str, procs, timeout: float, logs) -> None:
     raise TimeoutError(f"{url} did not answer in {timeout} s:\n{logs()}")
 
 
+class LocalService:
+    """A context manager around one local server process (its own process group), its output in
+    `home/<log_name>`: `_start` launches it and waits until `ready_url` answers; leaving stops it."""
+
+    home: Path
+    log_name = "service.log"
+    proc: subprocess.Popen | None = None
+
+    def _start(self, argv: list[str], ready_url: str, timeout: float, env: dict | None = None):
+        log = open(self.home / self.log_name, "w")
+        self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_for_url(ready_url, [self.proc], timeout, self.log)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc:
+            stop_processes([self.proc])
+
+    def log(self) -> str:
+        path = self.home / self.log_name
+        return path.read_text()[-4000:] if path.exists() else ""
+
+
 class LocalAirflow:
     def __init__(self, home: Path, pg_url: str, env: dict[str, str] | None = None, parallelism: int = 8):
         self.home = home

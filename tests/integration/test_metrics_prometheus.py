@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from test_report_browser import ApiServer
 
-from airflow_cluster import free_port, stop_processes, wait_for_url
+from airflow_cluster import LocalService, free_port
 from browser.fleet_history import DAG, NIGHTS, run_id, store_history
 from browser.private_history import DAG as PRIVATE_DAG
 from browser.private_history import store_private_history
@@ -63,8 +63,10 @@ def warehouse(pg_url, binaries):
         engine.dispose()
 
 
-class Prometheus:
+class Prometheus(LocalService):
     """`prometheus` on 127.0.0.1:<free port>, its config and TSDB in `home`, scraping `target` every second."""
+
+    log_name = "prometheus.log"
 
     def __init__(self, home: Path, target: str, token_file: Path):
         self.home, self.port = home, free_port()
@@ -75,28 +77,11 @@ class Prometheus:
             {"job_name": "fleetbench", **job, "authorization": {"type": "Bearer", "credentials_file": str(token_file)}},
             {"job_name": "fleetbench_anonymous", **job}]}
         (home / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
-        self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> "Prometheus":
-        log = open(self.home / "prometheus.log", "w")
-        self.proc = subprocess.Popen(
-            [PROMETHEUS, f"--config.file={self.home / 'prometheus.yml'}", f"--storage.tsdb.path={self.home / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            wait_for_url(f"{self.base}/-/ready", [self.proc], 60, self.log)
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.proc:
-            stop_processes([self.proc])
-
-    def log(self) -> str:
-        path = self.home / "prometheus.log"
-        return path.read_text()[-4000:] if path.exists() else ""
+        return self._start([PROMETHEUS, f"--config.file={self.home / 'prometheus.yml'}",
+                            f"--storage.tsdb.path={self.home / 'data'}", f"--web.listen-address=127.0.0.1:{self.port}"],
+                           f"{self.base}/-/ready", 60)
 
     def query(self, promql: str) -> list[dict]:
         """An instant query through the HTTP API: [{"metric": labels, "value": float}]."""

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_cluster import free_port, stop_processes, wait_for_url
+from airflow_cluster import LocalService, free_port
 from browser.fleet_history import DAG as FLEET_DAG
 from browser.fleet_history import NEW_DRIVER, OLD_DRIVER, store_history
 from browser.private_history import DAG as PRIVATE_DAG
@@ -118,10 +118,12 @@ benchmark()
 """
 
 
-class ApiServer:
+class ApiServer(LocalService):
     """`airflow api-server` on 127.0.0.1 with this project's plugins folder, a SQLite metadata DB of its own
     and SimpleAuthManager in multi-team mode with the `USERS` (a real login: no all-admins shortcut); the DAGs
     of `TEAM_DAGS` serialized into the metadata DB, each in its team's bundle."""
+
+    log_name = "api-server.log"
 
     def __init__(self, home: Path, warehouse_url: str):
         self.home = home
@@ -145,7 +147,6 @@ class ApiServer:
             "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
             "FLEETBENCH_WAREHOUSE_URL": warehouse_url,
         }
-        self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> "ApiServer":
         self.home.mkdir(parents=True, exist_ok=True)
@@ -155,24 +156,8 @@ class ApiServer:
             (self.home / "bundles" / team / f"{dag_id}.py").write_text(DAG_FILE.format(dag_id=dag_id))
             self.cli("teams", "create", team)
         self.cli("dags", "reserialize")
-        log = open(self.home / "api-server.log", "w")
-        self.proc = subprocess.Popen([AIRFLOW, "api-server", "--host", "127.0.0.1", "--port", str(self.port),
-                                      "--workers", "1"], env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        try:
-            wait_for_url(f"{self.base}/api/v2/monitor/health", [self.proc], 180, self.log)
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.proc:
-            stop_processes([self.proc])
-
-    def log(self) -> str:
-        path = self.home / "api-server.log"
-        return path.read_text()[-4000:] if path.exists() else ""
+        return self._start([AIRFLOW, "api-server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"],
+                           f"{self.base}/api/v2/monitor/health", 180, env=self.env)
 
     def cli(self, *args: str) -> subprocess.CompletedProcess:
         proc = subprocess.run([AIRFLOW, *args], env=self.env, capture_output=True, text=True, timeout=300)
