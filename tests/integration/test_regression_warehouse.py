@@ -216,3 +216,23 @@ def test_compare_on_an_empty_warehouse_is_a_usage_error(tmp_path, monkeypatch, c
     assert main(["compare", "--before", OLD, "--after", NEW]) == 2
     err = capsys.readouterr().err
     assert "cannot read the warehouse" in err and "Traceback" not in err
+
+
+def test_a_drop_after_the_gpus_went_degraded_is_judged_against_the_healthy_nights(tmp_path):
+    """The host's GPU health is part of a baseline's segment: nights on degraded GPUs are not mixed into the
+    healthy baseline, and the finding says the health changed."""
+    engine = get_engine(f"sqlite:///{tmp_path}/w.db")
+    upgrade(engine)
+    for n in range(LAST + 1):
+        degraded = n >= CHANGE
+        ips = 1000.0 * (1 + NOISE[n] / 100) * (0.9 if degraded else 1.0)
+        row = result(n, "h1", "a", ips, 100_000 / ips, driver_version=OLD, image_digest=DIGEST,
+                     host_gpu_health="degraded" if degraded else "healthy")
+        run = {**run_row(night_id(n)), "logical_date": (NIGHT0 + timedelta(days=n)).isoformat()}
+        store_run(engine, run, [], [row], step_rows("a", 10, run_id=night_id(n), host="h1", base=ips - 5))
+    found = detect_for_run(engine, "fleet_benchmark", night_id(LAST))
+    drop = next(f for f in found if f["metric"] == "images_per_sec")
+    assert drop["kind"] == "regression" and drop["delta_pct"] == pytest.approx(-10, abs=1.5)
+    assert drop["changes"]["host_gpu_health"] == {"before": "healthy", "after": "degraded"}
+    assert drop["segment"]["host_gpu_health"] == "degraded"
+    engine.dispose()

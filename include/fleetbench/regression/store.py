@@ -50,7 +50,7 @@ class RunAssessment:
 # What the replay reads of a result (no telemetry: a year of them would not fit in memory).
 HISTORY_COLUMNS = ("dag_id", "run_id", "logical_date", "host", "case_key", "image_digest", "driver_version",
                    "cuda_driver_version", "gpu_model", "images_per_sec", "duration_s", "energy_source", "energy_j",
-                   "cost_usd", "step_cv", "step_count")
+                   "cost_usd", "step_cv", "step_count", "host_gpu_health")
 HOSTS_PER_READ = 50  # hosts whose history is read at once
 
 
@@ -62,8 +62,7 @@ def read_history(conn, dag_id: str, hosts: Sequence[str], case_keys: Sequence[st
 
     from fleetbench.warehouse.schema import benchmark_results as br
 
-    extra = [c for c in ("health_state",) if c in br.c]
-    cols = [br.c[c] for c in HISTORY_COLUMNS + tuple(extra)]
+    cols = [br.c[c] for c in HISTORY_COLUMNS]
     query = (select(*cols).where(br.c.dag_id == dag_id, br.c.status == "ok", br.c.host.in_(list(hosts)),
                                  br.c.case_key.in_(list(case_keys)), br.c.logical_date >= since,
                                  or_(br.c.logical_date < until, br.c.run_id == run_id))

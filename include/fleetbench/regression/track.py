@@ -52,9 +52,9 @@ import numpy as np
 from fleetbench.config import RegressionSettings
 from fleetbench.regression.detect import MAD_TO_SIGMA, mad, median
 
-# What can move a number: a night in another combination of these is another segment. health_state is
-# read when the result rows carry it (host health facts).
-SEGMENT_FIELDS = ("driver_version", "cuda_driver_version", "image_digest", "health_state")
+# What can move a number: a night in another combination of these is another segment. host_gpu_health is the
+# health state of the host's GPUs when the case ran (healthy, degraded, unfit; None where not checked).
+SEGMENT_FIELDS = ("driver_version", "cuda_driver_version", "image_digest", "host_gpu_health")
 SEGMENT_MIN_NIGHTS = 3  # the several nights' test needs a median of at least this many
 MEDIAN_SE = 1.2533  # sqrt(pi / 2): the standard error of a median of normal values, in sigma / sqrt(k)
 
