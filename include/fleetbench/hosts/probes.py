@@ -63,9 +63,10 @@ DCGM_TIMEOUT_S = {1: 300.0, 2: 1200.0, 3: 3600.0, 4: 7200.0}
 _TOOL_DIR = re.compile(r"^(/[A-Za-z0-9_.+-]{1,100}){1,20}/?$")
 # The kernel log's XID lines of the last N hours: journalctl -k (already limited to the window), else dmesg
 # (seconds since boot; the first line carries the uptime, so the window is applied when reading). A log that
-# cannot be read (no permission, no journal) says so and fails, so that it never reads as "no XID".
+# cannot be read (no permission, no journal) says so and fails, so that it never reads as "no XID". No `-q`:
+# it would hide journalctl's own "No journal files ..." / "not seeing messages" lines (and it exits 0 then).
 XID_SCRIPT = r"""h=$1
-if out=$(journalctl -k --since "-${h}h" --no-pager -q 2>&1); then
+if out=$(journalctl -k --since "-${h}h" --no-pager 2>&1); then
   case "$out" in
     *"insufficient permissions"*|*"No journal files"*|*"not seeing messages"*) ;;
     *) echo "# kernel log: journalctl -k --since -${h}h, window $((h * 3600)) s"
