@@ -83,11 +83,25 @@ def test_named_regexes_read_a_plain_log_and_the_configured_primary():
     assert measure_lines(lines(metric_line() + "\n"), settings).samples == []
 
 
+GROUP = "a repeated group"
+PAIR = "two repeats can match the same characters"
+
+
 @pytest.mark.parametrize("pattern, problem", [
-    (r"(a+)+$", "a repeat inside a repeat"),
-    (r"^(\w*\s?)*x", "a repeat inside a repeat"),
-    (r"((?:ab)*c)+", "a repeat inside a repeat"),
-    (r"(?:x|(y+))*z", "a repeat inside a repeat"),
+    (r"(a+)+$", GROUP),
+    (r"^(\w*\s?)*x", GROUP),
+    (r"((?:ab)*c)+", GROUP),
+    (r"(?:x|(y+))*z", GROUP),
+    # each of these took seconds on a line of a few dozen to a few hundred characters
+    (r"(?:a|a)*(b)", GROUP),
+    (r"(a|aa)*c", GROUP),
+    (r"(?>(a+)+b)", GROUP),
+    (r"x=.*.*.*(\d+)y", PAIR),
+    (r"(\d*)\d*\d*\d*y", PAIR),
+    (r".*(\d+)y", PAIR),
+    (r"x.*y.*(\d+)", PAIR),
+    (r"(\d+)(?:\.\d+)?\d+", PAIR),
+    (r"(a)\1", "backreferences are not allowed"),
     (r"rate ([0-9.]+", "does not compile"),
     (r"rate [0-9.]+", "must have exactly one capture group (the value), has 0"),
     (r"(\d+) of (\d+)", "must have exactly one capture group (the value), has 2"),
@@ -97,7 +111,8 @@ def test_bad_patterns_are_named(pattern, problem):
 
 
 @pytest.mark.parametrize("pattern", [r"throughput: ([0-9.]+) req/s", r"^\s*step \d+: (\d+(?:\.\d+)?) tok/s$",
-                                     r"(?:total|sum)=([-+0-9.eE]+)", r"(a{1,3})"])
+                                     r"(?:total|sum)=([-+0-9.eE]+)", r"(a{1,3})", r"(\d+)x",
+                                     r"loss=([0-9.]+), acc=[0-9.]+", r"[xy]+=(\d+)"])
 def test_good_patterns_pass(pattern):
     assert pattern_problem(pattern) is None and backtracking_problem(pattern) is None
 
@@ -263,8 +278,8 @@ def test_a_fleet_mixing_harnesses_plans_each_harness_own_cases():
     ({**NCCL, "device": "cpu", "num_gpus": [0]}, "benchmarks[0].device: harness nccl_tests runs on GPUs only"),
     ({**CNN, "image": "pt"}, "benchmarks[0].image: image 'pt' has no command, and harness tf_cnn_benchmarks needs one"),
     ({**CMD, "metrics": {"patterns": [{"metric": "x", "regex": r"(\d+)+ms", "unit": "ms"}]}},
-     r"benchmarks[0].metrics.patterns[0].regex: a repeat inside a repeat (e.g. (a+)+) can backtrack exponentially, "
-     r"got '(\\d+)+ms'"),
+     r"benchmarks[0].metrics.patterns[0].regex: a repeated group (e.g. (a+)+, (a|aa)*, (?:ab)*) can backtrack "
+     r"exponentially: repeat one character or class only, got '(\\d+)+ms'"),
     ({**CMD, "metrics": {"patterns": [{"metric": "x", "regex": "([0-9]+", "unit": "ms"}]}},
      "benchmarks[0].metrics.patterns[0].regex: does not compile: missing ), unterminated subpattern"),
     ({**CMD, "metrics": {"patterns": [{"metric": "x", "regex": "([0-9]+)", "unit": "parsecs"}]}},

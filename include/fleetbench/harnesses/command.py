@@ -20,44 +20,95 @@ if TYPE_CHECKING:
     from fleetbench.config import BenchmarkSpec
 
 MAX_PATTERN_CHARS = 500
-MATCH_CHARS = 4096  # a line is cut to this before any configured regex sees it
+MATCH_CHARS = 1024  # a line is cut to this before any configured regex sees it
 MAX_JSON_LINE_CHARS = 16 * 1024
 
 
+# Characters a single-character matcher is tested against when two of them are compared.
+_SAMPLE_CHARS = [chr(c) for c in range(256)] + ["\u00e9", "\u2003", "\u4e2d", "\u0663"]
+
+
 def backtracking_problem(pattern: str) -> str | None:
-    """Why a regex could take exponential time (a repeat inside a repeat, e.g. `(a+)+` or `(\\w*\\s?)*`), or
-    None. A static check of the parsed pattern: cheap, and it never runs the pattern."""
+    """Why a regex could take more than linear time per start position, or None. A static check of the parsed
+    pattern (cheap; it never runs the pattern against a log). Refused:
+
+    - a repeat (`+`, `*`, `{m,n}` with n > 1) of anything but one character or class, e.g. `(a+)+`,
+      `(a|aa)*`, `(?:ab)*`: exponential, or polynomial with overlapping alternatives;
+    - two repeats that can match the same characters with nothing between them that the first cannot match,
+      e.g. `.*.*`, `\d*\d*`, `.*(\d+)`, `x.*y.*(\d+)` (each such pair multiplies the work by the line's length);
+    - backreferences.
+
+    What passes is at most quadratic per line (search tries each start), and lines are cut to MATCH_CHARS.
+    """
+    import re._compiler as sre_compile
     import re._parser as sre_parse
     from re._constants import MAX_REPEAT, MAXREPEAT, MIN_REPEAT
 
-    repeats = {MAX_REPEAT, MIN_REPEAT}
+    parsed = sre_parse.parse(pattern)
     possessive = getattr(sre_parse, "POSSESSIVE_REPEAT", None)
+    atomic = getattr(sre_parse, "ATOMIC_GROUP", None)
+    repeats = {MAX_REPEAT, MIN_REPEAT, possessive} - {None}
+    single = {sre_parse.LITERAL, sre_parse.NOT_LITERAL, sre_parse.ANY, sre_parse.IN, sre_parse.CATEGORY}
+    cache: dict[int, frozenset] = {}
 
-    def walk(items, inside_repeat: bool) -> str | None:
+    def chars(item) -> frozenset:
+        """The sample characters one single-character matcher matches."""
+        key = id(item)
+        if key not in cache:
+            matcher = sre_compile.compile(sre_parse.SubPattern(parsed.state, [item]))
+            cache[key] = frozenset(c for c in _SAMPLE_CHARS if matcher.fullmatch(c))
+        return cache[key]
+
+    class Problem(Exception):
+        pass
+
+    def walk(items, pending: list[frozenset]) -> list[frozenset]:
+        """Walk a sequence; `pending`: the character sets of earlier repeats not yet closed by a character they
+        cannot match. Returns the sets still pending after the sequence."""
         for op, av in items:
             if op in repeats:
                 lo, hi, sub = av
-                unbounded = hi is MAXREPEAT or hi > 1
-                if inside_repeat and unbounded:
-                    return "a repeat inside a repeat (e.g. (a+)+) can backtrack exponentially"
-                found = walk(sub, inside_repeat or unbounded)
-            elif op == possessive:
-                continue
+                if hi is MAXREPEAT or hi > 1:
+                    if len(sub) != 1 or sub[0][0] not in single:
+                        raise Problem("a repeated group (e.g. (a+)+, (a|aa)*, (?:ab)*) can backtrack exponentially: "
+                                      "repeat one character or class only")
+                    mine = chars(sub[0])
+                    if any(mine & other for other in pending):
+                        raise Problem("two repeats can match the same characters with nothing between them that "
+                                      "separates them (e.g. .*.*, .*(\\d+)): put a character the first cannot "
+                                      "match between them")
+                    pending = pending + [mine]
+                elif lo == 0:  # optional: pending after it is either path's
+                    pending = _union(pending, walk(sub, pending))
+                else:
+                    pending = walk(sub, pending)
+            elif op in single:  # a mandatory character: it closes the repeats that cannot match it
+                mine = chars((op, av))
+                pending = [other for other in pending if mine <= other]
             elif op is sre_parse.SUBPATTERN:
-                found = walk(av[-1], inside_repeat)
+                pending = walk(av[-1], pending)
+            elif op is atomic:
+                pending = walk(av, pending)
             elif op is sre_parse.BRANCH:
-                found = next((f for f in (walk(b, inside_repeat) for b in av[1]) if f), None)
+                pending = _union(*(walk(branch, pending) for branch in av[1]))
             elif op in (sre_parse.ASSERT, sre_parse.ASSERT_NOT):
-                found = walk(av[1], inside_repeat)
-            elif op is sre_parse.GROUPREF_EXISTS:
-                found = next((f for f in (walk(b, inside_repeat) for b in av[1:] if b) if f), None)
-            else:
-                continue
-            if found:
-                return found
-        return None
+                walk(av[1], [])  # a lookaround matches on its own
+            elif op in (sre_parse.GROUPREF, sre_parse.GROUPREF_EXISTS):
+                raise Problem("backreferences are not allowed")
+        return pending
 
-    return walk(sre_parse.parse(pattern), False)
+    try:
+        walk(parsed, [])
+    except Problem as exc:
+        return str(exc)
+    return None
+
+
+def _union(*lists: list[frozenset]) -> list[frozenset]:
+    out: list[frozenset] = []
+    for sets in lists:
+        out += [s for s in sets if s not in out]
+    return out
 
 
 def pattern_problem(pattern: Any) -> str | None:

@@ -21,7 +21,8 @@ from typing import Iterable
 _PREFIX = re.compile(r"^\[\d+,\d+\]<(?:stdout|stderr)>:")
 _OOB = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d+)\s+(OK|FAILED)")
 _AVG = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*([-+0-9.eE]+)")
-_BINARY = re.compile(r"(?:Collective test starting:\s*|/|^Running:.*?)(\w+)_perf\b")
+# Bounded repeats only: a 64 KiB line of word characters must not make the search quadratic.
+_BINARY = re.compile(r"(?:Collective test starting:\s{0,16}|/|^Running:.{0,512}?)(\w{1,64})_perf\b")
 _NGPUS = re.compile(r"^#\s*nThread\s+(\d+)\s+nGpus\s+(\d+)")
 _CUDA = re.compile(r"Test CUDA failure|NCCL WARN Cuda failure|CUDA error|cudaError", re.IGNORECASE)
 _TEST_FAILURE = re.compile(r"Test (?:NCCL )?failure|Test CUDA failure")
