@@ -29,7 +29,7 @@ _SAMPLE_CHARS = [chr(c) for c in range(256)] + ["\u00e9", "\u2003", "\u4e2d", "\
 
 
 def backtracking_problem(pattern: str) -> str | None:
-    """Why a regex could take more than linear time per start position, or None. A static check of the parsed
+    r"""Why a regex could take more than linear time per start position, or None. A static check of the parsed
     pattern (cheap; it never runs the pattern against a log). Refused:
 
     - a repeat (`+`, `*`, `{m,n}` with n > 1) of anything but one character or class, e.g. `(a+)+`,
