@@ -530,7 +530,8 @@ def _harness_errors(bench: dict, path: str, image_commands: dict[str, Any]) -> l
 
     errors = [f"{path}.{axis}: harness {name} has no matrix axis {axis} (its axes: {', '.join(harness.axes)})"
               for axis in MATRIX_AXES if given(axis) and axis not in harness.axes]
-    errors += [f"{path}.{axis}: is required for harness {name}" for axis in harness.required if axis not in bench]
+    errors += [f"{path}.{axis}: is required for harness {name}" + (", got null" if axis in bench else "")
+               for axis in harness.required if bench.get(axis) is None]
     for field in ("command", "metrics", "nccl_tests_dir"):
         if given(field) and field not in harness.fields:
             errors.append(f"{path}.{field}: harness {name} does not use it (only {', '.join(harness.fields) or 'none'}"

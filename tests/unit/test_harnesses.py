@@ -274,6 +274,8 @@ def test_a_fleet_mixing_harnesses_plans_each_harness_own_cases():
     ({**CMD, "batch_sizes": [8]}, "benchmarks[0].batch_sizes: harness command has no matrix axis batch_sizes"),
     ({k: v for k, v in NCCL.items() if k != "collectives"},
      "benchmarks[0].collectives: is required for harness nccl_tests"),
+    ({**NCCL, "collectives": None}, "benchmarks[0].collectives: is required for harness nccl_tests, got null"),
+    ({**CNN, "models": None}, "benchmarks[0].models: is required for harness tf_cnn_benchmarks, got null"),
     ({**CNN, "metrics": {"json_lines": True}}, "benchmarks[0].metrics: harness tf_cnn_benchmarks does not use it"),
     ({**NCCL, "device": "cpu", "num_gpus": [0]}, "benchmarks[0].device: harness nccl_tests runs on GPUs only"),
     ({**CNN, "image": "pt"}, "benchmarks[0].image: image 'pt' has no command, and harness tf_cnn_benchmarks needs one"),
