@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_HARNESS = "tf_cnn_benchmarks"
 OOM_CLASSES = ("gpu_oom", "oom_killed")
+# The OOM that says the profiled memory ran out: the GPU's for a GPU case (a GPU case killed by the kernel
+# ran out of host or container memory, which says nothing of its GPU), the container's for a CPU case.
+PROFILED_OOM = {"gpu": "gpu_oom", "cpu": "oom_killed"}
 PREDICTED_OOM = "predicted_oom"
 MAD_TO_SIGMA = 1.4826
 SPREAD_SIGMAS = 3.0
@@ -179,6 +182,8 @@ def fit_profiles(rows: Iterable[Mapping[str, Any]], settings: Settings = Setting
         key = key_of(row)
         p = profiles.setdefault(key, Profile(key))
         if row.get("failure_class") in OOM_CLASSES:
+            if row.get("failure_class") != PROFILED_OOM.get(key[3]):
+                continue  # another memory ran out: no bound on this profile's
             cap = valid_mib(row.get("capacity_mib"))
             if cap is not None:
                 p.ooms[cap] = min(batch, p.ooms.get(cap, batch))

@@ -110,10 +110,23 @@ def test_failed_rows_other_than_oom_teach_nothing():
 
 
 # -- OOMs and misses -----------------------------------------------------------------------------------
+def test_an_oom_bounds_only_the_memory_that_ran_out():
+    """A GPU case the kernel killed ran out of host or container memory: no bound on its GPU's memory (it
+    would skip every batch from there on that GPU); a CPU case's container OOM is its profile's bound."""
+    killed = dict(status="failed", failure_class="oom_killed", capacity_mib=81920.0, capacity_note="fits: 9 MiB")
+    gpu = fit_profiles(line([8, 16, 32]) + [row(64, None, **killed)])[KEY]
+    assert gpu.ooms == {} and gpu.misses == [] and gpu.known_oom(64, 81920.0) is None
+    cpu_rows = [row(b, 100.0 + b, device="cpu") for b in (8, 16, 32)] + [
+        row(64, None, device="cpu", **{**killed, "capacity_mib": 256.0}),
+        row(128, None, device="cpu", status="failed", failure_class="gpu_oom", capacity_mib=256.0)]
+    cpu = fit_profiles(cpu_rows)[KEY[:3] + ("cpu",)]
+    assert cpu.ooms == {256.0: 64} and len(cpu.misses) == 1
+
+
 def test_smallest_oom_batch_per_memory_size_and_misses():
     rows = line([8, 16, 32]) + [
         row(128, None, status="failed", capacity_mib=16384.0),
-        row(64, None, status="failed", failure_class="oom_killed", capacity_mib=16384.0,
+        row(64, None, status="failed", capacity_mib=16384.0,
             capacity_note="fits: 3560 +- 20 MiB of 14746 MiB", predicted_mem_mib=3560.0, run_id="r9", host="h"),
         row(256, None, status="failed", capacity_mib=40960.0),
         row(32, None, status="failed"),  # capacity unknown: not a bound
@@ -121,7 +134,7 @@ def test_smallest_oom_batch_per_memory_size_and_misses():
     p = fit_profiles(rows)[KEY]
     assert p.ooms == {16384.0: 64, 40960.0: 256}
     assert [(m["run_id"], m["predicted_mem_mib"], m["failure_class"]) for m in p.misses] == [
-        ("r9", 3560.0, "oom_killed")]
+        ("r9", 3560.0, "gpu_oom")]
     assert p.known_oom(64, 16384.0) == (64, 16384.0) and p.known_oom(64, 8192.0) == (64, 16384.0)
     assert p.known_oom(63, 16384.0) is None and p.known_oom(64, 32768.0) is None
     # 16 GiB less 10 %: (14745.6 - spread - 1000) / 40 -> 343, but batch 64 died with 16 GiB.
