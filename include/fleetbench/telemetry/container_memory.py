@@ -60,6 +60,7 @@ class PeakMemory:
         self.peak: float | None = None
         self.source: str | None = None
         self._stop = threading.Event()
+        self._lock = threading.Lock()  # stop() reads on the caller's thread while the sampler may be noting
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"peak-memory-{cid[:12]}")
 
     def start(self) -> "PeakMemory":
@@ -77,8 +78,9 @@ class PeakMemory:
         return self.peak, self.source
 
     def _note(self, value: float | None, source: str) -> None:
-        if value is not None and (self.peak is None or value > self.peak):
-            self.peak, self.source = value, source
+        with self._lock:
+            if value is not None and (self.peak is None or value > self.peak):
+                self.peak, self.source = value, source
 
     def _cgroup_file(self) -> tuple[Path, str] | None:
         return next(((p, s) for p, s in cgroup_files(self.cid, self.root) if p.is_file()), None)
