@@ -67,7 +67,8 @@ LONGEST_CASE_S = max(b.timeout_s for b in CONFIG.benchmarks)
 # A host's probes (SSH, nvidia-smi, a GPU smoke container) and collecting a night's outcomes end well within
 # these; past them something hangs, and the task fails instead of holding the run (its cases become rows
 # with host_check_failed / the collect task's failure).
-VALIDATE_TIMEOUT = timedelta(minutes=15)
+VALIDATE_TIMEOUT = timedelta(minutes=15) + timedelta(  # plus the longest dcgmi diag a host's check runs
+    seconds=max((h.gpu_health.dcgm_timeout_s() for h in CONFIG.hosts), default=0.0))
 COLLECT_TIMEOUT = timedelta(minutes=30)
 # Up to this many hosts each lane is a task group (collapsible in the UI); a larger fleet gets the same
 # task ids (`host_<name>.run_case`) without groups, which parse ~10% faster at 1,000 hosts.

@@ -223,6 +223,10 @@ class FleetSettings(_Model):
         return value
 
 
+# dcgmi diag takes about a minute at -r 1, minutes at -r 2, tens of minutes at -r 3 and 4: its probe's timeout.
+DCGM_TIMEOUT_S = {1: 300.0, 2: 1200.0, 3: 3600.0, 4: 7200.0}
+
+
 class GpuHealthSpec(_Model):
     """GPU health thresholds of a host (README "GPU health"); fleetbench.hosts.health.HealthThresholds."""
 
@@ -237,6 +241,10 @@ class GpuHealthSpec(_Model):
     require_persistence: bool = True
     allow_mig: bool = False
     dcgm_diag_level: int | None = Field(None, ge=1, le=4)  # dcgmi diag -r N; None: not run
+
+    def dcgm_timeout_s(self) -> float:
+        """How long the host check's dcgmi diag may take (0 when it is not run)."""
+        return DCGM_TIMEOUT_S[self.dcgm_diag_level] if self.dcgm_diag_level else 0.0
 
     def thresholds(self):
         from fleetbench.hosts.health import HealthThresholds

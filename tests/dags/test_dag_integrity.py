@@ -112,6 +112,15 @@ def test_steps_that_could_hang_have_an_execution_timeout(no_services):
     assert dag.get_task("collect").execution_timeout.total_seconds() == 30 * 60
 
 
+def test_the_host_check_timeout_leaves_room_for_the_longest_dcgm_diag(tmp_path, monkeypatch, no_services):
+    cfg = {"hosts": [{"name": "a"}, {"name": "b", "gpu_health": {"dcgm_diag_level": 3}}],
+           "images": [{"name": "i", "ref": "127.0.0.1:5000/x:1", "command": ["python3"]}],
+           "benchmarks": [{"name": "b", "image": "i", "models": ["resnet50"], "batch_sizes": [32]}]}
+    monkeypatch.setenv("FLEETBENCH_CONFIG", str(write_config(tmp_path / "fleet.yaml", cfg)))
+    dag = load_bag().dags["fleet_benchmark"]
+    assert dag.get_task("validate_host").execution_timeout.total_seconds() == 15 * 60 + 3600
+
+
 def test_case_containers_have_a_bounded_engine_log():
     from fleetbench.airflow.operators import BenchmarkCaseOperator
 

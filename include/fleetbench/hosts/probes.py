@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
+from fleetbench.config import DCGM_TIMEOUT_S
+
 NVIDIA_SMI_QUERY = (
     "index,name,uuid,driver_version,memory.total,memory.used,power.limit,clocks.max.sm,pci.bus_id"
 )
@@ -58,8 +60,6 @@ TOPO_FILE = "nvidia-smi-topo-m.txt"
 XID_FILE = "kernel-xid.txt"
 DCGM_FILE = "dcgmi-diag.txt"
 HEALTH_TIMEOUT_S = 60.0
-# dcgmi diag takes about a minute at -r 1, minutes at -r 2, tens of minutes at -r 3 and 4.
-DCGM_TIMEOUT_S = {1: 300.0, 2: 1200.0, 3: 3600.0, 4: 7200.0}
 _TOOL_DIR = re.compile(r"^(/[A-Za-z0-9_.+-]{1,100}){1,20}/?$")
 # The kernel log's XID lines of the last N hours: journalctl -k (already limited to the window), else dmesg
 # (seconds since boot; the first line carries the uptime, so the window is applied when reading). A log that
