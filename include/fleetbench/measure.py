@@ -112,13 +112,17 @@ def measure(case: dict, outcome: dict) -> tuple[dict, list[dict]]:
             measured = harness.measure(outcome["log_path"], case.get("harness_settings") or {})
         except (ValueError, OSError):
             measured = None
-    primary = (measured.primary if measured is not None else None) or harness.primary[0] or None
+    planned = harness.primary_metric(case.get("harness_settings") or {})
+    primary = (measured.primary if measured is not None else None) or planned[0]
     status, failure_class, detail = classify(
         outcome, measured, text,
         "total images/sec" if harness.name == "tf_cnn_benchmarks" else f"metric {primary or '(any)'}")
     ok = measured is not None and status == OK
     sample = measured.primary_sample() if ok else None
-    unit, better = ((sample.unit, sample.better) if sample else harness.primary[1:]) if primary else (None, None)
+    if sample:
+        unit, better = sample.unit, sample.better
+    else:  # none measured: what the config says of the primary metric (nothing for one it does not name)
+        unit, better = planned[1:] if primary == planned[0] else (None, None)
     fields = {
         "status": status,
         "failure_class": failure_class,
@@ -228,9 +232,8 @@ def planned_metric(case) -> dict:
     """The primary metric a case of its harness reports (for the rows of cases that never measured)."""
     from fleetbench.harnesses import get as get_harness
 
-    metric, unit, better = get_harness(case.harness).primary
-    metric = metric or (case.harness_settings or {}).get("primary")
-    return {"metric": metric or None, "unit": unit or None, "better": better if metric else None}
+    metric, unit, better = get_harness(case.harness).primary_metric(case.harness_settings or {})
+    return {"metric": metric, "unit": unit, "better": better}
 
 
 def _gpu_health(verdict) -> str | None:

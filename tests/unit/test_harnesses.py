@@ -422,3 +422,20 @@ def test_torch_synthetic_reads_its_step_and_metric_lines():
         "images_per_sec": ("images/s", "higher"), "step_time_median": ("ms", "lower"), "final_loss": ("1", "lower")}
     cut = torch_measure(lines(text[:text.index("step 3")] + "step 3: 14"))  # killed mid-line, before its result
     assert (cut.step_count, cut.primary_sample()) == (2, None)
+
+
+def test_a_command_case_that_measured_nothing_keeps_its_primary_metrics_direction():
+    """Failed or never-run rows of a lower-is-better primary metric say lower, not the harness default."""
+    from types import SimpleNamespace
+
+    from fleetbench.harnesses import get as get_harness
+    from fleetbench.measure import planned_metric
+
+    settings = {"primary": "p99_latency", "json_lines": True,
+                "patterns": [{"metric": "p99_latency", "regex": r"p99: ([0-9.]+) ms", "unit": "ms", "better": None}]}
+    assert get_harness("command").primary_metric(settings) == ("p99_latency", "ms", "lower")
+    assert get_harness("command").primary_metric({"primary": "tok_s", "patterns": []}) == ("tok_s", None, None)
+    case = SimpleNamespace(harness="command", harness_settings=settings)
+    assert planned_metric(case) == {"metric": "p99_latency", "unit": "ms", "better": "lower"}
+    tf = SimpleNamespace(harness="tf_cnn_benchmarks", harness_settings={})
+    assert planned_metric(tf) == {"metric": "images_per_sec", "unit": "images/s", "better": "higher"}

@@ -168,6 +168,12 @@ class Harness:
         """The samples of a saved log (a regular file; OSError when it cannot be read)."""
         raise NotImplementedError
 
+    def primary_metric(self, settings: dict) -> tuple[str | None, str | None, str | None]:
+        """(metric, unit, better) of the primary metric a case is planned to report, as far as the config says
+        (for the rows of cases that measured none); None where it does not say."""
+        metric, unit, better = self.primary
+        return (metric or None, unit or None, better) if metric else (None, None, None)
+
     def check(self, bench: dict, path: str) -> list[str]:
         """Harness-specific config errors of a raw benchmark mapping, each `path.field: message`."""
         return []

@@ -14,7 +14,7 @@ import re
 from typing import TYPE_CHECKING, Any, Iterable
 
 from fleetbench.files import open_regular
-from fleetbench.harnesses.base import CasePoint, Harness, Measured, SampleSink
+from fleetbench.harnesses.base import CasePoint, Harness, Measured, SampleSink, default_better
 
 if TYPE_CHECKING:
     from fleetbench.config import BenchmarkSpec
@@ -145,6 +145,15 @@ class Command(Harness):
         if metrics is None:
             return {"json_lines": True, "primary": None, "patterns": []}
         return metrics.model_dump(mode="json")
+
+    def primary_metric(self, settings: dict) -> tuple[str | None, str | None, str | None]:
+        """`metrics.primary`, with the unit and direction of its named regex; a JSON metric line brings its own
+        (unknown until printed)."""
+        metric = settings.get("primary")
+        pattern = next((p for p in settings.get("patterns") or [] if p.get("metric") == metric), None)
+        if not metric or pattern is None:
+            return metric or None, None, None
+        return metric, pattern["unit"], pattern.get("better") or default_better(pattern["unit"])
 
     def check(self, bench: dict, path: str) -> list[str]:
         metrics = bench.get("metrics")
