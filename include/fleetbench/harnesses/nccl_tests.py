@@ -55,7 +55,7 @@ def measure_lines(lines: Iterable[tuple[str, bool]]) -> Measured:
     log = parse_nccl(lines)
     failure_class, detail = log.failure()
     measured = Measured(primary="avg_busbw", failure_class=failure_class, failure_detail=detail,
-                        step_count=len(log.rows))
+                        step_count=log.row_count)
     sink = SampleSink(measured)
     if log.avg_busbw is not None:
         sink.add("avg_busbw", log.avg_busbw, "GB/s", HIGHER)

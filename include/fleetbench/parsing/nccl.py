@@ -15,7 +15,7 @@ and the older one (no `root`, a float `error` column). Lines may carry an MPI la
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable
 
 _PREFIX = re.compile(r"^\[\d+,\d+\]<(?:stdout|stderr)>:")
@@ -41,7 +41,10 @@ class NcclRow:
 class NcclLog:
     collective: str | None = None
     n_gpus: int | None = None
-    rows: list[NcclRow] = field(default_factory=list)
+    # Only the count of table rows and the largest size's row are kept: a run cycled with -N repeats its
+    # table until its timeout, and a log of hundreds of MB must not become millions of objects.
+    row_count: int = 0
+    largest: NcclRow | None = None
     avg_busbw: float | None = None
     out_of_bounds: int | None = None
     oob_failed: bool = False
@@ -52,10 +55,6 @@ class NcclLog:
     test_failure: str | None = None
     aborted: str | None = None
     layout: str | None = None  # "wrong" (root, #wrong) or "error" (older)
-
-    @property
-    def largest(self) -> NcclRow | None:
-        return max(self.rows, key=lambda r: r.size) if self.rows else None
 
     def failure(self) -> tuple[str | None, str | None]:
         """(row failure class, detail) of what the log shows, or (None, None)."""
@@ -118,7 +117,9 @@ def parse_nccl(lines: Iterable[tuple[str, bool]]) -> NcclLog:
         if header is not None and complete and line[:1].isdigit():
             row = _row(header, line.split())
             if row is not None:
-                log.rows.append(row)
+                log.row_count += 1
+                if log.largest is None or row.size > log.largest.size:
+                    log.largest = row
                 log.wrong_cells += int((row.oop.get("wrong") or 0) + (row.ip.get("wrong") or 0))
     return log
 
