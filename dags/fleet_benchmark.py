@@ -122,12 +122,15 @@ with DAG(
         get_current_context()["host_name"] = host["name"]
         return pipeline.validate_host(host, the_plan["run"])
 
-    @task.short_circuit(retries=0, trigger_rule=TriggerRule.NONE_FAILED)  # no central host: validate_host is skipped
+    # A host whose check failed (its execution_timeout, a crash) costs its own cases only: the steps after the
+    # checks run whatever happened to them (ALL_DONE; a failed or skipped check has no verdict, and its host's
+    # cases are recorded as host_check_failed), so the other hosts are prepared and run.
+    @task.short_circuit(retries=0, trigger_rule=TriggerRule.ALL_DONE)
     def proceed(the_plan: dict, validations: list[dict]) -> bool:
         """A dry run ends here: plan and host verdicts logged, nothing pulled, run or stored."""
         return pipeline.proceed(the_plan, items(validations))
 
-    @task(map_index_template="{{ host_name }}")
+    @task(map_index_template="{{ host_name }}", trigger_rule=TriggerRule.ALL_DONE)
     def prepare_image(host: dict, validations: list[dict]) -> dict:
         get_current_context()["host_name"] = host["name"]
         return pipeline.prepare_host_images(host, items(validations))

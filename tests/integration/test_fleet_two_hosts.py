@@ -94,3 +94,30 @@ def test_ssh_host_runs_its_cases_while_the_unfit_local_host_is_skipped(airflow_d
     assert json.loads((folder / "probes.json").read_text())["runner"] == "ssh:fleet_ssh"
     assert (folder / "uname-r.txt").read_text().strip() == os.uname().release
     assert containers_of(docker_api, dag_run.run_id) == []
+
+
+def test_one_host_check_that_dies_does_not_take_the_other_hosts_with_it(airflow_db, data_dir, smoke_image, docker_api,
+                                                                        tmp_path, monkeypatch):
+    """A host's validate_host that fails (its execution_timeout, a crash) costs that host's cases only: the
+    other central hosts are prepared and run; the run fails, naming the task; every case has its row."""
+    from fleetbench.airflow import pipeline
+
+    checked = pipeline.validate_host
+
+    def validate(host, run):
+        if host["name"] == "wedged":
+            raise TimeoutError("a probe of wedged hung")
+        return checked(host, run)
+
+    monkeypatch.setattr(pipeline, "validate_host", validate)
+    cfg = smoke_config(smoke_image, models=("trivial",), batch_sizes=(8,), hosts=[
+        {"name": "localhost", "connection": "local"}, {"name": "wedged", "connection": "local"}])
+    dag_run = run_fleet_dag(monkeypatch, write_config(tmp_path / "fleet.yaml", cfg))
+    assert dag_run.state == "failed"
+    states = {(ti.task_id, ti.map_index): ti.state for ti in dag_run.get_task_instances()}
+    assert states[("host_localhost.run_case", 0)] == "success"
+    assert states[("store", -1)] == "success"
+    rows, _ = results_and_host_facts(dag_run.run_id)
+    assert (rows["localhost"]["status"], rows["localhost"]["failure_class"]) == ("ok", None)
+    assert (rows["wedged"]["status"], rows["wedged"]["failure_class"]) == ("failed", "host_check_failed")
+    assert containers_of(docker_api, dag_run.run_id) == []
