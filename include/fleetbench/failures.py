@@ -76,6 +76,10 @@ LOG_CLASSES = {"oom": "gpu_oom", "nccl": "nccl", "import_error": "import_error",
                "no_result": "no_result", "other_error": "other_error"}
 
 
+# The log classes that fail a case by themselves; the others (other_error, no_result) only explain an exit.
+FAILING_LOG_CLASSES = ("oom", "nccl", "import_error", "cuda_driver")
+
+
 def row_class(log_class: str | None) -> str | None:
     """A parser's failure class as the warehouse names it."""
     return LOG_CLASSES.get(log_class, log_class) if log_class else None

@@ -439,3 +439,22 @@ def test_a_command_case_that_measured_nothing_keeps_its_primary_metrics_directio
     assert planned_metric(case) == {"metric": "p99_latency", "unit": "ms", "better": "lower"}
     tf = SimpleNamespace(harness="tf_cnn_benchmarks", harness_settings={})
     assert planned_metric(tf) == {"metric": "images_per_sec", "unit": "images/s", "better": "higher"}
+
+
+def test_torch_synthetic_names_a_cuda_oom_as_gpu_oom():
+    """The failure vocabulary is shared: PyTorch's out-of-memory error is gpu_oom (capacity profiles learn from
+    it), as TensorFlow's ResourceExhausted is; a run without error text has no class of its own."""
+    from fleetbench.harnesses.torch_synthetic import measure_lines as torch_measure
+    from fleetbench.measure import classify
+
+    text = ("torch_synthetic: model resnet50, batch 512, precision fp32, channels_last False, compile False\n"
+            "Traceback (most recent call last):\n"
+            '  File "/opt/fleetbench/torch_synthetic.py", line 92, in <module>\n'
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+            "79.19 GiB of which 1.03 GiB is free.\n")
+    measured = torch_measure(lines(text))
+    assert measured.failure_class == "gpu_oom" and "CUDA out of memory" in measured.failure_detail
+    assert classify({"exit_code": 1}, measured, text)[:2] == ("failed", "gpu_oom")
+    quiet = torch_measure(lines("torch_synthetic: model resnet50\n"))
+    assert quiet.failure_class is None
+    assert classify({"exit_code": 1}, quiet, "")[:2] == ("failed", "nonzero_exit")

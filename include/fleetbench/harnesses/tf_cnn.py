@@ -4,15 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable
 
-from fleetbench.failures import row_class
+from fleetbench.failures import FAILING_LOG_CLASSES, row_class
 from fleetbench.harnesses.base import HIGHER, CasePoint, Harness, Measured, SampleSink
 
 if TYPE_CHECKING:
     from fleetbench.config import BenchmarkSpec
     from fleetbench.parsing import ParsedLog
 
-# The parser's classes that fail a case by themselves; the others (other_error, no_result) only explain an exit.
-_FAILING = ("oom", "nccl", "import_error", "cuda_driver")
 
 
 def case_key(bench: str, model: str, batch_size: int, num_gpus: int, variable_update: str) -> str:
@@ -22,7 +20,7 @@ def case_key(bench: str, model: str, batch_size: int, num_gpus: int, variable_up
 
 def from_parsed(parsed: "ParsedLog") -> Measured:
     """A tf_cnn_benchmarks (or Horovod synthetic) ParsedLog as metric samples."""
-    failing = parsed.failure_class in _FAILING
+    failing = parsed.failure_class in FAILING_LOG_CLASSES
     measured = Measured(primary="images_per_sec",
                         failure_class=row_class(parsed.failure_class) if failing else None,
                         failure_detail=parsed.failure_detail,

@@ -59,14 +59,18 @@ class TorchSynthetic(Harness):
 
 
 def measure_lines(lines: Iterable[tuple[str, bool]]) -> Measured:
+    from fleetbench.failures import FAILING_LOG_CLASSES, row_class
     from fleetbench.harnesses.command import measure_lines as metric_lines
+    from fleetbench.parsing.detect import failure_scanner
 
     steps: list[dict] = []
     count = 0
+    evidence = failure_scanner()  # a CUDA OOM, NCCL or import error names the failure (as for tf_cnn_benchmarks)
 
-    def tap(source):  # the step lines, on the way to the metric-line reader
+    def tap(source):  # the step lines and failure evidence, on the way to the metric-line reader
         nonlocal count
-        for line, complete in source:
+        for index, (line, complete) in enumerate(source):
+            evidence.feed(index, line.strip())
             found = _STEP.match(line.strip()) if complete and line.startswith("step ") else None
             if found:
                 count += 1
@@ -81,6 +85,9 @@ def measure_lines(lines: Iterable[tuple[str, bool]]) -> Measured:
 
     measured = metric_lines(tap(lines), {"json_lines": True, "primary": "images_per_sec", "patterns": []})
     measured.steps, measured.step_count = steps, count
+    log_class, detail = evidence.verdict()
+    if log_class in FAILING_LOG_CLASSES:
+        measured.failure_class, measured.failure_detail = row_class(log_class), detail
     sample = measured.primary_sample()
     measured.images_per_sec = sample.value if sample else None
     return measured

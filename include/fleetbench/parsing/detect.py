@@ -265,6 +265,11 @@ def classify_failure(lines: Iterable[LogLine], header_index: int | None) -> tupl
     return evidence.verdict()
 
 
+def failure_scanner(header_index: int | None = None) -> "_Evidence":
+    """``classify_failure`` one line at a time: ``.feed(index, text)`` each line, then ``.verdict()``."""
+    return _Evidence(header_index)
+
+
 def _classify_stream(parts: Iterable[tuple[int, Iterable[tuple[str, bool]]]],
                      header_index: int | None) -> tuple[str | None, str | None]:
     """``classify_failure`` over parts of a log, each ``(index of its first line, physical lines)``, numbered as
