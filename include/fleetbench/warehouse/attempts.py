@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, Iterable, Mapping, Sequence
 
 from sqlalchemy import and_, func, select
 
 from fleetbench.warehouse import bulk
+from fleetbench.warehouse.read import iso_timestamps
 from fleetbench.warehouse.schema import (
     ATTEMPT_KEY,
     RESULT_KEY,
@@ -228,35 +229,7 @@ def fetch_attempts(engine, run_id: str | None = None, dag_id: str | None = None)
         r.pop("id", None)
         rows.append({**r, "current": True, "steps_json": None, "metrics_json": None, "superseded_at": None,
                      "superseded_by": None, "superseded_why": None})
-    for row in rows:  # ISO timestamps, as fetch_results gives them
-        for k, v in row.items():
-            if isinstance(v, datetime):
-                row[k] = (v if v.tzinfo else v.replace(tzinfo=timezone.utc)).isoformat()
+    iso_timestamps(rows)  # as fetch_results gives them
     rows.sort(key=lambda r: (r["logical_date"] or "", r["dag_id"], r["run_id"], r["host"], r["case_key"],
                              r["attempt"] or 0))
     return rows
-
-
-def remeasured(engine, since=None, until=None, dag_id: str | None = None) -> list[dict]:
-    """Each (run, host, case) of the window measured more than once: its superseded attempts (oldest first),
-    the current attempt's number, and why it was measured again (each superseded attempt's reasons)."""
-    sr = superseded_results
-    with engine.connect() as conn:
-        past = [dict(r._mapping) for r in conn.execute(
-            attempts_query(sr, dag_id=dag_id, since=since, until=until).with_only_columns(
-                *[sr.c[k] for k in (*RESULT_KEY, "attempt", "logical_date", "superseded_by", "superseded_why")]))]
-    by_key: dict[tuple, list[dict]] = {}
-    for r in past:
-        by_key.setdefault(tuple(r[k] for k in RESULT_KEY), []).append(r)
-    out = []
-    for key, chain in sorted(by_key.items()):
-        chain.sort(key=lambda a: a["attempt"])
-        reasons = []
-        for a in chain:
-            for reason in (a["superseded_why"] or "").split("; "):
-                if reason and reason not in reasons:
-                    reasons.append(reason)
-        out.append({"dag_id": key[0], "run_id": key[1], "host": key[2], "case_key": key[3],
-                    "logical_date": chain[0]["logical_date"], "superseded": chain,
-                    "current": chain[-1]["superseded_by"], "reasons": reasons})
-    return out

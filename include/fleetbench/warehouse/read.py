@@ -25,6 +25,11 @@ def fetch_results(engine: Engine, run_id: str | None = None, dag_id: str | None 
         if conds:
             query = query.where(and_(*conds))
         rows = [dict(r._mapping) for r in conn.execute(query)]
+    return iso_timestamps(rows)
+
+
+def iso_timestamps(rows: list[dict]) -> list[dict]:
+    """The rows with every datetime as ISO text (a naive one, as SQLite gives them, taken as UTC); in place."""
     for row in rows:
         for k, v in row.items():
             if isinstance(v, datetime):
