@@ -254,7 +254,8 @@ def result_row(run, case, verdict, image: dict | None, fields: dict) -> dict:
         "batch_size_per_device": case.batch_size_per_device, "batch_size_global": case.batch_size_global,
         "num_gpus": case.num_gpus, "variable_update": case.variable_update, "device": case.device,
         "num_batches": case.num_batches, "image_name": case.image,
-        "image_ref": image.get("ref"), "image_digest": image.get("digest"),
+        # The registry digest; an image that only exists locally (no RepoDigest) is known by its image id.
+        "image_ref": image.get("ref"), "image_digest": image.get("digest") or image.get("image_id"),
         "driver_version": facts.driver_version if facts else None,
         "cuda_driver_version": facts.cuda_driver_version if facts else None,
         "gpu_model": facts.gpu_model if facts else None,
