@@ -43,10 +43,11 @@ test-services: services
 	@bash scripts/ensure-browser.sh
 	@bash scripts/ensure-prometheus.sh
 
-# The CPU smoke image (tf_cnn_benchmarks format) and the torch_synthetic CPU image (PyTorch from PyPI,
-# several GB the first time on a machine, then cached by its inputs).
+# The CPU smoke image (tf_cnn_benchmarks format), the torch_synthetic CPU image (PyTorch from PyPI, several
+# GB the first time on a machine) and the real TensorFlow 2.15.1 CPU image; cached by their inputs.
 images: smoke-image
 	@bash include/images/torch-cpu/build.sh
+	@bash include/images/tf-cpu/build.sh
 
 smoke-image: services
 	@bash include/images/cpu-smoke/build.sh
