@@ -253,10 +253,10 @@ def evaluate_health(facts: HostFacts, needs: HostNeeds) -> list[Check]:
     """The GPU health checks, when the health probes ran (folders without them give none)."""
     t = needs.health or HealthThresholds()
     if facts.gpu_health is None:
-        if "gpu_health" not in facts.unknown or facts.driver_state:
-            return []  # not captured, or the driver checks already say why nvidia-smi gave nothing
         # nvidia-smi -L alone still says which GPUs are in MIG mode
         mig = [check_mig([], t, needs, facts.gpu_list)] if facts.gpu_list else []
+        if "gpu_health" not in facts.unknown or facts.driver_state:
+            return mig  # not captured, or the driver checks already say why nvidia-smi gave nothing
         return [Check("gpu_health_probes", "unknown", f"GPU health unknown: {facts.unknown['gpu_health']}",
                       tuple({"gpu": None, "bus_id": None, "value": f"{name}: {why}", "threshold": "readable"}
                             for name, why in facts.probe_unreadable.items()))] + mig
