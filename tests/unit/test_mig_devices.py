@@ -215,3 +215,12 @@ def test_rows_say_the_mig_profile_or_why_the_case_was_skipped(tmp_path):
     # a case that can run gets to its task (no outcome here: the task did not report)
     ran, _ = case_fields(cases["cmd.g1.mig-1g.20gb"], v, {"ref": "x"}, None)
     assert ran["failure_class"] == "task_failed"
+
+
+def test_capacity_does_not_judge_a_mig_case_by_the_whole_gpus_memory():
+    from fleetbench.capacity import case_capacity
+
+    cases = cases_by_key(config(["1g.20gb"]))
+    assert case_capacity(cases["whole.g1"], {"a100": 81920.0}) == (81920.0, "GPU memory")
+    assert case_capacity(cases["cmd.g1.mig-1g.20gb"], {"a100": 81920.0}) == (
+        None, "the memory of a MIG 1g.20gb instance is not known to the plan")
