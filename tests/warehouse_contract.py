@@ -24,7 +24,7 @@ from fleetbench.warehouse import (
 from fleetbench.warehouse.schema import benchmark_results, host_facts, regressions, result_metrics, runs, steps
 from warehouse_rows import DERIVED, result_row, run_row, step_rows
 
-HEAD = "0011"  # 0011: attempts (superseded_results)
+HEAD = "0015"  # 0015: mig_profile, mig_instances (after 0011: attempts, superseded_results)
 NEW_RESULT_COLUMNS = set(DERIVED)  # the derived-metric columns revision 0003 adds
 REGRESSION_COLUMNS = {  # name: nullable, as the regression detector expects them
     "id": False, "dag_id": False, "run_id": False, "host": False, "case_key": False, "metric": False,
@@ -293,6 +293,39 @@ def check_migrate_to_capacity(engine):
     assert not CAPACITY_RESULT_COLUMNS & {c["name"] for c in insp.get_columns("benchmark_results")}
     assert count(engine, benchmark_results) == 3
     assert "oom" not in fetch_capacity_features(engine)[0]  # 0003's view again
+    upgrade(engine)
+    assert current_revision(engine) == HEAD
+
+
+MIG_COLUMNS = {"mig_profile", "mig_instances"}  # revision 0015
+
+
+def check_migrate_mig_columns(engine):
+    """0011 -> 0015: stored rows (whole GPUs) keep NULL MIG columns; a MIG row round-trips, and when a rerun
+    supersedes it, superseded_results keeps its MIG profile and instance count; down to 0011 keeps every row."""
+    from attempts_contract import superseded
+
+    upgrade(engine, "0011")
+    _insert(engine, "runs", [run_row("r1")])
+    _insert(engine, "benchmark_results", [result_row("a", attempt_id="A-a")])
+    upgrade(engine)
+    assert current_revision(engine) == HEAD
+    for table in ("benchmark_results", "superseded_results"):
+        assert MIG_COLUMNS <= {c["name"] for c in inspect(engine).get_columns(table)}, table
+    old = fetch_results(engine, run_id="r1")[0]
+    assert (old["mig_profile"], old["mig_instances"], old["images_per_sec"]) == (None, None, 100.0)
+    mig = result_row("cnn.g1.mig-1g.10gb", mig_profile="1g.10gb", mig_instances=1, attempt_id="A-m")
+    store_run(engine, run_row("r1"), [], [result_row("a", attempt_id="A-a"), mig], complete=False)
+    rows = {r["case_key"]: r for r in fetch_results(engine, run_id="r1")}
+    assert (rows["cnn.g1.mig-1g.10gb"]["mig_profile"], rows["cnn.g1.mig-1g.10gb"]["mig_instances"]) == ("1g.10gb", 1)
+    # a rerun of the MIG case (a new container outcome) supersedes it: the old attempt keeps its MIG columns
+    store_run(engine, run_row("r1"), [], [{**mig, "attempt_id": "B-m", "images_per_sec": 90.0}], complete=False)
+    assert [(r["case_key"], r["mig_profile"], r["mig_instances"]) for r in superseded(engine)] == [
+        ("cnn.g1.mig-1g.10gb", "1g.10gb", 1)]
+    downgrade(engine, "0011")
+    for table in ("benchmark_results", "superseded_results"):
+        assert not MIG_COLUMNS & {c["name"] for c in inspect(engine).get_columns(table)}, table
+    assert count(engine, benchmark_results) == 2
     upgrade(engine)
     assert current_revision(engine) == HEAD
 

@@ -219,6 +219,8 @@ def case_capacity(case, gpu_mib: Mapping[str, float | None]) -> tuple[float | No
     if case.device == "cpu":
         limit = mem_limit_mib((case.container or {}).get("mem_limit"))
         return (limit, "container limit") if limit else (None, "the case has no container memory limit")
+    if getattr(case, "mig_profile", None):  # a slice of a GPU: the host's GPU memory is not the case's
+        return None, f"the memory of a MIG {case.mig_profile} instance is not known to the plan"
     mem = gpu_mib.get(case.host)
     return (mem, "GPU memory") if mem else (None, f"the GPU memory of host {case.host} is not known yet")
 

@@ -58,6 +58,8 @@ def _cell(row: dict, column: str) -> str:
     value = row.get(column)
     if column == "status" and row.get("failure_class"):
         return f"{value} ({row['failure_class']})"
+    if column == "num_gpus" and row.get("mig_profile"):  # MIG instances, not whole GPUs
+        return f"{value}x MIG {row['mig_profile']}"
     if column == "images_per_sec":
         return "-" if value is None else f"{value:.2f}"
     if column == "duration_s":

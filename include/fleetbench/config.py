@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -45,6 +46,8 @@ MAX_FREE_GB = 1_000_000
 GB = 10**9  # the unit of every min_free_gb (hosts and images): gigabytes, as disks are sold; README says so
 MAX_BATCH_SIZE = 65536  # the trigger form's limit too (fleetbench.params)
 TimeoutS = Annotated[int, Field(gt=0, le=MAX_TIMEOUT_S)]
+# A MIG profile as `nvidia-smi -L` names it: 1g.10gb, 3g.40gb, 1g.10gb+me, or a compute-instance profile 1c.3g.20gb.
+MIG_PROFILE_PATTERN = r"^(?:[1-8]c\.)?[1-8]g\.[0-9]{1,4}gb(?:\+[a-z]{1,8}){0,3}$"
 
 # libyaml's loader where PyYAML was built with it (10x faster on a 1,000-host config), else the pure one;
 # the duplicate-key check below adds a few percent.
@@ -119,6 +122,16 @@ def _no_repeats(values: list) -> list:
 
 
 Unique = AfterValidator(_no_repeats)
+
+
+def _mig_profile(value: str) -> str:
+    if not re.match(MIG_PROFILE_PATTERN, value):
+        raise ValueError("not a MIG profile as nvidia-smi -L names it (e.g. 1g.10gb, 3g.40gb, 1g.10gb+me, "
+                         "1c.3g.20gb)")
+    return value
+
+
+MigProfile = Annotated[str, Field(max_length=40), AfterValidator(_mig_profile)]
 
 
 EMAIL_PATTERN = r"^[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*$"
@@ -454,6 +467,10 @@ class BenchmarkSpec(_Model):
     # CPU benchmarks (device: cpu) run under it too, without NVML: it counts the container's CPU time, what
     # their energy is estimated from when the host's RAPL counters cannot be read.
     telemetry_period_s: float = Field(0.5, ge=0, le=60)
+    # Run on MIG instances instead of whole GPUs (README "MIG instances"): each profile, as nvidia-smi -L names it
+    # (1g.10gb, 3g.40gb, ...), is a matrix axis; a case takes num_gpus instances of its profile, named by their
+    # MIG- UUIDs in the container's device request. None: whole GPUs, never a GPU in MIG mode.
+    mig_profiles: Annotated[list[MigProfile], Unique] | None = Field(None, min_length=1)
 
     def container_settings(self) -> ContainerSpec:
         if self.container is not None:
@@ -551,6 +568,8 @@ def _harness_errors(bench: dict, path: str, image_commands: dict[str, Any]) -> l
                       + (" (or give the benchmark a command)" if "command" in harness.fields else ""))
     if harness.gpu_only and bench.get("device") == "cpu":
         errors.append(f"{path}.device: harness {name} runs on GPUs only")
+    if bench.get("mig_profiles") and bench.get("device") == "cpu":
+        errors.append(f"{path}.mig_profiles: MIG instances are GPU devices; a device cpu benchmark cannot ask for them")
     return errors + harness.check(bench, path)
 
 

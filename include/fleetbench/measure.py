@@ -212,6 +212,8 @@ def case_fields(case, verdict, image: dict | None, outcome: dict | None) -> tupl
         fields = not_run(FAILED, "host_check_failed", "host validation did not finish")
     elif verdict.unfit:
         fields = not_run(SKIPPED, "host_unfit", f"host {case.host} is unfit: {verdict.reasons}")
+    elif (devices := _devices(case, verdict)).skipped:
+        fields = not_run(SKIPPED, devices.skip_class, devices.skip_detail)
     elif (getattr(case, "capacity", None) or {}).get("action") == "skip":
         fields = not_run(SKIPPED, "predicted_oom", case.capacity.get("note") or "predicted to run out of memory")
     elif (image or {}).get("failure_class"):
@@ -221,6 +223,13 @@ def case_fields(case, verdict, image: dict | None, outcome: dict | None) -> tupl
     else:
         return measure(case_of(case), outcome)
     return {**fields, **planned_metric(case)}, []
+
+
+def _devices(case, verdict):
+    """The case's devices on its host (fleetbench.hosts.devices): whole GPUs, MIG instances, or why neither."""
+    from fleetbench.hosts.devices import assign
+
+    return assign(case, verdict.host_facts)
 
 
 def case_of(case) -> dict:
@@ -253,6 +262,7 @@ def result_row(run, case, verdict, image: dict | None, fields: dict) -> dict:
         "model": case.model,
         "batch_size_per_device": case.batch_size_per_device, "batch_size_global": case.batch_size_global,
         "num_gpus": case.num_gpus, "variable_update": case.variable_update, "device": case.device,
+        "mig_profile": getattr(case, "mig_profile", None), "mig_instances": getattr(case, "mig_instances", None),
         "num_batches": case.num_batches, "image_name": case.image,
         # The registry digest; an image that only exists locally (no RepoDigest) is known by its image id.
         "image_ref": image.get("ref"), "image_digest": image.get("digest") or image.get("image_id"),

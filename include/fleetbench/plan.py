@@ -38,6 +38,12 @@ class Case:
     harness: str = "tf_cnn_benchmarks"  # fleetbench.harnesses
     harness_settings: dict = field(default_factory=dict, hash=False)  # what the harness's measure reads
     axes: dict = field(default_factory=dict, hash=False)  # the case's point in its benchmark's matrix
+    # The MIG profile whose instances the case runs on (num_gpus of them); None: whole GPUs (fleetbench.hosts.devices).
+    mig_profile: str | None = None
+
+    @property
+    def mig_instances(self) -> int | None:
+        return self.num_gpus if self.mig_profile else None
 
     @property
     def batch_size_global(self) -> int | None:
@@ -56,10 +62,15 @@ def case_key(bench: str, model: str, batch_size: int, num_gpus: int, variable_up
     return tf_cnn_case_key(bench, model, batch_size, num_gpus, variable_update)
 
 
+def mig_case_key(case_key: str, profile: str | None) -> str:
+    """A MIG case's key: its point's key and the profile (`...g1.mig-1g.10gb`); whole-GPU keys stay as they are."""
+    return f"{case_key}.mig-{profile.replace('+', '_')}" if profile else case_key
+
+
 def expand_cases(cfg: FleetConfig, hosts: Iterable[str] | None = None,
                  models: Iterable[str] | None = None) -> list[Case]:
-    """Every host x every point of each benchmark's matrix (its harness's axes), in config order.
-    `models` keeps only the cases of those models (harnesses without models are kept)."""
+    """Every host x every point of each benchmark's matrix (its harness's axes, and its `mig_profiles`), in config
+    order. `models` keeps only the cases of those models (harnesses without models are kept)."""
     from fleetbench.harnesses import get as get_harness
 
     only_hosts = set(hosts) if hosts is not None else None
@@ -76,14 +87,14 @@ def expand_cases(cfg: FleetConfig, hosts: Iterable[str] | None = None,
             harness = get_harness(bench.harness)
             container = bench.container_settings().model_dump(mode="json")
             settings = harness.settings(bench)
-            for point in points[bench.name]:
+            for point, profile in ((p, m) for p in points[bench.name] for m in bench.mig_profiles or [None]):
                 if only_models is not None and "models" in harness.axes and point.model not in only_models:
                     continue
                 env = harness.env(bench, point)
                 cases.append(
                     Case(
                         host=host.name,
-                        case_key=point.case_key,
+                        case_key=mig_case_key(point.case_key, profile),
                         benchmark=bench.name,
                         image=image.name,
                         model=point.model,
@@ -101,7 +112,8 @@ def expand_cases(cfg: FleetConfig, hosts: Iterable[str] | None = None,
                         telemetry_period_s=bench.telemetry_period_s,
                         harness=harness.name,
                         harness_settings=settings,
-                        axes=point.axes,
+                        axes={**point.axes, "mig_profile": profile} if profile else point.axes,
+                        mig_profile=profile,
                     )
                 )
     keys = [(c.host, c.case_key) for c in cases]
@@ -126,7 +138,12 @@ def build_plan(cfg: FleetConfig, run: dict, params: dict | None = None) -> "RunP
             continue
         images = [cfg.image(n) for n in sorted({c.image for c in host_cases})]
         cudas = [i.cuda for i in images if i.cuda]
-        needs = CaseNeeds(gpus=max(c.num_gpus for c in host_cases), image_cuda=max(cudas, key=_vkey) if cudas else None)
+        mig: dict[str, int] = {}
+        for c in host_cases:
+            if c.mig_profile:
+                mig[c.mig_profile] = max(mig.get(c.mig_profile, 0), c.num_gpus)
+        needs = CaseNeeds(gpus=max(c.num_gpus for c in host_cases), image_cuda=max(cudas, key=_vkey) if cudas else None,
+                          whole_gpus=max((c.num_gpus for c in host_cases if not c.mig_profile), default=0), mig=mig)
         hosts.append(PlannedHost(**dict(host), needs=needs, images=images))
     info = RunInfo(**run, fleet=cfg.fleet.name, config_digest=cfg.digest(),
                    started_at=datetime.now(timezone.utc).isoformat(),

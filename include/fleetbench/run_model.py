@@ -60,8 +60,10 @@ class RunInfo(_Xcom):
 class CaseNeeds(_Xcom):
     """What the host's cases of this run need from it (validate_host judges the host against it)."""
 
-    gpus: int = 0
+    gpus: int = 0  # the most devices a case asks for (whole GPUs or MIG instances)
     image_cuda: str | None = None
+    whole_gpus: int | None = None  # the most whole GPUs a case asks for; None: `gpus` (a plan without MIG cases)
+    mig: dict[str, int] = {}  # MIG profile -> the most instances of it a case asks for
 
 
 class PlannedHost(_XcomEdge, HostSpec):

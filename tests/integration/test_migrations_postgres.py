@@ -9,6 +9,7 @@ from warehouse_contract import (
     check_migrate_cpu_energy_columns,
     check_migrate_empty_database,
     check_migrate_from_previous_revision,
+    check_migrate_mig_columns,
     check_migrate_to_capacity,
 )
 
@@ -39,3 +40,7 @@ def test_migrate_filled_warehouse_to_metric_samples(pg_engine):
     from warehouse_contract import check_migrate_filled_warehouse_to_metrics
 
     check_migrate_filled_warehouse_to_metrics(pg_engine)
+
+
+def test_migrate_mig_columns_keeps_rows_and_downgrades(pg_engine):
+    check_migrate_mig_columns(pg_engine)

@@ -11,6 +11,7 @@ from warehouse_contract import (
     check_migrate_cpu_energy_columns,
     check_migrate_empty_database,
     check_migrate_from_previous_revision,
+    check_migrate_mig_columns,
     check_migrate_to_capacity,
 )
 
@@ -105,3 +106,7 @@ def test_migrate_filled_warehouse_to_metric_samples(tmp_path):
     from warehouse_contract import check_migrate_filled_warehouse_to_metrics
 
     check_migrate_filled_warehouse_to_metrics(engine_at(tmp_path))
+
+
+def test_migrate_mig_columns_keeps_rows_and_downgrades(tmp_path):
+    check_migrate_mig_columns(engine_at(tmp_path))

@@ -619,3 +619,27 @@ def test_dag_reports_after_compare_and_updates_the_warehouse_asset():
     assert task.trigger_rule == "all_done"  # a failed compare still gets a report of what is stored
     assert [(o.name, o.uri) for o in task.outlets] == [("fleetbench_warehouse", "x-fleetbench://warehouse/benchmark_results")]
     assert "report" in dag.get_task("outcome").upstream_task_ids  # a failed report fails the run
+
+
+def test_mig_rows_show_their_profile_and_skip_classes(engine, tmp_path):
+    """A case on MIG instances says its profile in the throughput table and the results CLI; cases that could not
+    have their devices count under their skip class."""
+    from fleetbench.cli import format_table
+    from fleetbench.warehouse import fetch_results, store_run, upgrade
+
+    upgrade(engine)
+    rows = [result_row("cmd.g1.mig-1g.20gb", host="a100", mig_profile="1g.20gb", mig_instances=1),
+            result_row("cmd.g1", host="a100", ips=90.0),
+            result_row("cmd.g1.mig-3g.40gb", host="a100", ips=None, status="skipped", failure_class="mig_unavailable",
+                       mig_profile="3g.40gb", mig_instances=1),
+            result_row("cmd.g4", host="a100", ips=None, status="skipped", failure_class="mig_enabled", num_gpus=4)]
+    store_run(engine, plain_run_row("r1"), [], rows)
+    _, page = written_page(tmp_path, engine)
+    shown = {r["case_key"][0]: r["mig_profile"][0] for r in page.tables["throughput-table"]}
+    assert shown == {"cmd.g1.mig-1g.20gb": "1g.20gb", "cmd.g1": "–"}
+    failures = {r["failure_class"][0]: r["count"][1] for r in page.tables["failures-table"]}
+    assert failures == {"mig_unavailable": 1, "mig_enabled": 1}
+    table = format_table(sorted(fetch_results(engine, run_id="r1"), key=lambda r: r["case_key"]))
+    assert [line.split()[3:5] for line in table.splitlines()[2:]] == [
+        ["1", "ok"], ["1x", "MIG"], ["1x", "MIG"], ["4", "skipped"]]
+    assert "1x MIG 3g.40gb  skipped (mig_unavailable)" in table

@@ -40,6 +40,7 @@ from fleetbench import capacity, runs, telemetry
 from fleetbench.airflow import pipeline
 from fleetbench.airflow.connections import docker_tls_files
 from fleetbench.engines import docker_api_client
+from fleetbench.hosts.devices import assign
 from fleetbench.run_model import CaseOutcome, HostImages, HostVerdict, Measurement, RunPlan, by_host
 from fleetbench.runs import log_path as case_log_path
 from fleetbench.runs import outcome_path
@@ -89,6 +90,9 @@ def case_kwargs(plan, validations: list, prepared: list, host: str | None = None
         img = images[case.host].ready(case.image) if case.host in images else None
         if v is None or v.unfit or img is None or capacity.skipped(case):
             continue
+        devices = assign(case, v.host_facts)
+        if devices.skipped:  # collect stores it skipped, with the reason (fleetbench.measure.case_fields)
+            continue
         out.append({
             "image": img["pinned_ref"],
             "command": case.command,
@@ -99,14 +103,24 @@ def case_kwargs(plan, validations: list, prepared: list, host: str | None = None
             "case": {"host": case.host, "case_key": case.case_key, "harness": case.harness,
                      "harness_settings": case.harness_settings},
             "num_gpus": case.num_gpus,
-            "gpu_device_ids": _device_ids(case, v),
+            "gpu_device_ids": list(devices.device_ids) if devices.device_ids else _device_ids(case, v),
             "timeout_s": case.timeout_s,
             "telemetry_period_s": case.telemetry_period_s,
             "log_dir": str(runs.case_log_dir(run.dag_id, run.run_id, case.host)),
-            "container": case.container,
+            "container": _with_visible_devices(case.container, devices),
         })
     log.info("%d case(s) can run%s", len(out), f" on {host}" if host else "")
     return out
+
+
+def _with_visible_devices(container: dict, devices) -> dict:
+    """A MIG case's container also gets NVIDIA_VISIBLE_DEVICES with its MIG UUIDs: what the NVIDIA runtime sets from
+    the device request, said explicitly, so an image's own `NVIDIA_VISIBLE_DEVICES=all` (NGC images have it) cannot
+    widen it where the runtime reads the environment (legacy mode, the runtime as Docker's default)."""
+    if not devices.mig_profile or not devices.device_ids:
+        return container
+    return {**container, "environment": {**(container.get("environment") or {}),
+                                         "NVIDIA_VISIBLE_DEVICES": ",".join(devices.device_ids)}}
 
 
 def _device_ids(case, verdict: HostVerdict) -> list[str] | None:

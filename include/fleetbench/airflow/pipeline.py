@@ -81,7 +81,7 @@ def validate_host(host, run) -> dict:
     host, run = PlannedHost.load(host), RunInfo.load(run)
     folder = runs.facts_dir(run.dag_id, run.run_id, host.name)
     needs = HostNeeds(gpus=host.needs.gpus, image_cuda=host.needs.image_cuda, min_free_bytes=int(host.min_free_gb * GB),
-                      health=host.gpu_health.thresholds())
+                      health=host.gpu_health.thresholds(), whole_gpus=host.needs.whole_gpus, mig=dict(host.needs.mig))
     smoke_image = (host.gpu_smoke_image or next((i.ref for i in host.images), None)) if needs.gpus else None
     health = (health_probes(host.gpu_health.xid_window_hours, host.gpu_health.dcgm_diag_level) if needs.gpus
               else ())

@@ -25,6 +25,7 @@ from fleetbench.files import NotRegularFile, open_regular
 from fleetbench.hosts import gpu_health
 from fleetbench.hosts.probes import (
     DCGM_FILE,
+    GPU_LIST_FILE,
     GPU_SMOKE_FILE,
     PROBES,
     PROBES_FILE,
@@ -88,7 +89,7 @@ _SMOKE_GPU = re.compile(r"^GPU (\d{1,4}): ([^\n]{1,200}?) \(UUID: (GPU-[0-9a-fA-
 _INT = re.compile(r"(?<!\d)-?\d{1,12}(?!\d)")
 _SMALL_INT = re.compile(r"\d{1,9}")
 _DF_KIB = re.compile(r"\d{1,18}")
-HEALTH_FILES = (SMI_XML_FILE, SMI_TEXT_FILE, TOPO_FILE, XID_FILE, DCGM_FILE)
+HEALTH_FILES = (SMI_XML_FILE, SMI_TEXT_FILE, TOPO_FILE, GPU_LIST_FILE, XID_FILE, DCGM_FILE)
 _KNOWN_FILES = {p.filename for p in PROBES} | {GPU_SMOKE_FILE, "docker-info.txt", PROBES_FILE, *HEALTH_FILES}
 _PERMISSION = re.compile(r"Operation not permitted|Permission denied|insufficient permissions|not seeing messages",
                          re.I)
@@ -128,6 +129,8 @@ class HostFacts:
     gpu_health_source: str | None = None  # the file it was read from: the XML, else the `-q` text
     cuda_not_found: bool = False  # nvidia-smi -q says "CUDA Version: Not Found" (no libcuda for the driver)
     topology: dict | None = None
+    # nvidia-smi -L: [{"index", "name", "uuid", "mig": [{"profile", "device", "uuid"}]}] (fleetbench.hosts.devices)
+    gpu_list: list[dict] | None = None
     xid: dict | None = None  # {"source", "window_s", "events"}
     dcgm_diag: dict | None = None  # {"dcgm_version", "layout", "tests"}
     probe_unreadable: dict[str, str] = field(default_factory=dict)  # file -> why its output could not be read
@@ -154,7 +157,7 @@ class HostFacts:
     def health(self) -> dict:
         """The GPU health facts, for the host-check JSON (`gpu_health`) and the warehouse."""
         return {"gpus": self.gpu_health, "source": self.gpu_health_source, "cuda_not_found": self.cuda_not_found,
-                "topology": self.topology, "xid": self.xid, "dcgm_diag": self.dcgm_diag,
+                "topology": self.topology, "gpu_list": self.gpu_list, "xid": self.xid, "dcgm_diag": self.dcgm_diag,
                 "probe_unreadable": self.probe_unreadable,
                 "unknown": {k: v for k, v in self.unknown.items() if k in HEALTH_FACTS}}
 
@@ -560,7 +563,7 @@ def _smoke_facts(src: _Folder, facts: HostFacts) -> None:
     facts.gpu_smoke, facts.gpu_smoke_detail = parse_gpu_smoke(text, failed)
 
 
-HEALTH_FACTS = ("gpu_health", "topology", "xid", "dcgm_diag")
+HEALTH_FACTS = ("gpu_health", "topology", "gpu_list", "xid", "dcgm_diag")
 
 
 def _health_output(src: _Folder, name: str, fact: str, parse) -> dict | None:
@@ -615,5 +618,9 @@ def _health_facts(src: _Folder, facts: HostFacts) -> None:
                 facts.gpu_health_source = f"{SMI_TEXT_FILE} ({SMI_XML_FILE}: {why})"
             break
     facts.topology = _health_output(src, TOPO_FILE, "topology", gpu_health.parse_topology)
+    facts.gpu_list = _health_output(src, GPU_LIST_FILE, "gpu_list", gpu_health.parse_gpu_list)
+    if facts.gpu_list and facts.gpus is None and not facts.driver_state:  # no other probe listed the GPUs
+        facts.gpus = [Gpu(g["index"], g["name"], g["uuid"], None) for g in facts.gpu_list]
+        facts.unknown.pop("gpus", None)
     facts.xid = _health_output(src, XID_FILE, "xid", gpu_health.parse_xid_log)
     facts.dcgm_diag = _health_output(src, DCGM_FILE, "dcgm_diag", gpu_health.parse_dcgm_diag)

@@ -1,5 +1,5 @@
-"""Parsers of the GPU health tools' outputs: `nvidia-smi -q -x` (and `-q` text), `nvidia-smi topo -m`, the
-kernel log's XID lines and `dcgmi diag`.
+"""Parsers of the GPU health tools' outputs: `nvidia-smi -q -x` (and `-q` text), `nvidia-smi -L` (the GPUs and
+their MIG devices), `nvidia-smi topo -m`, the kernel log's XID lines and `dcgmi diag`.
 
 Pure functions. A parser either returns plain data (dicts and lists, ready for JSON) or raises
 `Unreadable` with one line saying what is wrong with the output (truncated XML, an unknown layout,
@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
+
+from fleetbench.config import MIG_PROFILE_PATTERN
 
 #: Clock event (throttle) reasons, by the XML name without its `clocks_throttle_reason_` / `clocks_event_reason_`
 #: prefix; the `-q` text names map onto these.
@@ -32,6 +34,14 @@ _TOPO_LINK = re.compile(r"^(X|NV\d{1,3}|PIX|PXB|PHB|NODE|SYS|SOC)$")
 _DCGM_VERSION = re.compile(r"^(\d{1,3})\.")
 _DCGM_SECTION = re.compile(r"^[|+]-{2,}\s{1,4}(\w[\w ]{0,40}?)\s{1,4}-")
 DCGM_RESULTS = ("Pass", "Fail", "Skip", "Warn")
+#: A MIG profile as nvidia-smi names it: `1g.10gb`, `3g.40gb`, `1g.10gb+me`, a compute-instance profile
+#: `1c.3g.20gb` (R470 and later); fleetbench.config checks benchmarks' `mig_profiles` against it.
+MIG_PROFILE = re.compile(MIG_PROFILE_PATTERN)
+_LIST_GPU = re.compile(r"^\s{0,8}GPU (\d{1,4}): ([^\n]{1,200}?) \(UUID: (GPU-[0-9A-Za-z-]{1,80})\)\s*$")
+# `  MIG 1g.10gb     Device  0: (UUID: MIG-<uuid>)` (R470 and later); R450/R460 named a MIG device
+# `MIG-GPU-<gpu uuid>/<gpu instance>/<compute instance>`.
+_LIST_MIG = re.compile(r"^\s{1,16}MIG (\S{1,40})\s{1,16}Device\s{1,8}(\d{1,3}): "
+                       r"\(UUID: (MIG-[0-9A-Za-z/-]{1,100})\)\s*$")
 
 
 class Unreadable(ValueError):
@@ -269,6 +279,29 @@ def _text_gpu(index: int, bus_id: str, f: dict[tuple[str, ...], str]) -> dict:
         "default_power_limit_w": _number(get(power, "default power limit")),
         "temperature_c": _number(get("temperature", "gpu current temp")),
     }
+
+
+# -- nvidia-smi -L -------------------------------------------------------------------------------
+def parse_gpu_list(text: str) -> list[dict]:
+    """`nvidia-smi -L` -> [{"index", "name", "uuid", "mig": [{"profile", "device", "uuid"}]}], one per GPU line.
+
+    A GPU in MIG mode lists its MIG devices (GPU instance + compute instance) below it, each with its
+    profile and `MIG-` UUID: the names a container's device request takes. The `-q -x` output carries no
+    profile name and, on many drivers, no MIG UUID, so this listing is where both come from.
+    """
+    _check_text(text, "nvidia-smi -L")
+    gpus: list[dict] = []
+    for line in text.splitlines()[:10000]:
+        if m := _LIST_GPU.match(line):
+            gpus.append({"index": int(m.group(1)), "name": m.group(2).strip(), "uuid": m.group(3), "mig": []})
+        elif (m := _LIST_MIG.match(line)) and gpus:
+            profile = m.group(1)
+            if not MIG_PROFILE.match(profile):
+                raise Unreadable(f"nvidia-smi -L: MIG device with a profile this parser does not know: {profile!r}")
+            gpus[-1]["mig"].append({"profile": profile, "device": int(m.group(2)), "uuid": m.group(3)})
+    if not gpus:
+        raise Unreadable("nvidia-smi -L: no 'GPU N: NAME (UUID: GPU-...)' line: not a layout this parser knows")
+    return gpus
 
 
 # -- nvidia-smi topo -m ------------------------------------------------------------------------

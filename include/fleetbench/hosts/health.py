@@ -1,7 +1,8 @@
 """GPU health rules: named checks over the health facts (`gpu_health.py`), each with its evidence.
 
 unfit (fail): a row-remap failure or a pending remap, double-bit retired pages pending, an XID of the
-fatal list in the window, a DCGM diagnostic Fail, MIG enabled while the host's cases need whole GPUs.
+fatal list in the window, a DCGM diagnostic Fail, MIG enabled while the host's cases need whole GPUs (and none
+asks for MIG instances: then each case is given its devices or skipped, fleetbench.hosts.devices).
 degraded (warn): a PCIe link below its max generation or width, a HW slowdown / thermal / power-brake
 clock reason active at idle, a power limit below the default, persistence mode off, ECC disabled on a
 data-center GPU, correctable remapped rows accumulating. Every threshold is a field of
@@ -37,7 +38,9 @@ class HealthThresholds:
     min_power_limit_ratio: float = 1.0  # warn when the power limit is below this share of the default
     idle_clock_reasons: tuple[str, ...] = IDLE_CLOCK_REASONS
     require_persistence: bool = True
-    # MIG instances are usable devices only when the cases ask for them; else MIG on means no whole GPU.
+    # MIG instances are devices only for cases that ask for them (benchmarks' mig_profiles); MIG on means that GPU is
+    # no whole GPU. allow_mig: a host whose whole-GPU cases find too few GPUs without MIG is not unfit; those
+    # cases are skipped one by one (mig_enabled).
     allow_mig: bool = False
     dcgm_diag_level: int | None = None  # dcgmi diag -r N; None: not run (it takes minutes at 2 and more)
 
@@ -143,16 +146,37 @@ def check_dcgm(facts: HostFacts) -> Check | None:
                  f"{len(tests) - ran} skipped")
 
 
-def check_mig(gpus: list[dict], t: HealthThresholds) -> Check:
-    on = [_ev(g, {"mig_mode": "Enabled", "mig_devices": g.get("mig_devices", 0)}, "Disabled")
-          for g in gpus if g.get("mig_mode") == "Enabled"]
-    if on and not t.allow_mig:
-        return Check("gpu_mig", "fail", f"{_named(on)}: MIG enabled, but the cases need whole GPUs "
-                     "(disable MIG, or set gpu_health.allow_mig for cases that use MIG instances)", tuple(on))
-    if on:
-        return Check("gpu_mig", "pass", f"{_named(on)}: MIG enabled; allowed (MIG instances are the devices)",
+def check_mig(gpus: list[dict], t: HealthThresholds, needs: HostNeeds | None = None,
+              gpu_list: list[dict] | None = None) -> Check:
+    """MIG on a GPU takes it away from whole-GPU cases (its instances are devices only for cases that ask for them,
+    fleetbench.hosts.devices). Unfit when the host has fewer GPUs without MIG than its whole-GPU cases need and no
+    case asks for MIG instances (unless `allow_mig`); otherwise each case finds its devices, or is skipped."""
+    from fleetbench.hosts.devices import inventory, mig_gpus
+
+    mig = mig_gpus(gpus, gpu_list)
+    asks = (needs.mig if needs else {}) or {}
+    wants = ", ".join(f"{n}x {p}" for p, n in sorted(asks.items()))
+    if not mig:
+        return Check("gpu_mig", "pass", "MIG disabled or not supported on every GPU" + (
+            f"; the cases that ask for MIG instances ({wants}) are skipped (mig_unavailable)" if asks else ""))
+    by_index = {g.get("index"): g for g in gpus}
+    on = [_ev(by_index.get(i, {"index": i}), {"mig_mode": "Enabled", "mig_devices": len(devices) if gpu_list else
+                                               by_index.get(i, {}).get("mig_devices", 0)}, "Disabled")
+          for i, devices in mig.items()]
+    total = max(len(gpus), len(gpu_list or []))
+    whole, need = total - len(mig), needs.whole if needs else 1
+    what = f"{_named(on)}: MIG enabled ({inventory(mig)})"
+    if need > whole and not asks and not t.allow_mig:
+        return Check("gpu_mig", "fail", f"{what}, but the cases need {need} whole GPU(s) and {whole} GPU(s) run "
+                     "without MIG (disable MIG, or give the benchmarks mig_profiles to run on its instances)",
                      tuple(on))
-    return Check("gpu_mig", "pass", "MIG disabled or not supported on every GPU")
+    if need > whole:
+        rest = f"whole-GPU cases that need more than {whole} GPU(s) are skipped (mig_enabled)"
+    elif need:
+        rest = f"whole-GPU cases run on the {whole} GPU(s) without MIG"
+    else:
+        rest = "the cases run on MIG instances"
+    return Check("gpu_mig", "pass", f"{what}; {rest}" + (f"; MIG cases ask for {wants}" if asks else ""), tuple(on))
 
 
 def check_pcie(gpus: list[dict]) -> Check:
@@ -229,14 +253,17 @@ def evaluate_health(facts: HostFacts, needs: HostNeeds) -> list[Check]:
     """The GPU health checks, when the health probes ran (folders without them give none)."""
     t = needs.health or HealthThresholds()
     if facts.gpu_health is None:
+        # nvidia-smi -L alone still says which GPUs are in MIG mode
+        mig = [check_mig([], t, needs, facts.gpu_list)] if facts.gpu_list else []
         if "gpu_health" not in facts.unknown or facts.driver_state:
-            return []  # not captured, or the driver checks already say why nvidia-smi gave nothing
+            return mig  # not captured, or the driver checks already say why nvidia-smi gave nothing
         return [Check("gpu_health_probes", "unknown", f"GPU health unknown: {facts.unknown['gpu_health']}",
                       tuple({"gpu": None, "bus_id": None, "value": f"{name}: {why}", "threshold": "readable"}
-                            for name, why in facts.probe_unreadable.items()))]
+                            for name, why in facts.probe_unreadable.items()))] + mig
     gpus = facts.gpu_health
     checks = [check_remapped_rows(gpus), check_retired_pages(gpus), check_xid(facts, gpus, t), check_dcgm(facts),
-              check_mig(gpus, t), check_pcie(gpus), check_clock_events(gpus, t), check_power_limit(gpus, t),
+              check_mig(gpus, t, needs, facts.gpu_list), check_pcie(gpus), check_clock_events(gpus, t),
+              check_power_limit(gpus, t),
               check_persistence(gpus, t), check_ecc_mode(gpus), check_correctable_remaps(gpus, t)]
     return [c for c in checks if c is not None]
 

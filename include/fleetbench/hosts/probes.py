@@ -53,10 +53,12 @@ PROBES: tuple[Probe, ...] = (
 
 
 # GPU health (only when the host's cases need GPUs): nvidia-smi's full query (XML, and text as a fallback),
-# the topology matrix, the kernel log's XID lines and, when configured, a DCGM diagnostic.
+# the topology matrix, the GPU list with its MIG devices (`nvidia-smi -L`), the kernel log's XID lines and,
+# when configured, a DCGM diagnostic.
 SMI_XML_FILE = "nvidia-smi-q.xml"
 SMI_TEXT_FILE = "nvidia-smi-q.txt"
 TOPO_FILE = "nvidia-smi-topo-m.txt"
+GPU_LIST_FILE = "nvidia-smi-L.txt"  # the GPUs and their MIG devices (profile, MIG- UUID)
 XID_FILE = "kernel-xid.txt"
 DCGM_FILE = "dcgmi-diag.txt"
 HEALTH_TIMEOUT_S = 60.0
@@ -96,7 +98,8 @@ def health_probes(xid_window_hours: int = 24, dcgm_level: int | None = None) -> 
     probes = [Probe(SMI_XML_FILE, ("nvidia-smi", "-q", "-x"), timeout_s=HEALTH_TIMEOUT_S),
               Probe(SMI_TEXT_FILE, ("nvidia-smi", "-q"), timeout_s=HEALTH_TIMEOUT_S),
               Probe(TOPO_FILE, ("nvidia-smi", "topo", "-m"), timeout_s=HEALTH_TIMEOUT_S),
-              Probe(XID_FILE, ("sh", "-c", XID_SCRIPT, "xid", str(xid_window_hours)), timeout_s=HEALTH_TIMEOUT_S)]
+              Probe(XID_FILE, ("sh", "-c", XID_SCRIPT, "xid", str(xid_window_hours)), timeout_s=HEALTH_TIMEOUT_S),
+              Probe(GPU_LIST_FILE, ("nvidia-smi", "-L"), timeout_s=HEALTH_TIMEOUT_S)]
     if dcgm_level is not None:
         if dcgm_level not in DCGM_TIMEOUT_S:
             raise ValueError(f"dcgmi diag level must be 1 to 4, got {dcgm_level!r}")

@@ -7,7 +7,7 @@ CPU-only host without a driver is ready.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from fleetbench.hosts import facts as F
@@ -54,10 +54,16 @@ class Check:
 
 @dataclass(frozen=True)
 class HostNeeds:
-    gpus: int = 0
+    gpus: int = 0  # the most devices a case asks for: whole GPUs or MIG instances (0: CPU cases only)
     image_cuda: str | None = None
     min_free_bytes: int = 2 * GB
     health: Any = None  # fleetbench.hosts.health.HealthThresholds; None: the defaults
+    whole_gpus: int | None = None  # the most whole GPUs a case asks for; None: `gpus` (no MIG case)
+    mig: dict = field(default_factory=dict)  # MIG profile -> the most instances of it a case asks for
+
+    @property
+    def whole(self) -> int:
+        return self.gpus if self.whole_gpus is None else self.whole_gpus
 
 
 def version_tuple(text: str | None) -> tuple[int, ...] | None:
@@ -209,12 +215,15 @@ def check_gpu_smoke(facts: HostFacts) -> Check:
 
 
 def check_gpu_count(facts: HostFacts, needs: HostNeeds) -> Check:
+    """Enough GPUs for the whole-GPU cases (MIG cases need one GPU at least; their instances are checked per case,
+    fleetbench.hosts.devices)."""
+    want = max(needs.whole, 1 if needs.mig else 0)
     if facts.gpus is None:
-        return Check("gpu_count", "unknown", f"GPU list unknown; cases need {needs.gpus}")
+        return Check("gpu_count", "unknown", f"GPU list unknown; cases need {want}")
     have = len(facts.gpus)
-    if have >= needs.gpus:
-        return Check("gpu_count", "pass", f"{have} GPU(s): {facts.gpu_model}; cases need {needs.gpus}")
-    return Check("gpu_count", "fail", f"{have} GPU(s), cases need {needs.gpus}")
+    if have >= want:
+        return Check("gpu_count", "pass", f"{have} GPU(s): {facts.gpu_model}; cases need {want}")
+    return Check("gpu_count", "fail", f"{have} GPU(s), cases need {want}")
 
 
 def evaluate(facts: HostFacts, needs: HostNeeds) -> list[Check]:

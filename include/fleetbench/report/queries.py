@@ -352,7 +352,7 @@ def host_throughput(conn, f: Filters) -> list[dict]:
     """One series per (host, case) from the results (bounded: one host's, or few in all)."""
     rows = conn.execute(select(
         br.c.model, br.c.host, br.c.case_key, br.c.num_gpus, br.c.batch_size_per_device, br.c.dag_id, br.c.run_id,
-        br.c.logical_date, br.c.images_per_sec, br.c.driver_version,
+        br.c.logical_date, br.c.images_per_sec, br.c.driver_version, br.c.mig_profile,
     ).where(*_scope(f), br.c.status == "ok", br.c.images_per_sec.is_not(None))
         .order_by(br.c.model, br.c.host, br.c.case_key, br.c.logical_date, br.c.run_id)).all()
     series: dict[tuple, dict] = {}
@@ -361,7 +361,8 @@ def host_throughput(conn, f: Filters) -> list[dict]:
             continue
         s = series.setdefault((r.model, r.host, r.case_key), {
             "model": r.model, "host": r.host, "case_key": r.case_key, "gpu": None, "num_gpus": r.num_gpus,
-            "batch_size_per_device": r.batch_size_per_device, "label": f"{r.host} · {r.case_key}", "points": []})
+            "mig_profile": r.mig_profile, "batch_size_per_device": r.batch_size_per_device,
+            "label": f"{r.host} · {r.case_key}", "points": []})
         s["points"].append({"logical_date": _iso(r.logical_date), "run_id": r.run_id, "dag_id": r.dag_id,
                             "images_per_sec": float(r.images_per_sec), "driver_version": r.driver_version})
     out = _finish(list(series.values()))

@@ -274,7 +274,8 @@ def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str,
         parts.append(_plots(charts, "throughput-", png))
         parts.append(table("throughput-table", [
             ("model", "model", "text"), ("host", "host", "text"), ("case", "case_key", "text"),
-            ("GPUs", "num_gpus", "int"), ("batch/GPU", "batch_size_per_device", "int"), ("nights", "n", "int"),
+            ("GPUs", "num_gpus", "int"), ("MIG profile", "mig_profile", "text"),
+            ("batch/GPU", "batch_size_per_device", "int"), ("nights", "n", "int"),
             ("latest images/sec", "latest", "num"), ("previous", "previous", "num"), ("change", "change_pct", "pct"),
             ("min", "min", "num"), ("max", "max", "num"), ("driver", "latest_driver", "text"),
             ("latest night", "latest_date", "date"), ("GPU health", "gpu_health", "text")],
