@@ -24,7 +24,7 @@ from fleetbench.warehouse import (
 from fleetbench.warehouse.schema import benchmark_results, host_facts, regressions, result_metrics, runs, steps
 from warehouse_rows import DERIVED, result_row, run_row, step_rows
 
-HEAD = "0015"  # 0015: mig_profile, mig_instances (after 0011: attempts, superseded_results)
+HEAD = "0012"  # 0012: mig_profile, mig_instances (after 0011: attempts, superseded_results)
 NEW_RESULT_COLUMNS = set(DERIVED)  # the derived-metric columns revision 0003 adds
 REGRESSION_COLUMNS = {  # name: nullable, as the regression detector expects them
     "id": False, "dag_id": False, "run_id": False, "host": False, "case_key": False, "metric": False,
@@ -297,11 +297,11 @@ def check_migrate_to_capacity(engine):
     assert current_revision(engine) == HEAD
 
 
-MIG_COLUMNS = {"mig_profile", "mig_instances"}  # revision 0015
+MIG_COLUMNS = {"mig_profile", "mig_instances"}  # revision 0012
 
 
 def check_migrate_mig_columns(engine):
-    """0011 -> 0015: stored rows (whole GPUs) keep NULL MIG columns; a MIG row round-trips, and when a rerun
+    """0011 -> 0012: stored rows (whole GPUs) keep NULL MIG columns; a MIG row round-trips, and when a rerun
     supersedes it, superseded_results keeps its MIG profile and instance count; down to 0011 keeps every row."""
     from attempts_contract import superseded
 

@@ -149,7 +149,7 @@ benchmark_results = Table(
     # (1, 2, ... in the order they were stored) and the identity of its container outcome.
     Column("attempt", Integer, nullable=False, server_default="1"),
     Column("attempt_id", String(64)),
-    # The MIG profile the case ran on and how many of its instances (revision 0015, fleetbench.hosts.devices);
+    # The MIG profile the case ran on and how many of its instances (revision 0012, fleetbench.hosts.devices);
     # NULL for whole-GPU and CPU cases.
     Column("mig_profile", String(40)),
     Column("mig_instances", Integer),

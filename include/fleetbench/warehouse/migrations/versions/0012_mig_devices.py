@@ -4,7 +4,7 @@
 Existing rows ran on whole GPUs (or none): both stay NULL. Columns are added in place (ALTER TABLE ... ADD
 COLUMN on both databases), so SQLite does not rebuild the tables and the capacity_features view stays.
 
-Revision ID: 0015
+Revision ID: 0012
 Revises: 0011
 Create Date: 2026-12-03
 """
@@ -12,7 +12,7 @@ Create Date: 2026-12-03
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0015"
+revision = "0012"
 down_revision = "0011"
 branch_labels = None
 depends_on = None
