@@ -12,6 +12,7 @@ the REST API.
 from __future__ import annotations
 
 import secrets
+import urllib.request
 import uuid
 
 import pytest
@@ -49,6 +50,8 @@ def test_edge_workers_run_each_host_on_its_own_queue_over_https(tmp_path, pg_url
                          tls=make_tls_material(tmp_path / "tls"), env=central,
                          worker_env={"central": central, "gpu-b": gpu}) as airflow:
             assert airflow.base_url.startswith("https://")
+            with pytest.raises(OSError):  # plain HTTP gets no answer: the api-server speaks TLS only
+                urllib.request.urlopen(f"http://127.0.0.1:{airflow.port}/api/v2/monitor/health", timeout=10)
             registered = {w["worker_name"]: w["queues"] for w in airflow.edge_workers()}
             assert registered == {"central": ["default"], "gpu-b": [OWN_QUEUE]}
             assert len(airflow.processes_left()) >= 5  # api-server, scheduler, dag-processor, two workers
