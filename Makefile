@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: help run ui test test-unit lint bench venv services test-services images smoke-image airflow-init clean fleet-celery
+.PHONY: help run ui test test-unit lint bench venv services test-services images smoke-image airflow-init clean fleet-celery fleet-edge
 
 help:
 	@echo "make run    - run fleet_benchmark once on the embedded default (local Docker, CPU smoke image) and print results"
@@ -14,6 +14,7 @@ help:
 	@echo "make lint   - check the Python code with ruff (pyflakes, pycodestyle, import order)"
 	@echo "make bench  - measure fleetbench itself"
 	@echo "make fleet-celery - the CeleryExecutor deployment as local processes (two workers, REST API)"
+	@echo "make fleet-edge   - the EdgeExecutor deployment as local processes (two edge workers, HTTPS only)"
 	@echo "make clean  - remove .venv, .airflow and .data"
 
 # requirements.lock pins every package to the set requirements.txt resolved to (Airflow's constraints file
@@ -63,6 +64,11 @@ ui: venv images
 # two Celery workers on different queues as local processes; fleet_benchmark triggered over the REST API.
 fleet-celery: venv images test-services
 	@bash scripts/test.sh -q tests/integration/test_celery_fleet.py tests/unit/test_compose_file.py
+
+# GPU hosts that reach only the api-server over HTTPS: api-server (HTTPS), scheduler and dag-processor with
+# the EdgeExecutor, and two edge workers on different queues as local processes; triggered over the REST API.
+fleet-edge: venv smoke-image test-services
+	@bash scripts/test.sh -q tests/integration/test_edge_fleet.py
 
 lint: venv
 	@$(VENV)/bin/ruff check .

@@ -10,6 +10,7 @@ import os
 import secrets
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -41,7 +42,7 @@ def stop_processes(procs, grace_s: float = 30) -> None:
             proc.wait(10)
 
 
-def wait_for_url(url: str, procs, timeout: float, logs) -> None:
+def wait_for_url(url: str, procs, timeout: float, logs, context: ssl.SSLContext | None = None) -> None:
     """Poll `url` until it answers; raise (with `logs()`) when one of `procs` exits first or `timeout` passes."""
     import urllib.request
 
@@ -51,7 +52,7 @@ def wait_for_url(url: str, procs, timeout: float, logs) -> None:
             if proc.poll() is not None:
                 raise RuntimeError(f"{proc.args[0]} exited early ({proc.returncode}):\n{logs()}")
         try:
-            with urllib.request.urlopen(url, timeout=2):
+            with urllib.request.urlopen(url, timeout=2, context=context):
                 return
         except OSError:
             time.sleep(0.5)
@@ -86,11 +87,16 @@ class LocalService:
 
 
 class LocalAirflow:
-    def __init__(self, home: Path, pg_url: str, env: dict[str, str] | None = None, parallelism: int = 8):
+    """With `tls` ({"server_cert", "server_key", "ca_cert"}: paths), the api-server serves HTTPS only."""
+
+    def __init__(self, home: Path, pg_url: str, env: dict[str, str] | None = None, parallelism: int = 8,
+                 tls: dict[str, Path] | None = None):
         self.home = home
         self.pg_url = pg_url
         self.db = f"fb_airflow_{uuid.uuid4().hex[:10]}"
         self.port = free_port()
+        self.base_url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        self.ssl_context = ssl.create_default_context(cafile=str(tls["ca_cert"])) if tls else None
         self.procs: list[subprocess.Popen] = []
         base = pg_url.rsplit("/", 1)[0]
         self.env = {
@@ -103,12 +109,14 @@ class LocalAirflow:
             "AIRFLOW__CORE__PARALLELISM": str(parallelism),
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"{base}/{self.db}",
-            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{self.port}/execution/",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.base_url}/execution/",
             "AIRFLOW__API__PORT": str(self.port),
             "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(16),
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
             "AIRFLOW__SCHEDULER__SCHEDULER_HEARTBEAT_SEC": "1",
             "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+            **({"AIRFLOW__API__SSL_CERT": str(tls["server_cert"]), "AIRFLOW__API__SSL_KEY": str(tls["server_key"])}
+               if tls else {}),
             **(env or {}),
         }
 
@@ -144,7 +152,7 @@ class LocalAirflow:
                                            start_new_session=True))
 
     def _wait_api(self, timeout: float = 120) -> None:
-        wait_for_url(f"http://127.0.0.1:{self.port}/api/v2/monitor/health", self.procs, timeout, self.logs)
+        wait_for_url(f"{self.base_url}/api/v2/monitor/health", self.procs, timeout, self.logs, self.ssl_context)
 
     def logs(self, tail: int = 3000) -> str:
         return "\n".join(f"== {p.name}\n{p.read_text()[-tail:]}" for p in sorted(self.home.glob("*.log")))
@@ -224,3 +232,75 @@ class LocalAirflow:
         if run_id:
             args += ["--run-id", run_id]
         self.cli(*args)
+
+
+class RestAirflow(LocalAirflow):
+    """LocalAirflow driven through its public REST API, as a user or CI job would: the simple auth manager
+    has a user `fleetbench` (role admin) whose password is `self.password`; every process shares one
+    Fernet key (and LocalAirflow's JWT secret)."""
+
+    def __init__(self, home: Path, pg_url: str, env: dict[str, str] | None = None, parallelism: int = 8,
+                 tls: dict[str, Path] | None = None):
+        from cryptography.fernet import Fernet
+
+        self.password = secrets.token_urlsafe(16)
+        rest_env = {
+            "AIRFLOW__CORE__FERNET_KEY": Fernet.generate_key().decode(),
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "fleetbench:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
+            **(env or {}),
+        }
+        super().__init__(home, pg_url, env=rest_env, parallelism=parallelism, tls=tls)
+        self._token: str | None = None
+
+    def __enter__(self):
+        self.home.mkdir(parents=True, exist_ok=True)
+        (self.home / "passwords.json").write_text(json.dumps({"fleetbench": self.password}))
+        return super().__enter__()
+
+    def stopped(self) -> bool:
+        return all(p.poll() is not None for p in self.procs)
+
+    def api(self, method: str, path: str, body: dict | None = None, auth: bool = True) -> dict:
+        import urllib.error
+        import urllib.request
+
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if auth:
+            headers["Authorization"] = f"Bearer {self.token()}"
+        req = urllib.request.Request(f"{self.base_url}{path}", method=method, headers=headers,
+                                     data=json.dumps(body).encode() if body is not None else None)
+        try:
+            with urllib.request.urlopen(req, timeout=120, context=self.ssl_context) as resp:
+                return json.loads(resp.read() or b"{}")
+        except urllib.error.HTTPError as exc:
+            raise RuntimeError(f"{method} {path}: HTTP {exc.code}: {exc.read()[:2000]!r}") from None
+
+    def token(self) -> str:
+        """A JWT from the simple auth manager's `POST /auth/token` (user fleetbench)."""
+        if self._token is None:
+            self._token = self.api("POST", "/auth/token", {"username": "fleetbench", "password": self.password},
+                                   auth=False)["access_token"]
+        return self._token
+
+    def trigger_api(self, dag_id: str, run_id: str, conf: dict | None = None) -> dict:
+        return self.api("POST", f"/api/v2/dags/{dag_id}/dagRuns",
+                        {"dag_run_id": run_id, "logical_date": None, "conf": conf or {}})
+
+    def wait_for_run_api(self, dag_id: str, run_id: str, timeout: float = 600) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            run = self.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")
+            if run["state"] in ("success", "failed"):
+                return run
+            time.sleep(3)
+        raise TimeoutError(f"{dag_id} {run_id} did not finish in {timeout} s:\n{self.logs()}")
+
+    def task_instances_api(self, dag_id: str, run_id: str) -> list[dict]:
+        out, offset = [], 0
+        while True:
+            page = self.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances?limit=100&offset={offset}")
+            out += page["task_instances"]
+            offset += len(page["task_instances"])
+            if not page["task_instances"] or offset >= page["total_entries"]:
+                return out

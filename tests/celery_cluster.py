@@ -17,18 +17,15 @@ import asyncio
 import datetime as dt
 import json
 import os
-import secrets
 import shutil
 import socket
 import ssl
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-from airflow_cluster import AIRFLOW, LocalAirflow, free_port, stop_processes
+from airflow_cluster import AIRFLOW, RestAirflow, free_port, stop_processes
 
 TESTS = Path(__file__).resolve().parent
 
@@ -91,40 +88,30 @@ class RedisServer:
 
 
 # -- Airflow with the CeleryExecutor ----------------------------------------------------------
-class CeleryAirflow(LocalAirflow):
-    """LocalAirflow with the CeleryExecutor and one Celery worker per entry of `workers` ({name: queues}).
+class CeleryAirflow(RestAirflow):
+    """RestAirflow with the CeleryExecutor and one Celery worker per entry of `workers` ({name: queues}).
 
-    Every process shares one JWT secret (LocalAirflow makes it), one Fernet key and the broker. The
-    REST API takes a user `fleetbench` (role admin) whose password is in `self.password`. Each worker
-    runs with `--concurrency 1 --celery-hostname <name>@%h` and records `<name>` as the hostname of
-    the task instances it runs (`worker_hostname`); its log is `<home>/worker-<name>.log`.
+    Every process shares one JWT secret and one Fernet key (RestAirflow makes them) and the broker. Each
+    worker runs with `--concurrency 1 --celery-hostname <name>@%h` and records `<name>` as the hostname
+    of the task instances it runs (`worker_hostname`); its log is `<home>/worker-<name>.log`.
     """
 
     def __init__(self, home: Path, pg_url: str, broker_url: str, workers: dict[str, list[str]],
                  env: dict[str, str] | None = None, parallelism: int = 8):
-        from cryptography.fernet import Fernet
-
-        self.password = secrets.token_urlsafe(16)
         self.workers = workers
         celery_env = {
             "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
             "AIRFLOW__CELERY__BROKER_URL": broker_url,
             "AIRFLOW__CELERY__WORKER_CONCURRENCY": "1",
             "AIRFLOW__OPERATORS__DEFAULT_QUEUE": "default",
-            "AIRFLOW__CORE__FERNET_KEY": Fernet.generate_key().decode(),
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "fleetbench:admin",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
             **(env or {}),
         }
         super().__init__(home, pg_url, env=celery_env, parallelism=parallelism)
         # The result backend: the metadata database (Celery's SQLAlchemy backend), as in the official compose file.
         self.env.setdefault("AIRFLOW__CELERY__RESULT_BACKEND", "db+" + self.env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
         self.worker_procs: dict[str, subprocess.Popen] = {}
-        self._token: str | None = None
 
     def __enter__(self) -> "CeleryAirflow":
-        self.home.mkdir(parents=True, exist_ok=True)
-        (self.home / "passwords.json").write_text(json.dumps({"fleetbench": self.password}))
         super().__enter__()
         try:
             for name, queues in self.workers.items():
@@ -165,51 +152,6 @@ class CeleryAirflow(LocalAirflow):
         # Workers first (a warm shutdown: SIGTERM lets a running task finish or fail cleanly), then the rest.
         stop_processes(list(self.worker_procs.values()), grace_s=60)
         super().__exit__(*exc)
-
-    def stopped(self) -> bool:
-        return all(p.poll() is not None for p in self.procs)
-
-    # -- the public REST API (what a user or CI job would call) -------------------------------
-    def api(self, method: str, path: str, body: dict | None = None, auth: bool = True) -> dict:
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if auth:
-            headers["Authorization"] = f"Bearer {self.token()}"
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", method=method, headers=headers,
-                                     data=json.dumps(body).encode() if body is not None else None)
-        try:
-            with urllib.request.urlopen(req, timeout=120) as resp:
-                return json.loads(resp.read() or b"{}")
-        except urllib.error.HTTPError as exc:
-            raise RuntimeError(f"{method} {path}: HTTP {exc.code}: {exc.read()[:2000]!r}") from None
-
-    def token(self) -> str:
-        """A JWT from the simple auth manager's `POST /auth/token` (user fleetbench)."""
-        if self._token is None:
-            self._token = self.api("POST", "/auth/token", {"username": "fleetbench", "password": self.password},
-                                   auth=False)["access_token"]
-        return self._token
-
-    def trigger_api(self, dag_id: str, run_id: str, conf: dict | None = None) -> dict:
-        return self.api("POST", f"/api/v2/dags/{dag_id}/dagRuns",
-                        {"dag_run_id": run_id, "logical_date": None, "conf": conf or {}})
-
-    def wait_for_run_api(self, dag_id: str, run_id: str, timeout: float = 600) -> dict:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            run = self.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")
-            if run["state"] in ("success", "failed"):
-                return run
-            time.sleep(3)
-        raise TimeoutError(f"{dag_id} {run_id} did not finish in {timeout} s:\n{self.logs()}")
-
-    def task_instances_api(self, dag_id: str, run_id: str) -> list[dict]:
-        out, offset = [], 0
-        while True:
-            page = self.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances?limit=100&offset={offset}")
-            out += page["task_instances"]
-            offset += len(page["task_instances"])
-            if not page["task_instances"] or offset >= page["total_entries"]:
-                return out
 
 
 # -- a Docker engine behind mutual TLS (fleet topology a) -------------------------------------
