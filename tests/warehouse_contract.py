@@ -24,14 +24,14 @@ from fleetbench.warehouse import (
 from fleetbench.warehouse.schema import benchmark_results, host_facts, regressions, result_metrics, runs, steps
 from warehouse_rows import DERIVED, result_row, run_row, step_rows
 
-HEAD = "0011"  # 0011: attempts (superseded_results)
+HEAD = "0014"  # 0014: regressions of any metric (width, unit)
 NEW_RESULT_COLUMNS = set(DERIVED)  # the derived-metric columns revision 0003 adds
 REGRESSION_COLUMNS = {  # name: nullable, as the regression detector expects them
     "id": False, "dag_id": False, "run_id": False, "host": False, "case_key": False, "metric": False,
     "direction": False, "baseline_value": False, "value": False, "delta_pct": False, "z_score": True,
     "p_value": True, "baseline_n": False, "baseline_window": False, "changes": True, "severity": False,
     "detected_at": False, "kind": False, "status": False, "basis": True, "since_run_id": True, "since_date": True,
-    "segment": True, "baseline_segment": True, "detectable_pct": True, "same_change_as": True,
+    "segment": True, "baseline_segment": True, "detectable_pct": True, "same_change_as": True, "unit": True,
 }
 CAPACITY_COLUMNS = ["dag_id", "run_id", "logical_date", "host", "case_key", "model", "batch_size_per_device",
                     "num_gpus", "precision", "gpu_model", "peak_gpu_mem_mib", "mean_power_w", "energy_source",
@@ -470,3 +470,27 @@ def check_migrate_filled_warehouse_to_metrics(engine):
     assert count(engine, result_metrics) == 85 - 1  # refilled from the rows (c1 of r1 now 110 images/s, no accuracy)
     assert metrics_of(engine, run_id="r1", case_key="c1") == {("c1", "images_per_sec", "{}"): (110.0, "images/s",
                                                                                                "higher")}
+
+
+def check_migrate_regression_units(engine):
+    """Revision 0014 on findings stored at 0011: each gets its metric's unit; a metric name of 100 characters (a
+    `command` metric) fits; a downgrade keeps the findings whose name fits the old column."""
+    upgrade(engine, "0011")
+    _insert(engine, "regressions", [regression(), regression(metric="duration_s", direction="lower"),
+                                    regression(metric="step_cv", direction="lower")])
+    upgrade(engine)
+    assert current_revision(engine) == HEAD
+    with engine.connect() as conn:
+        units = dict(conn.execute(select(regressions.c.metric, regressions.c.unit)).all())
+    assert units == {"images_per_sec": "images/s", "duration_s": "s", "step_cv": None}
+    long_name = "team." + "x" * 95
+    with engine.begin() as conn:
+        conn.execute(regressions.insert(), [regression(metric=long_name, direction="lower", unit="ms",
+                                                       same_change_as=long_name)])
+    assert count(engine, regressions) == 4
+    downgrade(engine, "0011")
+    assert "unit" not in {c["name"] for c in inspect(engine).get_columns("regressions")}
+    # PostgreSQL drops what no longer fits VARCHAR(50); SQLite never enforced the width and keeps it
+    assert count(engine, regressions) == (4 if engine.dialect.name == "sqlite" else 3)
+    upgrade(engine)
+    assert count(engine, regressions, unit="images/s") == 1

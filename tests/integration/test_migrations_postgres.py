@@ -39,3 +39,9 @@ def test_migrate_filled_warehouse_to_metric_samples(pg_engine):
     from warehouse_contract import check_migrate_filled_warehouse_to_metrics
 
     check_migrate_filled_warehouse_to_metrics(pg_engine)
+
+
+def test_migrate_regression_units_and_wide_metric_names(pg_engine):
+    from warehouse_contract import check_migrate_regression_units
+
+    check_migrate_regression_units(pg_engine)

@@ -198,7 +198,8 @@ def test_compare_report_before_and_after_the_driver_upgrade(warehouse, capsys, m
     monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", url)
     assert main(["compare", "--before", f"driver={OLD}", "--after", f"driver={NEW}", "--host", "h1"]) == 0
     out = capsys.readouterr().out
-    assert ("before img/s (nights)" in out and "regression (major)" in out
+    assert ("before (nights)" in out and "images_per_sec images/s (higher better)" in out
+            and "regression (major)" in out
             and "3 case(s): 1 regression(s), 0 improvement(s), 1 without change, 1 not enough nights to tell" in out)
     assert main(["compare", "--before", OLD, "--after", NEW, "--format", "json"]) == 0
     assert ({(r["host"], r["case_key"], r["verdict"]) for r in json.loads(capsys.readouterr().out)}
