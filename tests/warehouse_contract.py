@@ -494,3 +494,26 @@ def check_migrate_regression_units(engine):
     assert count(engine, regressions) == (4 if engine.dialect.name == "sqlite" else 3)
     upgrade(engine)
     assert count(engine, regressions, unit="images/s") == 1
+
+
+def check_samples_of_results_written_earlier_are_upserted(engine):
+    """Samples of results this write has (their old samples deleted first) go in as new rows; samples of a result
+    written earlier (a partial write that adds samples) are upserted onto what is stored; a bad sample rolls the
+    whole write back, results included."""
+    upgrade(engine)
+    store_run(engine, run_row(), [], [result_row("a"), result_row("b")], [],
+              metric_rows=[metric("a", "m", 1.0), metric("b", "m", 2.0), metric("b", "n", 3.0)])
+    # b is not in this write: its samples are upserted (m replaced, n kept); a's are replaced whole.
+    store_run(engine, run_row(), [], [result_row("a")], [], complete=False,
+              metric_rows=[metric("a", "k", 5.0), metric("b", "m", 20.0)])
+    assert metrics_of(engine) == {("a", "k", "{}"): (5.0, "GB/s", "higher"), ("b", "m", "{}"): (20.0, "GB/s", "higher"),
+                                  ("b", "n", "{}"): (3.0, "GB/s", "higher")}
+    many = [metric(f"c{i}", f"m{j}", float(i * j), run_id="r2", labels='{"tab": "a\\tb", "nl": "x\\ny"}')
+            for i in range(50) for j in range(5)]
+    store_run(engine, run_row("r2"), [], [result_row(f"c{i}", run_id="r2") for i in range(50)], [], metric_rows=many)
+    stored = metrics_of(engine, run_id="r2")
+    assert len(stored) == 250 and stored[("c7", "m3", '{"tab": "a\\tb", "nl": "x\\ny"}')] == (21.0, "GB/s", "higher")
+    with pytest.raises(IntegrityError):
+        store_run(engine, run_row("r3"), [], [result_row(f"c{i}", run_id="r3") for i in range(50)], [],
+                  metric_rows=[*many[:-1], metric("c1", "x", 1.0, run_id="r3", better="sideways")])
+    assert count(engine, benchmark_results, run_id="r3") == 0 and metrics_of(engine, run_id="r3") == {}
