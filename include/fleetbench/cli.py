@@ -69,8 +69,9 @@ def _cell(row: dict, column: str) -> str:
     if column == "value":
         value, unit = (row["images_per_sec"], "images/s") if legacy else (value, row.get("unit"))
         return "-" if value is None else f"{value:.6g}" + (f" {unit}" if unit else "")
-    if column in ("cost_per_unit_usd", "energy_per_unit_wh"):
-        return "-" if value is None else f"{value:.4g}/{row['per']}"
+    if column in ("cost_per_unit_usd", "energy_per_unit_wh"):  # energy with `~` when estimated
+        mark = "~" if column == "energy_per_unit_wh" and row.get("energy_source") == "estimated" else ""
+        return "-" if value is None else f"{mark}{value:.4g}/{row['per']}"
     if column == "duration_s":
         return "-" if value is None else f"{value:.1f}"
     if column == "energy_j":  # Wh, with `~` when estimated
@@ -390,7 +391,9 @@ def _regressions_list(args: argparse.Namespace) -> int:
         print("no open regressions")
         return 0
     for r in rows:
+        unit = f" {r['unit']}" if r.get("unit") else ""
         print(f"{r['status']:9}  {r['kind']:11}  {r['dag_id']}  {r['host']}  {r['case_key']}  {r['metric']}  "
+              f"{r['baseline_value']:.4g} -> {r['value']:.4g}{unit} ({r['direction']} is better)  "
               f"{r['delta_pct']:+.1f} % since {r.get('since_date') or r['logical_date']}  ({r['severity']})")
     return 0
 
