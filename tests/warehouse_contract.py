@@ -24,14 +24,14 @@ from fleetbench.warehouse import (
 from fleetbench.warehouse.schema import benchmark_results, host_facts, regressions, result_metrics, runs, steps
 from warehouse_rows import DERIVED, result_row, run_row, step_rows
 
-HEAD = "0012"  # 0012: mig_profile, mig_instances (after 0011: attempts, superseded_results)
+HEAD = "0013"  # 0013: regressions of any metric (width, unit); 0012: mig_profile, mig_instances
 NEW_RESULT_COLUMNS = set(DERIVED)  # the derived-metric columns revision 0003 adds
 REGRESSION_COLUMNS = {  # name: nullable, as the regression detector expects them
     "id": False, "dag_id": False, "run_id": False, "host": False, "case_key": False, "metric": False,
     "direction": False, "baseline_value": False, "value": False, "delta_pct": False, "z_score": True,
     "p_value": True, "baseline_n": False, "baseline_window": False, "changes": True, "severity": False,
     "detected_at": False, "kind": False, "status": False, "basis": True, "since_run_id": True, "since_date": True,
-    "segment": True, "baseline_segment": True, "detectable_pct": True, "same_change_as": True,
+    "segment": True, "baseline_segment": True, "detectable_pct": True, "same_change_as": True, "unit": True,
 }
 CAPACITY_COLUMNS = ["dag_id", "run_id", "logical_date", "host", "case_key", "model", "batch_size_per_device",
                     "num_gpus", "precision", "gpu_model", "peak_gpu_mem_mib", "mean_power_w", "energy_source",
@@ -503,3 +503,50 @@ def check_migrate_filled_warehouse_to_metrics(engine):
     assert count(engine, result_metrics) == 85 - 1  # refilled from the rows (c1 of r1 now 110 images/s, no accuracy)
     assert metrics_of(engine, run_id="r1", case_key="c1") == {("c1", "images_per_sec", "{}"): (110.0, "images/s",
                                                                                                "higher")}
+
+
+def check_migrate_regression_units(engine):
+    """Revision 0013 on findings stored at 0011: each gets its metric's unit; a metric name of 100 characters (a
+    `command` metric) fits; a downgrade keeps the findings whose name fits the old column."""
+    upgrade(engine, "0011")
+    _insert(engine, "regressions", [regression(), regression(metric="duration_s", direction="lower"),
+                                    regression(metric="step_cv", direction="lower")])
+    upgrade(engine)
+    assert current_revision(engine) == HEAD
+    with engine.connect() as conn:
+        units = dict(conn.execute(select(regressions.c.metric, regressions.c.unit)).all())
+    assert units == {"images_per_sec": "images/s", "duration_s": "s", "step_cv": None}
+    long_name = "team." + "x" * 95
+    with engine.begin() as conn:
+        conn.execute(regressions.insert(), [regression(metric=long_name, direction="lower", unit="ms",
+                                                       same_change_as=long_name)])
+    assert count(engine, regressions) == 4
+    downgrade(engine, "0012")
+    assert "unit" not in {c["name"] for c in inspect(engine).get_columns("regressions")}
+    # PostgreSQL drops what no longer fits VARCHAR(50); SQLite never enforced the width and keeps it
+    assert count(engine, regressions) == (4 if engine.dialect.name == "sqlite" else 3)
+    upgrade(engine)
+    assert count(engine, regressions, unit="images/s") == 1
+
+
+def check_samples_of_results_written_earlier_are_upserted(engine):
+    """Samples of results this write has (their old samples deleted first) go in as new rows; samples of a result
+    written earlier (a partial write that adds samples) are upserted onto what is stored; a bad sample rolls the
+    whole write back, results included."""
+    upgrade(engine)
+    store_run(engine, run_row(), [], [result_row("a"), result_row("b")], [],
+              metric_rows=[metric("a", "m", 1.0), metric("b", "m", 2.0), metric("b", "n", 3.0)])
+    # b is not in this write: its samples are upserted (m replaced, n kept); a's are replaced whole.
+    store_run(engine, run_row(), [], [result_row("a")], [], complete=False,
+              metric_rows=[metric("a", "k", 5.0), metric("b", "m", 20.0)])
+    assert metrics_of(engine) == {("a", "k", "{}"): (5.0, "GB/s", "higher"), ("b", "m", "{}"): (20.0, "GB/s", "higher"),
+                                  ("b", "n", "{}"): (3.0, "GB/s", "higher")}
+    many = [metric(f"c{i}", f"m{j}", float(i * j), run_id="r2", labels='{"tab": "a\\tb", "nl": "x\\ny"}')
+            for i in range(50) for j in range(5)]
+    store_run(engine, run_row("r2"), [], [result_row(f"c{i}", run_id="r2") for i in range(50)], [], metric_rows=many)
+    stored = metrics_of(engine, run_id="r2")
+    assert len(stored) == 250 and stored[("c7", "m3", '{"tab": "a\\tb", "nl": "x\\ny"}')] == (21.0, "GB/s", "higher")
+    with pytest.raises(IntegrityError):
+        store_run(engine, run_row("r3"), [], [result_row(f"c{i}", run_id="r3") for i in range(50)], [],
+                  metric_rows=[*many[:-1], metric("c1", "x", 1.0, run_id="r3", better="sideways")])
+    assert count(engine, benchmark_results, run_id="r3") == 0 and metrics_of(engine, run_id="r3") == {}

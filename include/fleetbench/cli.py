@@ -1,7 +1,8 @@
 """The `fleetbench` command line.
 
     fleetbench config check FILE
-    fleetbench results [--format table|json|csv] [--run-id ID] [--dag-id ID] [--all] [--attempts]
+    fleetbench results [--format table|json|csv|parquet] [--out FILE] [--run-id ID] [--dag-id ID] [--all]
+                       [--attempts] [--metric NAME] [--pivot ROWS:COLUMNS [--value COLUMN] [--agg median|...]]
     fleetbench parse [--format auto|tf_cnn_benchmarks|horovod_synthetic|torch_synthetic|nccl_tests|command] FILE...
     fleetbench host-check (--facts DIR | --local [--docker-url URL]) [--image-cuda X.Y] [--gpus N]
                           [--format json|table] [--strict] [--dcgm-level N] [--probe-path DIR]
@@ -27,8 +28,9 @@ from typing import Sequence
 
 RESULT_TABLE = [  # (header, column)
     ("host", "host"), ("model", "model"), ("batch", "batch_size_per_device"), ("GPUs", "num_gpus"),
-    ("status", "status"), ("images/sec", "images_per_sec"), ("duration s", "duration_s"),
-    ("energy Wh", "energy_j"), ("cost $", "cost_usd"), ("image digest", "image_digest"),
+    ("status", "status"), ("metric", "metric"), ("value", "value"), ("duration s", "duration_s"),
+    ("energy Wh", "energy_j"), ("cost $", "cost_usd"), ("$ per unit", "cost_per_unit_usd"),
+    ("Wh per unit", "energy_per_unit_wh"), ("image digest", "image_digest"),
 ]
 # `results --attempts`: which attempt, its driver, and whether it is the current one.
 ATTEMPT_TABLE = [*RESULT_TABLE[:1], ("case", "case_key"), ("attempt", "attempt"), ("driver", "driver_version"),
@@ -62,6 +64,16 @@ def _cell(row: dict, column: str) -> str:
         return f"{value}x MIG {row['mig_profile']}"
     if column == "images_per_sec":
         return "-" if value is None else f"{value:.2f}"
+    legacy = not row.get("metric") and row.get("images_per_sec") is not None  # stored before rows named it
+    if column == "metric":  # the primary metric, and which way is better
+        value = "images_per_sec" if legacy else value
+        return "-" if not value else f"{value} {'(lower better)' if row.get('better') == 'lower' else ''}".rstrip()
+    if column == "value":
+        value, unit = (row["images_per_sec"], "images/s") if legacy else (value, row.get("unit"))
+        return "-" if value is None else f"{value:.6g}" + (f" {unit}" if unit else "")
+    if column in ("cost_per_unit_usd", "energy_per_unit_wh"):  # energy with `~` when estimated
+        mark = "~" if column == "energy_per_unit_wh" and row.get("energy_source") == "estimated" else ""
+        return "-" if value is None else f"{mark}{value:.4g}/{row['per']}"
     if column == "duration_s":
         return "-" if value is None else f"{value:.1f}"
     if column == "energy_j":  # Wh, with `~` when estimated
@@ -84,8 +96,40 @@ def format_table(rows: list[dict], columns: list[tuple[str, str]] = RESULT_TABLE
 
 
 def _results(args: argparse.Namespace) -> int:
+    import contextlib
+
+    from fleetbench.warehouse.frames import PIVOT_VALUES, FrameError, parse_pivot
+
+    if args.format == "parquet" and not args.out:
+        raise UsageError("--format parquet writes a file: give --out FILE")
+    if args.out and not Path(args.out).resolve().parent.is_dir():
+        raise UsageError(f"--out {args.out}: no folder {Path(args.out).resolve().parent}")
+    if args.pivot:
+        try:
+            parse_pivot(args.pivot)
+        except FrameError as exc:
+            raise UsageError(str(exc)) from None
+        if args.value and args.value not in PIVOT_VALUES:
+            raise UsageError(f"--value {args.value!r}: not a value column (values: {', '.join(PIVOT_VALUES)})")
+    elif args.value or args.agg:
+        raise UsageError("--value and --agg go with --pivot ROWS:COLUMNS")
+    try:
+        with contextlib.ExitStack() as stack:
+            if args.out and args.format != "parquet":
+                try:
+                    stack.enter_context(contextlib.redirect_stdout(stack.enter_context(
+                        open(args.out, "w", encoding="utf-8", newline=""))))
+                except OSError as exc:
+                    raise UsageError(f"--out {args.out}: {exc.strerror}") from None
+            return _write_results(args)
+    except FrameError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _write_results(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
+    from fleetbench.metrics import per_unit
     from fleetbench.warehouse import fetch_results, get_engine, latest_run_id, warehouse_display_url
     from fleetbench.warehouse.attempts import fetch_attempts
 
@@ -96,6 +140,7 @@ def _results(args: argparse.Namespace) -> int:
             run_id = latest_run_id(engine, args.dag_id)
         fetch = fetch_attempts if args.attempts else fetch_results
         rows = fetch(engine, run_id=run_id, dag_id=args.dag_id) if (run_id or args.all) else []
+        rows = [{**r, **per_unit(r)} for r in rows]
     except SQLAlchemyError as exc:
         raise UsageError(f"cannot read the warehouse at {warehouse_display_url()}: {str(exc).splitlines()[0]} "
                          "(run the DAG once, or `fleetbench db upgrade`)") from None
@@ -103,6 +148,26 @@ def _results(args: argparse.Namespace) -> int:
         engine.dispose()
     if args.run_id and not rows:
         raise UsageError(f"no results for run id {args.run_id!r}")
+    if args.metric and rows:
+        known = sorted({r["metric"] for r in rows if r.get("metric")})
+        rows = [r for r in rows if r.get("metric") == args.metric]
+        if not rows:
+            raise UsageError(f"--metric {args.metric!r}: no result has that primary metric (these have: "
+                             f"{', '.join(known) or 'none'})")
+    if args.pivot or args.format == "parquet":
+        from fleetbench.warehouse.frames import pivot, results_frame, write_frame
+
+        frame = results_frame(rows)
+        if args.pivot:
+            frame = pivot(frame, args.pivot, args.value or "value", args.agg or "median")
+        try:
+            write_frame(frame, args.format, args.out if args.format == "parquet" else sys.stdout,
+                        index=bool(args.pivot))
+        except OSError as exc:
+            raise UsageError(f"--out {args.out}: {exc.strerror or str(exc).splitlines()[0]}") from None
+        if args.format == "parquet":
+            print(f"wrote {len(frame)} row(s) to {args.out}")
+        return 0
     if args.format == "json":
         json.dump(rows, sys.stdout, indent=2, default=str)
         print()
@@ -328,7 +393,9 @@ def _regressions_list(args: argparse.Namespace) -> int:
         print("no open regressions")
         return 0
     for r in rows:
+        unit = f" {r['unit']}" if r.get("unit") else ""
         print(f"{r['status']:9}  {r['kind']:11}  {r['dag_id']}  {r['host']}  {r['case_key']}  {r['metric']}  "
+              f"{r['baseline_value']:.4g} -> {r['value']:.4g}{unit} ({r['direction']} is better)  "
               f"{r['delta_pct']:+.1f} % since {r.get('since_date') or r['logical_date']}  ({r['severity']})")
     return 0
 
@@ -449,8 +516,19 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(func=_config_check)
 
     results = sub.add_parser("results", help="print what the warehouse holds (default: the latest run)")
-    results.add_argument("--format", choices=["table", "json", "csv"], default="table",
-                         help="output format (default: table)")
+    results.add_argument("--format", choices=["table", "json", "csv", "parquet"], default="table",
+                         help="output format (default: table; parquet needs --out)")
+    results.add_argument("--out", metavar="FILE", help="write to this file instead of stdout")
+    results.add_argument("--metric", metavar="NAME",
+                         help="only results whose primary metric is NAME (e.g. images_per_sec, avg_busbw)")
+    results.add_argument("--pivot", metavar="ROWS:COLUMNS",
+                         help="a pivot of the ok results, e.g. model:host (fields: host, model, case_key, "
+                              "gpu_model, driver_version, image_digest, num_gpus, date, ...)")
+    results.add_argument("--value", metavar="COLUMN",
+                         help="what --pivot aggregates (default: value, the primary metric; also duration_s, "
+                              "energy_j, cost_usd, cost_per_unit_usd, energy_per_unit_wh, ...)")
+    results.add_argument("--agg", choices=["median", "mean", "min", "max", "count"],
+                         help="how --pivot aggregates a cell's results (default: median)")
     results.add_argument("--run-id", help="this run's results (default: the latest run)")
     results.add_argument("--dag-id", help="only results of this DAG")
     results.add_argument("--all", action="store_true", help="every run, not just the latest")

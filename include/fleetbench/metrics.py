@@ -9,7 +9,8 @@
    per device, precision and run, matched automatically.
 4. Cost: price per GPU-hour (the host's `price_per_gpu_hour`, else the GPU catalog's default) x
    GPUs x hours; a CPU case (or a GPU case without a GPU price): the host's `price_per_hour` x
-   hours; cost per million images at the measured throughput.
+   hours; cost per million images at the measured throughput, and (`per_unit`, at read time) cost and
+   energy per unit of any harness's primary metric: $ and Wh per 10^6 images or samples, per GB moved.
 5. Power and energy: mean W, J, kWh, images per joule. GPU cases: measured by the telemetry
    wrapper (NVML) or estimated from the catalog's TDP; CPU cases: measured by the host's RAPL
    counters, else estimated as CodeCarbon does, the CPU's TDP x the container's CPU utilisation
@@ -171,6 +172,48 @@ def precision_of(command: Sequence[str] | str | None) -> str | None:
 
 
 # -- 4. cost ------------------------------------------------------------------------------------
+# "Per unit" of a rate metric (higher is better, a unit "<thing>/s"): the amount of <thing> the figures are per. Bytes
+# per 1 of their unit (GB moved, TB); counted things (images, samples, tokens) per million.
+BYTE_UNITS = ("B", "KB", "MB", "GB", "TB", "KiB", "MiB", "GiB", "TiB")
+RATE_UNIT = re.compile(r"^\s*(?P<thing>[^/\s][^/]*?)\s*/\s*(s|sec|second)\s*$")
+
+
+def work_unit(unit: str | None, better: str | None) -> tuple[str, float] | None:
+    """(work, amount) the cost and energy of a rate metric are given per: ("GB", 1) for "GB/s", ("images", 1e6)
+    for "images/s"; None for a metric that is not a rate where higher is better (a latency has no work done)."""
+    m = RATE_UNIT.match(unit or "")
+    if better != "higher" or m is None:
+        return None
+    thing = m.group("thing")
+    return (thing, 1.0) if thing in BYTE_UNITS else (thing, 1e6)
+
+
+def per_unit(row: Mapping[str, Any]) -> dict:
+    """Cost and energy per unit of a result's primary metric: the run's cost (energy) / the work it did at the
+    measured rate (value x wall time), per `work_unit`. With cost = hourly price x wall hours this is the hourly
+    price / (3600 x rate), the steady-state figure `cost_per_million_images_usd` also is; energy likewise the
+    mean power / rate. {"per": "10^6 images" | "GB" | None, "cost_per_unit_usd", "energy_per_unit_wh"} (None where
+    an input is missing, the metric is no higher-is-better rate, or energy is not known)."""
+    out: dict[str, Any] = {"per": None, "cost_per_unit_usd": None, "energy_per_unit_wh": None}
+    unit, better, value = row.get("unit"), row.get("better"), row.get("value")
+    if not row.get("metric") and row.get("images_per_sec") is not None:  # stored before rows named their metric
+        unit, better, value = "images/s", "higher", row["images_per_sec"]
+    unit = work_unit(unit, better)
+    duration = row.get("duration_s")
+    if unit is None or not (_positive(value) and _positive(duration)) or not math.isfinite(value * duration):
+        return out
+    thing, amount = unit
+    work = value * duration / amount
+    out["per"] = f"10^6 {thing}" if amount == 1e6 else thing
+    cost = row.get("cost_usd")
+    if cost is not None and math.isfinite(cost):
+        out["cost_per_unit_usd"] = cost / work
+    energy = row.get("energy_j")
+    if energy is not None and math.isfinite(energy) and row.get("energy_source") in (MEASURED, ESTIMATED):
+        out["energy_per_unit_wh"] = energy / 3600.0 / work
+    return out
+
+
 def gpu_hour_price(host_price: float | None, catalog_price: float | None) -> tuple[float | None, str | None]:
     """(price per GPU-hour, where it came from): the host's configured price wins, else the catalog's default."""
     if host_price is not None:

@@ -46,7 +46,8 @@ def html_body(findings: Sequence[Mapping[str, Any]], run: Mapping[str, Any]) -> 
     for f in findings:
         changes = f.get("changes") or {}
         what = "; ".join(f"{k}: {v.get('before')} -> {v.get('after')}" for k, v in changes.items()) or "-"
-        cells = (f["host"], f["case_key"], f["metric"], f"{f['baseline_value']:.4g}", f"{f['value']:.4g}",
+        metric = f["metric"] + (f" [{f['unit']}]" if f.get("unit") else "")
+        cells = (f["host"], f["case_key"], metric, f"{f['baseline_value']:.4g}", f"{f['value']:.4g}",
                  f"{f['delta_pct']:+.1f}", "-" if f.get("z_score") is None else f"{f['z_score']:+.1f}",
                  "-" if f.get("p_value") is None else f"{f['p_value']:.2g}", f["severity"], what)
         lines.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")

@@ -144,7 +144,7 @@ def test_backfill_on_a_new_driver_adds_attempts(tmp_path, pg_url, smoke_image, d
     for r in rows:
         assert (r["before_driver_version"], r["after_driver_version"]) == (DRIVER_A, DRIVER_B)
         assert r["before_n"] >= 3 and r["after_n"] >= 3  # the three nights (and tonight's run, if it happened)
-        assert r["before_images_per_sec"] > 0 and r["after_images_per_sec"] > 0
+        assert r["before_value"] > 0 and r["after_value"] > 0 and r["metric"] == "images_per_sec"
     assert main(["results", "--attempts", "--all"]) == 0
     assert "1 (superseded)" in capsys.readouterr().out
 

@@ -44,3 +44,9 @@ def test_migrate_filled_warehouse_to_metric_samples(pg_engine):
 
 def test_migrate_mig_columns_keeps_rows_and_downgrades(pg_engine):
     check_migrate_mig_columns(pg_engine)
+
+
+def test_migrate_regression_units_and_wide_metric_names(pg_engine):
+    from warehouse_contract import check_migrate_regression_units
+
+    check_migrate_regression_units(pg_engine)

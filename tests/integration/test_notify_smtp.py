@@ -114,7 +114,7 @@ RUN = {"dag_id": "fleet_benchmark", "run_id": "scheduled__2026-12-08T02:00:00+00
 def test_findings_are_mailed_through_the_airflow_connection(smtp_sink, caplog):
     caplog.set_level("INFO", logger="fleetbench.notify")
     findings = [finding(), finding("minor", "duration_s", direction="lower", baseline_value=60.0, value=63.0,
-                                   delta_pct=5.0, z_score=4.1, p_value=None, host="gpu-<02>")]
+                                   delta_pct=5.0, z_score=4.1, p_value=None, host="gpu-<02>", unit="s")]
     out = notify(findings, NotifySettings(smtp_conn_id=CONN_ID, to=TO), RUN)
     assert out == {"logged": 2, "mailed": 2, "to": TO}
     [message] = smtp_sink.messages
@@ -127,8 +127,10 @@ def test_findings_are_mailed_through_the_airflow_connection(smtp_sink, caplog):
             "<td>-20.0</td>" in body)
     assert "driver_version: 535.104.05 -&gt; 550.54.14" in body
     assert "gpu-&lt;02&gt;" in body and "gpu-<02>" not in body  # values are escaped
+    assert "<td>duration_s [s]</td><td>60</td><td>63</td>" in body  # a finding's unit, where it has one
     # Logged as well, one line per finding.
     assert "regression: gpu-01 cnn.resnet50.bs64.g1: images_per_sec 1000 -> 800 (-20.0 %" in caplog.text
+    assert "duration_s 60 -> 63 s (+5.0 %" in caplog.text
 
 
 def test_only_findings_of_the_minimum_severity_are_mailed_but_all_are_logged(smtp_sink, caplog):

@@ -149,8 +149,9 @@ def test_accepting_the_new_driver_closes_the_regression(warehouse, monkeypatch, 
     store_findings(engine, "fleet_benchmark", night_id(LAST), detect_for_run(engine, "fleet_benchmark", night_id(LAST)))
     monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", url)
     assert main(["regressions", "list"]) == 0
-    assert ("confirmed  regression   fleet_benchmark  h1  a  images_per_sec  -20.2 % since 2026-12-11T02:00:00+00:00"
-            in capsys.readouterr().out)
+    out = capsys.readouterr().out
+    assert "confirmed  regression   fleet_benchmark  h1  a  images_per_sec  " in out
+    assert " images/s (higher is better)  -20.2 % since 2026-12-11T02:00:00+00:00" in out
     done = accept(engine, "h1", "a", accepted_by="ops")
     assert [(a["case_key"], a["since"], a["had_open_regression"]) for a in done] == [
         ("a", NIGHT0 + timedelta(days=CHANGE), True)]
@@ -198,7 +199,8 @@ def test_compare_report_before_and_after_the_driver_upgrade(warehouse, capsys, m
     monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", url)
     assert main(["compare", "--before", f"driver={OLD}", "--after", f"driver={NEW}", "--host", "h1"]) == 0
     out = capsys.readouterr().out
-    assert ("before img/s (nights)" in out and "regression (major)" in out
+    assert ("before (nights)" in out and "images_per_sec images/s (higher better)" in out
+            and "regression (major)" in out
             and "3 case(s): 1 regression(s), 0 improvement(s), 1 without change, 1 not enough nights to tell" in out)
     assert main(["compare", "--before", OLD, "--after", NEW, "--format", "json"]) == 0
     assert ({(r["host"], r["case_key"], r["verdict"]) for r in json.loads(capsys.readouterr().out)}

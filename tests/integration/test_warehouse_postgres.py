@@ -46,3 +46,9 @@ def test_metric_samples_stored_with_results(pg_engine):
     from warehouse_contract import check_metric_samples_stored_with_results
 
     check_metric_samples_stored_with_results(pg_engine)
+
+
+def test_samples_of_results_written_earlier_are_upserted(pg_engine):
+    from warehouse_contract import check_samples_of_results_written_earlier_are_upserted
+
+    check_samples_of_results_written_earlier_are_upserted(pg_engine)

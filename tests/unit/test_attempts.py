@@ -104,8 +104,8 @@ def test_cli_results_and_compare_across_attempts(tmp_path, monkeypatch, capsys):
     a = rows["a"]
     assert (a["before_driver_version"], a["after_driver_version"], a["before_n"], a["after_n"]) == (
         "550.127.05", "590.48.01", 3, 3)
-    assert (a["before_images_per_sec"], a["after_images_per_sec"]) == (102.0, 122.0)
-    assert rows["b"]["after_images_per_sec"] == 132.0 and a["delta_pct"] > 19
+    assert (a["before_value"], a["after_value"]) == (102.0, 122.0)
+    assert rows["b"]["after_value"] == 132.0 and a["delta_pct"] > 19
     assert main(["compare", "--before", "550.127.05", "--after", "590.48.01", "--attempts"]) == 0
     assert "2 case(s)" in capsys.readouterr().out
 

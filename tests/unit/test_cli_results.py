@@ -42,10 +42,33 @@ def test_table_shows_the_latest_run(warehouse):
     assert proc.returncode == 0
     lines = proc.stdout.splitlines()
     assert lines[0] == "run r2"
-    assert lines[1].split() == ["host", "model", "batch", "GPUs", "status", "images/sec", "duration", "s", "energy",
-                                "Wh", "cost", "$", "image", "digest"]
-    assert lines[3].split()[5:9] == ["99.00", "60.0", "~2.0000", "0.012500"]  # 7200 J estimated = ~2 Wh; USD
+    assert lines[1].split() == ["host", "model", "batch", "GPUs", "status", "metric", "value", "duration", "s",
+                                "energy", "Wh", "cost", "$", "$", "per", "unit", "Wh", "per", "unit", "image", "digest"]
+    # 7200 J estimated = ~2 Wh; USD; per unit: 99 images/s x 60 s = 5,940 images -> $0.0125 and 2 Wh per 5,940 images
+    assert lines[3].split()[5:13] == ["images_per_sec", "99", "images/s", "60.0", "~2.0000", "0.012500", "2.104/10^6",
+                                      "images"]
+    assert lines[3].split()[13:15] == ["~336.7/10^6", "images"]
     assert lines[-1] == "1 case(s): 1 ok, 0 failed, 0 skipped"
+
+
+def test_table_shows_each_primary_metric_with_its_unit_and_cost_per_unit(tmp_path):
+    url = f"sqlite:///{tmp_path}/m.db"
+    engine = get_engine(url)
+    upgrade(engine)
+    store_run(engine, run_row("r1"), [], [
+        result_row("n", ips=None, harness="nccl_tests", metric="avg_busbw", value=180.0, unit="GB/s", better="higher",
+                   energy_source="measured", energy_j=36000.0, cost_usd=0.54),
+        result_row("l", ips=None, harness="command", metric="p99_latency", value=12.5, unit="ms", better="lower",
+                   cost_usd=0.01)])
+    engine.dispose()
+    rows = {r.split()[5]: r for r in cli("results", url=url).stdout.splitlines()[3:5]}
+    # 180 GB/s x 60 s = 10,800 GB: $0.54 / 10,800 = $5e-05 per GB, 10 Wh / 10,800 GB
+    assert rows["avg_busbw"].split()[6:13] == ["180", "GB/s", "60.0", "10.0000", "0.540000", "5e-05/GB",
+                                               "0.0009259/GB"]
+    assert rows["p99_latency"].split()[6:14] == ["(lower", "better)", "12.5", "ms", "60.0", "-", "0.010000", "-"]
+    data = {r["case_key"]: r for r in json.loads(cli("results", "--format", "json", url=url).stdout)}
+    assert data["n"]["per"] == "GB" and data["n"]["cost_per_unit_usd"] == pytest.approx(5e-05)
+    assert data["l"]["per"] is None and data["l"]["cost_per_unit_usd"] is None  # a latency does no work
 
 
 def test_json_and_csv_of_a_run(warehouse):
@@ -104,3 +127,81 @@ def test_version_and_bare_command_print_and_exit_0(tmp_path):
     bare = cli(url=f"sqlite:///{tmp_path}/w.db")
     assert bare.returncode == 0 and "usage: fleetbench" in bare.stdout and "host-check" in bare.stdout
     assert bare.stderr == ""
+
+
+@pytest.fixture()
+def fleet(tmp_path) -> str:
+    """Two nights of 2 hosts x 2 models of images/sec (plus one failed case), and one night of an NCCL test."""
+    url = f"sqlite:///{tmp_path}/f.db"
+    engine = get_engine(url)
+    upgrade(engine)
+    primary = {"harness": "tf_cnn_benchmarks", "metric": "images_per_sec", "unit": "images/s", "better": "higher"}
+    for night, run in enumerate(("n1", "n2")):
+        rows = [result_row(f"{model}.{host}", run_id=run, host=host, model=model, ips=v + night * 10,
+                           value=v + night * 10, cost_usd=0.01 * (night + 1), **primary)
+                for host, model, v in (("gpu-a", "resnet50", 100.0), ("gpu-a", "vgg16", 50.0),
+                                       ("gpu-b", "resnet50", 120.0), ("gpu-b", "vgg16", 60.0))]
+        rows.append(result_row("broken", run_id=run, host="gpu-b", model="vgg16", ips=None, status="failed",
+                               **primary))
+        store_run(engine, {**run_row(run), "finished_at": f"2026-12-0{night + 1}T03:00:00+00:00"}, [], rows)
+    store_run(engine, {**run_row("n3"), "finished_at": "2026-12-04T03:00:00+00:00"}, [], [
+        result_row("nccl", run_id="n3", host="gpu-a", model="all_reduce", ips=None, harness="nccl_tests",
+                   metric="avg_busbw", value=180.0, unit="GB/s", better="higher")])
+    engine.dispose()
+    return url
+
+
+def test_pivot_of_the_primary_metric(fleet):
+    proc = cli("results", "--all", "--metric", "images_per_sec", "--pivot", "model:host", url=fleet)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].split() == ["host", "gpu-a", "gpu-b"] and lines[1].split() == ["model"]
+    # the median of each cell's two nights; the failed case is not in it
+    assert lines[2].split() == ["resnet50", "105", "125"] and lines[3].split() == ["vgg16", "55", "65"]
+    as_csv = list(csv.reader(io.StringIO(cli("results", "--all", "--metric", "images_per_sec", "--pivot",
+                                             "host x model", "--value", "cost_usd", "--agg", "max", "--format",
+                                             "csv", url=fleet).stdout)))
+    assert as_csv == [["host", "resnet50", "vgg16"], ["gpu-a", "0.02", "0.02"], ["gpu-b", "0.02", "0.02"]]
+    data = json.loads(cli("results", "--all", "--metric", "images_per_sec", "--pivot", "date:model", "--agg",
+                          "count", "--format", "json", url=fleet).stdout)
+    assert data["columns"] == ["resnet50", "vgg16"] and data["data"] == [[4, 4]]  # one logical date: 2 hosts x 2 runs
+
+
+def test_parquet_holds_the_rows_with_cost_per_unit(fleet, tmp_path):
+    import pandas as pd
+
+    out = tmp_path / "results.parquet"
+    proc = cli("results", "--all", "--format", "parquet", "--out", str(out), url=fleet)
+    assert proc.returncode == 0 and proc.stdout.strip() == f"wrote 11 row(s) to {out}"
+    frame = pd.read_parquet(out)
+    assert len(frame) == 11 and {"metric", "value", "unit", "better", "cost_per_unit_usd", "per"} <= set(frame.columns)
+    nccl = frame[frame["case_key"] == "nccl"].iloc[0]
+    assert (nccl["metric"], nccl["value"], nccl["unit"]) == ("avg_busbw", 180.0, "GB/s")
+    pivot_out = tmp_path / "pivot.parquet"
+    assert cli("results", "--all", "--metric", "images_per_sec", "--pivot", "model:host", "--format", "parquet",
+               "--out", str(pivot_out), url=fleet).returncode == 0
+    assert pd.read_parquet(pivot_out).loc["resnet50", "gpu-b"] == 125.0
+    table_out = tmp_path / "table.txt"
+    assert cli("results", "--all", "--out", str(table_out), url=fleet).returncode == 0
+    assert "11 case(s): 9 ok, 2 failed, 0 skipped" in table_out.read_text()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--format", "parquet"], "--format parquet writes a file: give --out FILE"),
+    (["--pivot", "model"], "--pivot 'model': give ROWS:COLUMNS, e.g. model:host"),
+    (["--pivot", "model:colour"], "--pivot 'model:colour': unknown field 'colour' (fields: host, model"),
+    (["--pivot", "host:host"], "--pivot 'host:host': rows and columns are the same field"),
+    (["--pivot", "model:host"], "the rows have 2 primary metrics (avg_busbw [GB/s], images_per_sec [images/s]): "
+                                "pick one with --metric NAME"),
+    (["--pivot", "model:host", "--value", "command"], "--value 'command': not a value column"),
+    (["--value", "cost_usd"], "--value and --agg go with --pivot ROWS:COLUMNS"),
+    (["--metric", "tokens_per_sec"], "--metric 'tokens_per_sec': no result has that primary metric (these have: "
+                                     "avg_busbw, images_per_sec)"),
+    (["--format", "parquet", "--out", "/nonexistent/dir/x.parquet"],
+     "--out /nonexistent/dir/x.parquet: no folder /nonexistent/dir"),
+    (["--out", "/nonexistent/dir/x.txt"], "--out /nonexistent/dir/x.txt: no folder /nonexistent/dir"),
+])
+def test_bad_pivot_and_output_arguments_are_one_line(fleet, args, message):
+    proc = cli("results", "--all", *args, url=fleet)
+    assert proc.returncode == 2 and proc.stderr.startswith(f"fleetbench results: {message}"), proc.stderr
+    assert len(proc.stderr.splitlines()) == 1 and "Traceback" not in proc.stderr

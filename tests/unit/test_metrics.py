@@ -29,11 +29,13 @@ from fleetbench.metrics import (
     kwh,
     load_catalog,
     match_speedup,
+    per_unit,
     precision_of,
     speedup_efficiency,
     step_stats,
     time_for_batches_s,
     time_to_accuracy_s,
+    work_unit,
 )
 from fleetbench.parsing import parse_log
 
@@ -413,3 +415,33 @@ def test_store_writes_derived_metrics_for_every_row(data_dir, tmp_path):
     assert (two["energy_source"], two["energy_j"]) == ("estimated", 39000.0)
     assert two["carbon_g"] == pytest.approx(4.33333, abs=1e-5) and two["carbon_g_per_kwh"] == 400.0
     assert one["time_for_batches_s"] == pytest.approx(21.8542, abs=1e-4)
+
+
+def test_work_unit_of_rate_metrics_only():
+    assert work_unit("images/s", "higher") == ("images", 1e6)
+    assert work_unit("samples / sec", "higher") == ("samples", 1e6)
+    assert work_unit("GB/s", "higher") == ("GB", 1.0)
+    assert work_unit("tok/s", "higher") == ("tok", 1e6)
+    for unit, better in (("ms", "lower"), ("GB/s", "lower"), ("1", "higher"), (None, "higher"), ("/s", "higher")):
+        assert work_unit(unit, better) is None
+
+
+def test_cost_and_energy_per_unit_of_the_primary_metric():
+    # 2,000 images/s for 600 s at $3.60 an hour ($0.60) and 400 W (240,000 J): 1.2 M images
+    row = {"metric": "images_per_sec", "value": 2000.0, "unit": "images/s", "better": "higher", "duration_s": 600.0,
+           "cost_usd": 0.60, "energy_j": 240_000.0, "energy_source": MEASURED}
+    got = per_unit(row)
+    assert got["per"] == "10^6 images" and got["cost_per_unit_usd"] == pytest.approx(0.5)
+    assert got["energy_per_unit_wh"] == pytest.approx(240_000 / 3600 / 1.2)
+    # the same as the steady-state figure derive stores for images
+    assert got["cost_per_unit_usd"] == pytest.approx(cost_per_million_images_usd(3.6, 1, 2000.0))
+    busbw = per_unit({**row, "metric": "avg_busbw", "value": 100.0, "unit": "GB/s"})  # 60,000 GB moved
+    assert busbw["per"] == "GB" and busbw["cost_per_unit_usd"] == pytest.approx(0.60 / 60_000)
+    legacy = per_unit({"images_per_sec": 2000.0, "duration_s": 600.0, "cost_usd": 0.60, "energy_source": NONE,
+                       "energy_j": None})
+    assert legacy["cost_per_unit_usd"] == pytest.approx(0.5) and legacy["energy_per_unit_wh"] is None
+    for bad in ({"better": "lower", "unit": "ms"}, {"value": 0.0}, {"value": None}, {"duration_s": None},
+                {"value": float("inf")}):
+        assert per_unit({**row, **bad})["cost_per_unit_usd"] is None
+    assert per_unit({**row, "energy_source": ESTIMATED})["energy_per_unit_wh"] is not None
+    assert per_unit({**row, "cost_usd": None})["cost_per_unit_usd"] is None

@@ -110,3 +110,9 @@ def test_migrate_filled_warehouse_to_metric_samples(tmp_path):
 
 def test_migrate_mig_columns_keeps_rows_and_downgrades(tmp_path):
     check_migrate_mig_columns(engine_at(tmp_path))
+
+
+def test_migrate_regression_units_and_wide_metric_names(tmp_path):
+    from warehouse_contract import check_migrate_regression_units
+
+    check_migrate_regression_units(engine_at(tmp_path))

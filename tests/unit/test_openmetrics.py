@@ -128,3 +128,22 @@ def test_age_is_never_negative(history):
     early = datetime(2026, 11, 5, 2, 10, tzinfo=timezone.utc)  # before the run finished (clock skew)
     got = parse(openmetrics.render(openmetrics.collect(history, now=early)))
     assert got["fleetbench_last_run_age_seconds"] == {(("dag_id", DAG),): 0.0}
+
+
+def test_each_cases_primary_metric_with_its_unit_and_direction(tmp_path):
+    from fleetbench.warehouse import upgrade
+    from warehouse_rows import result_row, run_row
+
+    engine = get_engine(f"sqlite:///{tmp_path}/m.db")
+    upgrade(engine)
+    store_run(engine, run_row("r1"), [], [
+        result_row("nccl", ips=None, harness="nccl_tests", metric="avg_busbw", value=180.5, unit="GB/s",
+                   better="higher"),
+        result_row("lat", ips=None, harness="command", metric="p99_latency", value=12.5, unit="ms", better="lower"),
+        result_row("old", ips=99.0)])  # no primary metric recorded: images/sec only
+    got = parse(openmetrics.render(openmetrics.collect(engine, Filters(dag_ids=frozenset({"fleet_benchmark"})))))
+    values = {(dict(k)["case_key"], dict(k)["metric"], dict(k)["unit"], dict(k)["better"]): v
+              for k, v in got["fleetbench_case_value"].items()}
+    assert values == {("nccl", "avg_busbw", "GB/s", "higher"): 180.5, ("lat", "p99_latency", "ms", "lower"): 12.5}
+    assert [dict(k)["case_key"] for k in got["fleetbench_images_per_second"]] == ["old"]
+    engine.dispose()

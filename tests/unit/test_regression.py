@@ -14,8 +14,11 @@ from fleetbench.config import ConfigError, RegressionSettings, parse_config
 from fleetbench.regression.compare import compare_case, format_compare, hodges_lehmann, parse_side
 from fleetbench.regression.detect import (
     MAD_TO_SIGMA,
+    assess_case,
     average_ranks,
     check_metric,
+    describe,
+    detect_case,
     mad,
     mann_whitney_u,
     median,
@@ -293,6 +296,67 @@ def test_energy_is_compared_only_like_with_like():
     for r in rows[25:]:
         r["energy_source"], r["energy_j"] = "estimated", 600.0  # another source: another segment, not a drop
     assert "energy_j" not in {f["metric"] for f in assess_series(rows, TRACKED)}
+
+
+def metric_rows(values, metric: str, unit: str, better: str, scale: float = 100.0, **extra) -> list[dict]:
+    """Nights of a non-image harness: the primary metric in `metric`/`value`, no images/sec, steady time and cost."""
+    return [row(f"n{i}", None, logical_date=DAY0 + timedelta(days=i), harness="command", metric=metric,
+                value=scale * v, unit=unit, better=better, duration_s=60.0, cost_usd=0.05, step_cv=None,
+                step_count=None, **extra) for i, v in enumerate(values)]
+
+
+@pytest.mark.parametrize("metric, unit, better, factor, kind", [
+    ("avg_busbw", "GB/s", "higher", 0.8, "regression"),  # an NCCL bus bandwidth drop
+    ("avg_busbw", "GB/s", "higher", 1.25, "improvement"),  # a throughput rise
+    ("p99_latency", "ms", "lower", 1.25, "regression"),  # a latency rise
+    ("p99_latency", "ms", "lower", 0.8, "improvement"),
+])
+def test_the_primary_metric_is_judged_in_its_own_direction(metric, unit, better, factor, kind):
+    values = wobble(30)
+    for k in (28, 29):
+        values[k] *= factor
+    found = {f["metric"]: f for f in assess_series(metric_rows(values, metric, unit, better), TRACKED)}
+    assert set(found) == {metric}  # time and cost did not move
+    f = found[metric]
+    assert (f["kind"], f["status"], f["direction"], f["unit"]) == (kind, "confirmed", better, unit)
+    assert f["value"] == pytest.approx(100.0 * values[29]) and f["same_change_as"] is None
+    assert (f["delta_pct"] < 0) == (factor < 1)
+    assert "images_per_sec" not in {f["metric"] for f in assess_series(metric_rows(values, metric, unit, better),
+                                                                        TRACKED)}
+    assert f"{unit} (" in describe(f)
+
+
+def test_a_night_of_another_metric_or_unit_is_not_compared():
+    rows = metric_rows(wobble(30), "p99_latency", "ms", "lower")
+    for r in rows[27:]:
+        r["unit"], r["value"] = "s", r["value"] / 1000.0  # the same latency, reported in seconds: a new series
+    assert assess_series(rows, TRACKED) is None or "p99_latency" not in {
+        f["metric"] for f in assess_series(rows, TRACKED)}
+    rows = metric_rows(wobble(30), "p99_latency", "ms", "lower")
+    rows[-1].update(metric="p50_latency", value=5.0)  # the case now reports another primary metric
+    assert "p50_latency" not in {f["metric"] for f in assess_series(rows, TRACKED) or []}
+
+
+def test_assess_case_uses_the_primary_metric_and_its_direction():
+    base = metric_rows(wobble(7), "avg_busbw", "GB/s", "higher")
+    checks = {c.metric: c for c in assess_case({**base[-1], "value": 60.0, "run_id": "now"}, base, SETTINGS)}
+    assert checks["avg_busbw"].regression and checks["avg_busbw"].direction == "higher"
+    lat = metric_rows(wobble(7), "p99_latency", "ms", "lower")
+    found = detect_case({**lat[-1], "value": 140.0, "run_id": "now"}, lat, SETTINGS)
+    assert [(f["metric"], f["unit"], f["direction"]) for f in found] == [("p99_latency", "ms", "lower")]
+
+
+def test_compare_case_on_the_primary_metric():
+    before = metric_rows(wobble(20, cv=0.01), "p99_latency", "ms", "lower")
+    after = metric_rows([v * 1.15 for v in wobble(10, cv=0.01, seed=3)], "p99_latency", "ms", "lower")
+    r = compare_case(before, after, TRACKED)
+    assert (r["metric"], r["unit"], r["direction"], r["verdict"]) == ("p99_latency", "ms", "lower", "regression")
+    assert r["after_value"] > r["before_value"] and r["delta_pct"] > 10
+    better = compare_case(after, before, TRACKED)
+    assert better["verdict"] == "improvement"
+    assert "p99_latency ms (lower better)" in format_compare([r])
+    other = metric_rows(wobble(10, seed=3), "p50_latency", "ms", "lower")  # no primary metric in common
+    assert compare_case(before, other, TRACKED)["metric"] == "duration_s"
 
 
 # -- compare: nightly values, intervals ---------------------------------------------------------------------

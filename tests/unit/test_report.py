@@ -5,6 +5,7 @@ view's FastAPI app, the DAG's report step. Expected numbers come from the wareho
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from datetime import datetime, timezone
 from html.parser import HTMLParser
@@ -265,7 +266,7 @@ def test_history_report_shows_the_warehouse_numbers(history, tmp_path):
     # open regressions: night 5's 1-GPU finding; night 4's 2-GPU one recovered on night 5
     regs = page.tables["regressions-table"]
     assert [(r["host"][0], r["case"][0], r["metric"][0], r["logical_date"][0]) for r in regs] == [
-        ("gpu-a", "tf.resnet50.bs64.g1.replicated", "images_per_sec", "2026-11-05 02:00")]
+        ("gpu-a", "tf.resnet50.bs64.g1.replicated", "images_per_sec ↑", "2026-11-05 02:00")]
     assert regs[0]["value"][1] == pytest.approx(400.0 * 0.88 + 4) and regs[0]["baseline_value"][1] == 401.5
     assert f"driver_version {OLD_DRIVER} → {NEW_DRIVER}" in regs[0]["changes_text"][0]
     # the host with only failures
@@ -643,3 +644,41 @@ def test_mig_rows_show_their_profile_and_skip_classes(engine, tmp_path):
     assert [line.split()[3:5] for line in table.splitlines()[2:]] == [
         ["1", "ok"], ["1x", "MIG"], ["1x", "MIG"], ["4", "skipped"]]
     assert "1x MIG 3g.40gb  skipped (mig_unavailable)" in table
+
+
+def test_report_judges_and_labels_each_primary_metric(engine, tmp_path):
+    """An NCCL bus bandwidth drop and a latency rise are regressions in red, labelled with their unit; the latest
+    run's cost and energy per GB moved come from the rows."""
+    from datetime import timedelta
+
+    from fleetbench.regression import assess_run, store_findings
+    from fleetbench.warehouse import store_run, upgrade
+
+    upgrade(engine)
+    day0 = datetime(2026, 11, 1, 2, tzinfo=timezone.utc)
+    for night in range(14):
+        off = night >= 12
+        when = (day0 + timedelta(days=night)).isoformat()
+        common = {"run_id": f"m{night}", "logical_date": when, "started_at": when, "finished_at": when,
+                  "ips": None, "duration_s": 60.0}
+        rows = [result_row("nccl.all_reduce", host="gpu-a", harness="nccl_tests", metric="avg_busbw",
+                           value=(150.0 if off else 200.0) + night % 2, unit="GB/s", better="higher",
+                           cost_usd=0.6, energy_source="measured", energy_j=36_000.0, **common),
+                result_row("svc.latency", host="gpu-a", harness="command", metric="p99_latency",
+                           value=(14.0 if off else 10.0) + night % 2 * 0.05, unit="ms", better="lower",
+                           cost_usd=0.01, **common)]
+        store_run(engine, {**plain_run_row(f"m{night}"), "logical_date": when}, [], rows)
+    store_findings(engine, "fleet_benchmark", "m13", assess_run(engine, "fleet_benchmark", "m13").findings)
+    _, page = written_page(tmp_path, engine, since="2026-11-01", until="2026-11-30")
+    regs = {r["case"][0]: r for r in page.tables["regressions-table"]}
+    assert regs["nccl.all_reduce"]["metric"][0] == "avg_busbw [GB/s] ↑"
+    assert regs["nccl.all_reduce"]["value"][1] == pytest.approx(151.0)
+    assert regs["svc.latency"]["metric"][0] == "p99_latency [ms] ↓" and regs["svc.latency"]["delta_pct"][1] > 30
+    text = next(Path(tmp_path / "out").glob("*.html")).read_text()
+    cells = dict(re.findall(r'data-col="([^"]+)" data-value="([^"]+)" style="background:rgb\(255,', text))
+    assert set(cells) == {"nccl.all_reduce", "svc.latency"}  # both red: worse in their own direction
+    assert float(cells["nccl.all_reduce"]) < 0 < float(cells["svc.latency"])
+    costs = page.tables["unit-cost-table"]
+    assert len(costs) == 1 and costs[0]["metric_text"][0] == "avg_busbw [GB/s]" and costs[0]["per"][0] == "GB"
+    assert costs[0]["cost_per_unit_usd"][1] == pytest.approx(0.6 / (151.0 * 60.0))  # $ / GB moved, night 13
+    assert costs[0]["energy_per_unit_wh"][1] == pytest.approx(10.0 / (151.0 * 60.0))

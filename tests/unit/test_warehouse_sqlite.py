@@ -63,3 +63,9 @@ def test_metric_samples_stored_with_results(tmp_path):
     from warehouse_contract import check_metric_samples_stored_with_results
 
     check_metric_samples_stored_with_results(get_engine(f"sqlite:///{tmp_path}/w.db"))
+
+
+def test_samples_of_results_written_earlier_are_upserted(tmp_path):
+    from warehouse_contract import check_samples_of_results_written_earlier_are_upserted
+
+    check_samples_of_results_written_earlier_are_upserted(get_engine(f"sqlite:///{tmp_path}/w.db"))

@@ -7,8 +7,10 @@ estimate, the median of all pairwise differences after - before, as % of the bef
 with its distribution-free confidence interval (the Mann-Whitney one, Moses' method: the K-th
 smallest and largest pairwise differences, K = n_b n_a / 2 - z_{1-alpha/2} sqrt(n_b n_a (n_b + n_a + 1) / 12)).
 
-The verdict comes from throughput (wall time when throughput is missing); time, energy and cost
-are the same change seen through other metrics and are shown, not counted again:
+The verdict comes from the results' primary metric (benchmark_results `metric` and `value`: images/sec,
+NCCL bus bandwidth, a team's own metric), in the direction its `better` names (wall time when the
+sides share no primary metric); time, energy and cost are the same change seen through other metrics
+and are shown, not counted again:
 
 - "not enough nights to tell": fewer than `MIN_NIGHTS` nights on a side, or an interval that reaches
   both below and above the minimum effect (it cannot tell "no change" from a change);
@@ -31,7 +33,17 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from fleetbench.config import RegressionSettings
-from fleetbench.regression.detect import ENERGY_SOURCES, METRICS, Row, mann_whitney_u, median, most_common, severity_of
+from fleetbench.regression.detect import (
+    ENERGY_SOURCES,
+    SECONDARY,
+    Row,
+    mann_whitney_u,
+    median,
+    metric_value,
+    most_common,
+    primary_of,
+    severity_of,
+)
 
 MIN_NIGHTS = 3  # fewer nights than this on a side: not enough nights to tell
 ALPHA = 0.01  # the interval is 1 - ALPHA (99 %)
@@ -83,17 +95,29 @@ def verdict_of(shift: Shift | None, n_before: int, n_after: int, direction: str,
     return "not enough nights to tell"
 
 
-def _values(rows: Sequence[Row], metric: str, source: str | None = None) -> list[float]:
-    return [r[metric] for r in rows if r.get(metric) is not None
-            and (source is None or r.get("energy_source") == source)]
+def _values(rows: Sequence[Row], metric: str, source: str | None = None, unit: str | None = None) -> list[float]:
+    """The rows' values of a metric (`detect.metric_value`: a primary metric in `unit`), energy of one source."""
+    values = [(metric_value(r, metric, unit), r) for r in rows]
+    return [v for v, r in values if v is not None and (source is None or r.get("energy_source") == source)]
+
+
+def shared_primary(before: Sequence[Row], after: Sequence[Row]) -> tuple[str | None, str | None, str]:
+    """(metric, unit, better) of the primary metric the sides compare on: the after side's most common one that
+    the before side has too; (None, None, "higher") when they share none."""
+    have = {primary_of(r)[:2] for r in before}
+    for key in sorted({primary_of(r) for r in after}, key=lambda k: -sum(primary_of(r) == k for r in after)):
+        if key[0] and key[:2] in have:
+            return key
+    return None, None, "higher"
 
 
 def compare_case(before: Sequence[Row], after: Sequence[Row], settings: RegressionSettings | None = None) -> dict:
     """One (host, case) (or case) before and after: nights per side, medians, the shift of each metric with its
     interval, and one verdict (module docstring)."""
     settings = settings or RegressionSettings()
+    name, unit, better = shared_primary(before, after)
     shifts: dict[str, Shift | None] = {}
-    for metric in METRICS:
+    for metric in SECONDARY:
         if metric == "energy_j":  # like with like: one common source, measured preferred
             source = next((s for s in ENERGY_SOURCES if _values(before, metric, s) and _values(after, metric, s)),
                           None)
@@ -101,17 +125,19 @@ def compare_case(before: Sequence[Row], after: Sequence[Row], settings: Regressi
                               if source else None)
         else:
             shifts[metric] = hodges_lehmann(_values(before, metric), _values(after, metric))
-    primary = "images_per_sec" if shifts["images_per_sec"] is not None else "duration_s"
-    b_n, a_n = len(_values(before, primary)), len(_values(after, primary))
-    verdict = verdict_of(shifts[primary], b_n, a_n, METRICS[primary], settings)
-    main = shifts[primary]
-    b_ips, a_ips = _values(before, "images_per_sec"), _values(after, "images_per_sec")
+    b_vals, a_vals = (_values(before, name, unit=unit), _values(after, name, unit=unit)) if name else ([], [])
+    main = hodges_lehmann(b_vals, a_vals)
+    if main is None:  # no primary metric both sides have: wall time
+        name, unit, better = "duration_s", "s", "lower"
+        b_vals, a_vals, main = _values(before, name), _values(after, name), shifts[name]
+    b_n, a_n = len(b_vals), len(a_vals)
+    verdict = verdict_of(main, b_n, a_n, better, settings)
     first = (after or before)[0]
     out = {
-        "host": first["host"], "case_key": first["case_key"], "metric": primary,
+        "host": first["host"], "case_key": first["case_key"], "metric": name, "unit": unit, "direction": better,
         "before_n": b_n, "after_n": a_n,
-        "before_images_per_sec": median(b_ips) if b_ips else None,
-        "after_images_per_sec": median(a_ips) if a_ips else None,
+        "before_value": median(b_vals) if b_vals else None,
+        "after_value": median(a_vals) if a_vals else None,
         "delta_pct": main.estimate_pct if main else None,
         "ci_low_pct": main.low_pct if main else None, "ci_high_pct": main.high_pct if main else None,
         "p_value": main.p_value if main else None, "basis": "nights", "verdict": verdict,
@@ -132,7 +158,7 @@ def _num(value: float | None, fmt: str) -> str:
     return "-" if value is None or not math.isfinite(value) else format(value, fmt)
 
 
-COMPARE_TABLE = ("host", "case", "before img/s (nights)", "after img/s (nights)", "change % [99 % interval]", "verdict",
+COMPARE_TABLE = ("host", "case", "metric", "before (nights)", "after (nights)", "change % [99 % interval]", "verdict",
                  "time %", "energy %", "cost %")
 
 
@@ -142,10 +168,12 @@ def format_compare(rows: Sequence[Mapping[str, Any]]) -> str:
     for r in rows:
         change = (f"{_num(r['delta_pct'], '+.1f')} [{_num(r['ci_low_pct'], '+.1f')}, {_num(r['ci_high_pct'], '+.1f')}]"
                   if r["delta_pct"] is not None else "-")
+        arrow = "" if r.get("direction") is None else " (higher better)" if r["direction"] == "higher" else (
+            " (lower better)")
         cells.append([
-            r["host"], r["case_key"],
-            f"{_num(r['before_images_per_sec'], '.2f')} ({r['before_n']})",
-            f"{_num(r['after_images_per_sec'], '.2f')} ({r['after_n']})",
+            r["host"], r["case_key"], f"{r['metric']} {r.get('unit') or ''}".rstrip() + arrow,
+            f"{_num(r['before_value'], '.4g')} ({r['before_n']})",
+            f"{_num(r['after_value'], '.4g')} ({r['after_n']})",
             change, r["verdict"] + (f" ({r['severity']})" if r.get("severity") else ""),
             _num(r["duration_delta_pct"], "+.1f"), _num(r["energy_delta_pct"], "+.1f"),
             _num(r["cost_delta_pct"], "+.1f"),

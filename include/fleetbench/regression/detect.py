@@ -4,8 +4,10 @@ The baseline of a result is the trailing window of earlier results of the same D
 image digest: the last `window` (default 7) results with status ok and an earlier logical date.
 With fewer than `min_history` (default 3) of them there is no verdict ("insufficient history").
 
-Each metric has a direction, the way that is better (`METRICS`): images/sec higher; wall time,
-energy and cost lower. A metric regressed when, against the baseline's values h_1..h_n,
+The metrics checked on a result (`metrics_of`) are its primary metric (benchmark_results `metric`
+and `value`, in the direction its `better` names: images/sec or NCCL bus bandwidth higher, a
+latency lower), then wall time, energy and cost (`SECONDARY`, lower). A metric regressed when,
+against the baseline's values h_1..h_n,
 
     robust z = (x - median(h)) / s,  s = max(1.4826 x MAD(h), scale_floor_pct % x |median(h)|)
 
@@ -45,19 +47,59 @@ log = logging.getLogger(__name__)
 
 Row = Mapping[str, Any]  # a benchmark_results row as a dict
 
-# metric -> the direction that is better. Column names of benchmark_results.
-METRICS: dict[str, str] = {
-    "images_per_sec": "higher",  # throughput
+# The metrics checked on every result besides its primary metric -> the direction that is better. Column names
+# of benchmark_results.
+SECONDARY: dict[str, str] = {
     "duration_s": "lower",  # the case's wall time
     "energy_j": "lower",  # only when both sides measured it, or both estimated it
     "cost_usd": "lower",
 }
+SECONDARY_UNITS = {"duration_s": "s", "energy_j": "J", "cost_usd": "USD"}
+# tf_cnn_benchmarks' primary metric, and the one of a row stored before rows named theirs (metric NULL).
+LEGACY_PRIMARY = ("images_per_sec", "images/s", "higher")
+METRICS: dict[str, str] = {LEGACY_PRIMARY[0]: LEGACY_PRIMARY[2], **SECONDARY}  # a tf_cnn_benchmarks row's metrics
 MAD_TO_SIGMA = 1.4826  # 1 / Phi^-1(3/4): MAD x 1.4826 estimates sigma of normal noise
 ENERGY_SOURCES = ("measured", "estimated")
 SEVERITIES = ("minor", "major")
 # What "what changed" compares, besides the image digest and the GPU clocks.
 CHANGE_FIELDS = ("driver_version", "cuda_driver_version", "gpu_model")
 CLOCK_CHANGE_PCT = 2.0  # a mean SM clock this much off the baseline's median is listed as a change
+
+
+# -- which metrics a result has ------------------------------------------------------------------------
+def primary_of(row: Row) -> tuple[str | None, str | None, str]:
+    """(metric, unit, better) of a result's primary metric: the row's `metric`, `unit` and `better`; a row without
+    them that has images/sec (stored before rows named their metric) is images/sec, higher is better."""
+    if row.get("metric"):
+        return row["metric"], row.get("unit"), "lower" if row.get("better") == "lower" else "higher"
+    if row.get("images_per_sec") is not None:
+        return LEGACY_PRIMARY
+    return None, None, "higher"
+
+
+def metrics_of(row: Row) -> list[tuple[str, str]]:
+    """(metric, direction) of each metric checked on a result: its primary metric, then `SECONDARY` (a primary
+    metric of the same name as a secondary one is the harness's, and replaces it)."""
+    name, _, better = primary_of(row)
+    head = [(name, better)] if name else []
+    return head + [(m, d) for m, d in SECONDARY.items() if m != name]
+
+
+def unit_of(row: Row, metric: str) -> str | None:
+    """The unit of a result's metric: its primary metric's unit, or the secondary metric's."""
+    name, unit, _ = primary_of(row)
+    return unit if name == metric else SECONDARY_UNITS.get(metric)
+
+
+def metric_value(row: Row, metric: str, unit: str | None = None) -> float | None:
+    """A result's value of a metric: its `value` when the metric is its primary one (in `unit`, when given: a value
+    in another unit is not comparable and counts as missing), else the column of that name (`SECONDARY`)."""
+    name, row_unit, _ = primary_of(row)
+    if name == metric:
+        if unit is not None and row_unit is not None and row_unit != unit:
+            return None
+        return row.get("value") if row.get("metric") else row.get("images_per_sec")
+    return row.get(metric) if metric in SECONDARY else None
 
 
 # -- statistics -----------------------------------------------------------------------------------
@@ -177,7 +219,7 @@ def check_metric(metric: str, value: float | None, history: Sequence[float | Non
     baseline's median is not positive.
     """
     settings = settings or RegressionSettings()
-    direction = direction or METRICS[metric]
+    direction = direction or METRICS.get(metric, "higher")
     hist = [float(h) for h in history if h is not None and math.isfinite(h)]
     if value is None or not math.isfinite(value) or len(hist) < settings.min_history:
         return None
@@ -255,7 +297,8 @@ def what_changed(row: Mapping[str, Any], baseline: Sequence[Mapping[str, Any]], 
 
 # -- one (host, case) against its baseline --------------------------------------------------------
 def metric_history(metric: str, row: Row, baseline: Sequence[Row]) -> tuple[float | None, list[float]]:
-    """The row's value of a metric and the baseline's values that are comparable with it.
+    """The row's value of a metric and the baseline's values that are comparable with it (the same metric in the
+    same unit).
 
     Energy compares like with like: only when the row's energy was measured or estimated, and only
     against baseline rows whose energy came the same way.
@@ -266,15 +309,18 @@ def metric_history(metric: str, row: Row, baseline: Sequence[Row]) -> tuple[floa
             return None, []
         return row.get("energy_j"), [r["energy_j"] for r in baseline
                                      if r.get("energy_source") == source and r.get("energy_j") is not None]
-    return row.get(metric), [r[metric] for r in baseline if r.get(metric) is not None]
+    unit = primary_of(row)[1] if metric not in SECONDARY else None
+    values = (metric_value(r, metric, unit) for r in baseline)
+    return metric_value(row, metric, unit), [v for v in values if v is not None]
 
 
 def assess_case(row: Mapping[str, Any], baseline: Sequence[Mapping[str, Any]],
                 settings: RegressionSettings | None = None) -> list[MetricCheck]:
-    """Every metric of `METRICS` the row and its baseline both have enough of, checked (`check_metric`)."""
+    """Every metric of the row (`metrics_of`) the row and its baseline both have enough of, checked
+    (`check_metric`)."""
     settings = settings or RegressionSettings()
     out = []
-    for metric, direction in METRICS.items():
+    for metric, direction in metrics_of(row):
         value, history = metric_history(metric, row, baseline)
         check = check_metric(metric, value, history, settings, direction)
         if check is not None:
@@ -314,7 +360,8 @@ def findings_of(row: Mapping[str, Any], baseline: Sequence[Mapping[str, Any]], c
             p_value = mw.p_value if mw else None
         findings.append({
             "dag_id": row["dag_id"], "run_id": row["run_id"], "host": row["host"], "case_key": row["case_key"],
-            "metric": c.metric, "direction": c.direction, "baseline_value": c.baseline_value, "value": c.value,
+            "metric": c.metric, "unit": unit_of(row, c.metric), "direction": c.direction,
+            "baseline_value": c.baseline_value, "value": c.value,
             "delta_pct": c.delta_pct, "z_score": c.z_score, "p_value": p_value, "baseline_n": c.baseline_n,
             "baseline_window": [r["run_id"] for r in baseline], "changes": changes, "severity": c.severity,
             "detected_at": detected_at,
@@ -324,7 +371,7 @@ def findings_of(row: Mapping[str, Any], baseline: Sequence[Mapping[str, Any]], c
 
 def describe(finding: Mapping[str, Any]) -> str:
     """One line for logs and mails:
-    `host case: metric 100.0 -> 80.0 (-20.0 %, z -12.3, major); driver_version 535 -> 550`."""
+    `host case: metric 100.0 -> 80.0 images/s (-20.0 %, z -12.3, major); driver_version 535 -> 550`."""
     changes = finding.get("changes") or {}
     if isinstance(changes, str):
         changes = json.loads(changes)
@@ -332,7 +379,8 @@ def describe(finding: Mapping[str, Any]) -> str:
             or "nothing recorded changed")
     z = finding.get("z_score")
     p = finding.get("p_value")
+    unit = f" {finding['unit']}" if finding.get("unit") else ""
     return (f"{finding['host']} {finding['case_key']}: {finding['metric']} {finding['baseline_value']:.4g} -> "
-            f"{finding['value']:.4g} ({finding['delta_pct']:+.1f} %" + (f", z {z:+.1f}" if z is not None else "")
+            f"{finding['value']:.4g}{unit} ({finding['delta_pct']:+.1f} %" + (f", z {z:+.1f}" if z is not None else "")
             + (f", p {p:.2g}" if p is not None else "")
             + f", {finding['severity']}, baseline of {finding['baseline_n']} run(s)); changed: {what}")

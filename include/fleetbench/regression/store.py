@@ -17,7 +17,16 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Mapping, Sequence
 
 from fleetbench.config import RegressionSettings
-from fleetbench.regression.detect import ENERGY_SOURCES, METRICS, most_common, severity_of, what_changed
+from fleetbench.regression.detect import (
+    ENERGY_SOURCES,
+    metric_value,
+    metrics_of,
+    most_common,
+    primary_of,
+    severity_of,
+    unit_of,
+    what_changed,
+)
 from fleetbench.regression.track import SEGMENT_FIELDS, NightIn, Verdict, segment_dict, segment_of, track
 from fleetbench.timestamps import utc
 
@@ -50,7 +59,7 @@ class RunAssessment:
 # What the replay reads of a result (no telemetry: a year of them would not fit in memory).
 HISTORY_COLUMNS = ("dag_id", "run_id", "logical_date", "host", "case_key", "image_digest", "driver_version",
                    "cuda_driver_version", "gpu_model", "images_per_sec", "duration_s", "energy_source", "energy_j",
-                   "cost_usd", "step_cv", "step_count", "host_gpu_health")
+                   "cost_usd", "step_cv", "step_count", "host_gpu_health", "metric", "value", "unit", "better")
 HOSTS_PER_READ = 50  # hosts whose history is read at once
 
 
@@ -145,27 +154,28 @@ def assess_series(series: Sequence[Mapping[str, Any]], settings: RegressionSetti
         return None
     row = series[-1]
     findings, judged = [], False
-    for metric, direction in METRICS.items():
-        nights = nights_of(series, metric)
+    for metric, direction in metrics_of(row):
+        nights = nights_of(series, metric, primary_of(row)[1])
         verdict = track(nights, direction, settings, accepted)[-1]
         if verdict is None:
             continue
         judged = True
         if verdict.kind is not None:
             findings.append(finding_row(row, metric, direction, verdict, series, settings, detected_at))
-    group_findings(findings)
+    group_findings(findings, primary_of(row)[0])
     return findings if judged else None
 
 
-def nights_of(series: Sequence[Mapping[str, Any]], metric: str) -> list[NightIn]:
-    """A metric's nights for `track`. Energy compares like with like: a night whose energy came another way
-    (measured, estimated) starts a new baseline."""
+def nights_of(series: Sequence[Mapping[str, Any]], metric: str, unit: str | None = None) -> list[NightIn]:
+    """A metric's nights for `track` (`detect.metric_value`: a night whose primary metric is another one, or in
+    another unit than `unit`, has no value). Energy compares like with like: a night whose energy came another
+    way (measured, estimated) starts a new baseline."""
     out = []
     for r in series:
         se = None
         if r.get("step_cv") is not None and r.get("step_count"):
             se = float(r["step_cv"]) / math.sqrt(r["step_count"])
-        value, measure = r.get(metric), None
+        value, measure = metric_value(r, metric, unit), None
         if metric == "energy_j":
             measure = r.get("energy_source")
             if measure not in ENERGY_SOURCES:
@@ -183,7 +193,8 @@ def finding_row(row: Mapping[str, Any], metric: str, direction: str, v: Verdict,
     bad = -v.delta_pct if direction == "higher" else v.delta_pct
     return {
         "dag_id": row["dag_id"], "run_id": row["run_id"], "host": row["host"], "case_key": row["case_key"],
-        "metric": metric, "direction": direction, "baseline_value": v.baseline_value, "value": v.value,
+        "metric": metric, "unit": unit_of(row, metric), "direction": direction, "baseline_value": v.baseline_value,
+        "value": v.value,
         "delta_pct": v.delta_pct, "z_score": v.z_score, "p_value": None, "baseline_n": v.baseline_n,
         "baseline_window": list(v.baseline_runs), "changes": {},
         "severity": severity_of(abs(bad), settings), "detected_at": detected_at or datetime.now(timezone.utc),
@@ -196,16 +207,16 @@ def finding_row(row: Mapping[str, Any], metric: str, direction: str, v: Verdict,
 
 
 # Findings that are one change seen through several metrics: a slower run takes longer, costs more
-# (price x time) and uses more energy. The first metric found of each chain is the change; the others
-# name it in `same_change_as`, so they are counted and mailed once.
-SAME_CHANGE = ("images_per_sec", "duration_s", "cost_usd", "energy_j")
+# (price x time) and uses more energy. The first metric found of the chain (the primary metric, then these) is
+# the change; the others name it in `same_change_as`, so they are counted and mailed once.
+SAME_CHANGE = ("duration_s", "cost_usd", "energy_j")
 
 
-def group_findings(findings: list[dict]) -> None:
+def group_findings(findings: list[dict], primary: str | None = "images_per_sec") -> None:
     """Set `same_change_as` on the findings of one (host, case) that repeat an earlier metric's finding of the
-    same kind and status."""
+    same kind and status (the chain: the row's primary metric, then `SAME_CHANGE`)."""
     first: dict[tuple[str, str], str] = {}
-    for metric in SAME_CHANGE:
+    for metric in ((primary,) if primary else ()) + tuple(m for m in SAME_CHANGE if m != primary):
         for f in findings:
             if f["metric"] == metric:
                 key = (f["kind"], f["status"])

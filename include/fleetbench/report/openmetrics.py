@@ -3,6 +3,7 @@
 What a fleet operator alerts on, one scrape's worth (not the history: that is the report's):
 
     fleetbench_images_per_second{dag_id,host,case_key,model,num_gpus,gpu}   the newest ok result's images/sec
+    fleetbench_case_value{...same,metric,unit,better}                     that result's primary metric (any harness)
     fleetbench_case_energy_joules{...same}, fleetbench_case_cost_usd{...}  that result's energy and cost
     fleetbench_case_logical_date_seconds{...same}                         the night it was measured
     fleetbench_open_regressions{dag_id,host,severity}                     open findings (see report.queries)
@@ -88,7 +89,7 @@ def latest_results(conn, f: Filters, since: datetime | None) -> list[dict]:
     rows = conn.execute(
         select(br.c.dag_id, br.c.host, br.c.case_key, br.c.model, br.c.num_gpus,
                func.coalesce(br.c.gpu_catalog_name, br.c.gpu_model).label("gpu"), br.c.images_per_sec,
-               br.c.energy_j, br.c.cost_usd, br.c.logical_date)
+               br.c.metric, br.c.value, br.c.unit, br.c.better, br.c.energy_j, br.c.cost_usd, br.c.logical_date)
         .join(newest, and_(br.c.dag_id == newest.c.dag_id, br.c.host == newest.c.host,
                            br.c.case_key == newest.c.case_key, br.c.logical_date == newest.c.d))
         .where(br.c.status == "ok")
@@ -124,6 +125,8 @@ def collect(engine, f: Filters | None = None, now: datetime | None = None) -> li
     f = f or Filters()
     now = now or datetime.now(timezone.utc)
     ips = Family("fleetbench_images_per_second", "Throughput of the newest ok result of each host and case.")
+    primary = Family("fleetbench_case_value", "The primary metric of the newest ok result of each host and case "
+                     "(images/sec, NCCL bus bandwidth, a team's own), with its metric, unit and which way is better.")
     energy = Family("fleetbench_case_energy_joules", "Energy of that result (measured or estimated).", "joules")
     cost = Family("fleetbench_case_cost_usd", "Cost of that result at the host's price.")
     night = Family("fleetbench_case_logical_date_seconds", "Logical date (Unix time) of that result's run.",
@@ -141,6 +144,8 @@ def collect(engine, f: Filters | None = None, now: datetime | None = None) -> li
         for r in latest_results(conn, f, since):
             labels = {k: r[k] for k in CASE_LABELS}
             ips.add(labels, r["images_per_sec"])
+            if r["metric"]:
+                primary.add({**labels, "metric": r["metric"], "unit": r["unit"], "better": r["better"]}, r["value"])
             energy.add(labels, r["energy_j"])
             cost.add(labels, r["cost_usd"])
             night.add(labels, _epoch(r["logical_date"]))
@@ -161,4 +166,4 @@ def collect(engine, f: Filters | None = None, now: datetime | None = None) -> li
         last_age.add({"dag_id": r["dag_id"]}, max(0.0, now.timestamp() - finished) if finished is not None else None)
         for status in ("ok", "failed", "skipped"):
             last_cases.add({"dag_id": r["dag_id"], "status": status}, r[f"cases_{status}"])
-    return [ips, energy, cost, night, regressions, verdict, last_ts, last_age, last_cases]
+    return [ips, primary, energy, cost, night, regressions, verdict, last_ts, last_age, last_cases]

@@ -536,6 +536,42 @@ def latest_run(conn, f: Filters) -> dict | None:
             **{k: _int(v) for k, v in counts._mapping.items()}}
 
 
+def unit_costs(conn, f: Filters, run: dict | None) -> list[dict]:
+    """The run's cost and energy per unit of its primary metrics (`fleetbench.metrics.per_unit`), per metric, unit
+    and GPU model (`CPU_LABEL` for CPU cases): total cost (energy) / total work at the measured rates, over the ok
+    cases that have a cost (energy). Rate metrics where higher is better only: a latency does no work. One GROUP BY
+    over the run's rows."""
+    from fleetbench.metrics import ESTIMATED, MEASURED, work_unit
+
+    if run is None:
+        return []
+    work = br.c.value * br.c.duration_s
+    has_energy = br.c.energy_source.in_((MEASURED, ESTIMATED)) & br.c.energy_j.is_not(None)
+    gpu = func.coalesce(br.c.gpu_catalog_name, br.c.gpu_model)
+    rows = conn.execute(select(
+        br.c.metric, br.c.unit, gpu.label("gpu"), func.count().label("n"),
+        func.sum(case((br.c.cost_usd.is_not(None), br.c.cost_usd))).label("cost"),
+        func.sum(case((br.c.cost_usd.is_not(None), work))).label("cost_work"),
+        func.sum(case((has_energy, br.c.energy_j))).label("energy"),
+        func.sum(case((has_energy, work))).label("energy_work"),
+    ).where(*_scope(f, window=(None, None)), br.c.dag_id == run["dag_id"], br.c.run_id == run["run_id"],
+            br.c.status == "ok", br.c.better == "higher", br.c.value > 0, br.c.duration_s > 0)
+        .group_by(br.c.metric, br.c.unit, gpu).order_by(br.c.metric, br.c.unit, gpu)).all()
+    out = []
+    for r in rows:
+        unit = work_unit(r.unit, "higher")
+        if unit is None:
+            continue
+        thing, amount = unit
+        cost = float(r.cost) / float(r.cost_work) * amount if r.cost_work else None
+        energy = float(r.energy) / 3600.0 / float(r.energy_work) * amount if r.energy_work else None
+        out.append({"metric": r.metric, "unit": r.unit, "gpu": r.gpu if r.gpu is not None else CPU_LABEL,
+                    "n": int(r.n), "per": f"10^6 {thing}" if amount == 1e6 else thing,
+                    "cost_per_unit_usd": cost if cost is None or math.isfinite(cost) else None,
+                    "energy_per_unit_wh": energy if energy is None or math.isfinite(energy) else None})
+    return out
+
+
 def failures(conn, f: Filters, run: dict | None) -> list[dict]:
     """The run's failed and skipped cases by failure class, with the hosts they happened on."""
     if run is None:
@@ -571,7 +607,8 @@ def open_regressions(conn, f: Filters, include_suspected: bool = False,
         select(rg.c.dag_id, rg.c.run_id, rg.c.host, rg.c.case_key, br.c.model, rg.c.metric, rg.c.direction,
                rg.c.baseline_value, rg.c.value, rg.c.delta_pct, rg.c.z_score, rg.c.p_value, rg.c.baseline_n,
                rg.c.changes, rg.c.severity, br.c.logical_date, rg.c.kind, rg.c.status, rg.c.basis, rg.c.since_date,
-               rg.c.since_run_id, rg.c.detectable_pct, rg.c.same_change_as, rg.c.segment, rg.c.baseline_segment)
+               rg.c.since_run_id, rg.c.detectable_pct, rg.c.same_change_as, rg.c.segment, rg.c.baseline_segment,
+               rg.c.unit)
         .join(br, and_(br.c.dag_id == rg.c.dag_id, br.c.run_id == rg.c.run_id, br.c.host == rg.c.host,
                        br.c.case_key == rg.c.case_key))
         .where(*_scope(f), br.c.logical_date == newest_ok, rg.c.kind.in_(kinds),
@@ -639,19 +676,25 @@ CHANGE_MAP_MAX_CELLS = 4000  # host x case cells; more: filter by host or model
 
 
 def change_map(conn, f: Filters) -> dict:
-    """Host x case: each (host, case)'s newest ok images/sec in the window against its baseline, so a drop on
+    """Host x case: each (host, case)'s newest ok primary metric (images/sec, bus bandwidth, a latency: `metric`,
+    `value`, compared only with nights of the same metric and unit) in the window against its baseline, so a drop on
     some hosts is not averaged away. Where a finding is open on that night (confirmed or suspected, regression
     or improvement) its change against its own baseline is shown; elsewhere the change against the median of
     the window's earlier ok nights with the same driver, CUDA driver and image digest (None with fewer than 3).
-    {"hosts", "cases", "cells": {host: {case_key: {"delta_pct", "status", "kind"}}}, "skipped"}."""
+    {"hosts", "cases", "cells": {host: {case_key: {"delta_pct", "status", "kind", "metric", "unit", "better"}}},
+    "skipped"}."""
     pairs = conn.execute(select(func.count()).select_from(
         select(br.c.host, br.c.case_key).where(*_scope(f), br.c.status == "ok").distinct().subquery())).scalar()
     if pairs > CHANGE_MAP_MAX_CELLS:
         return {"hosts": [], "cases": [], "cells": {}, "skipped": pairs}
+    legacy = br.c.metric.is_(None)  # a row stored before rows named their metric: images/sec
+    value = case((legacy, br.c.images_per_sec), else_=br.c.value)
     rows = conn.execute(
-        select(br.c.host, br.c.case_key, br.c.images_per_sec, br.c.driver_version, br.c.cuda_driver_version,
-               br.c.image_digest)
-        .where(*_scope(f), br.c.status == "ok", br.c.images_per_sec.is_not(None))
+        select(br.c.host, br.c.case_key, func.coalesce(br.c.metric, "images_per_sec").label("metric"),
+               value.label("value"), case((legacy, "images/s"), else_=br.c.unit).label("unit"),
+               func.coalesce(br.c.better, "higher").label("better"), br.c.driver_version,
+               br.c.cuda_driver_version, br.c.image_digest)
+        .where(*_scope(f), br.c.status == "ok", value.is_not(None))
         .order_by(br.c.host, br.c.case_key, br.c.logical_date)).all()
     series: dict[tuple[str, str], list] = {}
     for r in rows:
@@ -659,15 +702,18 @@ def change_map(conn, f: Filters) -> dict:
     cells: dict[str, dict[str, dict]] = {}
     for (host, case_key), nights in series.items():
         last = nights[-1]
-        same = [n.images_per_sec for n in nights[:-1]
-                if (n.driver_version, n.cuda_driver_version, n.image_digest)
-                == (last.driver_version, last.cuda_driver_version, last.image_digest)]
+        same = [n.value for n in nights[:-1]
+                if (n.metric, n.unit, n.driver_version, n.cuda_driver_version, n.image_digest)
+                == (last.metric, last.unit, last.driver_version, last.cuda_driver_version, last.image_digest)
+                and math.isfinite(n.value)]
         base = sorted(same)[len(same) // 2] if len(same) >= 3 else None
-        delta = (last.images_per_sec - base) / base * 100.0 if base else None
-        cells.setdefault(host, {})[case_key] = {"delta_pct": delta, "status": None, "kind": None}
+        delta = (last.value - base) / base * 100.0 if base and math.isfinite(last.value) else None
+        cells.setdefault(host, {})[case_key] = {"delta_pct": delta, "status": None, "kind": None,
+                                                "metric": last.metric, "unit": last.unit,
+                                                "better": "lower" if last.better == "lower" else "higher"}
     for r in open_regressions(conn, f, include_suspected=True, kinds=("regression", "improvement")):
         cell = cells.get(r["host"], {}).get(r["case_key"])
-        if cell is not None and r["metric"] == "images_per_sec":
+        if cell is not None and r["metric"] == cell["metric"]:
             cell.update(delta_pct=r["delta_pct"], status=r["status"], kind=r["kind"])
     return {"hosts": sorted(cells), "cases": sorted({c for row in cells.values() for c in row}), "cells": cells,
             "skipped": None}
@@ -802,6 +848,7 @@ def build_report(engine: Engine, f: Filters | None = None, *, max_series: int | 
         report["efficiency"] = efficiency(conn, scoped)
         report["latest_run"] = latest_run(conn, scoped)
         report["failures"] = failures(conn, scoped, report["latest_run"])
+        report["unit_costs"] = unit_costs(conn, scoped, report["latest_run"])
         report["regressions"] = open_regressions(conn, scoped)
         report["suspected"] = [r for r in open_regressions(conn, scoped, include_suspected=True)
                                if r["status"] == "suspected"]

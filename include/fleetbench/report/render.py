@@ -38,17 +38,19 @@ display:flex;gap:12px;align-items:end;flex-wrap:wrap;font-size:13px}form.filters
 """  # noqa: E501
 
 
-def _cell_colour(delta: float | None) -> str:
-    """Red for slower, green for faster, white within 1 %, full colour at 25 %."""
+def _cell_colour(delta: float | None, better: str = "higher") -> str:
+    """Red for worse (lower where higher is better, higher where lower is), green for better, white within 1 %,
+    full colour at 25 %."""
     if delta is None or abs(delta) < 1.0:
         return "#fff"
     t = min(abs(delta), 25.0) / 25.0
     fade = int(255 - t * 160)
-    return f"rgb(255,{fade},{fade})" if delta < 0 else f"rgb({fade},255,{fade})"
+    worse = delta < 0 if better != "lower" else delta > 0
+    return f"rgb(255,{fade},{fade})" if worse else f"rgb({fade},255,{fade})"
 
 
 def _change_map(data: dict) -> str:
-    """The host x case table of throughput change against baseline (● confirmed finding, ○ suspected)."""
+    """The host x case table of the primary metric's change against baseline (● confirmed finding, ○ suspected)."""
     if data.get("skipped"):
         return (f'<p class="empty" id="change-map-skipped">{data["skipped"]} hosts and cases: too many cells for a '
                 "map; filter by host or model.</p>")
@@ -67,18 +69,24 @@ def _change_map(data: dict) -> str:
             mark = {"confirmed": " ●", "suspected": " ○"}.get(cell["status"] or "", "")
             text = "–" if d is None else f"{d:+.1f}"
             value = "" if d is None else f' data-value="{d!r}"'
-            tds.append(f'<td class="num" data-col="{escape(case_key)}"{value} style="background:{_cell_colour(d)}" '
-                       f'title="{escape(host)} {escape(case_key)}">{text}{mark}</td>')
+            what = f"{cell.get('metric') or ''} {cell.get('unit') or ''}, {cell.get('better', 'higher')} is better"
+            tds.append(f'<td class="num" data-col="{escape(case_key)}"{value} '
+                       f'style="background:{_cell_colour(d, cell.get("better", "higher"))}" '
+                       f'title="{escape(host)} {escape(case_key)}: {escape(what)}">{text}{mark}</td>')
         body.append(f"<tr><th>{escape(host)}</th>{''.join(tds)}</tr>")
-    return ('<p class="meta">Newest night\'s images/sec change in %: against the open finding\'s baseline (● '
-            "confirmed, ○ suspected), else against the earlier nights in range with the same driver and image."
+    return ('<p class="meta">Newest night\'s change in % of each case\'s primary metric (images/sec, bus bandwidth, '
+            "a latency; red is worse in the metric's own direction, the cell's tooltip names metric and unit): "
+            "against the open finding's baseline (● confirmed, ○ suspected), else against the earlier nights in "
+            "range with the same driver and image."
             f'</p><table class="data" id="change-map"><tr><th>host</th>{head}</tr>{"".join(body)}</table>')
 
 
 def _findings(rows: Sequence[dict]) -> list[dict]:
     """Findings as table rows: severity badge, what changed in words, repeated metrics marked."""
     return [{**r, "case": r["case_key"],
-             "metric": r["metric"] + (f" (same change as {r['same_change_as']})" if r.get("same_change_as") else ""),
+             "metric": r["metric"] + (f" [{r['unit']}]" if r.get("unit") else "")
+             + (" ↑" if r.get("direction") == "higher" else " ↓" if r.get("direction") == "lower" else "")
+             + (f" (same change as {r['same_change_as']})" if r.get("same_change_as") else ""),
              "sev_html": f'<span class="sev-{escape(r["severity"])}">{escape(r["severity"])}</span>',
              "changes_text": "; ".join(f"{k} {v.get('before')} → {v.get('after')}" if isinstance(v, dict)
                                        else f"{k} {v}"
@@ -320,6 +328,17 @@ def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str,
                        empty="No energy or cost figures in this range (hosts without a price, GPUs without a TDP "
                              "and cases without telemetry have none)."))
 
+    parts.append("<h3>Latest run: cost and energy per unit of the primary metric</h3>")
+    parts.append('<p class="meta">Per metric and GPU model: the run\'s cost (energy) ÷ the work its cases did at the '
+                 "measured rate (value × wall time): $ and Wh per 10⁶ images or samples, per GB moved. Rate metrics "
+                 "where higher is better only.</p>")
+    rows = [{**r, "metric_text": f"{r['metric']} [{r['unit']}]"} for r in report.get("unit_costs") or []]
+    parts.append(table("unit-cost-table", [("metric", "metric_text", "text"), ("GPU model", "gpu", "text"),
+                                           ("cases", "n", "int"), ("per", "per", "text"),
+                                           ("USD per unit", "cost_per_unit_usd", "num"),
+                                           ("Wh per unit", "energy_per_unit_wh", "num")],
+                       rows, empty="No rate metric with a cost or energy figure in the latest run."))
+
     run = report["latest_run"]
     parts.append("<h2>Latest run: failures by class</h2>")
     if run:
@@ -339,8 +358,10 @@ def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str,
     parts.append("<h2>Open regressions</h2>")
     parts.append('<p class="meta">Confirmed: found on consecutive nights (or a new driver, CUDA driver, image or '
                  "health state whose nights together are worse), open until accepted (`fleetbench regressions "
-                 "accept`) or recovered. Time, energy and cost findings that repeat a throughput finding are marked "
-                 "\u201csame change\u201d. Detectable: the smallest change one night of that case can show.</p>")
+                 "accept`) or recovered. Each metric is judged in its own direction (↑ higher is better, ↓ "
+                 "lower); baseline and value are in the unit shown next to the metric. Time, energy and cost "
+                 "findings that repeat a primary metric's finding are marked \u201csame change\u201d. Detectable: "
+                 "the smallest change one night of that case can show.</p>")
     columns = [
         ("severity", "sev_html", "html"), ("host", "host", "text"), ("case", "case", "text"),
         ("metric", "metric", "text"), ("baseline", "baseline_value", "num"), ("value", "value", "num"),

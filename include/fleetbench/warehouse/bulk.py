@@ -2,7 +2,9 @@
 
 - PostgreSQL: COPY the rows into a temporary staging table (dropped at commit), then one
   `INSERT ... SELECT ... ORDER BY <key> ON CONFLICT (<key>) DO UPDATE`. The staging table also
-  serves joins, e.g. deleting the steps of every staged case with one DELETE ... USING.
+  serves joins, e.g. deleting the steps of every staged case with one DELETE ... USING. Rows that
+  cannot conflict (a case's metric samples right after its old ones were deleted) are COPied straight
+  into their table (`insert_new`). COPY's text is built column by column.
 - SQLite: one prepared `INSERT ... ON CONFLICT DO UPDATE` run over all rows by the driver (executemany).
 - Anything else: SQLAlchemy's executemany, as a delete of the keys then an insert.
 
@@ -45,6 +47,17 @@ def upsert(conn, table: Table, columns: Sequence[str], rows: list[tuple], key: S
         conn.execute(table.insert(), [dict(zip(columns, r)) for r in rows])
 
 
+def insert_new(conn, table: Table, columns: Sequence[str], rows: list[tuple], key: Sequence[str]) -> None:
+    """Insert rows none of whose keys is in `table` (the caller has just deleted them, in its transaction): one
+    COPY into the table on PostgreSQL, no staging and no conflict check; `upsert` elsewhere."""
+    if not rows:
+        return
+    if conn.dialect.name != "postgresql":
+        upsert(conn, table, columns, rows, key)
+        return
+    _copy(conn, q(table.name), table, columns, rows)
+
+
 def delete_keys(conn, table: Table, key: Sequence[str], keys: list[tuple]) -> None:
     """DELETE the rows of `table` whose `key` columns are one of `keys`, in chunks of DELETE_CHUNK
     (one IN list of 20,000 row values overflows PostgreSQL's parser stack)."""
@@ -76,14 +89,16 @@ def _pg_upsert(conn, table: Table, columns: Sequence[str], rows: list[tuple], ke
     updates = [c for c in columns if c not in key]
     action = ("DO UPDATE SET " + ", ".join(f"{q(c)} = EXCLUDED.{q(c)}" for c in updates)) if updates else "DO NOTHING"
     conn.exec_driver_sql(f"CREATE TEMPORARY TABLE {stage} ON COMMIT DROP AS SELECT {cols} FROM {target} WITH NO DATA")
-    formats = [_copy_format(table.c[c].type)() for c in columns]
-    buf = io.StringIO()
-    write = buf.write
-    for row in rows:
-        write("\t".join([f(v) for f, v in zip(formats, row)]))
-        write("\n")
-    buf.seek(0)
-    copy = f"COPY {stage} ({cols}) FROM STDIN"
+    _copy(conn, stage, table, columns, rows)
+    conn.exec_driver_sql(f"INSERT INTO {target} ({cols}) SELECT {cols} FROM {stage} ORDER BY {keys} "
+                         f"ON CONFLICT ({keys}) {action}")
+
+
+def _copy(conn, into: str, table: Table, columns: Sequence[str], rows: list[tuple]) -> None:
+    """COPY the rows into the (quoted) table `into`, whose columns are `table`'s."""
+    cells = [_copy_column(table.c[c].type, col) for c, col in zip(columns, zip(*rows))]
+    buf = io.StringIO("\n".join(map("\t".join, zip(*cells))) + "\n")
+    copy = f"COPY {into} ({', '.join(q(c) for c in columns)}) FROM STDIN"
     cursor = conn.connection.dbapi_connection.cursor()
     try:
         cursor.copy_expert(copy, buf)
@@ -91,8 +106,6 @@ def _pg_upsert(conn, table: Table, columns: Sequence[str], rows: list[tuple], ke
         raise DBAPIError.instance(copy, None, exc, conn.dialect.loaded_dbapi.Error, dialect=conn.dialect) from exc
     finally:
         cursor.close()
-    conn.exec_driver_sql(f"INSERT INTO {target} ({cols}) SELECT {cols} FROM {stage} ORDER BY {keys} "
-                         f"ON CONFLICT ({keys}) {action}")
 
 
 _ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
@@ -145,6 +158,26 @@ def _boolean(v: Any) -> str:
     if isinstance(v, bool):
         return "t" if v else "f"
     return _text(v)
+
+
+_SPECIAL = ("\\", "\t", "\n", "\r")
+_NONE = type(None)
+
+
+def _copy_column(type_, col: Sequence) -> list[str]:
+    """One column's values in COPY's text format. The common cases (all text without escapes, all floats, all
+    integers) in one comprehension; anything else value by value (`_copy_format`)."""
+    types = set(map(type, col))
+    types.discard(_NONE)
+    if isinstance(type_, Float) and types <= {float}:
+        return [NULL if v is None else repr(v) for v in col]  # nan, inf and -inf are what float8 input reads too
+    if isinstance(type_, (Integer, BigInteger)) and types <= {int}:
+        return [NULL if v is None else str(v) for v in col]
+    if not isinstance(type_, (Boolean, Integer, BigInteger, Float, DateTime)) and types <= {str}:
+        joined = "".join([v for v in col if v is not None])
+        if not any(c in joined for c in _SPECIAL):
+            return [NULL if v is None else v for v in col]
+    return list(map(_copy_format(type_)(), col))
 
 
 def _copy_format(type_) -> Callable[[], Callable[[Any], str]]:

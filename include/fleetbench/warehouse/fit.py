@@ -10,6 +10,8 @@ fitted here first:
   column's range, is dropped (NULL) and named.
 
 `Fitter(table, columns)(row)` returns the row (a tuple in `columns` order) and what had to be dropped.
+A night's rows are checked column by column first (`Fitter.all_fit`: a few C-level passes over each
+column); only when some value would change are the rows fitted one by one.
 A result row with something dropped is stored as a failed row, `store_error`, with the reason
 (`fit_results`); other tables log and store what fits.
 """
@@ -47,6 +49,37 @@ class Fitter:
     def __init__(self, table: Table, columns: Sequence[str]):
         self.table = table
         self.checks = [(i, name, *kind) for i, name in enumerate(columns) if (kind := _kind(table.c[name]))]
+
+    def all_fit(self, rows: Sequence[tuple]) -> bool:
+        """True when `__call__` would return every row unchanged; decided per column, not per value. False
+        (fit row by row) on anything unusual: a NUL byte, a string over its length, a non-number or an
+        out-of-range integer, a bool or a number of another type (numpy's)."""
+        if not rows:
+            return True
+        by_column = list(zip(*rows))
+        for i, _name, kind, length in self.checks:
+            col = by_column[i]
+            types = set(map(type, col))
+            types.discard(type(None))
+            if kind == "text":
+                if not any(issubclass(t, str) for t in types):
+                    continue  # None, datetimes, JSON the driver renders: passed as they are
+                strs = [v for v in col if v is not None] if types == {str} else [v for v in col if isinstance(v, str)]
+                if (length is not None and max(map(len, strs)) > length) or "\x00" in "".join(strs):
+                    return False
+            elif kind == "float":
+                if not types <= {float, int}:
+                    return False
+                if int in types and max((abs(v) for v in col if type(v) is int), default=0) >= 1e300:
+                    return False
+            else:
+                if not types <= {int}:
+                    return False
+                values = [v for v in col if v is not None]
+                lo, hi = INT_RANGES[kind]
+                if values and (min(values) < lo or max(values) > hi):
+                    return False
+        return True
 
     def __call__(self, row: tuple) -> tuple[tuple, list[str]]:
         fixed: list | None = None
@@ -91,9 +124,16 @@ def _show(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def fit_results(rows: Iterable[tuple], columns: Sequence[str], table: Table) -> Iterable[tuple]:
+def fit_results(rows: Iterable[tuple], columns: Sequence[str], table: Table) -> list[tuple]:
     """Result rows fitted to `table`; a row with a dropped value becomes failed, `store_error`, naming it."""
     fitter = Fitter(table, columns)
+    rows = list(rows)
+    if fitter.all_fit(rows):
+        return rows
+    return list(_fit_results(rows, columns, table, fitter))
+
+
+def _fit_results(rows: Iterable[tuple], columns: Sequence[str], table: Table, fitter: Fitter) -> Iterable[tuple]:
     status, klass, detail = (columns.index(c) for c in ("status", "failure_class", "failure_detail"))
     for row in rows:
         row, dropped = fitter(row)
@@ -108,10 +148,17 @@ def fit_results(rows: Iterable[tuple], columns: Sequence[str], table: Table) -> 
         yield row
 
 
-def fit_rows(rows: Iterable[tuple], columns: Sequence[str], table: Table, key: Sequence[str] = ()) -> Iterable[tuple]:
+def fit_rows(rows: Iterable[tuple], columns: Sequence[str], table: Table, key: Sequence[str] = ()) -> list[tuple]:
     """Rows of another table fitted to it: dropped values are logged and stored as NULL, and a row whose
     key lost a value is left out (logged), since it has nowhere to go."""
     fitter = Fitter(table, columns)
+    rows = list(rows)
+    if fitter.all_fit(rows):
+        return rows
+    return list(_fit_rows(rows, table, key, fitter))
+
+
+def _fit_rows(rows: Iterable[tuple], table: Table, key: Sequence[str], fitter: Fitter) -> Iterable[tuple]:
     for row in rows:
         row, dropped = fitter(row)
         if dropped:

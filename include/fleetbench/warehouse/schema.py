@@ -226,7 +226,7 @@ regressions = Table(
     Column("run_id", String(250), nullable=False),
     Column("host", String(100), nullable=False),
     Column("case_key", String(250), nullable=False),
-    Column("metric", String(50), nullable=False),
+    Column("metric", String(100), nullable=False),
     Column("direction", String(10), nullable=False),  # "higher" | "lower": which way is better
     Column("baseline_value", Float, nullable=False),
     Column("value", Float, nullable=False),
@@ -247,7 +247,9 @@ regressions = Table(
     Column("segment", Text),  # JSON: the result's driver, CUDA driver, image digest (health state)
     Column("baseline_segment", Text),  # JSON: the baseline's
     Column("detectable_pct", Float),  # the smallest change one night can show for this case and metric
-    Column("same_change_as", String(50)),  # the metric whose finding this one repeats (cost of a slower run)
+    Column("same_change_as", String(100)),  # the metric whose finding this one repeats (cost of a slower run)
+    # revision 0013
+    Column("unit", String(20)),  # the unit of baseline_value and value
     UniqueConstraint(*REGRESSION_KEY, name="uq_regressions_key"),
     CheckConstraint("direction IN ('higher', 'lower')", name="ck_regressions_direction"),
     Index("ix_regressions_host_case_time", "host", "case_key", "detected_at"),

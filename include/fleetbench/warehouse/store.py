@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import operator
 import time
 from datetime import datetime, timezone
 from typing import Any, Iterable
@@ -70,7 +71,7 @@ class _Rows:
     def __init__(self, table, columns: list[str], rows: Iterable[tuple], key: tuple[str, ...]):
         self.table, self.columns, self.key = table, columns, key
         at = [columns.index(k) for k in key] if columns else []
-        by_key = {tuple(row[i] for i in at): row for row in rows}
+        by_key = dict(zip(map(_getter(at), rows), rows))
         # Key order everywhere: two writers of overlapping keys lock rows in the same order.
         try:
             self.keys = sorted(by_key)
@@ -81,11 +82,27 @@ class _Rows:
     @classmethod
     def of_dicts(cls, table, rows: list[dict], key: tuple[str, ...]) -> "_Rows":
         columns = _columns(table, rows)
-        fitted = fit.fit_rows((tuple(r.get(c) for c in columns) for r in rows), columns, table, key)
+        fitted = fit.fit_rows([tuple(map(r.get, columns)) for r in rows], columns, table, key)
         return cls(table, columns, fitted, key)
 
     def upsert(self, conn) -> None:
         bulk.upsert(conn, self.table, self.columns, self.rows, self.key)
+
+    def replace(self, conn, results: set[tuple]) -> None:
+        """Write rows of results whose earlier rows of this table the transaction has just deleted: inserted as new
+        rows (`bulk.insert_new`, no conflict check) when each belongs to one of `results`, else upserted."""
+        n = len(RESULT_KEY)
+        if all(k[:n] in results for k in self.keys):
+            bulk.insert_new(conn, self.table, self.columns, self.rows, self.key)
+        else:
+            self.upsert(conn)
+
+
+def _getter(at: list[int]):
+    """row -> the tuple of its values at `at` (itemgetter returns a bare value for one index)."""
+    if len(at) == 1:
+        return lambda row: (row[at[0]],)
+    return operator.itemgetter(*at) if at else (lambda row: ())
 
 
 def _columns(table, rows: list[dict]) -> list[str]:
@@ -108,7 +125,9 @@ def store_run(engine: Engine, run: dict, hosts: Iterable[dict], results: Iterabl
     and keeps the rest. Each result's attempt number comes from `fleetbench.warehouse.attempts.decide`.
 
     PostgreSQL gets each table's rows with one COPY into a staging table and one INSERT ... ON
-    CONFLICT; SQLite with one prepared upsert over all rows (`fleetbench.warehouse.bulk`).
+    CONFLICT, the steps and metric samples of the results written (whose earlier ones were just deleted) with
+    one COPY straight into their table; SQLite with one prepared upsert over all rows
+    (`fleetbench.warehouse.bulk`).
     """
     now = datetime.now(timezone.utc)
     dt = _DateCache()
@@ -139,8 +158,9 @@ def store_run(engine: Engine, run: dict, hosts: Iterable[dict], results: Iterabl
                             bulk.delete_staged(conn, table, benchmark_results, RESULT_KEY)
                         else:
                             bulk.delete_keys(conn, table, RESULT_KEY, result_rows.keys)
-                step_upserts.upsert(conn)
-                metric_upserts.upsert(conn)
+                written = set(result_rows.keys)
+                step_upserts.replace(conn, written)
+                metric_upserts.replace(conn, written)
                 if complete:
                     _delete_rest_of_run(conn, run_row, host_rows.keys, result_rows.keys)
                 rollup.refresh(conn, run_keys)
@@ -181,8 +201,7 @@ def _result_tuples(results: Iterable[dict], now: datetime, dt: "_DateCache") -> 
     """Result rows as tuples in RESULT_COLUMNS order: timestamps as aware UTC datetimes, the command as
     JSON text, stored_at now (keys that are not columns are ignored)."""
     for r in results:
-        get = r.get
-        row = [get(c) for c in RESULT_COLUMNS]
+        row = list(map(r.get, RESULT_COLUMNS))
         for i in _RESULT_DATES:
             row[i] = dt(row[i])
         if isinstance(row[_COMMAND], (list, tuple)):

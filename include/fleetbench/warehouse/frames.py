@@ -1,0 +1,88 @@
+"""Results as a pandas DataFrame: pivots of the primary metric along any two dimensions the rows carry, and the
+table written as Parquet, CSV or JSON (`fleetbench results --pivot`, `--format parquet`).
+
+A pivot aggregates one value column (default `value`, the primary metric) over the cells of ROWS x COLUMNS (e.g.
+model x host), by its median unless told otherwise. It needs the rows to share one primary metric and unit (a
+median of images/sec and GB/s means nothing): `--metric` picks one when they do not.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+AGGREGATES = ("median", "mean", "min", "max", "count")
+# Columns a pivot can group by: what describes a case or where and when it ran (not measurements, not long text).
+PIVOT_FIELDS = ("host", "model", "case_key", "benchmark", "harness", "metric", "unit", "batch_size_per_device",
+                "batch_size_global", "num_gpus", "precision", "device", "variable_update", "gpu_model",
+                "gpu_catalog_name", "driver_version", "cuda_driver_version", "image_name", "image_digest", "status",
+                "failure_class", "host_gpu_health", "dag_id", "run_id", "date", "attempt")
+# Value columns: the primary metric and the numbers derived around it.
+PIVOT_VALUES = ("value", "images_per_sec", "duration_s", "energy_j", "cost_usd", "cost_per_unit_usd",
+                "energy_per_unit_wh", "mean_power_w", "speedup_efficiency", "step_cv", "peak_mem_mib")
+
+
+class FrameError(ValueError):
+    """A pivot or output the rows cannot give: names the flag and the value."""
+
+
+def results_frame(rows: Sequence[dict]):
+    """The rows as a DataFrame; `date` (the logical date's UTC day, YYYY-MM-DD) added for pivots by day."""
+    import pandas as pd
+
+    frame = pd.DataFrame(list(rows))
+    if "logical_date" in frame:
+        frame["date"] = frame["logical_date"].map(lambda v: None if v is None else str(v)[:10])
+    return frame
+
+
+def parse_pivot(spec: str) -> tuple[str, str]:
+    """'ROWS:COLUMNS' (also 'ROWS x COLUMNS') -> (rows, columns), each a `PIVOT_FIELDS` name."""
+    text = spec.strip()
+    parts = text.split(":") if ":" in text else text.split(" x ") if " x " in text else [text]
+    names = [p.strip() for p in parts]
+    if len(names) != 2 or not all(names):
+        raise FrameError(f"--pivot {spec!r}: give ROWS:COLUMNS, e.g. model:host")
+    for name in names:
+        if name not in PIVOT_FIELDS:
+            raise FrameError(f"--pivot {spec!r}: unknown field {name!r} (fields: {', '.join(PIVOT_FIELDS)})")
+    if names[0] == names[1]:
+        raise FrameError(f"--pivot {spec!r}: rows and columns are the same field")
+    return names[0], names[1]
+
+
+def pivot(frame, spec: str, value: str = "value", agg: str = "median"):
+    """The ok rows' `value` per ROWS x COLUMNS cell, aggregated by `agg`; NaN where a cell has no row."""
+    index, columns = parse_pivot(spec)
+    if value not in PIVOT_VALUES:
+        raise FrameError(f"--value {value!r}: not a value column (values: {', '.join(PIVOT_VALUES)})")
+    if agg not in AGGREGATES:
+        raise FrameError(f"--agg {agg!r}: one of {', '.join(AGGREGATES)}")
+    if frame.empty:
+        raise FrameError("no results to pivot")
+    ok = frame[frame["status"] == "ok"] if "status" in frame else frame
+    ok = ok[ok[value].notna()] if value in ok else ok.iloc[0:0]
+    if value in ("value", "cost_per_unit_usd", "energy_per_unit_wh"):
+        kinds = sorted({f"{m} [{u}]" for m, u in zip(ok.get("metric", []), ok.get("unit", []))})
+        if len(kinds) > 1:
+            raise FrameError(f"the rows have {len(kinds)} primary metrics ({', '.join(kinds)}): pick one with "
+                             "--metric NAME")
+    if ok.empty:
+        raise FrameError(f"no ok result has a {value!r} to pivot")
+    table = ok.pivot_table(index=index, columns=columns, values=value, aggfunc=agg)
+    table.columns = [str(c) for c in table.columns]
+    table.index = [str(i) for i in table.index]
+    table.index.name = index
+    table.columns.name = columns
+    return table
+
+
+def write_frame(frame, fmt: str, out: Any, *, index: bool) -> None:
+    """`frame` as `fmt` (table, csv, json, parquet) to the text stream or path `out` (parquet: a path only)."""
+    if fmt == "parquet":
+        frame.to_parquet(out, index=index)
+    elif fmt == "csv":
+        frame.to_csv(out, index=index)
+    elif fmt == "json":
+        out.write(frame.to_json(orient="split" if index else "records", date_format="iso", indent=2) + "\n")
+    else:
+        out.write(frame.to_string(na_rep="-", float_format=lambda v: f"{v:.6g}") + "\n")
