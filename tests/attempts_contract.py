@@ -10,6 +10,7 @@ from sqlalchemy import func, select
 from fleetbench.warehouse import current_revision, downgrade, fetch_results, store_run, upgrade
 from fleetbench.warehouse.attempts import fetch_attempts
 from fleetbench.warehouse.schema import benchmark_results, result_metrics, run_case_rollup, steps, superseded_results
+from warehouse_contract import HEAD
 from warehouse_rows import result_row, run_row, step_rows
 
 DRIVER_A, DRIVER_B = "550.127.05", "590.48.01"
@@ -127,7 +128,7 @@ def check_migration_makes_stored_rows_attempt_1(engine):
             {k: (utc(v) if k in ("logical_date", "started_at", "finished_at") else v) for k, v in r.items()
              if k in table.c and k not in ("command", "attempt_id")} for r in night("A", DRIVER_A, 100.0)])
     upgrade(engine)
-    assert current_revision(engine) == "0011"
+    assert current_revision(engine) == HEAD
     assert {(r["attempt"], r["attempt_id"]) for r in fetch_results(engine)} == {(1, None)}
     store_run(engine, run_row(), [], night("B", DRIVER_B, 200.0))
     assert {(r["attempt"], r["driver_version"]) for r in fetch_results(engine)} == {(2, DRIVER_B)}

@@ -34,6 +34,11 @@ Path(os.environ["AIRFLOW_HOME"]).mkdir(parents=True)
 REGISTRY = "127.0.0.1:5000"
 SMOKE_IMAGE = f"{REGISTRY}/fleetbench/cpu-smoke:latest"
 PG_URL = "postgresql+psycopg2://fleetbench:fleetbench@127.0.0.1:5432/fleetbench"
+# The real harness: TensorFlow 2.15.1 CPU (include/images/tf-cpu, built by `make images`, local only) and the
+# upstream tensorflow/benchmarks git repository its bake step clones: FLEETBENCH_TF_BENCHMARKS_GIT (a URL), else
+# the unmodified copy in ../shared/vendor next to the project.
+TF_IMAGE = "fleetbench/tf-cpu:latest"
+TF_BENCHMARKS_VENDOR = ROOT.parent / "shared" / "vendor" / "tensorflow-benchmarks.git"
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -111,3 +116,36 @@ def pg_engine(pg_database):
     engine = get_engine(pg_database)
     yield engine
     engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def tf_image(docker_api) -> str:
+    """The real TensorFlow 2.15.1 CPU image (no benchmark code: the bake step adds it)."""
+    try:
+        docker_api.inspect_image(TF_IMAGE)
+    except Exception as exc:
+        pytest.fail(f"{TF_IMAGE} is not built ({exc}); run `make images`, which builds it")
+    return TF_IMAGE
+
+
+@pytest.fixture(scope="session")
+def tf_benchmarks_git() -> str:
+    """The git URL of tensorflow/benchmarks for the real-harness tests; they skip, saying why, without one."""
+    url = os.environ.get("FLEETBENCH_TF_BENCHMARKS_GIT")
+    if url:
+        return url
+    if (TF_BENCHMARKS_VENDOR / "HEAD").is_file():
+        if (TF_BENCHMARKS_VENDOR / "refs").is_dir():
+            return f"file://{TF_BENCHMARKS_VENDOR}"
+        # A copy that dropped empty folders: git does not take a bare repository without refs/ (its refs are all
+        # in packed-refs). Clone from a session copy with the empty refs/ put back; the contents are unchanged.
+        copy = _session_dir / "tensorflow-benchmarks.git"
+        if not copy.exists():
+            shutil.copytree(TF_BENCHMARKS_VENDOR, copy)
+            for folder in [copy, *copy.rglob("*")]:
+                folder.chmod(folder.stat().st_mode | 0o200)
+            (copy / "refs" / "heads").mkdir(parents=True, exist_ok=True)
+            (copy / "refs" / "tags").mkdir(exist_ok=True)
+        return f"file://{copy}"
+    pytest.skip(f"no tensorflow/benchmarks git repository: FLEETBENCH_TF_BENCHMARKS_GIT is not set and "
+                f"{TF_BENCHMARKS_VENDOR} does not exist")

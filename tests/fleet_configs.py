@@ -23,6 +23,27 @@ def smoke_config(image_ref: str, hosts: list[dict] | None = None, models=("trivi
     }
 
 
+# The upstream tf_cnn_benchmarks as the runbook bakes it: cloned into the image by fleetbench's bake step.
+REAL_TF_COMMAND = ["python3", "/opt/benchmarks/scripts/tf_cnn_benchmarks/tf_cnn_benchmarks.py"]
+
+
+def real_tf_config(image_ref: str, git_url: str, hosts: list[dict] | None = None, models=("trivial",),
+                   batch_sizes=(2,), num_batches: int = 10, timeout_s: int = 600, branch: str = "master",
+                   **bench) -> dict:
+    """A fleet running the real upstream tf_cnn_benchmarks on TensorFlow CPU (image `tf-real`, benchmark `tf`)."""
+    return {
+        "fleet": {"name": "test", "timezone": "UTC", "schedule": "0 2 * * *"},
+        "hosts": hosts or [{"name": "localhost", "connection": "local"}],
+        "images": [{"name": "tf-real", "ref": image_ref, "pull_policy": "never", "command": REAL_TF_COMMAND,
+                    "bake": {"git": {"url": git_url, "branch": branch, "dest": "/opt/benchmarks"}}}],
+        "benchmarks": [{
+            "name": "tf", "image": "tf-real", "device": "cpu", "models": list(models),
+            "batch_sizes": list(batch_sizes), "num_gpus": [0], "num_batches": num_batches,
+            "num_warmup_batches": 2, "timeout_s": timeout_s, **bench,
+        }],
+    }
+
+
 def write_config(path: Path, config: dict) -> Path:
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path

@@ -39,3 +39,9 @@ def test_migrate_filled_warehouse_to_metric_samples(pg_engine):
     from warehouse_contract import check_migrate_filled_warehouse_to_metrics
 
     check_migrate_filled_warehouse_to_metrics(pg_engine)
+
+
+def test_migrate_to_multinode_keeps_rows_and_downgrades(pg_engine):
+    from warehouse_contract import check_migrate_to_multinode
+
+    check_migrate_to_multinode(pg_engine)

@@ -105,3 +105,9 @@ def test_migrate_filled_warehouse_to_metric_samples(tmp_path):
     from warehouse_contract import check_migrate_filled_warehouse_to_metrics
 
     check_migrate_filled_warehouse_to_metrics(engine_at(tmp_path))
+
+
+def test_migrate_to_multinode_keeps_rows_and_downgrades(tmp_path):
+    from warehouse_contract import check_migrate_to_multinode
+
+    check_migrate_to_multinode(engine_at(tmp_path))

@@ -1,0 +1,128 @@
+"""Multi-node cases with the real upstream tf_cnn_benchmarks (TensorFlow 2.15.1 CPU, baked from git by fleetbench's
+bake step): two fleet hosts on this machine's engine (distinct names, loopback addresses 127.0.0.1 and
+127.0.0.2), one parameter server and two workers over host networking, through fleet_benchmark.
+
+- the 2-node case stores one row: the cluster's total images/sec (the chief's), its hosts and roles, and its
+  efficiency against the 1-node rows of the same model and batch;
+- a worker killed mid-run: every container of the case is gone, the row is failed `peer_failed` (naming the
+  worker), every role's log is kept, and the night's 1-node cases are unaffected;
+- a port already taken: the case's roles get other ports and it runs.
+
+Skipped, saying why, without the benchmarks' git repository (conftest `tf_benchmarks_git`)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from fleet_configs import containers_of, real_tf_config, run_fleet_dag, write_config
+
+pytestmark = [pytest.mark.integration, pytest.mark.dagrun]
+
+HOSTS = [{"name": "node-a", "connection": "local", "address": "127.0.0.1"},
+         {"name": "node-b", "connection": "local", "address": "127.0.0.2"}]
+# One ps (on the set's first host) and one worker per host: the runbook's ps/worker cluster, 1 ps + 2 workers.
+CLUSTER = {"nodes": [1, 2], "variable_update": ["parameter_server"], "ps_per_node": 1, "ps_nodes": "first",
+           "workers_per_node": 1, "rendezvous_timeout_s": 240}
+
+
+def multinode_config(tf_image: str, git_url: str, num_batches: int = 20, **bench) -> dict:
+    return real_tf_config(tf_image, git_url, hosts=HOSTS, models=("trivial",), batch_sizes=(8,),
+                          num_batches=num_batches, timeout_s=420, **{**CLUSTER, **bench})
+
+
+def rows_of(run_id: str) -> dict:
+    from fleetbench.warehouse import fetch_results, get_engine
+
+    engine = get_engine()
+    try:
+        return {(r["host"], r["nodes"]): r for r in fetch_results(engine, run_id=run_id)}
+    finally:
+        engine.dispose()
+
+
+def test_ps_and_two_workers_on_two_hosts_store_one_row_with_efficiency(airflow_db, data_dir, tf_image,
+                                                                        tf_benchmarks_git, docker_api, tmp_path,
+                                                                        monkeypatch):
+    base_port = 24310
+    with socket.socket() as taken:  # the case's first port is taken: its roles move on to free ones
+        taken.bind(("127.0.0.1", base_port))
+        taken.listen()
+        config = write_config(tmp_path / "fleet.yaml",
+                              multinode_config(tf_image, tf_benchmarks_git, base_port=base_port))
+        dag_run = run_fleet_dag(monkeypatch, config)
+    assert dag_run.state == "success"
+    rows = rows_of(dag_run.run_id)
+    assert set(rows) == {("node-a", 1), ("node-b", 1), ("node-a", 2)}
+    for key, row in rows.items():
+        assert row["status"] == "ok", (key, row["failure_class"], row["failure_detail"])
+    multi, one_a, one_b = rows[("node-a", 2)], rows[("node-a", 1)], rows[("node-b", 1)]
+    assert multi["case_key"] == "tf.trivial.bs8.g0.parameter_server.n2.node-a+node-b"
+    assert multi["host_set"] == "node-a,node-b" and one_a["host_set"] is None and one_a["nodes"] == 1
+    roles = {r["role"]: r for r in json.loads(multi["roles_json"])}
+    assert {n: (r["host"], r["job"], r["address"]) for n, r in roles.items()} == {
+        "worker0": ("node-a", "worker", "127.0.0.1"), "worker1": ("node-b", "worker", "127.0.0.2"),
+        "ps0": ("node-a", "ps", "127.0.0.1")}
+    assert roles["ps0"]["stopped"] is True and roles["worker1"]["exit_code"] == 0  # the ps never exits by itself
+    command = json.loads(multi["command"])
+    ports = {a.split(":")[1] for flag in command if flag.startswith(("--ps_hosts=", "--worker_hosts="))
+             for a in flag.split("=", 1)[1].split(",")}
+    assert "--job_name=worker" in command and "--task_index=0" in command and len(ports) == 3
+    assert str(base_port) not in ports  # taken: skipped
+    assert "--ps_hosts=127.0.0.1:" in " ".join(command) and "127.0.0.2:" in " ".join(command)
+    # The chief is worker task 0 of the cluster, and its total images/sec is the row's; worker1 is task 1.
+    chief_log = open(multi["log_path"], encoding="utf-8", errors="replace").read()
+    assert "/job:worker/replica:0/task:0/cpu:0" in chief_log and "total images/sec:" in chief_log
+    assert "Batch size:  16 global" in chief_log  # two workers of batch 8
+    worker1_log = open(roles["worker1"]["log_path"], encoding="utf-8", errors="replace").read()
+    assert "/job:worker/replica:0/task:1/cpu:0" in worker1_log
+    assert "total images/sec:" not in open(roles["ps0"]["log_path"], encoding="utf-8", errors="replace").read()
+    baseline = (one_a["images_per_sec"] + one_b["images_per_sec"]) / 2
+    assert multi["node_baseline_images_per_sec"] == pytest.approx(baseline)
+    assert multi["node_efficiency"] == pytest.approx(multi["images_per_sec"] / (2 * baseline))
+    assert 0.01 < multi["node_efficiency"] < 5.0
+    print(f"\nreal 2-node trivial bs8: {multi['images_per_sec']:.1f} images/sec total, 1-node {baseline:.1f}, "
+          f"efficiency {multi['node_efficiency']:.3f}")
+    assert containers_of(docker_api, dag_run.run_id) == []
+
+
+def kill_worker_when_training(docker_api, stop: threading.Event, killed: list) -> None:
+    """Kill worker1's container once the chief's cluster trains (its step lines): a peer dying mid-run."""
+    while not stop.is_set():
+        for c in docker_api.containers(filters={"label": "org.fleetbench.role=worker1"}):
+            if b"images/sec" in docker_api.logs(c["Id"], tail=50) or b"Running warm up" in docker_api.logs(c["Id"]):
+                docker_api.kill(c["Id"])
+                killed.append(time.monotonic())
+                return
+        time.sleep(0.3)
+
+
+def test_a_worker_killed_mid_run_fails_the_case_peer_failed_and_removes_every_container(
+        airflow_db, data_dir, tf_image, tf_benchmarks_git, docker_api, tmp_path, monkeypatch):
+    config = write_config(tmp_path / "fleet.yaml", multinode_config(tf_image, tf_benchmarks_git, num_batches=400))
+    stop, killed = threading.Event(), []
+    watcher = threading.Thread(target=kill_worker_when_training, args=(docker_api, stop, killed), daemon=True)
+    watcher.start()
+    try:
+        dag_run = run_fleet_dag(monkeypatch, config, run_conf=None)
+    finally:
+        stop.set()
+        watcher.join(timeout=5)
+    assert killed, "worker1 never started training"
+    rows = rows_of(dag_run.run_id)
+    multi = rows[("node-a", 2)]
+    assert (multi["status"], multi["failure_class"]) == ("failed", "peer_failed")
+    assert multi["failure_detail"].startswith("worker1 on node-b failed (killed")
+    assert multi["images_per_sec"] is None and multi["node_efficiency"] is None
+    roles = {r["role"]: r for r in json.loads(multi["roles_json"])}
+    assert roles["worker1"]["failure_class"] == "killed" and roles["worker1"]["exit_code"] == 137
+    assert roles["worker0"]["stopped"] and roles["ps0"]["stopped"]
+    for r in roles.values():  # every role's log is kept
+        assert open(r["log_path"], encoding="utf-8", errors="replace").read().strip()
+    # the night's other cases ran as usual, and no container of the run is left
+    assert [rows[(h, 1)]["status"] for h in ("node-a", "node-b")] == ["ok", "ok"]
+    assert containers_of(docker_api, dag_run.run_id) == []
