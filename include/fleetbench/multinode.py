@@ -12,7 +12,7 @@ from __future__ import annotations
 import errno
 import socket
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Sequence
 
 PS, WORKER = "ps", "worker"
 # The chief has joined the cluster and its session runs (tf_cnn_benchmarks prints it before the first step).
@@ -65,8 +65,6 @@ def port_free(address: str, port: int, local: bool) -> bool:
                 if exc.errno in (errno.EADDRINUSE, errno.EACCES):
                     return False
                 raise
-        # also taken when something listens on the wildcard address (bind above may succeed next to it
-        # on another loopback address only with SO_REUSEADDR tricks; a connect settles it)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(1.0)
         return sock.connect_ex((address, port)) != 0
@@ -119,9 +117,25 @@ class RoleEnd:
     stopped: bool = False  # stopped by fleetbench (a ps after the workers, or a peer after a failure)
 
 
-def first_failure(ends: Iterable[RoleEnd]) -> RoleEnd | None:
-    """The role that failed on its own (not one fleetbench stopped)."""
-    return next((e for e in ends if not e.stopped and e.status != "ok"), None)
+def classify_role(role: dict, outcome: dict) -> RoleEnd:
+    """One role's end, classified on its own (`fleetbench.measure.classify` of its container and log): a role
+    fleetbench stopped is not judged, and only the chief has to print a result."""
+    from fleetbench.harnesses.tf_cnn import from_parsed
+    from fleetbench.measure import OK, classify, read_tail
+    from fleetbench.parsing import parse_log_file
+
+    name = role_name(role)
+    if outcome.get("stopped"):
+        return RoleEnd(name, role["host"], role["job"], OK, None, "stopped by fleetbench", outcome.get("exit_code"),
+                       stopped=True)
+    try:
+        measured = from_parsed(parse_log_file(outcome["log_path"], "tf_cnn_benchmarks"))
+    except (ValueError, OSError):
+        measured = None
+    status, failure_class, detail = classify(outcome, measured, read_tail(outcome.get("log_path")))
+    if failure_class == "no_result" and not is_chief(role):
+        status, failure_class, detail = OK, None, None
+    return RoleEnd(name, role["host"], role["job"], status, failure_class, detail, outcome.get("exit_code"))
 
 
 def peer_failure(dead: RoleEnd) -> tuple[str, str]:

@@ -375,29 +375,7 @@ class MultiNodeCaseOperator(BaseOperator):
         return out
 
     def _role_ends(self, outcomes: dict[str, dict]) -> list[multinode.RoleEnd]:
-        """Each role classified on its own (`fleetbench.measure.classify`; a stopped role is not judged)."""
-        from fleetbench.harnesses.tf_cnn import from_parsed
-        from fleetbench.measure import OK, classify, read_tail
-        from fleetbench.parsing import parse_log_file
-
-        ends = []
-        for role in self.roles:
-            name = multinode.role_name(role)
-            o = outcomes[name]
-            if o["stopped"]:
-                ends.append(multinode.RoleEnd(name, role["host"], role["job"], OK, None, "stopped by fleetbench",
-                                              o["exit_code"], stopped=True))
-                continue
-            try:
-                measured = from_parsed(parse_log_file(o["log_path"], "tf_cnn_benchmarks"))
-            except (ValueError, OSError):
-                measured = None
-            status, failure_class, detail = classify(o, measured, read_tail(o["log_path"]))
-            if failure_class == "no_result" and (role["job"] == multinode.PS or o["exit_code"] == 0):
-                status, failure_class, detail = OK, None, None  # only the chief prints the result
-            ends.append(multinode.RoleEnd(name, role["host"], role["job"], status, failure_class, detail,
-                                          o["exit_code"]))
-        return ends
+        return [multinode.classify_role(role, outcomes[multinode.role_name(role)]) for role in self.roles]
 
     def _finish(self, outcome: dict, ends: list, override: tuple[str, str] | None) -> None:
         """Measure the chief's log (the result), apply the case's own verdict, record every role, write the file."""
