@@ -115,6 +115,8 @@ class RoleEnd:
     detail: str | None
     exit_code: int | None
     stopped: bool = False  # stopped by fleetbench (a ps after the workers, or a peer after a failure)
+    started_at: str | None = None  # the container's own start and end
+    finished_at: str | None = None
 
 
 def classify_role(role: dict, outcome: dict) -> RoleEnd:
@@ -127,7 +129,7 @@ def classify_role(role: dict, outcome: dict) -> RoleEnd:
     name = role_name(role)
     if outcome.get("stopped"):
         return RoleEnd(name, role["host"], role["job"], OK, None, "stopped by fleetbench", outcome.get("exit_code"),
-                       stopped=True)
+                       stopped=True, started_at=outcome.get("started_at"), finished_at=outcome.get("finished_at"))
     try:
         measured = from_parsed(parse_log_file(outcome["log_path"], "tf_cnn_benchmarks"))
     except (ValueError, OSError):
@@ -135,7 +137,8 @@ def classify_role(role: dict, outcome: dict) -> RoleEnd:
     status, failure_class, detail = classify(outcome, measured, read_tail(outcome.get("log_path")))
     if failure_class == "no_result" and not is_chief(role):
         status, failure_class, detail = OK, None, None
-    return RoleEnd(name, role["host"], role["job"], status, failure_class, detail, outcome.get("exit_code"))
+    return RoleEnd(name, role["host"], role["job"], status, failure_class, detail, outcome.get("exit_code"),
+                   started_at=outcome.get("started_at"), finished_at=outcome.get("finished_at"))
 
 
 def peer_failure(dead: RoleEnd) -> tuple[str, str]:

@@ -392,7 +392,8 @@ class MultiNodeCaseOperator(BaseOperator):
                           "task_index": role["task_index"], "address": role["address"],
                           "log_path": str(self._role_log(role)),
                           **({"status": end.status, "failure_class": end.failure_class, "exit_code": end.exit_code,
-                              "stopped": end.stopped} if end else {})})
+                              "stopped": end.stopped, "started_at": end.started_at, "finished_at": end.finished_at}
+                             if end else {})})
         fields["roles_json"] = json.dumps(roles)
         outcome["measurement"] = Measurement(fields=fields, steps=steps).to_xcom()
         CaseOutcome.load(outcome)
