@@ -56,7 +56,7 @@ class PortUnavailable(RuntimeError):
 
 def port_free(address: str, port: int, local: bool) -> bool:
     """Nobody listens on address:port. On this machine (a local engine) the port must also be bindable (it is
-    what the container's server will do); on another host, a refused connection means free."""
+    what the container's server will do); on another host, a connection that is not accepted means free."""
     if local:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
@@ -64,7 +64,7 @@ def port_free(address: str, port: int, local: bool) -> bool:
             except OSError as exc:
                 if exc.errno in (errno.EADDRINUSE, errno.EACCES):
                     return False
-                raise
+                # not an address of this machine (EADDRNOTAVAIL): the connect below is all we can ask
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(1.0)
         return sock.connect_ex((address, port)) != 0

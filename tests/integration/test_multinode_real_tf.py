@@ -6,7 +6,8 @@ bake step): two fleet hosts on this machine's engine (distinct names, loopback a
   efficiency against the 1-node rows of the same model and batch;
 - a worker killed mid-run: every container of the case is gone, the row is failed `peer_failed` (naming the
   worker), every role's log is kept, and the night's 1-node cases are unaffected;
-- a port already taken: the case's roles get other ports and it runs.
+- a port already taken: the case's roles get other ports and it runs; no free port at all: `port_unavailable`;
+- a host address its peers cannot reach: the chief never joins, `rendezvous_timeout`.
 
 Skipped, saying why, without the benchmarks' git repository (conftest `tf_benchmarks_git`)."""
 
@@ -125,4 +126,36 @@ def test_a_worker_killed_mid_run_fails_the_case_peer_failed_and_removes_every_co
         assert open(r["log_path"], encoding="utf-8", errors="replace").read().strip()
     # the night's other cases ran as usual, and no container of the run is left
     assert [rows[(h, 1)]["status"] for h in ("node-a", "node-b")] == ["ok", "ok"]
+    assert containers_of(docker_api, dag_run.run_id) == []
+
+
+def test_no_free_port_is_port_unavailable_and_an_unreachable_peer_is_rendezvous_timeout(
+        airflow_db, data_dir, tf_image, tf_benchmarks_git, docker_api, tmp_path, monkeypatch):
+    from fleetbench.multinode import PORT_TRIES
+
+    cfg = multinode_config(tf_image, tf_benchmarks_git, nodes=[2], rendezvous_timeout_s=20, base_port=24510)
+    # node-b's address is not this machine's (TEST-NET-1): the chief waits for worker1 there and never joins
+    cfg["hosts"][1]["address"] = "192.0.2.1"
+    # a second benchmark on the same hosts whose every port is taken on node-a
+    cfg["benchmarks"].append({**cfg["benchmarks"][0], "name": "tfp", "base_port": 24600})
+    sockets = []
+    try:
+        for port in range(24600, 24600 + PORT_TRIES):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", port))
+            sock.listen()
+            sockets.append(sock)
+        dag_run = run_fleet_dag(monkeypatch, write_config(tmp_path / "fleet.yaml", cfg))
+    finally:
+        for sock in sockets:
+            sock.close()
+    from fleetbench.warehouse import fetch_results, get_engine
+
+    rows = {r["benchmark"]: r for r in fetch_results(get_engine(), run_id=dag_run.run_id)}
+    assert (rows["tf"]["status"], rows["tf"]["failure_class"]) == ("failed", "rendezvous_timeout")
+    assert "within 20 s" in rows["tf"]["failure_detail"]
+    roles = {r["role"]: r for r in json.loads(rows["tf"]["roles_json"])}
+    assert all(r["stopped"] for r in roles.values())  # nobody failed on its own: all were stopped
+    assert (rows["tfp"]["status"], rows["tfp"]["failure_class"]) == ("failed", "port_unavailable")
+    assert rows["tfp"]["failure_detail"].startswith("no free port for worker0 on node-a (127.0.0.1) in 24600..")
     assert containers_of(docker_api, dag_run.run_id) == []
