@@ -215,3 +215,40 @@ def test_rows_record_hosts_and_roles_and_the_efficiency_across_nodes():
     got = {(r["host"], r["case_key"]): (r["node_efficiency"], r["node_baseline_images_per_sec"]) for r in rows}
     assert got[("a", "k.n2.a+b")] == pytest.approx((165.0 / (2 * 110.0), 110.0))
     assert got[("a", "k")] == (None, None) and got[("c", "k.n2.c+d")] == (None, None)
+
+
+# -- what keeps a set from running ----------------------------------------------------------------
+def test_a_set_with_an_unfit_host_or_two_gpu_models_is_a_row_that_says_why_and_runs_nothing():
+    from fleetbench.airflow.multinode import multinode_kwargs
+    from fleetbench.airflow.pipeline import collect
+    from fleetbench.run_model import HostImages, HostVerdict
+
+    cfg = parse_config(config(hosts=("a", "b", "c", "d"), nodes=[2]))
+    plan = build_plan(cfg, {"dag_id": "d", "run_id": "r"}).to_xcom()
+
+    def verdict(host, gpu="NVIDIA A100-SXM4-40GB", state="ready", reasons=""):
+        return HostVerdict(host=host, verdict=state, reasons=reasons, facts={
+            "gpus": [{"index": 0, "name": gpu, "uuid": None, "memory_total_mib": 40960}]}).to_xcom()
+
+    image = {"tf1": {"name": "tf1", "ref": "127.0.0.1:5000/tf:1", "pinned_ref": "127.0.0.1:5000/tf@sha256:" + "a" * 64,
+                     "digest": "sha256:" + "a" * 64}}
+    validations = [verdict("a"), verdict("b", state="unfit", reasons="gpu_count: 0 GPU(s)"), verdict("c"),
+                   verdict("d", gpu="NVIDIA GeForce RTX 3070")]
+    prepared = [HostImages(host=h, images=image).to_xcom() for h in "abcd"]
+    assert multinode_kwargs(plan, validations, prepared) == []  # neither set can run
+    rows = {r["case_key"].rsplit(".", 1)[1]: r for r in collect(plan, validations, prepared, [])["rows"]}
+    assert (rows["a+b"]["status"], rows["a+b"]["failure_class"], rows["a+b"]["failure_detail"]) == (
+        "skipped", "host_unfit", "host b of the set is unfit: gpu_count: 0 GPU(s)")
+    assert (rows["c+d"]["status"], rows["c+d"]["failure_class"]) == ("skipped", "mixed_gpu_models")
+    assert rows["c+d"]["failure_detail"] == ("the hosts of the set have different GPU models (c: NVIDIA "
+                                             "A100-SXM4-40GB, d: NVIDIA GeForce RTX 3070)")
+    assert (rows["c+d"]["nodes"], rows["c+d"]["host_set"]) == (2, "c,d")
+
+    validations[1] = verdict("b")
+    [kwargs] = multinode_kwargs(plan, validations, prepared)
+    assert kwargs["case"]["hosts"] == ["a", "b"] and kwargs["num_gpus"] == 1
+    assert [(r["host"], r["job"], r["address"], r["local"], r["labels"]["org.fleetbench.role"])
+            for r in kwargs["roles"]] == [("a", "worker", "10.0.0.1", False, "worker0"),
+                                          ("b", "worker", "10.0.0.2", False, "worker1"),
+                                          ("a", "ps", "10.0.0.1", False, "ps0"), ("b", "ps", "10.0.0.2", False, "ps1")]
+    assert len({r["container_name"] for r in kwargs["roles"]}) == 4
