@@ -757,7 +757,8 @@ def blank_report(f: Filters | None = None, warehouse: str = "") -> dict:
         "summary": {"runs": 0, "results": 0, "ok": 0, "failed": 0, "skipped": 0, "hosts": 0, "models": 0,
                     "first": None, "last": None},
         "hosts": [], "throughput": [], "throughput_mode": HOSTS, "driver_changes": [], "scaling": [], "efficiency": [],
-        "node_scaling": [], "latest_run": None, "failures": [], "regressions": [], "fleet_health": [], "suspected": [], "improvements": [],
+        "node_scaling": [], "latest_run": None, "failures": [], "regressions": [], "fleet_health": [], "suspected": [],
+        "improvements": [],
         "change_map": {"hosts": [], "cases": [], "cells": {}, "skipped": None}, "capacity": [], "remeasured": [],
     }
 
