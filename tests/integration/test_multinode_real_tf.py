@@ -37,6 +37,7 @@ def multinode_config(tf_image: str, git_url: str, num_batches: int = 20, **bench
 
 
 def rows_of(run_id: str) -> dict:
+    """(host, nodes) -> row of a run with one model."""
     from fleetbench.warehouse import fetch_results, get_engine
 
     engine = get_engine()
@@ -49,45 +50,54 @@ def rows_of(run_id: str) -> dict:
 def test_ps_and_two_workers_on_two_hosts_store_one_row_with_efficiency(airflow_db, data_dir, tf_image,
                                                                         tf_benchmarks_git, docker_api, tmp_path,
                                                                         monkeypatch):
+    """trivial at batch 8 and resnet50 at batch 2, each on one host and on both (1 ps + 2 workers)."""
     base_port = 24310
+    cfg = multinode_config(tf_image, tf_benchmarks_git, base_port=base_port)
+    cfg["benchmarks"].append({**cfg["benchmarks"][0], "name": "tf-r50", "models": ["resnet50"], "batch_sizes": [2],
+                              "num_batches": 10, "base_port": base_port + 20})
     with socket.socket() as taken:  # the case's first port is taken: its roles move on to free ones
         taken.bind(("127.0.0.1", base_port))
         taken.listen()
-        config = write_config(tmp_path / "fleet.yaml",
-                              multinode_config(tf_image, tf_benchmarks_git, base_port=base_port))
-        dag_run = run_fleet_dag(monkeypatch, config)
+        dag_run = run_fleet_dag(monkeypatch, write_config(tmp_path / "fleet.yaml", cfg))
     assert dag_run.state == "success"
-    rows = rows_of(dag_run.run_id)
-    assert set(rows) == {("node-a", 1), ("node-b", 1), ("node-a", 2)}
-    for key, row in rows.items():
+    from fleetbench.warehouse import fetch_results, get_engine
+
+    every = {(r["model"], r["host"], r["nodes"]): r for r in fetch_results(get_engine(), run_id=dag_run.run_id)}
+    assert set(every) == {(m, h, n) for m in ("trivial", "resnet50") for h, n in
+                          (("node-a", 1), ("node-b", 1), ("node-a", 2))}
+    for key, row in every.items():
         assert row["status"] == "ok", (key, row["failure_class"], row["failure_detail"])
-    multi, one_a, one_b = rows[("node-a", 2)], rows[("node-a", 1)], rows[("node-b", 1)]
-    assert multi["case_key"] == "tf.trivial.bs8.g0.parameter_server.n2.node-a+node-b"
-    assert multi["host_set"] == "node-a,node-b" and one_a["host_set"] is None and one_a["nodes"] == 1
-    roles = {r["role"]: r for r in json.loads(multi["roles_json"])}
-    assert {n: (r["host"], r["job"], r["address"]) for n, r in roles.items()} == {
-        "worker0": ("node-a", "worker", "127.0.0.1"), "worker1": ("node-b", "worker", "127.0.0.2"),
-        "ps0": ("node-a", "ps", "127.0.0.1")}
-    assert roles["ps0"]["stopped"] is True and roles["worker1"]["exit_code"] == 0  # the ps never exits by itself
-    command = json.loads(multi["command"])
-    ports = {a.split(":")[1] for flag in command if flag.startswith(("--ps_hosts=", "--worker_hosts="))
-             for a in flag.split("=", 1)[1].split(",")}
-    assert "--job_name=worker" in command and "--task_index=0" in command and len(ports) == 3
-    assert str(base_port) not in ports  # taken: skipped
-    assert "--ps_hosts=127.0.0.1:" in " ".join(command) and "127.0.0.2:" in " ".join(command)
-    # The chief is worker task 0 of the cluster, and its total images/sec is the row's; worker1 is task 1.
-    chief_log = open(multi["log_path"], encoding="utf-8", errors="replace").read()
-    assert "/job:worker/replica:0/task:0/cpu:0" in chief_log and "total images/sec:" in chief_log
-    assert "Batch size:  16 global" in chief_log  # two workers of batch 8
-    worker1_log = open(roles["worker1"]["log_path"], encoding="utf-8", errors="replace").read()
-    assert "/job:worker/replica:0/task:1/cpu:0" in worker1_log
-    assert "total images/sec:" not in open(roles["ps0"]["log_path"], encoding="utf-8", errors="replace").read()
-    baseline = (one_a["images_per_sec"] + one_b["images_per_sec"]) / 2
-    assert multi["node_baseline_images_per_sec"] == pytest.approx(baseline)
-    assert multi["node_efficiency"] == pytest.approx(multi["images_per_sec"] / (2 * baseline))
-    assert 0.01 < multi["node_efficiency"] < 5.0
-    print(f"\nreal 2-node trivial bs8: {multi['images_per_sec']:.1f} images/sec total, 1-node {baseline:.1f}, "
-          f"efficiency {multi['node_efficiency']:.3f}")
+    for model, batch in (("trivial", 8), ("resnet50", 2)):
+        multi, one_a, one_b = (every[(model, "node-a", 2)], every[(model, "node-a", 1)],
+                               every[(model, "node-b", 1)])
+        bench = "tf" if model == "trivial" else "tf-r50"
+        assert multi["case_key"] == f"{bench}.{model}.bs{batch}.g0.parameter_server.n2.node-a+node-b"
+        assert multi["host_set"] == "node-a,node-b" and one_a["host_set"] is None and one_a["nodes"] == 1
+        roles = {r["role"]: r for r in json.loads(multi["roles_json"])}
+        assert {n: (r["host"], r["job"], r["address"]) for n, r in roles.items()} == {
+            "worker0": ("node-a", "worker", "127.0.0.1"), "worker1": ("node-b", "worker", "127.0.0.2"),
+            "ps0": ("node-a", "ps", "127.0.0.1")}
+        assert roles["ps0"]["stopped"] is True and roles["worker1"]["exit_code"] == 0  # a ps never exits by itself
+        command = json.loads(multi["command"])
+        ports = {a.split(":")[1] for flag in command if flag.startswith(("--ps_hosts=", "--worker_hosts="))
+                 for a in flag.split("=", 1)[1].split(",")}
+        assert "--job_name=worker" in command and "--task_index=0" in command and len(ports) == 3
+        assert str(base_port) not in ports  # taken: skipped
+        assert "--ps_hosts=127.0.0.1:" in " ".join(command) and "127.0.0.2:" in " ".join(command)
+        # The chief is worker task 0 of the cluster, and its total images/sec is the row's; worker1 is task 1.
+        chief_log = open(multi["log_path"], encoding="utf-8", errors="replace").read()
+        assert "/job:worker/replica:0/task:0/cpu:0" in chief_log and "total images/sec:" in chief_log
+        assert f"Batch size:  {2 * batch} global" in chief_log  # two workers
+        worker1_log = open(roles["worker1"]["log_path"], encoding="utf-8", errors="replace").read()
+        assert "/job:worker/replica:0/task:1/cpu:0" in worker1_log
+        assert "total images/sec:" not in open(roles["ps0"]["log_path"], encoding="utf-8", errors="replace").read()
+        baseline = (one_a["images_per_sec"] + one_b["images_per_sec"]) / 2
+        assert multi["node_baseline_images_per_sec"] == pytest.approx(baseline)
+        assert multi["node_efficiency"] == pytest.approx(multi["images_per_sec"] / (2 * baseline))
+        assert 0.01 < multi["node_efficiency"] < 5.0
+        print(f"\nreal 2-node {model} bs{batch}: {multi['images_per_sec']:.2f} images/sec total, 1-node "
+              f"{one_a['images_per_sec']:.2f} / {one_b['images_per_sec']:.2f}, efficiency "
+              f"{multi['node_efficiency']:.3f}")
     assert containers_of(docker_api, dag_run.run_id) == []
 
 
