@@ -245,6 +245,10 @@ def test_a_set_with_an_unfit_host_or_two_gpu_models_is_a_row_that_says_why_and_r
     assert (rows["c+d"]["nodes"], rows["c+d"]["host_set"]) == (2, "c,d")
 
     validations[1] = verdict("b")
+    from fleetbench.airflow.operators import case_kwargs
+
+    # the host lanes never run a case that spans hosts: it is the multinode group's
+    assert case_kwargs(plan, validations, prepared, host="a") == []
     [kwargs] = multinode_kwargs(plan, validations, prepared)
     assert kwargs["case"]["hosts"] == ["a", "b"] and kwargs["num_gpus"] == 1
     assert [(r["host"], r["job"], r["address"], r["local"], r["labels"]["org.fleetbench.role"])

@@ -259,7 +259,6 @@ class MultiNodeCaseOperator(BaseOperator):
             self._remove_all()
             return self._not_started(outcome, start_error_class(exc), str(exc), t0)
 
-        ends: list[multinode.RoleEnd] = []
         try:
             reason, dead = self._watch(t0)
             stopped = self._stop_running()
