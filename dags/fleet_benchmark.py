@@ -9,6 +9,8 @@ Each host gets a lane: `host_<name>.cases` picks the host's runnable cases and
 `host_<name>.run_case` runs them, dynamically mapped, one at a time (`max_active_tis_per_dag=1`;
 with `fleet.host_pools` also in the host's own one-slot pool `fleetbench_<name>`, exclusive across
 DAGs; pools come from `fleetbench pools export > pools.json && airflow pools import pools.json`).
+Cases that span hosts (README "Multi-node cases") run in the `multinode` group once every lane is done,
+one at a time, so each holds all of its hosts.
 
 The top-level `validate_host` / `prepare_image` map over the hosts without a queue, on the default
 queue. With the CeleryExecutor, a host with a `queue` (a Celery worker on the GPU host itself, README
@@ -25,6 +27,7 @@ import pendulum
 from airflow.sdk import DAG, Asset, Param, TaskGroup, TriggerRule, get_current_context, task
 
 from fleetbench.airflow import parse_speed, pipeline
+from fleetbench.airflow.multinode import MultiNodeCaseOperator, MultiNodeCasesOperator
 from fleetbench.airflow.operators import (
     LANE_IMAGES,
     LANE_VALIDATION,
@@ -63,6 +66,8 @@ def own_queue_lanes(key: str) -> list:
     return list(get_current_context()["ti"].xcom_pull(task_ids=OWN_QUEUE_LANES, key=key) or [])
 
 
+# Cases that span hosts (benchmarks with nodes > 1) get the `multinode` group; without them, no extra task.
+MULTINODE = any(n > 1 for b in CONFIG.benchmarks for n in b.nodes)
 LONGEST_CASE_S = max(b.timeout_s for b in CONFIG.benchmarks)
 # A host's probes (SSH, nvidia-smi, a GPU smoke container) and collecting a night's outcomes end well within
 # these; past them something hangs, and the task fails instead of holding the run (its cases become rows
@@ -170,7 +175,7 @@ with DAG(
     prepared = prepare_image.partial(validations=validations).expand(host=hosts)
     go >> prepared
     # Every host's lane is `cases` -> `run_case`; the lanes' outcomes travel to collect as one list.
-    outcomes = []
+    outcomes, lane_runs = [], []
     for host in CONFIG.hosts:
         with lane(host.name) as in_lane:
             on_host = {"queue": host.queue} if host.queue else {}  # Celery: the worker on the GPU host
@@ -190,6 +195,18 @@ with DAG(
                 **on_host,
             ).expand_kwargs(cases.output)
         outcomes.append(runs.output)
+        lane_runs.append(runs)
+    if MULTINODE:  # README "Multi-node cases": after every lane, one case at a time (holds all its hosts)
+        with TaskGroup(group_id="multinode", tooltip="cases that span hosts"):
+            multi = MultiNodeCasesOperator(task_id="cases", retries=0, prepared=prepared, plan=p,
+                                           validations=validations, trigger_rule=TriggerRule.ALL_DONE)
+            lane_runs >> multi
+            multi_runs = MultiNodeCaseOperator.partial(
+                task_id="run_case", max_active_tis_per_dag=1,
+                execution_timeout=timedelta(seconds=LONGEST_CASE_S + 300),
+                map_index_template="{{ task.case['case_key'] }}",
+            ).expand_kwargs(multi.output)
+        outcomes.append(multi_runs.output)
     collected = collect(p, validations, prepared, outcomes)
     stored = store(p, collected)
     regressions = compare(p, stored)

@@ -7,7 +7,7 @@ import random
 from datetime import datetime, timezone
 
 import pytest
-from sqlalchemy import MetaData, Table, func, inspect, select
+from sqlalchemy import MetaData, Table, func, inspect, select, text
 from sqlalchemy.exc import IntegrityError
 
 from fleetbench.timestamps import utc as _dt
@@ -24,7 +24,7 @@ from fleetbench.warehouse import (
 from fleetbench.warehouse.schema import benchmark_results, host_facts, regressions, result_metrics, runs, steps
 from warehouse_rows import DERIVED, result_row, run_row, step_rows
 
-HEAD = "0013"  # 0013: regressions of any metric (width, unit); 0012: mig_profile, mig_instances
+HEAD = "0014"  # 0014: multi-node cases; 0013: regressions of any metric (width, unit); 0012: MIG
 NEW_RESULT_COLUMNS = set(DERIVED)  # the derived-metric columns revision 0003 adds
 REGRESSION_COLUMNS = {  # name: nullable, as the regression detector expects them
     "id": False, "dag_id": False, "run_id": False, "host": False, "case_key": False, "metric": False,
@@ -326,6 +326,42 @@ def check_migrate_mig_columns(engine):
     for table in ("benchmark_results", "superseded_results"):
         assert not MIG_COLUMNS & {c["name"] for c in inspect(engine).get_columns(table)}, table
     assert count(engine, benchmark_results) == 2
+
+
+MULTINODE_COLUMNS = {"nodes", "host_set", "roles_json", "node_efficiency", "node_baseline_images_per_sec"}
+
+
+def check_migrate_to_multinode(engine):
+    """0011 -> 0014: stored rows (current and superseded) ran on one host (nodes 1, no host set); a multi-node
+    row round-trips its hosts, roles and efficiency; the downgrade drops the columns from both tables."""
+    from fleetbench.warehouse.schema import superseded_results
+
+    upgrade(engine, "0011")
+    _insert(engine, "runs", [run_row("r1")])
+    _insert(engine, "benchmark_results", [result_row("a"), result_row("b", status="failed", ips=None,
+                                                                      failure_class="nonzero_exit")])
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO superseded_results (dag_id, run_id, host, case_key, status, attempt, "
+                          "superseded_at) VALUES ('d', 'r1', 'h1', 'a', 'ok', 1, '2026-12-01 00:00:00')"))
+    upgrade(engine)
+    assert current_revision(engine) == HEAD
+    rows = {r["case_key"]: r for r in fetch_results(engine)}
+    assert {(k, r["nodes"], r["host_set"], r["roles_json"], r["node_efficiency"]) for k, r in rows.items()} == {
+        ("a", 1, None, None, None), ("b", 1, None, None, None)}
+    with engine.connect() as conn:
+        assert conn.execute(select(superseded_results.c.nodes, superseded_results.c.host_set)).all() == [(1, None)]
+    roles = json.dumps([{"role": "worker0", "host": "h1"}, {"role": "ps0", "host": "h2"}])
+    store_run(engine, run_row("r1"), [], [result_row("m", nodes=2, host_set="h1,h2", roles_json=roles,
+                                                     node_efficiency=0.75, node_baseline_images_per_sec=100.0)],
+              [], complete=False)
+    m = {r["case_key"]: r for r in fetch_results(engine)}["m"]
+    assert (m["nodes"], m["host_set"], json.loads(m["roles_json"])[1]["host"], m["node_efficiency"],
+            m["node_baseline_images_per_sec"]) == (2, "h1,h2", "h2", 0.75, 100.0)
+    downgrade(engine, "0013")
+    insp = inspect(engine)
+    for table in ("benchmark_results", "superseded_results"):
+        assert not MULTINODE_COLUMNS & {c["name"] for c in insp.get_columns(table)}, table
+    assert count(engine, benchmark_results) == 3
     upgrade(engine)
     assert current_revision(engine) == HEAD
 

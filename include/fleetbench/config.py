@@ -296,6 +296,13 @@ class HostSpec(_Model):
     #     cases run there, on its local socket. None: the default queue (central workers).
     queue: Name | None = None
     docker_tls_conn_id: Name | None = None
+    # Multi-node cases (README "Multi-node cases"): the address the host's containers are reached at by the
+    # other hosts of a case (its cluster spec). Default: 127.0.0.1 for a local host; required otherwise.
+    address: str | None = Field(None, pattern=r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
+
+    def cluster_address(self) -> str | None:
+        """Where the other hosts of a multi-node case reach this host's containers."""
+        return self.address or ("127.0.0.1" if self.connection == "local" else None)
 
     @field_validator("docker_url")
     @classmethod
@@ -472,6 +479,22 @@ class BenchmarkSpec(_Model):
     # MIG- UUIDs in the container's device request. None: whole GPUs, never a GPU in MIG mode.
     mig_profiles: Annotated[list[MigProfile], Unique] | None = Field(None, min_length=1)
 
+    # Multi-node cases (README "Multi-node cases"): hosts per case (1: today's single-host cases), and the
+    # role layout of a case of N > 1 hosts. ps_worker (tf_cnn_benchmarks): `ps_per_node` parameter servers
+    # and `workers_per_node` workers on every host of the set (`ps_nodes: first`: the ps only on the set's
+    # first host); worker 0 on the first host is the chief, whose log gives the result.
+    nodes: Annotated[list[Annotated[int, Field(ge=1, le=64)]], Unique] = Field([1], min_length=1)
+    layout: Literal["ps_worker", "launcher"] = "ps_worker"
+    ps_per_node: int = Field(1, ge=0, le=8)
+    workers_per_node: int = Field(1, ge=1, le=64)
+    ps_nodes: Literal["all", "first"] = "all"
+    # Hosts of one set must report the same GPU model (host validation), unless this is true.
+    mixed_gpu_models: bool = False
+    # First port tried per case (each role gets its own, checked free on its host), and how long the chief
+    # may take to join the cluster (its "Running warm up" line) before the case fails rendezvous_timeout.
+    base_port: int = Field(23456, ge=1024, le=65000)
+    rendezvous_timeout_s: int = Field(300, ge=10, le=MAX_TIMEOUT_S)
+
     def container_settings(self) -> ContainerSpec:
         if self.container is not None:
             return self.container
@@ -515,6 +538,7 @@ def _cross_check(data: dict) -> list[str]:
         return {item["name"] for _, item in items(section) if isinstance(item.get("name"), str)}
 
     errors: list[str] = []
+    errors += _multinode_errors(data, items("hosts"), items("benchmarks"))
     for section in ("hosts", "images", "benchmarks"):
         seen: set[str] = set()
         for i, item in items(section):
@@ -538,6 +562,51 @@ def _cross_check(data: dict) -> list[str]:
             if isinstance(host, str) and host_names and host not in host_names:
                 errors.append(f"benchmarks[{i}].hosts[{j}]: unknown host {host!r} "
                               f"(known: {', '.join(sorted(host_names))})")
+    return errors
+
+
+# variable_update values a case of several hosts runs with (tf_cnn_benchmarks' cluster modes).
+CLUSTER_UPDATES = ("parameter_server", "distributed_replicated")
+
+
+def _multinode_errors(data: dict, hosts: list[tuple[int, dict]], benches: list[tuple[int, dict]]) -> list[str]:
+    """Benchmarks with `nodes` > 1: a harness and layout that can span hosts, cluster variable updates, and
+    spanned hosts the others can reach (an address) from the default queue."""
+    errors: list[str] = []
+    by_name = {h["name"]: (i, h) for i, h in hosts if isinstance(h.get("name"), str)}
+    for i, bench in benches:
+        nodes = bench.get("nodes")
+        if not isinstance(nodes, list) or not any(isinstance(n, int) and n > 1 for n in nodes):
+            continue
+        path = f"benchmarks[{i}]"
+        harness = bench.get("harness", "tf_cnn_benchmarks")
+        layout = bench.get("layout", "ps_worker")
+        if layout == "launcher":
+            errors.append(f"{path}.layout: the launcher layout (torchrun, mpirun) is not supported yet; "
+                          "multi-node cases run tf_cnn_benchmarks with layout ps_worker")
+        elif harness != "tf_cnn_benchmarks":
+            errors.append(f"{path}.nodes: cases of several hosts (nodes > 1) run harness tf_cnn_benchmarks "
+                          f"(layout ps_worker), not {harness!r}")
+        updates = bench.get("variable_update", ["parameter_server"])
+        for j, vu in enumerate(updates if isinstance(updates, list) else []):
+            if isinstance(vu, str) and vu not in CLUSTER_UPDATES:
+                errors.append(f"{path}.variable_update[{j}]: {vu!r} cannot span hosts (nodes > 1 runs "
+                              f"{' or '.join(CLUSTER_UPDATES)})")
+            if vu == "distributed_replicated" and 1 in nodes:
+                errors.append(f"{path}.nodes: 1 with variable_update distributed_replicated (a cluster mode): "
+                              "give the 1-node baseline its own benchmark (e.g. replicated)")
+        names = bench.get("hosts") if isinstance(bench.get("hosts"), list) else list(by_name)
+        for name in names:
+            if name not in by_name:
+                continue
+            j, host = by_name[name]
+            if host.get("queue"):
+                errors.append(f"hosts[{j}].queue: host {name!r} runs multi-node benchmark {bench.get('name')!r}, "
+                              "whose containers are started from the default queue: drive its engine over TLS "
+                              "(docker_url tcp://) instead of a queue of its own")
+            if not host.get("address") and host.get("connection", "local") != "local":
+                errors.append(f"hosts[{j}].address: is required for host {name!r} of multi-node benchmark "
+                              f"{bench.get('name')!r} (where the other hosts reach its containers)")
     return errors
 
 
@@ -641,9 +710,15 @@ def parse_config(data: Any, source: str = "<config>") -> FleetConfig:
 def config_warnings(cfg: FleetConfig) -> list[str]:
     """What is valid but probably not meant: a Docker engine over plain tcp:// (no TLS) is root on its host for
     anyone who reaches the port."""
-    return [f"hosts[{i}].docker_url: {h.docker_url} without docker_tls_conn_id: the engine's API is unauthenticated "
-            "(root on that host for anyone who reaches the port); use TLS (README 'Two fleet topologies')"
-            for i, h in enumerate(cfg.hosts) if h.docker_url.startswith("tcp://") and not h.docker_tls_conn_id]
+    warnings = [f"hosts[{i}].docker_url: {h.docker_url} without docker_tls_conn_id: the engine's API is "
+                "unauthenticated (root on that host for anyone who reaches the port); use TLS (README 'Two fleet "
+                "topologies')" for i, h in enumerate(cfg.hosts) if h.docker_url.startswith("tcp://")
+                and not h.docker_tls_conn_id]
+    for i, bench in enumerate(cfg.benchmarks):
+        spanned = len(bench.hosts) if bench.hosts is not None else len(cfg.hosts)
+        warnings += [f"benchmarks[{i}].nodes: {n} hosts per case, but the benchmark runs on {spanned} host(s): "
+                     "no case of that size is planned" for n in bench.nodes if n > spanned]
+    return warnings
 
 
 def load_config(path: str | Path) -> FleetConfig:

@@ -52,6 +52,15 @@ _CLASSES = [
     FailureClass("core_dump", "the harness crashed (SIGABRT / SIGSEGV, core dumped)", "measure.classify"),
     FailureClass("nonzero_exit", "the harness exited non-zero for another reason", "measure.classify"),
     FailureClass("task_failed", "the case's task failed before reporting (see its task log)", "collect"),
+    # multi-node cases (fleetbench.airflow.multinode)
+    FailureClass("peer_failed", "another container of a multi-node case (a worker or ps, named in the detail "
+                 "with its own class) failed; every container of the case was stopped", "multinode.run_case"),
+    FailureClass("rendezvous_timeout", "the chief of a multi-node case did not join its cluster within "
+                 "rendezvous_timeout_s; every container of the case was stopped", "multinode.run_case"),
+    FailureClass("port_unavailable", "no free port for a role of a multi-node case on its host (tried from "
+                 "base_port on)", "multinode.run_case"),
+    FailureClass("mixed_gpu_models", "skipped: the hosts of a multi-node case's set have different GPU models "
+                 "(set mixed_gpu_models to run them anyway)", "multinode.set_problem"),
     # the plan's capacity profile (fleetbench.capacity)
     FailureClass("predicted_oom", "skipped: its capacity profile predicts (or an OOM on record shows) more memory "
                  "than the host's GPU or the container's limit; the prediction is in the detail",

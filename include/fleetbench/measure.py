@@ -271,8 +271,18 @@ def result_row(run, case, verdict, image: dict | None, fields: dict) -> dict:
         "gpu_model": facts.gpu_model if facts else None,
         "host_gpu_health": _gpu_health(verdict),
         **capacity_fields(case),
+        **multinode_fields(case),
         **fields,
     }
+
+
+def multinode_fields(case) -> dict:
+    """A case's hosts and roles (fleetbench.multinode): the planned roles, which a measured case's fields
+    replace with how each ended."""
+    nodes = getattr(case, "nodes", 1) or 1
+    if nodes <= 1:
+        return {"nodes": 1, "host_set": None, "roles_json": None}
+    return {"nodes": nodes, "host_set": ",".join(case.hosts), "roles_json": json.dumps(case.roles)}
 
 
 def capacity_fields(case) -> dict:

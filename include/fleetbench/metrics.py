@@ -148,6 +148,33 @@ def match_speedup(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], tu
     return out
 
 
+# What makes a 1-node case the baseline of a multi-node one: the same model, batch and GPUs per node (and run,
+# harness, device and precision), on a host of the set.
+NODES_MATCH = ("dag_id", "run_id", "harness", "model", "batch_size_per_device", "num_gpus", "device", "precision")
+
+
+def match_nodes(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], tuple[float, float]]:
+    """{(host, case_key): (efficiency, 1-node images/sec)} for every ok multi-node row whose run has ok 1-node
+    rows with the same `NODES_MATCH` fields on hosts of its set: E = total / (nodes x the mean of those
+    1-node figures). 1.0 is linear scaling across hosts."""
+    ok = [r for r in rows if r.get("status") == "ok" and _positive(r.get("images_per_sec"))]
+    single: dict[tuple, dict[str, float]] = {}
+    for r in ok:
+        if (r.get("nodes") or 1) == 1:
+            single.setdefault(tuple(r.get(k) for k in NODES_MATCH), {})[r["host"]] = r["images_per_sec"]
+    out = {}
+    for r in ok:
+        nodes = r.get("nodes") or 1
+        if nodes <= 1:
+            continue
+        per_host = single.get(tuple(r.get(k) for k in NODES_MATCH), {})
+        figures = [per_host[h] for h in (r.get("host_set") or "").split(",") if h in per_host]
+        if figures:
+            base = sum(figures) / len(figures)
+            out[(r["host"], r["case_key"])] = (r["images_per_sec"] / (nodes * base), base)
+    return out
+
+
 _FP16_FLAG = re.compile(r"^--(use_fp16|auto_mixed_precision)(?:=(.*))?$")
 _FALSE = {"false", "0", "no", "off", "f", "n"}
 
@@ -531,7 +558,8 @@ def derive(rows: Sequence[Mapping[str, Any]], steps: Iterable[Mapping[str, Any]]
     for r in out:
         if r.get("precision") is None:
             r["precision"] = precision_of(r.get("command"))
-    speedups = match_speedup(out)
+    speedups = match_speedup([r for r in out if (r.get("nodes") or 1) == 1])
+    node_speedups = match_nodes(out)
 
     for r in out:
         gpus = r.get("num_gpus") or 0
@@ -556,6 +584,8 @@ def derive(rows: Sequence[Mapping[str, Any]], steps: Iterable[Mapping[str, Any]]
         # 3. speedup
         eff, base = speedups.get((r.get("host"), r.get("case_key")), (None, None))
         r["speedup_efficiency"], r["speedup_baseline_case_key"] = eff, base
+        r["node_efficiency"], r["node_baseline_images_per_sec"] = node_speedups.get(
+            (r.get("host"), r.get("case_key")), (None, None))
 
         # 4. cost: the GPUs' price when there is one, else the host's by the hour
         price, price_source = (gpu_hour_price(config.host_prices.get(r.get("host")),
@@ -566,8 +596,9 @@ def derive(rows: Sequence[Mapping[str, Any]], steps: Iterable[Mapping[str, Any]]
         r["price_per_gpu_hour"] = price
         r["price_per_hour"] = host_price if kind == "host_hour" else None
         r["price_source"] = price_source if kind == "gpu" else kind
-        r["cost_usd"] = cost_usd(rate, 1, duration)
-        r["cost_per_million_images_usd"] = cost_per_million_images_usd(rate, 1, ips)
+        # a multi-node case pays for every host of its set (at its first host's price)
+        r["cost_usd"] = cost_usd(rate, r.get("nodes") or 1, duration)
+        r["cost_per_million_images_usd"] = cost_per_million_images_usd(rate, r.get("nodes") or 1, ips)
 
         # 5. power and energy
         r["cpu_tdp_w"] = None

@@ -45,6 +45,18 @@ class Case:
     def mig_instances(self) -> int | None:
         return self.num_gpus if self.mig_profile else None
 
+    # A multi-node case (fleetbench.multinode): its hosts (`host` is the first, the chief's), its roles
+    # ({host, job, task_index}) and its cluster settings (base_port, rendezvous_timeout_s, mixed_gpu_models).
+    nodes: int = 1
+    host_set: list = field(default_factory=list, hash=False)
+    roles: list = field(default_factory=list, hash=False)
+    cluster: dict = field(default_factory=dict, hash=False)
+
+    @property
+    def hosts(self) -> list[str]:
+        """Every host the case runs on."""
+        return list(self.host_set) if self.host_set else [self.host]
+
     @property
     def batch_size_global(self) -> int | None:
         if self.batch_size_per_device is None:
@@ -83,6 +95,8 @@ def expand_cases(cfg: FleetConfig, hosts: Iterable[str] | None = None,
         for bench in cfg.benchmarks:
             if bench.hosts is not None and host.name not in bench.hosts:
                 continue
+            if 1 not in bench.nodes:
+                continue
             image = cfg.image(bench.image)
             harness = get_harness(bench.harness)
             container = bench.container_settings().model_dump(mode="json")
@@ -116,10 +130,48 @@ def expand_cases(cfg: FleetConfig, hosts: Iterable[str] | None = None,
                         mig_profile=profile,
                     )
                 )
+    cases += _multinode_cases(cfg, points, only_hosts, only_models)
     keys = [(c.host, c.case_key) for c in cases]
     if len(keys) != len(set(keys)):
         dupes = sorted({k for k in keys if keys.count(k) > 1})
         raise ValueError(f"duplicate cases in plan: {dupes[:5]}")
+    return cases
+
+
+def _multinode_cases(cfg: FleetConfig, points: dict, only_hosts: set | None, only_models: set | None) -> list[Case]:
+    """The cases of N > 1 hosts: per benchmark and N, its hosts in config order in consecutive disjoint sets
+    (`fleetbench.multinode.host_sets`), each set one case per matrix point, on host networking."""
+    from fleetbench.harnesses import get as get_harness
+    from fleetbench.multinode import host_sets, layout, set_case_key
+
+    cases = []
+    for bench in cfg.benchmarks:
+        sizes = [n for n in bench.nodes if n > 1]
+        if not sizes:
+            continue
+        names = [h.name for h in cfg.hosts if (bench.hosts is None or h.name in bench.hosts)
+                 and (only_hosts is None or h.name in only_hosts)]
+        image = cfg.image(bench.image)
+        harness = get_harness(bench.harness)
+        container = {**bench.container_settings().model_dump(mode="json"), "network_mode": "host"}
+        cluster = {"base_port": bench.base_port, "rendezvous_timeout_s": bench.rendezvous_timeout_s,
+                   "mixed_gpu_models": bench.mixed_gpu_models, "layout": bench.layout}
+        for n in sizes:
+            for hosts in host_sets(names, n):
+                for point in points[bench.name]:
+                    if only_models is not None and point.model not in only_models:
+                        continue
+                    cases.append(Case(
+                        host=hosts[0], case_key=set_case_key(point.case_key, hosts), benchmark=bench.name,
+                        image=image.name, model=point.model, batch_size_per_device=point.batch_size,
+                        num_gpus=point.num_gpus, variable_update=point.variable_update, device=bench.device,
+                        num_batches=bench.num_batches, num_warmup_batches=bench.num_warmup_batches,
+                        timeout_s=bench.timeout_s, command=harness.command(image.command, bench, point),
+                        container=container, telemetry_period_s=0.0, harness=harness.name,
+                        harness_settings=harness.settings(bench), axes={**point.axes, "nodes": n},
+                        nodes=n, host_set=hosts,
+                        roles=layout(hosts, bench.ps_per_node, bench.workers_per_node, bench.ps_nodes),
+                        cluster=cluster))
     return cases
 
 
@@ -133,7 +185,7 @@ def build_plan(cfg: FleetConfig, run: dict, params: dict | None = None) -> "RunP
     cases = expand_cases(cfg)
     hosts = []
     for host in cfg.hosts:
-        host_cases = [c for c in cases if c.host == host.name]
+        host_cases = [c for c in cases if host.name in c.hosts]
         if not host_cases:
             continue
         images = [cfg.image(n) for n in sorted({c.image for c in host_cases})]
@@ -155,7 +207,7 @@ def build_plan(cfg: FleetConfig, run: dict, params: dict | None = None) -> "RunP
 def plan_table(cases: Iterable[Case]) -> str:
     """The plan as people read it: host, case_key, image, command (what a dry run logs)."""
     head = ("host", "case_key", "image", "command")
-    rows = [head] + [(c.host, c.case_key, c.image, " ".join(c.command)) for c in cases]
+    rows = [head] + [(",".join(c.hosts), c.case_key, c.image, " ".join(c.command)) for c in cases]
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(r[:3], widths)) + "  " + r[3] for r in rows)
 

@@ -49,6 +49,7 @@ def test_fleet_benchmark_shape(no_services):
     assert dag.get_task("host_localhost.run_case").max_active_tis_per_dag == 1
     assert dag.get_task("host_localhost.run_case").pool == "default_pool"
     assert dag.get_task("host_localhost.run_case").task_group.group_id == "host_localhost"
+    assert not [t for t in ids if t.startswith("multinode.")]  # no benchmark spans hosts: no multinode group
     # `outcome` is the run's only leaf and runs whatever happened, so a failed task anywhere fails the run.
     assert [t.task_id for t in dag.leaves] == ["outcome"]
     assert dag.get_task("outcome").trigger_rule == "all_done"
@@ -90,6 +91,25 @@ def test_a_large_fleet_has_the_same_lanes_without_task_groups(tmp_path, monkeypa
         assert cases.host == host
     assert set(dag.task_group.children) == set(dag.task_ids)  # no groups at all
     assert len(dag.tasks) == 2 * 101 + len([t for t in dag.task_ids if not t.startswith("host_")])
+    assert [t.task_id for t in dag.leaves] == ["outcome"]
+
+
+def test_multinode_cases_run_after_every_lane_one_at_a_time(tmp_path, monkeypatch, no_services):
+    """A benchmark with nodes > 1 adds the `multinode` group: after every lane (all_done), one case at a time,
+    and its outcomes go to collect. Without one, no such task exists (checked in test_fleet_benchmark_shape)."""
+    cfg = {"hosts": [{"name": "a"}, {"name": "b", "address": "127.0.0.2"}, {"name": "c"}],
+           "images": [{"name": "i", "ref": "127.0.0.1:5000/x:1", "command": ["python3"]}],
+           "benchmarks": [{"name": "b", "image": "i", "models": ["resnet50"], "batch_sizes": [32], "nodes": [1, 2]}]}
+    monkeypatch.setenv("FLEETBENCH_CONFIG", str(write_config(tmp_path / "fleet.yaml", cfg)))
+    bag = load_bag()
+    assert bag.import_errors == {}
+    dag = bag.dags["fleet_benchmark"]
+    cases, run = dag.get_task("multinode.cases"), dag.get_task("multinode.run_case")
+    assert cases.trigger_rule == "all_done"
+    assert {f"host_{h}.run_case" for h in "abc"} <= set(cases.upstream_task_ids)
+    assert set(run.upstream_task_ids) == {"multinode.cases"}
+    assert run.max_active_tis_per_dag == 1
+    assert "multinode.run_case" in dag.get_task("collect").upstream_task_ids
     assert [t.task_id for t in dag.leaves] == ["outcome"]
 
 

@@ -50,3 +50,9 @@ def test_migrate_regression_units_and_wide_metric_names(pg_engine):
     from warehouse_contract import check_migrate_regression_units
 
     check_migrate_regression_units(pg_engine)
+
+
+def test_migrate_to_multinode_keeps_rows_and_downgrades(pg_engine):
+    from warehouse_contract import check_migrate_to_multinode
+
+    check_migrate_to_multinode(pg_engine)

@@ -47,3 +47,15 @@ def test_its_plan_is_the_matrix_on_every_host():
         "--variable_update=replicated", "--device=gpu", "--num_gpus=8"]
     # NGC's recommended container settings
     assert case.container["ulimits"] == {"memlock": -1, "stack": 67108864} and case.container["shm_size"] == "1g"
+
+
+def test_the_runbooks_distributed_layout_is_one_case_across_both_hosts():
+    cfg = load_config(EXAMPLE)
+    [case] = [c for c in expand_cases(cfg) if c.benchmark == "cnn-dist"]
+    assert case.hosts == ["gpu-a100-01", "gpu-rtx3070-01"] and case.host == "gpu-a100-01"
+    assert case.case_key == "cnn-dist.resnet50.bs64.g8.distributed_replicated.n2.gpu-a100-01+gpu-rtx3070-01"
+    assert [(r["host"], r["job"], r["task_index"]) for r in case.roles] == [
+        ("gpu-a100-01", "worker", 0), ("gpu-rtx3070-01", "worker", 1),
+        ("gpu-a100-01", "ps", 0), ("gpu-rtx3070-01", "ps", 1)]
+    assert "--variable_update=distributed_replicated" in case.command and case.container["network_mode"] == "host"
+    assert [h.cluster_address() for h in cfg.hosts] == ["gpu-a100-01", "gpu-rtx3070-01"]

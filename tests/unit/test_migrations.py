@@ -116,3 +116,9 @@ def test_migrate_regression_units_and_wide_metric_names(tmp_path):
     from warehouse_contract import check_migrate_regression_units
 
     check_migrate_regression_units(engine_at(tmp_path))
+
+
+def test_migrate_to_multinode_keeps_rows_and_downgrades(tmp_path):
+    from warehouse_contract import check_migrate_to_multinode
+
+    check_migrate_to_multinode(engine_at(tmp_path))

@@ -682,3 +682,27 @@ def test_report_judges_and_labels_each_primary_metric(engine, tmp_path):
     assert len(costs) == 1 and costs[0]["metric_text"][0] == "avg_busbw [GB/s]" and costs[0]["per"][0] == "GB"
     assert costs[0]["cost_per_unit_usd"][1] == pytest.approx(0.6 / (151.0 * 60.0))  # $ / GB moved, night 13
     assert costs[0]["energy_per_unit_wh"][1] == pytest.approx(10.0 / (151.0 * 60.0))
+
+
+def test_multi_node_rows_show_their_scaling_across_nodes(engine, tmp_path):
+    """Multi-node results (README "Multi-node cases") get their own table: total images/sec and the efficiency
+    across nodes per model, batch, GPUs per node and nodes; a fleet without them shows no such section."""
+    from fleetbench.warehouse import store_run, upgrade
+
+    upgrade(engine)
+    rows = nightly_rows(0)
+    written, page = written_page(tmp_path, engine)
+    assert "node-scaling-table" not in page.tables
+    base = rows[0]
+    multi = [{**base, "case_key": f"{base['case_key']}.n2.{h}", "host": h.split("+")[0], "nodes": 2,
+              "host_set": h.replace("+", ","), "images_per_sec": ips, "node_efficiency": eff,
+              "node_baseline_images_per_sec": ips / (2 * eff)}
+             for h, ips, eff in (("a+b", 180.0, 0.9), ("c+d", 140.0, 0.7))]
+    store_run(engine, run_row(0, rows + multi), [], rows + multi)
+    report = report_of(engine)
+    [row] = report["node_scaling"]
+    assert (row["model"], row["nodes"], row["n"], row["sets"]) == (base["model"], 2, 2, 2)
+    assert (row["images_per_sec"], row["mean"], row["min"], row["max"]) == pytest.approx((160.0, 0.8, 0.7, 0.9))
+    _, page = written_page(tmp_path, engine)
+    [cells] = page.tables["node-scaling-table"]
+    assert cells["nodes"][0] == "2" and cells["mean"][1] == pytest.approx(0.8) and cells["host_set"][0] == "c,d"

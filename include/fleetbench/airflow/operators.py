@@ -77,14 +77,15 @@ def start_error_class(exc: APIError) -> str:
 
 
 def case_kwargs(plan, validations: list, prepared: list, host: str | None = None) -> list[dict]:
-    """Per-case arguments for a host lane's mapped BenchmarkCaseOperator: only cases whose host and image are ready."""
+    """Per-case arguments for a host lane's mapped BenchmarkCaseOperator: only cases whose host and image are ready
+    (a case that spans hosts runs in the `multinode` group instead)."""
     plan = RunPlan.load(plan)
     run = plan.run
     verdicts = by_host(HostVerdict.load(v) for v in validations if v)
     images = by_host(HostImages.load(p) for p in prepared if p)
     out = []
     for case in plan.cases:
-        if host is not None and case.host != host:
+        if (host is not None and case.host != host) or case.nodes > 1:  # cases across hosts: fleetbench.multinode
             continue
         v, planned = verdicts.get(case.host), plan.host(case.host)
         img = images[case.host].ready(case.image) if case.host in images else None

@@ -156,7 +156,8 @@ def collect(plan, validations: list, prepared: list, outcomes: list) -> dict:
 
     Cases were measured by their own tasks (`fleetbench.measure.measure`); a task that died before
     returning left its outcome file next to its log, read here through `fleetbench.runs.outcome_path`."""
-    from fleetbench.measure import case_fields, outcome_from_file, result_row
+    from fleetbench.airflow.multinode import set_problem
+    from fleetbench.measure import case_fields, not_run, outcome_from_file, planned_metric, result_row
     from fleetbench.warehouse.rows import metric_sample_rows
 
     plan = RunPlan.load(plan)
@@ -169,9 +170,13 @@ def collect(plan, validations: list, prepared: list, outcomes: list) -> dict:
         verdict, host_images = verdicts.get(case.host), images.get(case.host)
         image = host_images.images.get(case.image) if host_images else None
         outcome = done.get((case.host, case.case_key))
-        if outcome is None and verdict is not None and not verdict.unfit:
+        problem = set_problem(case, verdicts, images) if case.nodes > 1 else None
+        if outcome is None and problem is None and verdict is not None and not verdict.unfit:
             outcome = outcome_from_file(str(runs.case_log_dir(run.dag_id, run.run_id, case.host)), case.case_key)
-        fields, steps = case_fields(case, verdict, image, outcome)
+        if problem is not None and outcome is None:  # a host of the set could not run it
+            fields, steps = {**not_run(*problem), **planned_metric(case)}, []
+        else:
+            fields, steps = case_fields(case, verdict, image, outcome)
         fields = dict(fields)
         samples = fields.pop("metric_samples", None) or []
         rows.append({**result_row(run, case, verdict, image, fields),

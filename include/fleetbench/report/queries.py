@@ -483,6 +483,23 @@ def scaling(conn, f: Filters) -> list[dict]:
              "mean": float(r.total) / int(r.n), "min": _num(r.min), "max": _num(r.max)} for r in rows]
 
 
+def node_scaling(conn, f: Filters) -> list[dict]:
+    """Speedup efficiency across nodes (README "Multi-node cases"): per model, batch, GPUs per node and nodes, the
+    ok multi-node results' total images/sec and efficiency (N-node total / (N x 1-node images/sec)), and their
+    host sets. Empty on a warehouse before revision 0012."""
+    rows = conn.execute(select(
+        br.c.model, br.c.batch_size_per_device, br.c.num_gpus, br.c.nodes, func.count().label("n"),
+        func.avg(br.c.images_per_sec).label("images_per_sec"), func.avg(br.c.node_efficiency).label("mean"),
+        func.min(br.c.node_efficiency).label("min"), func.max(br.c.node_efficiency).label("max"),
+        func.count(distinct(br.c.host_set)).label("sets"), func.max(br.c.host_set).label("host_set"),
+    ).where(*_scope(f), br.c.status == "ok", br.c.nodes >= 2)
+        .group_by(br.c.model, br.c.batch_size_per_device, br.c.num_gpus, br.c.nodes)
+        .order_by(br.c.model, br.c.batch_size_per_device, br.c.num_gpus, br.c.nodes)).all()
+    return [{"model": r.model, "batch_size": r.batch_size_per_device, "num_gpus": r.num_gpus, "nodes": int(r.nodes),
+             "n": int(r.n), "images_per_sec": _num(r.images_per_sec), "mean": _num(r.mean), "min": _num(r.min),
+             "max": _num(r.max), "sets": int(r.sets), "host_set": r.host_set} for r in rows]
+
+
 def _scaled_hosts(conn, f: Filters, wanted: set[tuple]) -> dict[tuple, int]:
     """Distinct hosts with an ok N-GPU result with a speedup efficiency, per (model, N), from the rollup's bit masks."""
     if not wanted:
@@ -754,7 +771,7 @@ SECTIONS = {
     "host_summary": host_summary, "throughput": throughput, "driver_changes": driver_changes, "scaling": scaling,
     "efficiency": efficiency, "latest_run": latest_run,
     "failures": lambda conn, f: failures(conn, f, latest_run(conn, f)), "open_regressions": open_regressions,
-    "remeasured": remeasured,
+    "remeasured": remeasured, "node_scaling": node_scaling,
 }
 
 
@@ -787,7 +804,8 @@ def blank_report(f: Filters | None = None, warehouse: str = "") -> dict:
         "summary": {"runs": 0, "results": 0, "ok": 0, "failed": 0, "skipped": 0, "hosts": 0, "models": 0,
                     "first": None, "last": None},
         "hosts": [], "throughput": [], "throughput_mode": HOSTS, "driver_changes": [], "scaling": [], "efficiency": [],
-        "latest_run": None, "failures": [], "regressions": [], "fleet_health": [], "suspected": [], "improvements": [],
+        "node_scaling": [], "latest_run": None, "failures": [], "regressions": [], "fleet_health": [], "suspected": [],
+        "improvements": [],
         "change_map": {"hosts": [], "cases": [], "cells": {}, "skipped": None}, "capacity": [], "remeasured": [],
     }
 
@@ -820,6 +838,7 @@ def build_report(engine: Engine, f: Filters | None = None, *, max_series: int | 
         return report
     # GPU health (revision 0006): read when the warehouse has it.
     health = "gpu_health" in {c["name"] for c in inspect(engine).get_columns(hf.name)}
+    nodes = "nodes" in {c["name"] for c in inspect(engine).get_columns(br.name)}  # revision 0012
     with engine.connect() as conn:
         report["options"] = filter_options(conn, f)
         if not report["options"]["hosts"]:
@@ -845,6 +864,8 @@ def build_report(engine: Engine, f: Filters | None = None, *, max_series: int | 
         report["driver_changes"] = driver_changes(conn, scoped)
         report["remeasured"] = remeasured(conn, scoped)
         report["scaling"] = scaling(conn, scoped)
+        if nodes:
+            report["node_scaling"] = node_scaling(conn, scoped)
         report["efficiency"] = efficiency(conn, scoped)
         report["latest_run"] = latest_run(conn, scoped)
         report["failures"] = failures(conn, scoped, report["latest_run"])

@@ -315,6 +315,18 @@ def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str,
                        report["scaling"],
                        empty="No GPU cases with a 1-GPU counterpart in this range (CPU cases do not scale)."))
 
+    if report.get("node_scaling"):
+        parts.append("<h2>Scaling across nodes</h2>")
+        parts.append('<p class="meta">Multi-node cases: the cluster\'s total images/sec ÷ (nodes × the 1-node '
+                     'images/sec of the same model, batch and GPUs per node, on the set\'s hosts, same run); 1.0 is '
+                     'linear.</p>')
+        parts.append(table("node-scaling-table", [
+            ("model", "model", "text"), ("batch", "batch_size", "int"), ("GPUs per node", "num_gpus", "int"),
+            ("nodes", "nodes", "int"), ("cases", "n", "int"), ("host sets", "sets", "int"),
+            ("e.g. hosts", "host_set", "text"), ("total images/sec (mean)", "images_per_sec", "num"),
+            ("efficiency (mean)", "mean", "num"), ("min", "min", "num"), ("max", "max", "num")],
+            report["node_scaling"], empty=""))
+
     parts.append("<h2>Energy and cost per GPU model</h2>")
     parts.append('<p class="meta">CPU cases are the rows of GPU model “none (CPU)”; energy measured (NVML, RAPL) or '
                  'estimated (TDP × utilisation).</p>')

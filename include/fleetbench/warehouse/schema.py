@@ -153,6 +153,14 @@ benchmark_results = Table(
     # NULL for whole-GPU and CPU cases.
     Column("mig_profile", String(40)),
     Column("mig_instances", Integer),
+    # Multi-node cases (revision 0014, fleetbench.multinode): the number of hosts, the host set ("a,b"; NULL
+    # for one host), each role's host, job, task index and end (JSON), and the speedup efficiency across
+    # nodes: total images/sec / (nodes x the 1-node images/sec of the same model, batch and GPUs per node).
+    Column("nodes", Integer, nullable=False, server_default="1"),
+    Column("host_set", Text),
+    Column("roles_json", Text),
+    Column("node_efficiency", Float),
+    Column("node_baseline_images_per_sec", Float),
     UniqueConstraint(*RESULT_KEY, name="uq_benchmark_results_key"),
     Index("ix_benchmark_results_host_case_time", "host", "case_key", "started_at"),
     Index("ix_benchmark_results_logical_date", "logical_date"),

@@ -195,11 +195,12 @@ def _delete_rest_of_run(conn, run_row: dict, host_keys: list[tuple], result_keys
 _RESULT_DATES = [RESULT_COLUMNS.index(c) for c in ("logical_date", "started_at", "finished_at")]
 _COMMAND = RESULT_COLUMNS.index("command")
 _STORED_AT = RESULT_COLUMNS.index("stored_at")
+_NODES = RESULT_COLUMNS.index("nodes")
 
 
 def _result_tuples(results: Iterable[dict], now: datetime, dt: "_DateCache") -> Iterable[tuple]:
     """Result rows as tuples in RESULT_COLUMNS order: timestamps as aware UTC datetimes, the command as
-    JSON text, stored_at now (keys that are not columns are ignored)."""
+    JSON text, stored_at now, nodes 1 unless given (keys that are not columns are ignored)."""
     for r in results:
         row = list(map(r.get, RESULT_COLUMNS))
         for i in _RESULT_DATES:
@@ -207,6 +208,7 @@ def _result_tuples(results: Iterable[dict], now: datetime, dt: "_DateCache") -> 
         if isinstance(row[_COMMAND], (list, tuple)):
             row[_COMMAND] = json.dumps(row[_COMMAND])
         row[_STORED_AT] = now
+        row[_NODES] = row[_NODES] or 1  # a row without it ran on one host
         yield tuple(row)
 
 

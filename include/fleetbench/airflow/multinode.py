@@ -1,0 +1,416 @@
+"""The tasks of multi-node cases (README "Multi-node cases"): `multinode.cases` picks the runnable ones, and
+MultiNodeCaseOperator runs one: a container per role on every host of the set (host networking), the
+cluster spec passed to each, all started together.
+
+The chief's (worker 0's) log gives the result. Parameter servers, which never exit, are stopped when every
+worker has finished. When any container fails, every other container of the case is stopped; the row is
+failed `peer_failed` naming the role (or with the chief's own class when the chief failed). A chief that
+has not joined the cluster (its "Running warm up" line) within `rendezvous_timeout_s` fails the case
+`rendezvous_timeout`; no free port for a role, `port_unavailable`. Every role's log is kept in the chief
+host's case folder (`<case_key>.log` is the chief's, `<case_key>.<role>.log` the others'), and every
+container is removed however the case ended.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from contextlib import ExitStack
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import requests
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException, AirflowTaskTimeout
+from docker.errors import APIError, NotFound
+
+from fleetbench import capacity, multinode, runs
+from fleetbench.run_model import CaseOutcome, HostImages, HostVerdict, Measurement, RunPlan, by_host
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.5
+MARKER_EVERY_S = 2.0
+# What a lost engine looks like to docker-py (its HTTP errors, APIError, are answers, not losses).
+ENGINE_LOST = (requests.exceptions.ConnectionError, requests.exceptions.Timeout,
+               requests.exceptions.ChunkedEncodingError)
+
+
+def role_container_name(dag_id: str, run_id: str, role: dict, case_key: str) -> str:
+    """The role's container: run token, host, role and a digest of the case key first (names are cut at 120)."""
+    digest = hashlib.sha256(case_key.encode()).hexdigest()[:8]
+    return runs.container_name(dag_id, run_id, role["host"], f"{multinode.role_name(role)}-{digest}-{case_key}")
+
+
+def set_problem(case, verdicts: dict, images: dict) -> tuple[str, str | None, str] | None:
+    """Why a multi-node case cannot run, as (status, failure_class, detail) — a host of its set not validated,
+    unfit, without the image, or (unless `mixed_gpu_models`) with another GPU model — else None."""
+    from fleetbench.measure import FAILED, SKIPPED
+
+    for host in case.hosts:
+        v = verdicts.get(host)
+        if v is None:
+            return FAILED, "host_check_failed", f"validation of host {host} of the set did not finish"
+        if v.unfit:
+            return SKIPPED, "host_unfit", f"host {host} of the set is unfit: {v.reasons}"
+        host_images = images.get(host)
+        image = host_images.images.get(case.image) if host_images else None
+        if image is None:
+            return FAILED, "task_failed", f"the image of host {host} of the set was not prepared"
+        if image.get("failure_class"):
+            return FAILED, image["failure_class"], f"host {host} of the set: {image.get('error') or 'no image'}"
+    models = {h: verdicts[h].host_facts.gpu_model for h in case.hosts}
+    if case.num_gpus and not case.cluster.get("mixed_gpu_models") and len(set(models.values())) > 1:
+        shown = ", ".join(f"{h}: {m}" for h, m in models.items())
+        return SKIPPED, "mixed_gpu_models", f"the hosts of the set have different GPU models ({shown})"
+    return None
+
+
+def multinode_kwargs(plan, validations: list, prepared: list) -> list[dict]:
+    """MultiNodeCaseOperator's arguments per runnable multi-node case (every host of its set ready)."""
+    plan = RunPlan.load(plan)
+    run = plan.run
+    verdicts = by_host(HostVerdict.load(v) for v in validations if v)
+    images = by_host(HostImages.load(p) for p in prepared if p)
+    out = []
+    for case in plan.cases:
+        if case.nodes <= 1 or capacity.skipped(case) or set_problem(case, verdicts, images):
+            continue
+        roles = []
+        for role in case.roles:
+            host = plan.host(role["host"])
+            roles.append({**role, "docker_url": host.docker_url, "docker_tls_conn_id": host.docker_tls_conn_id,
+                          "address": host.cluster_address(),
+                          "local": host.connection == "local" and host.docker_url.startswith("unix://"),
+                          "image": images[role["host"]].ready(case.image)["pinned_ref"],
+                          "container_name": role_container_name(run.dag_id, run.run_id, role, case.case_key),
+                          "labels": {**runs.case_labels(run.dag_id, run.run_id, role["host"], case.case_key,
+                                                        case.timeout_s),
+                                     runs.label("role"): multinode.role_name(role)}})
+        out.append({"case": {"host": case.host, "case_key": case.case_key, "harness": case.harness,
+                             "harness_settings": case.harness_settings, "hosts": case.hosts},
+                    "command": case.command, "roles": roles, "cluster": case.cluster, "timeout_s": case.timeout_s,
+                    "container": case.container, "num_gpus": case.num_gpus,
+                    "log_dir": str(runs.case_log_dir(run.dag_id, run.run_id, case.host))})
+    log.info("%d multi-node case(s) can run", len(out))
+    return out
+
+
+class MultiNodeCasesOperator(BaseOperator):
+    """`multinode.cases`: the runnable multi-node cases, the map source of `multinode.run_case`. It runs after
+    every host lane is done (trigger rule all_done), so a multi-node case never overlaps a single-node case
+    of its hosts, and its cases run one at a time, so two that share a host never overlap (nor wait on
+    each other)."""
+
+    template_fields = ("prepared",)
+
+    def __init__(self, *, prepared: Any, plan: Any, validations: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.prepared = prepared
+        self.plan_ref = plan
+        self.validations_ref = validations
+
+    def execute(self, context) -> list[dict]:
+        from fleetbench.airflow.operators import all_items
+
+        plan = self.render_template(self.plan_ref, context)
+        validations = self.render_template(self.validations_ref, context)
+        return multinode_kwargs(plan, all_items(validations), all_items(self.prepared))
+
+
+class MultiNodeCaseOperator(BaseOperator):
+    """One multi-node case: its roles' containers on their hosts' engines, its outcome as the chief's."""
+
+    def __init__(self, *, case: dict, command: list[str], roles: list[dict], cluster: dict, timeout_s: int,
+                 log_dir: str, container: dict | None = None, num_gpus: int = 0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.num_gpus = num_gpus
+        self.case = case
+        self.command = command
+        self.roles = roles
+        self.cluster = cluster
+        self.timeout_s = timeout_s
+        self.log_dir = log_dir
+        self.container = container or {}
+        self._clients: dict[str, Any] = {}
+        self._cids: dict[str, str] = {}  # role name -> container id
+        self._killed = False
+        self._execution_timeout = False
+        self._started_at: datetime | None = None
+
+    # -- Airflow entry points -------------------------------------------------------------
+    def execute(self, context: Any) -> dict:
+        try:
+            with ExitStack() as stack:
+                self._open_clients(stack)
+                return self.run_case()
+        except AirflowTaskTimeout:
+            self._execution_timeout = True
+            raise
+
+    def on_kill(self) -> None:
+        """Killed from Airflow (or its execution_timeout): record the case as killed, remove every container."""
+        self._killed = True
+        now = datetime.now(timezone.utc)
+        started = self._started_at or now
+        why = (f"the task's execution_timeout of {self.execution_timeout} passed" if self._execution_timeout
+               else "the task was killed from Airflow (UI or CLI) while the case ran")
+        try:
+            self._finish({**self._blank_outcome(), "killed_by_airflow": True, "error": why,
+                          "started_at": started.isoformat(), "finished_at": now.isoformat(),
+                          "duration_s": round((now - started).total_seconds(), 3)}, [], None)
+        finally:
+            self._remove_all()
+
+    # -- pieces ---------------------------------------------------------------------------
+    def _open_clients(self, stack: ExitStack) -> None:
+        from fleetbench.engines import engine_client
+
+        for role in self.roles:
+            if role["host"] not in self._clients:
+                self._clients[role["host"]] = stack.enter_context(
+                    engine_client(role["docker_url"], role.get("docker_tls_conn_id")))
+
+    def _cli(self, role: dict):
+        return self._clients[role["host"]]
+
+    def _paths(self) -> tuple[Path, Path]:
+        return runs.log_path(self.log_dir, self.case["case_key"]), runs.outcome_path(self.log_dir,
+                                                                                     self.case["case_key"])
+
+    def _role_log(self, role: dict) -> Path:
+        if multinode.is_chief(role):
+            return self._paths()[0]
+        return Path(self.log_dir) / f"{self.case['case_key']}.{multinode.role_name(role)}.log"
+
+    def _blank_outcome(self) -> dict[str, Any]:
+        chief = self.roles[0]
+        return {"host": self.case["host"], "case_key": self.case["case_key"], "image": chief["image"],
+                "container_name": chief["container_name"], "command": list(self.command), "gpu_device_ids": None,
+                "exit_code": None, "oom_killed": False, "timed_out": False, "killed_by_airflow": False,
+                "start_error_class": None, "error": None, "log_path": str(self._paths()[0]), "started_at": None,
+                "finished_at": None, "duration_s": None, "rapl": None, "peak_mem_mib": None,
+                "peak_mem_source": None}
+
+    def _remove_stale(self) -> None:
+        for role in self.roles:
+            try:
+                self._cli(role).remove_container(role["container_name"], force=True)
+                self.log.warning("removed container %s left by an earlier try", role["container_name"])
+            except NotFound:
+                pass
+
+    def _create(self, role: dict, command: list[str]) -> str:
+        from docker.types import LogConfig, Ulimit
+
+        from fleetbench.airflow.operators import CASE_LOG_MAX_FILES, CASE_LOG_MAX_SIZE, container_settings
+
+        cli = self._cli(role)
+        settings = container_settings(self.container)
+        mounts = [{"Source": m["source"], "Target": m["target"], "Type": "bind", "ReadOnly": m["read_only"]}
+                  for m in settings["mounts"]]
+        host_config = cli.create_host_config(
+            auto_remove=False, network_mode="host", shm_size=settings["shm_size"], ipc_mode=settings["ipc_mode"],
+            mem_limit=settings["mem_limit"],
+            nano_cpus=int(settings["cpu_limit"] * 1e9) if settings["cpu_limit"] else None,
+            ulimits=[Ulimit(name=k, soft=v, hard=v) for k, v in settings["ulimit_map"].items()],
+            device_requests=self._device_requests(), mounts=mounts or None,
+            log_config=LogConfig(config={"max-size": CASE_LOG_MAX_SIZE, "max-file": CASE_LOG_MAX_FILES}))
+        created = cli.create_container(image=role["image"], command=command, name=role["container_name"],
+                                       environment=settings["environment"], labels=role["labels"],
+                                       host_config=host_config)
+        return created["Id"]
+
+    def _device_requests(self):
+        from docker.types import DeviceRequest
+
+        return [DeviceRequest(count=self.num_gpus, capabilities=[["gpu"]])] if self.num_gpus else None
+
+    # -- the run loop ---------------------------------------------------------------------
+    def run_case(self) -> dict:
+        log_path, outcome_path = self._paths()
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        outcome_path.unlink(missing_ok=True)
+        outcome = self._blank_outcome()
+        t0 = self._started_at = datetime.now(timezone.utc)
+        self._remove_stale()
+        addresses = {r["host"]: r["address"] for r in self.roles}
+        local = {r["host"]: bool(r.get("local")) for r in self.roles}
+        try:
+            ports = multinode.allocate_ports(self.roles, addresses, local, int(self.cluster.get("base_port", 23456)))
+        except multinode.PortUnavailable as exc:
+            return self._not_started(outcome, "port_unavailable", str(exc), t0)
+        commands = {multinode.role_name(r): multinode.role_command(self.command, self.roles, ports, addresses, r)
+                    for r in self.roles}
+        outcome["command"] = commands[multinode.role_name(self.roles[0])]
+        self.log.info("case %s: %s", self.case["case_key"],
+                      ", ".join(f"{multinode.role_name(r)}@{r['host']}:{p}" for r, p in zip(self.roles, ports)))
+        try:
+            for role in self.roles:
+                self._cids[multinode.role_name(role)] = self._create(role, commands[multinode.role_name(role)])
+            for role in self.roles:  # all created first, then started together
+                self._cli(role).start(self._cids[multinode.role_name(role)])
+        except APIError as exc:
+            from fleetbench.airflow.operators import start_error_class
+
+            self._remove_all()
+            return self._not_started(outcome, start_error_class(exc), str(exc), t0)
+
+        try:
+            reason, dead = self._watch(t0)
+            stopped = self._stop_running()
+            if self._killed:
+                raise AirflowException(f"case {self.case['case_key']} was killed from Airflow; its outcome is recorded")
+            role_outcomes = self._role_outcomes(stopped, t0)
+        except ENGINE_LOST as exc:
+            self._remove_all()
+            now = datetime.now(timezone.utc)
+            outcome.update({"engine_unreachable": True, "started_at": t0.isoformat(), "finished_at": now.isoformat(),
+                            "duration_s": round((now - t0).total_seconds(), 3),
+                            "error": f"a Docker engine of the case stopped answering: {exc}"})
+            self._finish(outcome, [], None)
+            return outcome
+        finally:
+            self._remove_all()
+        chief = role_outcomes[multinode.role_name(self.roles[0])]
+        outcome.update({k: chief[k] for k in ("exit_code", "oom_killed", "started_at", "finished_at", "duration_s")})
+        outcome["timed_out"] = reason == "timeout"
+        ends = self._role_ends(role_outcomes)
+        override = None
+        if reason == "rendezvous_timeout":
+            timeout = self.cluster.get("rendezvous_timeout_s")
+            override = ("rendezvous_timeout", f"the chief did not join the cluster (no '{multinode.JOINED_MARKER}' "
+                                              f"line) within {timeout} s; every container of the case was stopped")
+        elif reason == "failed" and dead is not None and not multinode.is_chief(dead):
+            end = next(e for e in ends if e.name == multinode.role_name(dead))
+            override = multinode.peer_failure(end)
+        self._finish(outcome, ends, override)
+        self.log.info("case %s: %s in %.1f s; logs in %s", self.case["case_key"], reason, outcome["duration_s"] or 0,
+                      self.log_dir)
+        return outcome
+
+    def _not_started(self, outcome: dict, failure_class: str, error: str, t0: datetime) -> dict:
+        outcome.update({"start_error_class": failure_class, "error": error, "started_at": t0.isoformat(),
+                        "finished_at": t0.isoformat(), "duration_s": 0.0})
+        self.log.error("case %s could not start: %s", self.case["case_key"], error)
+        self._paths()[0].write_text(f"fleetbench: the case could not start: {error}\n")
+        self._finish(outcome, [], None)
+        return outcome
+
+    def _watch(self, t0: datetime) -> tuple[str, dict | None]:
+        """Until every worker has exited (done), one role failed, the chief missed the rendezvous, or the
+        case's timeout passed: (reason, the failed role)."""
+        start = time.monotonic()
+        rendezvous_s = float(self.cluster.get("rendezvous_timeout_s", 300))
+        joined, next_marker = False, 0.0
+        chief = self.roles[0]
+        while not self._killed:
+            elapsed = time.monotonic() - start
+            states = {multinode.role_name(r): self._cli(r).inspect_container(self._cids[multinode.role_name(r)])
+                      ["State"] for r in self.roles}
+            for role in self.roles:
+                state = states[multinode.role_name(role)]
+                if state.get("Status") in ("exited", "dead") and (state.get("ExitCode") or state.get("OOMKilled")):
+                    self.log.error("case %s: %s on %s exited %s", self.case["case_key"], multinode.role_name(role),
+                                   role["host"], state.get("ExitCode"))
+                    return "failed", role
+            workers = [states[multinode.role_name(r)] for r in self.roles if r["job"] == multinode.WORKER]
+            if all(s.get("Status") in ("exited", "dead") for s in workers):
+                return "done", None
+            if not joined and elapsed >= next_marker:
+                tail = self._cli(chief).logs(self._cids[multinode.role_name(chief)], tail=400).decode(
+                    errors="replace")
+                joined = multinode.JOINED_MARKER in tail
+                next_marker = elapsed + MARKER_EVERY_S
+            if not joined and elapsed > rendezvous_s:
+                return "rendezvous_timeout", None
+            if elapsed > self.timeout_s:
+                self.log.error("case %s passed its timeout of %d s", self.case["case_key"], self.timeout_s)
+                return "timeout", None
+            time.sleep(POLL_S)
+        return "killed", None
+
+    def _stop_running(self) -> set[str]:
+        """Stop (kill: a ps never exits by itself) every container still running; their role names."""
+        stopped = set()
+        for role in self.roles:
+            name = multinode.role_name(role)
+            try:
+                if self._cli(role).inspect_container(self._cids[name])["State"].get("Running"):
+                    self._cli(role).kill(self._cids[name])
+                    self._cli(role).wait(self._cids[name], timeout=30)
+                    stopped.add(name)
+            except NotFound:
+                pass
+            except APIError as exc:  # already exited between the two calls
+                self.log.debug("stopping %s: %s", name, exc)
+        return stopped
+
+    def _role_outcomes(self, stopped: set[str], t0: datetime) -> dict[str, dict]:
+        """Each role's container outcome (exit code, OOM kill, times), its log saved to its file."""
+        from fleetbench.airflow.operators import docker_time
+
+        out = {}
+        for role in self.roles:
+            name = multinode.role_name(role)
+            cli, cid = self._cli(role), self._cids[name]
+            state = cli.inspect_container(cid)["State"]
+            path = self._role_log(role)
+            tmp = path.with_suffix(".log.tmp")
+            with tmp.open("wb") as f:
+                for chunk in cli.logs(cid, stdout=True, stderr=True, stream=True, follow=False):
+                    f.write(chunk)
+            tmp.replace(path)
+            started = docker_time(state.get("StartedAt")) or t0.isoformat()
+            finished = docker_time(state.get("FinishedAt")) or datetime.now(timezone.utc).isoformat()
+            out[name] = {"exit_code": state.get("ExitCode"), "oom_killed": bool(state.get("OOMKilled")),
+                         "started_at": started, "finished_at": finished, "stopped": name in stopped,
+                         "log_path": str(path),
+                         "duration_s": round((datetime.fromisoformat(finished)
+                                              - datetime.fromisoformat(started)).total_seconds(), 3)}
+        return out
+
+    def _role_ends(self, outcomes: dict[str, dict]) -> list[multinode.RoleEnd]:
+        return [multinode.classify_role(role, outcomes[multinode.role_name(role)]) for role in self.roles]
+
+    def _finish(self, outcome: dict, ends: list, override: tuple[str, str] | None) -> None:
+        """Measure the chief's log (the result), apply the case's own verdict, record every role, write the file."""
+        from fleetbench.measure import FAILED, measure
+
+        fields, steps = measure({"command": outcome["command"], "harness": self.case.get("harness"),
+                                 "harness_settings": self.case.get("harness_settings")}, outcome)
+        if override is not None:
+            fields = {**fields, "status": FAILED, "failure_class": override[0], "failure_detail": override[1][:500],
+                      "images_per_sec": None, "value": None, "accuracy_top1": None}
+        roles = []
+        for role, end in zip(self.roles, ends or [None] * len(self.roles)):
+            roles.append({"role": multinode.role_name(role), "host": role["host"], "job": role["job"],
+                          "task_index": role["task_index"], "address": role["address"],
+                          "log_path": str(self._role_log(role)),
+                          **({"status": end.status, "failure_class": end.failure_class, "exit_code": end.exit_code,
+                              "stopped": end.stopped, "started_at": end.started_at, "finished_at": end.finished_at}
+                             if end else {})})
+        fields["roles_json"] = json.dumps(roles)
+        outcome["measurement"] = Measurement(fields=fields, steps=steps).to_xcom()
+        CaseOutcome.load(outcome)
+        _, path = self._paths()
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(outcome, indent=1))
+        tmp.replace(path)
+
+    def _remove_all(self) -> None:
+        """Every container of the case, gone (killed first; a missing one is fine)."""
+        for role in self.roles:
+            cid = self._cids.get(multinode.role_name(role)) or role["container_name"]
+            for attempt in range(3):
+                try:
+                    self._cli(role).remove_container(cid, force=True)
+                    break
+                except NotFound:
+                    break
+                except (APIError, requests.exceptions.RequestException) as exc:
+                    self.log.warning("removing %s failed (attempt %d): %s", cid[:12], attempt + 1, exc)
+                    time.sleep(0.5 * (attempt + 1))

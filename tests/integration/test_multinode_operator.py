@@ -1,0 +1,87 @@
+"""MultiNodeCaseOperator against the real engine, with roles that only sleep (the smoke image's python3; the
+cluster flags land in sys.argv): a case killed from Airflow and a case past its timeout leave no container
+and a row that says so. The real harness's runs are in test_multinode_real_tf.py."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+
+import pytest
+
+from fleetbench import multinode, runs
+
+pytestmark = [pytest.mark.integration]
+
+SLEEP = ["python3", "-c", "import sys, time; print('up', sys.argv[1:], flush=True); time.sleep(600)"]
+
+
+def operator(image: str, log_dir, run_id: str, timeout_s: int = 120):
+    from fleetbench.airflow.multinode import MultiNodeCaseOperator, role_container_name
+
+    case_key = "sleep.n2.h1+h2"
+    roles = []
+    for i, role in enumerate(multinode.layout(["h1", "h2"], 1, 1, ps_nodes="first")):
+        roles.append({**role, "docker_url": "unix:///var/run/docker.sock", "docker_tls_conn_id": None,
+                      "address": f"127.0.0.{1 + (role['host'] == 'h2')}", "local": True, "image": image,
+                      "container_name": role_container_name("d", run_id, role, case_key),
+                      "labels": {**runs.case_labels("d", run_id, role["host"], case_key, timeout_s),
+                                 runs.label("role"): multinode.role_name(role)}})
+    return MultiNodeCaseOperator(
+        task_id=f"mn_{i}", case={"host": "h1", "case_key": case_key, "harness": "tf_cnn_benchmarks",
+                                 "harness_settings": {}, "hosts": ["h1", "h2"]},
+        command=SLEEP, roles=roles, cluster={"base_port": 24700, "rendezvous_timeout_s": 300}, timeout_s=timeout_s,
+        log_dir=str(log_dir), container={})
+
+
+def labelled(docker_api, run_id: str) -> list:
+    return docker_api.containers(all=True, filters={"label": f"org.fleetbench.run_id={run_id}"})
+
+
+def test_a_case_killed_from_airflow_removes_every_container_and_records_killed(smoke_image, docker_api, tmp_path):
+    from airflow.sdk.exceptions import AirflowException
+
+    from fleetbench.measure import measure
+
+    run_id = f"mn-kill-{uuid.uuid4().hex[:8]}"
+    op = operator(smoke_image, tmp_path, run_id)
+    raised: list = []
+
+    def run():
+        try:
+            op.execute({})
+        except AirflowException as exc:
+            raised.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while len(docker_api.containers(filters={"label": f"org.fleetbench.run_id={run_id}"})) < 3:
+        assert time.monotonic() < deadline, "the case's containers never all ran"
+        time.sleep(0.2)
+    op.on_kill()
+    assert labelled(docker_api, run_id) == []  # gone by the time on_kill returns
+    thread.join(timeout=60)
+    assert raised and "was killed from Airflow" in str(raised[0])
+    outcome = json.loads((tmp_path / "sleep.n2.h1+h2.outcome.json").read_text())
+    assert outcome["killed_by_airflow"] and outcome["measurement"]["fields"]["failure_class"] == "killed"
+    fields, _ = measure({"command": SLEEP}, outcome)
+    assert (fields["status"], fields["failure_class"]) == ("failed", "killed")
+    assert labelled(docker_api, run_id) == []
+
+
+def test_a_case_past_its_timeout_is_stopped_whole(smoke_image, docker_api, tmp_path):
+    run_id = f"mn-timeout-{uuid.uuid4().hex[:8]}"
+    outcome = operator(smoke_image, tmp_path, run_id, timeout_s=4).execute({})
+    fields = outcome["measurement"]["fields"]
+    assert (fields["status"], fields["failure_class"], outcome["timed_out"]) == ("failed", "timeout", True)
+    roles = {r["role"]: r for r in json.loads(fields["roles_json"])}
+    assert all(r["stopped"] for r in roles.values()) and set(roles) == {"worker0", "worker1", "ps0"}
+    # every role got the cluster spec and kept its log
+    for name, role in roles.items():
+        text = open(role["log_path"]).read()
+        assert "--ps_hosts=127.0.0.1:" in text and "127.0.0.2:" in text
+        assert f"--job_name={role['job']}" in text and f"--task_index={role['task_index']}" in text
+    assert labelled(docker_api, run_id) == []

@@ -1,0 +1,258 @@
+"""Multi-node cases: config fields and errors, host sets and case keys, role layouts, ports, the cluster spec,
+each role's end from real ps/worker logs, the rows' hosts and roles, and the efficiency across nodes."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from fleetbench import multinode
+from fleetbench.config import ConfigError, config_warnings, parse_config
+from fleetbench.plan import build_plan, expand_cases
+
+DIST = Path(__file__).resolve().parents[1] / "fixtures" / "real-tf215-dist"
+
+
+def config(hosts=("a", "b", "c", "d", "e"), **bench) -> dict:
+    return {
+        "hosts": [{"name": h, "address": f"10.0.0.{i + 1}", "connection": f"ssh_{h}"} for i, h in enumerate(hosts)],
+        "images": [{"name": "tf1", "ref": "127.0.0.1:5000/tf:1", "command": ["python", "/b/tf_cnn_benchmarks.py"]}],
+        "benchmarks": [{"name": "cnn", "image": "tf1", "models": ["resnet50"], "batch_sizes": [64],
+                        "num_gpus": [1], "variable_update": ["parameter_server"], "nodes": [1, 2], **bench}],
+    }
+
+
+def errors_of(data: dict) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    return info.value.errors
+
+
+# -- config ---------------------------------------------------------------------------------------
+def test_config_errors_name_the_field():
+    errs = errors_of(config(variable_update=["replicated"]))
+    assert errs == ["benchmarks[0].variable_update[0]: 'replicated' cannot span hosts (nodes > 1 runs "
+                    "parameter_server or distributed_replicated)"]
+    assert errors_of(config(variable_update=["distributed_replicated"])) == [
+        "benchmarks[0].nodes: 1 with variable_update distributed_replicated (a cluster mode): give the 1-node "
+        "baseline its own benchmark (e.g. replicated)"]
+    assert errors_of(config(layout="launcher")) == [
+        "benchmarks[0].layout: the launcher layout (torchrun, mpirun) is not supported yet; multi-node cases run "
+        "tf_cnn_benchmarks with layout ps_worker"]
+    assert errors_of(config(nodes=[0])) == ["benchmarks[0].nodes[0]: must be >= 1, got 0"]
+    assert errors_of(config(nodes=[2, 2]))[0].startswith("benchmarks[0].nodes: must not repeat a value")
+    assert errors_of(config(ps_per_node=-1)) == ["benchmarks[0].ps_per_node: must be >= 0, got -1"]
+
+
+def test_nccl_tests_cannot_span_hosts():
+    data = config(harness="nccl_tests", collectives=["all_reduce"])
+    for field in ("models", "batch_sizes", "variable_update"):
+        data["benchmarks"][0].pop(field)
+    assert ("benchmarks[0].nodes: cases of several hosts (nodes > 1) run harness tf_cnn_benchmarks (layout "
+            "ps_worker), not 'nccl_tests'") in errors_of(data)
+
+
+def test_spanned_hosts_need_an_address_and_no_queue_of_their_own():
+    data = config(hosts=("a", "b"))
+    data["hosts"][0].pop("address")
+    data["hosts"][1]["queue"] = "gpu_b"
+    assert errors_of(data) == [
+        "hosts[0].address: is required for host 'a' of multi-node benchmark 'cnn' (where the other hosts reach its "
+        "containers)",
+        "hosts[1].queue: host 'b' runs multi-node benchmark 'cnn', whose containers are started from the default "
+        "queue: drive its engine over TLS (docker_url tcp://) instead of a queue of its own"]
+    # a local host is reached at 127.0.0.1 unless told otherwise; a host outside the benchmark needs nothing
+    ok = config()
+    ok["hosts"] = [{"name": "a"}, {"name": "b", "address": "127.0.0.2"}, {"name": "c", "connection": "ssh_c"}]
+    ok["benchmarks"][0]["hosts"] = ["a", "b"]
+    cfg = parse_config(ok)
+    assert [h.cluster_address() for h in cfg.hosts] == ["127.0.0.1", "127.0.0.2", None]
+    assert errors_of({**ok, "hosts": [{"name": "a", "address": "not an address!"}, {"name": "b"}]}) == [
+        "hosts[0].address: must match ^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$, got 'not an address!'"]
+
+
+def test_more_nodes_than_hosts_is_a_warning_and_plans_nothing_of_that_size():
+    cfg = parse_config(config(hosts=("a", "b"), nodes=[1, 4]))
+    assert config_warnings(cfg) == ["benchmarks[0].nodes: 4 hosts per case, but the benchmark runs on 2 host(s): "
+                                    "no case of that size is planned"]
+    assert {c.nodes for c in expand_cases(cfg)} == {1}
+
+
+# -- plan -----------------------------------------------------------------------------------------
+def test_host_sets_are_consecutive_disjoint_and_named_by_the_case_key():
+    assert multinode.host_sets(["a", "b", "c", "d", "e"], 2) == [["a", "b"], ["c", "d"]]
+    assert multinode.host_sets(["a", "b", "c"], 3) == [["a", "b", "c"]]
+    assert multinode.host_sets(["a"], 2) == []
+    cases = expand_cases(parse_config(config(nodes=[1, 2, 4])))
+    one = [c for c in cases if c.nodes == 1]
+    assert [c.host for c in one] == ["a", "b", "c", "d", "e"]
+    assert {c.case_key for c in one} == {"cnn.resnet50.bs64.g1.parameter_server"}
+    multi = [(c.host, c.case_key, c.host_set) for c in cases if c.nodes > 1]
+    assert multi == [
+        ("a", "cnn.resnet50.bs64.g1.parameter_server.n2.a+b", ["a", "b"]),
+        ("c", "cnn.resnet50.bs64.g1.parameter_server.n2.c+d", ["c", "d"]),
+        ("a", "cnn.resnet50.bs64.g1.parameter_server.n4.a+b+c+d", ["a", "b", "c", "d"])]
+    case = next(c for c in cases if c.nodes == 2)
+    assert case.container["network_mode"] == "host" and case.axes["nodes"] == 2
+    assert case.cluster == {"base_port": 23456, "rendezvous_timeout_s": 300, "mixed_gpu_models": False,
+                            "layout": "ps_worker"}
+    # the same config plans the same keys; a hosts filter keeps only whole sets
+    assert [c.to_dict() for c in cases] == [c.to_dict() for c in expand_cases(parse_config(config(nodes=[1, 2, 4])))]
+    kept = expand_cases(parse_config(config(nodes=[2])), hosts=["a", "b", "c"])
+    assert [c.host_set for c in kept] == [["a", "b"]]
+
+
+def test_nodes_without_1_plans_no_single_host_case_and_build_plan_keeps_every_spanned_host():
+    cfg = parse_config(config(hosts=("a", "b", "c"), nodes=[3]))
+    plan = build_plan(cfg, {"dag_id": "d", "run_id": "r"})
+    assert [(c.host, c.hosts) for c in plan.cases] == [("a", ["a", "b", "c"])]
+    assert [h.name for h in plan.hosts] == ["a", "b", "c"]
+    assert all(h.needs.gpus == 1 for h in plan.hosts)
+
+
+def test_role_layouts():
+    assert multinode.layout(["a", "b"], 1, 1) == [
+        {"host": "a", "job": "worker", "task_index": 0}, {"host": "b", "job": "worker", "task_index": 1},
+        {"host": "a", "job": "ps", "task_index": 0}, {"host": "b", "job": "ps", "task_index": 1}]
+    assert multinode.layout(["a", "b"], 1, 2, ps_nodes="first") == [
+        {"host": "a", "job": "worker", "task_index": 0}, {"host": "a", "job": "worker", "task_index": 1},
+        {"host": "b", "job": "worker", "task_index": 2}, {"host": "b", "job": "worker", "task_index": 3},
+        {"host": "a", "job": "ps", "task_index": 0}]
+    roles = multinode.layout(["a", "b"], 0, 1)
+    assert [multinode.role_name(r) for r in roles] == ["worker0", "worker1"]
+    assert [multinode.is_chief(r) for r in roles] == [True, False]
+
+
+def test_cluster_spec_of_each_role():
+    roles = multinode.layout(["a", "b"], 1, 1, ps_nodes="first")
+    addresses = {"a": "10.0.0.1", "b": "10.0.0.2"}
+    ports = [23456, 23457, 23458]
+    assert [multinode.role_command(["python", "x.py"], roles, ports, addresses, r) for r in roles] == [
+        ["python", "x.py", "--job_name=worker", "--ps_hosts=10.0.0.1:23458",
+         "--worker_hosts=10.0.0.1:23456,10.0.0.2:23457", "--task_index=0"],
+        ["python", "x.py", "--job_name=worker", "--ps_hosts=10.0.0.1:23458",
+         "--worker_hosts=10.0.0.1:23456,10.0.0.2:23457", "--task_index=1"],
+        ["python", "x.py", "--job_name=ps", "--ps_hosts=10.0.0.1:23458",
+         "--worker_hosts=10.0.0.1:23456,10.0.0.2:23457", "--task_index=0"]]
+
+
+# -- ports ----------------------------------------------------------------------------------------
+def test_a_taken_port_is_skipped_and_none_left_is_port_unavailable():
+    roles = multinode.layout(["a", "b"], 1, 1, ps_nodes="first")
+    addresses, local = {"a": "127.0.0.1", "b": "127.0.0.2"}, {"a": True, "b": True}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        base = taken.getsockname()[1]
+        assert not multinode.port_free("127.0.0.1", base, local=True)
+        assert not multinode.port_free("127.0.0.1", base, local=False)  # something answers there
+        ports = multinode.allocate_ports(roles, addresses, local, base)
+        assert base not in ports and len(set(ports)) == 3
+        with pytest.raises(multinode.PortUnavailable, match=r"no free port for worker0 on a \(127.0.0.1\) in "):
+            multinode.allocate_ports(roles, addresses, local, base, is_free=lambda a, p, loc: p != p)
+    # ports are distinct across the case even when its hosts are one machine
+    assert multinode.allocate_ports(roles, addresses, local, 40000, is_free=lambda a, p, loc: True) == [
+        40000, 40001, 40002]
+
+
+# -- roles' ends, from real logs ------------------------------------------------------------------
+def test_each_role_of_a_real_ps_worker_run_ends_ok_and_the_chief_gives_the_result():
+    from fleetbench.measure import measure
+
+    roles = multinode.layout(["a", "b"], 1, 1, ps_nodes="first")
+    logs = {"worker0": "dist-w0.log", "worker1": "dist-w1.log", "ps0": "dist-ps.log"}
+    ends = {multinode.role_name(r): multinode.classify_role(r, {
+        "exit_code": 137 if r["job"] == "ps" else 0, "stopped": r["job"] == "ps",
+        "log_path": str(DIST / logs[multinode.role_name(r)])}) for r in roles}
+    assert {n: (e.status, e.failure_class, e.stopped) for n, e in ends.items()} == {
+        "worker0": ("ok", None, False), "worker1": ("ok", None, False), "ps0": ("ok", None, True)}
+    fields, steps = measure({"command": ["x"]}, {"exit_code": 0, "log_path": str(DIST / "dist-w0.log")})
+    assert (fields["status"], fields["images_per_sec"], len(steps)) == ("ok", 139.24, 3)
+
+
+def test_a_killed_worker_is_a_peer_failure_naming_it_and_its_own_class(tmp_path):
+    log = tmp_path / "w1.log"
+    log.write_text("".join((DIST / "dist-w1.log").read_text().splitlines(keepends=True)[:30]))  # cut mid-run
+    worker1 = {"host": "b", "job": "worker", "task_index": 1}
+    end = multinode.classify_role(worker1, {"exit_code": 137, "log_path": str(log)})
+    assert (end.status, end.failure_class) == ("failed", "killed")
+    assert multinode.peer_failure(end) == (
+        "peer_failed", "worker1 on b failed (killed: killed by SIGKILL (exit 137) without an OOM kill); every other "
+                       "container of the case was stopped")
+    chief = {"host": "a", "job": "worker", "task_index": 0}
+    end = multinode.classify_role(chief, {"exit_code": 0, "log_path": str(log)})  # the chief must print a result
+    assert (end.status, end.failure_class) == ("failed", "no_result")
+    ps = {"host": "a", "job": "ps", "task_index": 0}
+    assert multinode.classify_role(ps, {"exit_code": 1, "log_path": str(DIST / "dist-ps.log")}).failure_class == (
+        "nonzero_exit")
+
+
+# -- rows and efficiency --------------------------------------------------------------------------
+def test_rows_record_hosts_and_roles_and_the_efficiency_across_nodes():
+    from fleetbench.measure import multinode_fields
+    from fleetbench.metrics import derive
+
+    cases = expand_cases(parse_config(config(hosts=("a", "b"))))
+    single, multi = cases[0], cases[-1]
+    assert multinode_fields(single) == {"nodes": 1, "host_set": None, "roles_json": None}
+    fields = multinode_fields(multi)
+    assert (fields["nodes"], fields["host_set"]) == (2, "a,b")
+    assert [(r["host"], r["job"]) for r in json.loads(fields["roles_json"])] == [
+        ("a", "worker"), ("b", "worker"), ("a", "ps"), ("b", "ps")]
+
+    def row(host, case_key, ips, nodes=1, host_set=None, **extra):
+        return {"dag_id": "d", "run_id": "r", "host": host, "case_key": case_key, "status": "ok", "harness":
+                "tf_cnn_benchmarks", "model": "resnet50", "batch_size_per_device": 64, "num_gpus": 1, "device": "gpu",
+                "images_per_sec": ips, "nodes": nodes, "host_set": host_set, "command": ["x"], **extra}
+
+    rows = derive([row("a", "k", 100.0), row("b", "k", 120.0), row("c", "k", 999.0),
+                   row("a", "k.n2.a+b", 165.0, 2, "a,b"),
+                   row("a", "k.bs32", 50.0, batch_size_per_device=32),  # another batch: no baseline
+                   row("c", "k.n2.c+d", 10.0, 2, "c,d", model="vgg16")], [], None, None)
+    got = {(r["host"], r["case_key"]): (r["node_efficiency"], r["node_baseline_images_per_sec"]) for r in rows}
+    assert got[("a", "k.n2.a+b")] == pytest.approx((165.0 / (2 * 110.0), 110.0))
+    assert got[("a", "k")] == (None, None) and got[("c", "k.n2.c+d")] == (None, None)
+
+
+# -- what keeps a set from running ----------------------------------------------------------------
+def test_a_set_with_an_unfit_host_or_two_gpu_models_is_a_row_that_says_why_and_runs_nothing():
+    from fleetbench.airflow.multinode import multinode_kwargs
+    from fleetbench.airflow.pipeline import collect
+    from fleetbench.run_model import HostImages, HostVerdict
+
+    cfg = parse_config(config(hosts=("a", "b", "c", "d"), nodes=[2]))
+    plan = build_plan(cfg, {"dag_id": "d", "run_id": "r"}).to_xcom()
+
+    def verdict(host, gpu="NVIDIA A100-SXM4-40GB", state="ready", reasons=""):
+        return HostVerdict(host=host, verdict=state, reasons=reasons, facts={
+            "gpus": [{"index": 0, "name": gpu, "uuid": None, "memory_total_mib": 40960}]}).to_xcom()
+
+    image = {"tf1": {"name": "tf1", "ref": "127.0.0.1:5000/tf:1", "pinned_ref": "127.0.0.1:5000/tf@sha256:" + "a" * 64,
+                     "digest": "sha256:" + "a" * 64}}
+    validations = [verdict("a"), verdict("b", state="unfit", reasons="gpu_count: 0 GPU(s)"), verdict("c"),
+                   verdict("d", gpu="NVIDIA GeForce RTX 3070")]
+    prepared = [HostImages(host=h, images=image).to_xcom() for h in "abcd"]
+    assert multinode_kwargs(plan, validations, prepared) == []  # neither set can run
+    rows = {r["case_key"].rsplit(".", 1)[1]: r for r in collect(plan, validations, prepared, [])["rows"]}
+    assert (rows["a+b"]["status"], rows["a+b"]["failure_class"], rows["a+b"]["failure_detail"]) == (
+        "skipped", "host_unfit", "host b of the set is unfit: gpu_count: 0 GPU(s)")
+    assert (rows["c+d"]["status"], rows["c+d"]["failure_class"]) == ("skipped", "mixed_gpu_models")
+    assert rows["c+d"]["failure_detail"] == ("the hosts of the set have different GPU models (c: NVIDIA "
+                                             "A100-SXM4-40GB, d: NVIDIA GeForce RTX 3070)")
+    assert (rows["c+d"]["nodes"], rows["c+d"]["host_set"]) == (2, "c,d")
+
+    validations[1] = verdict("b")
+    from fleetbench.airflow.operators import case_kwargs
+
+    # the host lanes never run a case that spans hosts: it is the multinode group's
+    assert case_kwargs(plan, validations, prepared, host="a") == []
+    [kwargs] = multinode_kwargs(plan, validations, prepared)
+    assert kwargs["case"]["hosts"] == ["a", "b"] and kwargs["num_gpus"] == 1
+    assert [(r["host"], r["job"], r["address"], r["local"], r["labels"]["org.fleetbench.role"])
+            for r in kwargs["roles"]] == [("a", "worker", "10.0.0.1", False, "worker0"),
+                                          ("b", "worker", "10.0.0.2", False, "worker1"),
+                                          ("a", "ps", "10.0.0.1", False, "ps0"), ("b", "ps", "10.0.0.2", False, "ps1")]
+    assert len({r["container_name"] for r in kwargs["roles"]}) == 4
