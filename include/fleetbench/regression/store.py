@@ -294,13 +294,24 @@ def _segment_start(conn, row: Mapping[str, Any]):
 def accept(engine, host: str, case_key: str | None = None, dag_id: str | None = None,
            accepted_by: str | None = None, note: str | None = None,
            settings: RegressionSettings | None = None) -> list[dict]:
-    """Accept the current level of a host's cases (one case, or every case) as their new baseline.
+    """Accept the current level of a host's cases (one case, or every case) as their new baseline
+    (`accept_many` with one target); an empty list when nothing matched."""
+    return accept_many(engine, [(host, case_key)], dag_id, accepted_by, note, settings)[(host, case_key)]
 
-    For each (DAG, host, case): from the first night of the confirmed regression open on its newest
+
+def accept_many(engine, targets: Sequence[tuple[str, str | None]], dag_id: str | None = None,
+                accepted_by: str | None = None, note: str | None = None, settings: RegressionSettings | None = None,
+                assessed_by_caller: tuple[str, str] | None = None) -> dict[tuple[str, str | None], list[dict]]:
+    """Accept the current level of hosts' cases as their new baseline: what `fleetbench regressions accept` and
+    fleet_benchmark's `accept_baselines` parameter do. `targets`: (host, case_key), case_key None for every case
+    of the host.
+
+    For each (DAG, host, case) matched: from the first night of the confirmed regression open on its newest
     night, else from the first night of its newest segment (a new driver, CUDA driver or digest not yet
     the baseline). Then the newest run of each (DAG, host, case) is assessed again and its findings
-    stored, so the open list changes at once. Returns what was accepted; an empty list when nothing
-    matched. Accepting twice is harmless (one row per (DAG, host, case, since)).
+    stored, so the open list changes at once (except `assessed_by_caller`, a (dag_id, run_id) the caller
+    assesses itself). Returns what was accepted per target; an empty list for a target that matched no ok
+    result. Accepting twice is harmless (one row per (DAG, host, case, since)).
     """
     from sqlalchemy import select
 
@@ -309,26 +320,32 @@ def accept(engine, host: str, case_key: str | None = None, dag_id: str | None = 
     from fleetbench.warehouse.schema import regressions as rg
 
     now = datetime.now(timezone.utc)
-    accepted, rerun = [], set()
+    done: dict[tuple[str, str | None], list[dict]] = {}
+    rows: dict[tuple, dict] = {}  # (dag_id, host, case_key, since) -> the acceptance: one row each
+    rerun = set()
     with engine.connect() as conn:
-        for row in _newest_ok(conn, dag_id, host, case_key):
-            open_since = conn.execute(
-                select(rg.c.since_date).where(rg.c.dag_id == row["dag_id"], rg.c.run_id == row["run_id"],
-                                              rg.c.host == host, rg.c.case_key == row["case_key"],
-                                              rg.c.kind == "regression", rg.c.status == "confirmed",
-                                              rg.c.since_date.is_not(None))
-                .order_by(rg.c.since_date).limit(1)).scalar()
-            since = utc(open_since) or utc(_segment_start(conn, row))
-            accepted.append({"dag_id": row["dag_id"], "host": host, "case_key": row["case_key"], "since": since,
-                             "accepted_at": now, "accepted_by": accepted_by, "note": note,
-                             "had_open_regression": open_since is not None})
-            rerun.add((row["dag_id"], row["run_id"]))
-    if not accepted:
-        return []
+        for host, case_key in targets:
+            accepted = done.setdefault((host, case_key), [])
+            for row in _newest_ok(conn, dag_id, host, case_key):
+                open_since = conn.execute(
+                    select(rg.c.since_date).where(rg.c.dag_id == row["dag_id"], rg.c.run_id == row["run_id"],
+                                                  rg.c.host == host, rg.c.case_key == row["case_key"],
+                                                  rg.c.kind == "regression", rg.c.status == "confirmed",
+                                                  rg.c.since_date.is_not(None))
+                    .order_by(rg.c.since_date).limit(1)).scalar()
+                since = utc(open_since) or utc(_segment_start(conn, row))
+                a = {"dag_id": row["dag_id"], "host": host, "case_key": row["case_key"], "since": since,
+                     "accepted_at": now, "accepted_by": accepted_by, "note": note,
+                     "had_open_regression": open_since is not None}
+                accepted.append(a)
+                rows[(a["dag_id"], host, a["case_key"], since)] = a
+                rerun.add((row["dag_id"], row["run_id"]))
+    if not rows:
+        return done
     with engine.begin() as conn:
         upsert_rows(conn, ra, [{k: a[k] for k in ("dag_id", "host", "case_key", "since", "accepted_at", "accepted_by",
-                                                  "note")} for a in accepted],
+                                                  "note")} for _, a in sorted(rows.items(), key=lambda kv: str(kv[0]))],
                     ("dag_id", "host", "case_key", "since"))
-    for dag, run_id in sorted(rerun):
+    for dag, run_id in sorted(rerun - {assessed_by_caller}):
         store_findings(engine, dag, run_id, assess_run(engine, dag, run_id, settings).findings)
-    return accepted
+    return done
