@@ -104,7 +104,8 @@ def test_an_item_that_matches_nothing_fails_the_run_naming_it(airflow_db, data_d
     assert dag_run.state == "failed"
     states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
     assert states["store"] == "success" and states["compare"] == "failed" and states["report"] == "success"
-    assert "accept_baselines: 'localhost/no.such.case' matched no ok result of fleet_benchmark" in capfd.readouterr().out
+    out = capfd.readouterr().out
+    assert "accept_baselines: 'localhost/no.such.case' matched no ok result of fleet_benchmark" in out
     # The item that matched was accepted, and the night's findings are stored.
     with engine.connect() as conn:
         assert [r.case_key for r in conn.execute(select(ra))] == [SEEDED]
