@@ -206,3 +206,48 @@ def check_superseded_attempts_keep_their_host_check(engine):
     h1_b = [r for r in fetch_attempts(engine, run_id="r1") if r["host"] == "h1" and r["attempt"] == 3]
     assert {(r["current"], r["host_driver_version"], r["host_checked_at"][:10]) for r in h1_b} == {
         (False, DRIVER_B, "2026-12-02")}
+
+
+def check_migration_keeps_superseded_attempts_without_a_host_check(engine):
+    """Attempts superseded at revision 0011 stay as they were (no host check kept: host_* None) after the
+    upgrade; the next rerun keeps the replaced check; the downgrade drops the kept checks, never an attempt."""
+    from sqlalchemy import MetaData, Table, inspect
+
+    upgrade(engine, "0011")
+    store_at_0011 = [{k: v for k, v in r.items() if k != "command"} for r in night("A", DRIVER_A, 100.0)]
+    with engine.begin() as conn:  # what 0011's store wrote: current attempt 2 (B), attempt 1 (A) superseded
+        md = MetaData()
+        br, sr, hf = (Table(t, md, autoload_with=conn) for t in ("benchmark_results", "superseded_results",
+                                                                  "host_facts"))
+        dated = ("logical_date", "started_at", "finished_at", "collected_at")
+        conn.execute(br.insert(), [{k: (utc_of(v) if k in dated else v) for k, v in r.items() if k in br.c}
+                                   | {"attempt": 2, "attempt_id": "B-" + r["case_key"], "driver_version": DRIVER_B}
+                                   for r in store_at_0011])
+        conn.execute(sr.insert(), [{k: (utc_of(v) if k in dated else v) for k, v in r.items() if k in sr.c}
+                                   | {"attempt": 1, "superseded_at": utc_of("2026-12-02T03:00:00+00:00"),
+                                      "superseded_by": 2, "superseded_why": "driver changed"} for r in store_at_0011])
+        conn.execute(hf.insert(), [{k: (utc_of(v) if k in dated else v) for k, v in
+                                    host_check(DRIVER_B, "2026-12-02T02:00:00+00:00").items()}])
+    upgrade(engine)
+    assert current_revision(engine) == HEAD
+    every = fetch_attempts(engine, run_id="r1")
+    assert [(r["case_key"], r["attempt"], r["current"], r["driver_version"], r["host_driver_version"])
+            for r in every] == [("a", 1, False, DRIVER_A, None), ("a", 2, True, DRIVER_B, DRIVER_B),
+                                ("b", 1, False, DRIVER_A, None), ("b", 2, True, DRIVER_B, DRIVER_B)]
+    # The next rerun, with a new check: attempt 3; B's attempt and its check are kept.
+    store_run(engine, run_row(), [host_check(DRIVER_B, "2026-12-03T02:00:00+00:00")], night("C", DRIVER_B, 300.0))
+    assert count(engine, superseded_host_facts) == 1
+    b_attempt = [r for r in fetch_attempts(engine, run_id="r1") if (r["case_key"], r["attempt"]) == ("a", 2)]
+    assert [r["host_checked_at"] for r in b_attempt] == ["2026-12-02T02:00:00+00:00"]
+    downgrade(engine, "0011")
+    assert "superseded_host_facts" not in inspect(engine).get_table_names()
+    assert "host_collected_at" not in {c["name"] for c in inspect(engine).get_columns("superseded_results")}
+    assert count(engine, superseded_results) == 4 and count(engine, benchmark_results) == 2
+    upgrade(engine)
+    assert current_revision(engine) == HEAD and count(engine, superseded_results) == 4
+
+
+def utc_of(value):
+    from fleetbench.timestamps import utc
+
+    return utc(value)

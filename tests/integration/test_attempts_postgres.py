@@ -6,6 +6,7 @@ import pytest
 
 from attempts_contract import (
     check_failed_rerun_keeps_the_previous_attempt,
+    check_migration_keeps_superseded_attempts_without_a_host_check,
     check_migration_makes_stored_rows_attempt_1,
     check_rerun_adds_attempts_and_a_retry_replaces,
     check_superseded_attempts_keep_their_host_check,
@@ -28,3 +29,7 @@ def test_migration_makes_stored_rows_attempt_1(pg_engine):
 
 def test_superseded_attempts_keep_their_host_check(pg_engine):
     check_superseded_attempts_keep_their_host_check(pg_engine)
+
+
+def test_migration_keeps_superseded_attempts_without_a_host_check(pg_engine):
+    check_migration_keeps_superseded_attempts_without_a_host_check(pg_engine)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from attempts_contract import (
     check_failed_rerun_keeps_the_previous_attempt,
+    check_migration_keeps_superseded_attempts_without_a_host_check,
     check_migration_makes_stored_rows_attempt_1,
     check_rerun_adds_attempts_and_a_retry_replaces,
     check_superseded_attempts_keep_their_host_check,
@@ -165,3 +166,7 @@ def test_report_says_why_a_failed_night_was_measured_again(tmp_path):
 
 def test_superseded_attempts_keep_their_host_check(tmp_path):
     check_superseded_attempts_keep_their_host_check(engine_at(tmp_path))
+
+
+def test_migration_keeps_superseded_attempts_without_a_host_check(tmp_path):
+    check_migration_keeps_superseded_attempts_without_a_host_check(engine_at(tmp_path))
