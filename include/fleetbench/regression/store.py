@@ -68,11 +68,11 @@ def read_history(conn, dag_id: str, hosts: Sequence[str], case_keys: Sequence[st
                                  or_(br.c.logical_date < until, br.c.run_id == run_id))
              .order_by(br.c.host, br.c.case_key, br.c.logical_date, br.c.run_id))
     out: dict[tuple[str, str], list[dict]] = {}
-    for r in conn.execute(query):
-        m = dict(r._mapping)
-        out.setdefault((m["host"], m["case_key"]), []).append(m)
-    for series in out.values():  # the run's own result last, even if another run shares its logical date
-        series.sort(key=lambda m: (m["run_id"] == run_id, utc(m["logical_date"])))
+    at_host, at_case = HISTORY_COLUMNS.index("host"), HISTORY_COLUMNS.index("case_key")
+    for r in conn.execute(query):  # plain tuples zipped into dicts: a fleet night reads a million rows
+        out.setdefault((r[at_host], r[at_case]), []).append(dict(zip(HISTORY_COLUMNS, r)))
+    for series in out.values():  # in date order already; the run's own result last, even if another run
+        series.sort(key=lambda m: m["run_id"] == run_id)  # shares its logical date (a stable sort)
     return out
 
 
@@ -145,9 +145,10 @@ def assess_series(series: Sequence[Mapping[str, Any]], settings: RegressionSetti
         return None
     row = series[-1]
     findings, judged = [], False
+    common = _night_fields(series)
     for metric, direction in METRICS.items():
-        nights = nights_of(series, metric)
-        verdict = track(nights, direction, settings, accepted)[-1]
+        nights = nights_of(series, metric, common)
+        verdict = track(nights, direction, settings, accepted, last_only=True)[-1]
         if verdict is None:
             continue
         judged = True
@@ -157,21 +158,27 @@ def assess_series(series: Sequence[Mapping[str, Any]], settings: RegressionSetti
     return findings if judged else None
 
 
-def nights_of(series: Sequence[Mapping[str, Any]], metric: str) -> list[NightIn]:
-    """A metric's nights for `track`. Energy compares like with like: a night whose energy came another way
-    (measured, estimated) starts a new baseline."""
+def _night_fields(series: Sequence[Mapping[str, Any]]) -> list[tuple]:
+    """What every metric's nights share, per night: (segment, when, step-level standard error, run_id)."""
     out = []
     for r in series:
         se = None
         if r.get("step_cv") is not None and r.get("step_count"):
             se = float(r["step_cv"]) / math.sqrt(r["step_count"])
-        value, measure = r.get(metric), None
-        if metric == "energy_j":
-            measure = r.get("energy_source")
-            if measure not in ENERGY_SOURCES:
-                value = None
-        out.append(NightIn(value=value, segment=segment_of(r), when=utc(r["logical_date"]), step_se=se,
-                           run_id=r["run_id"], measure=measure))
+        out.append((segment_of(r), utc(r["logical_date"]), se, r["run_id"]))
+    return out
+
+
+def nights_of(series: Sequence[Mapping[str, Any]], metric: str, common: Sequence[tuple] | None = None) -> list[NightIn]:
+    """A metric's nights for `track`. Energy compares like with like: a night whose energy came another way
+    (measured, estimated) starts a new baseline. `common`: `_night_fields(series)`, when already at hand."""
+    common = common if common is not None else _night_fields(series)
+    if metric != "energy_j":
+        return [NightIn(r.get(metric), seg, when, se, run_id) for r, (seg, when, se, run_id) in zip(series, common)]
+    out = []
+    for r, (seg, when, se, run_id) in zip(series, common):
+        measure = r.get("energy_source")
+        out.append(NightIn(r.get(metric) if measure in ENERGY_SOURCES else None, seg, when, se, run_id, measure))
     return out
 
 
