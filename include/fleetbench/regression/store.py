@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import operator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Mapping, Sequence
@@ -69,7 +70,7 @@ def read_history(conn, dag_id: str, hosts: Sequence[str], case_keys: Sequence[st
              .order_by(br.c.host, br.c.case_key, br.c.logical_date, br.c.run_id))
     out: dict[tuple[str, str], list[dict]] = {}
     at_host, at_case = HISTORY_COLUMNS.index("host"), HISTORY_COLUMNS.index("case_key")
-    for r in conn.execute(query):  # plain tuples zipped into dicts: a fleet night reads a million rows
+    for r in conn.execute(query).all():  # fetched at once, zipped into dicts: a fleet night reads a million rows
         out.setdefault((r[at_host], r[at_case]), []).append(dict(zip(HISTORY_COLUMNS, r)))
     for series in out.values():  # in date order already; the run's own result last, even if another run
         series.sort(key=lambda m: m["run_id"] == run_id)  # shares its logical date (a stable sort)
@@ -145,7 +146,7 @@ def assess_series(series: Sequence[Mapping[str, Any]], settings: RegressionSetti
         return None
     row = series[-1]
     findings, judged = [], False
-    common = _night_fields(series)
+    common = _night_fields(series, dated=bool(accepted))
     for metric, direction in METRICS.items():
         nights = nights_of(series, metric, common)
         verdict = track(nights, direction, settings, accepted, last_only=True)[-1]
@@ -158,14 +159,22 @@ def assess_series(series: Sequence[Mapping[str, Any]], settings: RegressionSetti
     return findings if judged else None
 
 
-def _night_fields(series: Sequence[Mapping[str, Any]]) -> list[tuple]:
-    """What every metric's nights share, per night: (segment, when, step-level standard error, run_id)."""
+_SEGMENT = operator.itemgetter(*SEGMENT_FIELDS)
+
+
+def _night_fields(series: Sequence[Mapping[str, Any]], dated: bool = True) -> list[tuple]:
+    """What every metric's nights share, per night: (segment, when, step-level standard error, run_id). `dated`:
+    False leaves `when` None (the replay reads it only against acceptances)."""
     out = []
     for r in series:
         se = None
         if r.get("step_cv") is not None and r.get("step_count"):
             se = float(r["step_cv"]) / math.sqrt(r["step_count"])
-        out.append((segment_of(r), utc(r["logical_date"]), se, r["run_id"]))
+        try:
+            segment = _SEGMENT(r)  # a row of read_history has every field
+        except KeyError:
+            segment = segment_of(r)
+        out.append((segment, utc(r["logical_date"]) if dated else None, se, r["run_id"]))
     return out
 
 
