@@ -45,7 +45,6 @@ from fleetbench.warehouse import bulk
 from fleetbench.warehouse.read import iso_timestamps
 from fleetbench.warehouse.schema import (
     ATTEMPT_KEY,
-    HOST_KEY,
     RESULT_KEY,
     SUPERSEDED_HOST_KEY,
     benchmark_results,
@@ -215,16 +214,20 @@ def keep_host_facts(conn, incoming: Mapping[tuple, Any], now: datetime,
     runs = {k[:2] for k in incoming} | ({complete_run} if complete_run else set())
     out = []
     for dag_id, run_id in sorted(runs):
-        for r in conn.execute(select(*[host_facts.c[c] for c in _HOST_COLUMNS if c != "superseded_at"])
-                              .where(host_facts.c.dag_id == dag_id, host_facts.c.run_id == run_id)):
-            row = dict(r._mapping)
-            key = tuple(row[k] for k in HOST_KEY)
+        where = (host_facts.c.dag_id == dag_id, host_facts.c.run_id == run_id)
+        moving = set()  # the checks' times first: a retry of the same checks reads no facts
+        for host, collected_at in conn.execute(select(host_facts.c.host, host_facts.c.collected_at).where(*where)):
+            key = (dag_id, run_id, host)
             if key in incoming:
-                if utc(incoming[key]) == utc(row["collected_at"]):
-                    continue
-            elif (dag_id, run_id) != complete_run:
-                continue
-            row["superseded_at"] = now
+                if utc(incoming[key]) != utc(collected_at):
+                    moving.add(host)
+            elif (dag_id, run_id) == complete_run:
+                moving.add(host)
+        if not moving:
+            continue
+        for r in conn.execute(select(*[host_facts.c[c] for c in _HOST_COLUMNS if c != "superseded_at"])
+                              .where(*where, host_facts.c.host.in_(sorted(moving)))):
+            row = {**r._mapping, "superseded_at": now}
             out.append(tuple(row[c] for c in _HOST_COLUMNS))
     out.sort(key=lambda row: tuple(str(row[_HOST_COLUMNS.index(k)]) for k in SUPERSEDED_HOST_KEY))
     bulk.upsert(conn, superseded_host_facts, _HOST_COLUMNS, out, SUPERSEDED_HOST_KEY)
