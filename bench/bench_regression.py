@@ -75,3 +75,56 @@ def bench_regression(quick: bool) -> dict:
         "compare_by_driver_right": by_driver["right"], "compare_by_driver_false_verdicts": by_driver["false_verdicts"],
         "compare_by_driver_not_enough_nights": by_driver["not_enough_nights"],
     }
+
+
+# -- a fleet's night (`bench/run.py --only regression_night`) ---------------------------------------
+NIGHT_HISTORY = 60  # nights before the timed one: the noise scale's window (scale_window)
+DROP_EVERY = 50  # one host in this many runs 10 % slower on the timed night: findings to store
+
+
+def bench_regression_night(quick: bool) -> dict:
+    """The DAG's store and compare steps for one fleet night of `hosts` x 20 = 20,000 results on top of
+    NIGHT_HISTORY nights of history: `store_run`, `assess_run` (every result's nights replayed, metric by
+    metric) and `store_findings`, each timed, on SQLite and PostgreSQL (a fresh database each; the history
+    filled in bulk SQL as the warehouse part fills it). One host in DROP_EVERY is 10 % slower that night,
+    so there are findings to store. Target: the three together in under 10 s."""
+    from bench_warehouse import fill_history, night_rows
+    from common import PG_URL
+    from fleetbench.regression import assess_run, store_findings
+    from fleetbench.warehouse import get_engine, store_run, upgrade
+    from pg_databases import fresh_database
+
+    hosts = 100 if quick else 1000
+    history = 12 if quick else NIGHT_HISTORY
+    out: dict = {"hosts": hosts, "results_per_night": hosts * 20, "history_nights": history,
+                 "slower_hosts": len(range(0, hosts, DROP_EVERY)), "target_total_s": 10.0}
+    folder = tempfile.mkdtemp(prefix="fleetbench-bench-night-")
+    try:
+        with fresh_database(PG_URL, prefix="fb_bench") as pg:
+            for label, url in (("sqlite", f"sqlite:///{folder}/w.db"), ("postgresql", pg)):
+                engine = get_engine(url)
+                try:
+                    upgrade(engine)
+                    res = fill_history(engine, range(history), hosts)
+                    run, rows = night_rows(history, hosts)
+                    for r in rows:
+                        if int(r["host"].rsplit("-", 1)[1]) % DROP_EVERY == 0 and r["images_per_sec"] is not None:
+                            r["images_per_sec"] *= 0.9
+                            r["duration_s"] /= 0.9
+                    t0 = time.monotonic()
+                    store_run(engine, run, [], rows)
+                    t1 = time.monotonic()
+                    assessment = assess_run(engine, run["dag_id"], run["run_id"])
+                    t2 = time.monotonic()
+                    stored = store_findings(engine, run["dag_id"], run["run_id"], assessment.findings)
+                    t3 = time.monotonic()
+                    res.update(store_run_s=round(t1 - t0, 2), assess_run_s=round(t2 - t1, 2),
+                               store_findings_s=round(t3 - t2, 2), total_s=round(t3 - t0, 2),
+                               checked=assessment.checked, findings=stored,
+                               regressions=len(assessment.regressions))
+                    out[label] = res
+                finally:
+                    engine.dispose()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return out

@@ -14,6 +14,8 @@ Parts (each bounded; `--quick` is the CI smoke version):
                  PostgreSQL; the report and its re-measured section over those nights (bench/bench_warehouse.py)
   telemetry      CPU cost of the GPU sampler at 0.5 s and 0.1 s periods, through the NVML seam
   logs           a 200 MB case log measured as a case's task does: time and peak RSS (bench/bench_logs.py)
+  regression_night  a 20,000-result night on 60 nights of history through the DAG's store and compare
+                 steps (store_run, assess_run, store_findings), on SQLite and PostgreSQL (bench/bench_regression.py)
 
 The machine is shared and noisy: every figure is the median of several repetitions, and ratios are
 reported next to absolute times. Prints one table and writes bench/results/<part>.json and
@@ -139,12 +141,12 @@ def bench_telemetry(quick: bool) -> dict:
 
 from bench_logs import bench_logs  # noqa: E402  (bench/ is the script directory)
 from bench_metrics import bench_metrics  # noqa: E402
-from bench_regression import bench_regression  # noqa: E402
+from bench_regression import bench_regression, bench_regression_night  # noqa: E402
 from bench_warehouse import bench_attempts, bench_warehouse  # noqa: E402
 
 PARTS = {"orchestration": bench_orchestration, "parse": bench_parse, "warehouse": bench_warehouse,
          "attempts": bench_attempts, "telemetry": bench_telemetry, "logs": bench_logs, "regression": bench_regression,
-         "metrics": bench_metrics}
+         "regression_night": bench_regression_night, "metrics": bench_metrics}
 
 
 def flatten(prefix: str, value, rows: list) -> None:

@@ -152,8 +152,9 @@ with DAG(
 
     @task(retries=0)
     def compare(the_plan: dict, stored: dict) -> dict:
-        """Each stored (host, case) against its baseline: regressions stored, logged, mailed if configured."""
-        return pipeline.detect_regressions(the_plan, stored)
+        """Each stored (host, case) against its baseline: regressions stored, logged, mailed if configured; then the
+        `accept_baselines` of the run accepted."""
+        return pipeline.detect_regressions(the_plan, stored, get_current_context()["dag_run"].triggering_user_name)
 
     @task(trigger_rule=TriggerRule.ALL_DONE, outlets=[WAREHOUSE])
     def report(the_plan: dict, stored: dict) -> dict:

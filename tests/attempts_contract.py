@@ -9,7 +9,15 @@ from sqlalchemy import func, select
 
 from fleetbench.warehouse import current_revision, downgrade, fetch_results, store_run, upgrade
 from fleetbench.warehouse.attempts import fetch_attempts
-from fleetbench.warehouse.schema import benchmark_results, result_metrics, run_case_rollup, steps, superseded_results
+from fleetbench.warehouse.schema import (
+    benchmark_results,
+    host_facts,
+    result_metrics,
+    run_case_rollup,
+    steps,
+    superseded_host_facts,
+    superseded_results,
+)
 from warehouse_contract import HEAD
 from warehouse_rows import result_row, run_row, step_rows
 
@@ -139,3 +147,107 @@ def check_migration_makes_stored_rows_attempt_1(engine):
     assert count(engine, benchmark_results) == 2
     upgrade(engine)
     assert {r["attempt"] for r in fetch_results(engine)} == {1}
+
+
+def host_check(driver: str, at: str, host: str = "h1", health: str = "healthy", **extra) -> dict:
+    """A host_facts row (of run r1 unless `run_id` says otherwise): the host check at `at` found `driver`."""
+    return {"dag_id": "fleet_benchmark", "run_id": "r1", "host": host, "verdict": "ready", "reasons": None,
+            "kernel": "6.1.0", "docker_version": "26.1.5", "driver_version": driver, "cuda_driver_version": "12.4",
+            "gpu_count": 8, "gpu_model": "NVIDIA H100 80GB HBM3", "nvidia_runtime": True,
+            "facts_json": json.dumps({"driver": driver}), "checks_json": "[]", "collected_at": at,
+            "gpu_health": health, "gpu_health_issues": None, **extra}
+
+
+def check_superseded_attempts_keep_their_host_check(engine):
+    """A rerun's host check no longer overwrites the one the earlier attempt ran under: the stored check moves
+    to superseded_host_facts, the superseded attempt names it, and fetch_attempts gives each attempt its own."""
+    upgrade(engine)
+    check_a = host_check(DRIVER_A, "2026-12-01T02:00:00+00:00")
+    store_run(engine, run_row(), [check_a], night("A", DRIVER_A, 100.0, host_gpu_health="healthy"))
+    # The store retried with the same check: replaced in place, nothing kept twice.
+    store_run(engine, run_row(), [check_a], night("A", DRIVER_A, 100.0, host_gpu_health="healthy"))
+    assert count(engine, superseded_host_facts) == 0
+    # Cleared and rerun on driver B: a new check (degraded GPUs) and new attempts.
+    check_b = host_check(DRIVER_B, "2026-12-02T02:00:00+00:00", health="degraded",
+                         gpu_health_issues="gpu_ecc:warn", verdict="degraded")
+    store_run(engine, run_row(), [check_b], night("B", DRIVER_B, 200.0, host_gpu_health="degraded"))
+    with engine.connect() as conn:
+        kept = [dict(r._mapping) for r in conn.execute(select(superseded_host_facts))]
+        stored = [dict(r._mapping) for r in conn.execute(select(host_facts))]
+    assert [(r["host"], r["driver_version"], r["verdict"], r["gpu_health"], r["facts_json"]) for r in kept] == [
+        ("h1", DRIVER_A, "ready", "healthy", json.dumps({"driver": DRIVER_A}))]
+    assert kept[0]["superseded_at"] is not None
+    assert [(r["driver_version"], r["gpu_health"]) for r in stored] == [(DRIVER_B, "degraded")]
+    assert {str(r["host_collected_at"])[:19] for r in superseded(engine)} == {"2026-12-01 02:00:00"}
+
+    every = fetch_attempts(engine, run_id="r1")
+    assert [(r["case_key"], r["attempt"], r["current"], r["host_driver_version"], r["host_verdict"],
+             r["host_gpu_health"], r["host_gpu_health_issues"], r["host_checked_at"]) for r in every] == [
+        ("a", 1, False, DRIVER_A, "ready", "healthy", None, "2026-12-01T02:00:00+00:00"),
+        ("a", 2, True, DRIVER_B, "degraded", "degraded", "gpu_ecc:warn", "2026-12-02T02:00:00+00:00"),
+        ("b", 1, False, DRIVER_A, "ready", "healthy", None, "2026-12-01T02:00:00+00:00"),
+        ("b", 2, True, DRIVER_B, "degraded", "degraded", "gpu_ecc:warn", "2026-12-02T02:00:00+00:00")]
+
+    # Only the cases were run again (the host check's result reused): the attempt is superseded, the check
+    # stays stored, and the superseded attempt still finds it there.
+    store_run(engine, run_row(), [check_b], night("C", DRIVER_B, 210.0, host_gpu_health="degraded"))
+    assert count(engine, superseded_host_facts) == 1
+    third = [r for r in fetch_attempts(engine, run_id="r1") if r["case_key"] == "a"]
+    assert [(r["attempt"], r["host_driver_version"], r["host_checked_at"][:10]) for r in third] == [
+        (1, DRIVER_A, "2026-12-01"), (2, DRIVER_B, "2026-12-02"), (3, DRIVER_B, "2026-12-02")]
+
+    # A complete store without the host (a rerun that planned other hosts only) keeps its check too.
+    store_run(engine, run_row(), [host_check(DRIVER_B, "2026-12-03T02:00:00+00:00", host="h2")],
+              [result_row("a", host="h2", attempt_id="D-a")])
+    with engine.connect() as conn:
+        assert sorted((r.host, str(r.collected_at)[:10]) for r in conn.execute(select(superseded_host_facts))) == [
+            ("h1", "2026-12-01"), ("h1", "2026-12-02")]
+        assert [r.host for r in conn.execute(select(host_facts))] == ["h2"]
+    h1_b = [r for r in fetch_attempts(engine, run_id="r1") if r["host"] == "h1" and r["attempt"] == 3]
+    assert {(r["current"], r["host_driver_version"], r["host_checked_at"][:10]) for r in h1_b} == {
+        (False, DRIVER_B, "2026-12-02")}
+
+
+def check_migration_keeps_superseded_attempts_without_a_host_check(engine):
+    """Attempts superseded at revision 0011 (before 0015) stay as they were (no host check kept: host_* None) after the
+    upgrade; the next rerun keeps the replaced check; the downgrade drops the kept checks, never an attempt."""
+    from sqlalchemy import MetaData, Table, inspect
+
+    upgrade(engine, "0011")
+    store_at_0011 = [{k: v for k, v in r.items() if k != "command"} for r in night("A", DRIVER_A, 100.0)]
+    with engine.begin() as conn:  # what 0011's store wrote: current attempt 2 (B), attempt 1 (A) superseded
+        md = MetaData()
+        br, sr, hf = (Table(t, md, autoload_with=conn) for t in ("benchmark_results", "superseded_results",
+                                                                  "host_facts"))
+        dated = ("logical_date", "started_at", "finished_at", "collected_at")
+        conn.execute(br.insert(), [{k: (utc_of(v) if k in dated else v) for k, v in r.items() if k in br.c}
+                                   | {"attempt": 2, "attempt_id": "B-" + r["case_key"], "driver_version": DRIVER_B}
+                                   for r in store_at_0011])
+        conn.execute(sr.insert(), [{k: (utc_of(v) if k in dated else v) for k, v in r.items() if k in sr.c}
+                                   | {"attempt": 1, "superseded_at": utc_of("2026-12-02T03:00:00+00:00"),
+                                      "superseded_by": 2, "superseded_why": "driver changed"} for r in store_at_0011])
+        conn.execute(hf.insert(), [{k: (utc_of(v) if k in dated else v) for k, v in
+                                    host_check(DRIVER_B, "2026-12-02T02:00:00+00:00").items()}])
+    upgrade(engine)
+    assert current_revision(engine) == HEAD
+    every = fetch_attempts(engine, run_id="r1")
+    assert [(r["case_key"], r["attempt"], r["current"], r["driver_version"], r["host_driver_version"])
+            for r in every] == [("a", 1, False, DRIVER_A, None), ("a", 2, True, DRIVER_B, DRIVER_B),
+                                ("b", 1, False, DRIVER_A, None), ("b", 2, True, DRIVER_B, DRIVER_B)]
+    # The next rerun, with a new check: attempt 3; B's attempt and its check are kept.
+    store_run(engine, run_row(), [host_check(DRIVER_B, "2026-12-03T02:00:00+00:00")], night("C", DRIVER_B, 300.0))
+    assert count(engine, superseded_host_facts) == 1
+    b_attempt = [r for r in fetch_attempts(engine, run_id="r1") if (r["case_key"], r["attempt"]) == ("a", 2)]
+    assert [r["host_checked_at"] for r in b_attempt] == ["2026-12-02T02:00:00+00:00"]
+    downgrade(engine, "0014")
+    assert "superseded_host_facts" not in inspect(engine).get_table_names()
+    assert "host_collected_at" not in {c["name"] for c in inspect(engine).get_columns("superseded_results")}
+    assert count(engine, superseded_results) == 4 and count(engine, benchmark_results) == 2
+    upgrade(engine)
+    assert current_revision(engine) == HEAD and count(engine, superseded_results) == 4
+
+
+def utc_of(value):
+    from fleetbench.timestamps import utc
+
+    return utc(value)

@@ -32,8 +32,10 @@ RESULT_TABLE = [  # (header, column)
     ("energy Wh", "energy_j"), ("cost $", "cost_usd"), ("$ per unit", "cost_per_unit_usd"),
     ("Wh per unit", "energy_per_unit_wh"), ("image digest", "image_digest"),
 ]
-# `results --attempts`: which attempt, its driver, and whether it is the current one.
+# `results --attempts`: which attempt, whether it is the current one, and what it ran under: driver, CUDA
+# driver, the GPUs' health (with the checks that did not pass) and the host check's verdict.
 ATTEMPT_TABLE = [*RESULT_TABLE[:1], ("case", "case_key"), ("attempt", "attempt"), ("driver", "driver_version"),
+                 ("CUDA", "cuda_driver_version"), ("GPU health", "host_gpu_health"), ("host check", "host_verdict"),
                  *RESULT_TABLE[4:]]
 
 
@@ -84,6 +86,8 @@ def _cell(row: dict, column: str) -> str:
         return "-" if not value else value[:19]
     if column == "attempt" and "current" in row:
         return f"{value} ({'current' if row['current'] else 'superseded'})"
+    if column == "host_gpu_health" and value and row.get("host_gpu_health_issues"):
+        return f"{value} ({row['host_gpu_health_issues']})"
     return "-" if value is None else str(value)
 
 

@@ -15,10 +15,13 @@ from fleetbench.registry import registry_of, repository_of
 
 DEFAULTS: dict[str, Any] = {
     "hosts": [], "models": [], "batch_sizes": [], "num_gpus": [], "image": None, "num_batches": None, "dry_run": False,
-    "force_cases": [],
+    "force_cases": [], "accept_baselines": [],
 }
 # A `force_cases` item: a case_key (on every host) or host/case_key.
 FORCE_CASE_PATTERN = r"^([A-Za-z0-9][A-Za-z0-9_.-]{0,99}/)?[A-Za-z0-9][A-Za-z0-9_.-]{0,249}$"
+# An `accept_baselines` item: a host (every case of it) or host/case_key.
+CASE_KEY_PART = r"(/[A-Za-z0-9][A-Za-z0-9_.-]{0,249})?"
+ACCEPT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}" + CASE_KEY_PART + "$"
 
 
 # Up to this many hosts, the trigger form offers the host names: a multi-select (Airflow's form draws one for an
@@ -69,6 +72,13 @@ def param_specs(cfg: FleetConfig) -> dict[str, dict]:
                                        "case_key (every host) or host/case_key.",
                         "schema": {"type": "array", "uniqueItems": True, "maxItems": 1000,
                                    "items": {"type": "string", "pattern": FORCE_CASE_PATTERN, "maxLength": 360}}},
+        "accept_baselines": {
+            "default": [], "title": "Accept new baselines",
+            "description": "After this run's results are stored and compared: accept the current level of these "
+                           "hosts' cases as their new baseline, as `fleetbench regressions accept` does (host: "
+                           "every case of it; host/case_key: one case). Their open regressions close.",
+            "schema": {"type": "array", "uniqueItems": True, "maxItems": 1000,
+                       "items": {"type": "string", "pattern": accept_pattern(hosts), "maxLength": 360}}},
         "dry_run": {"default": False, "title": "Dry run",
                     "description": "Validate the hosts and print the plan; pull and run nothing, store nothing.",
                     "schema": {"type": "boolean"}},
@@ -76,6 +86,24 @@ def param_specs(cfg: FleetConfig) -> dict[str, dict]:
     for spec in specs.values():
         spec["schema"] = {**DIALECT, **spec["schema"]}
     return specs
+
+
+def accept_pattern(hosts: list[str]) -> str:
+    """The pattern of an `accept_baselines` item: with at most MAX_HOST_ENUM hosts only the config's host names
+    pass (an unknown host is refused at trigger time), else any host name (checked when the run starts)."""
+    if not hosts or len(hosts) > MAX_HOST_ENUM:
+        return ACCEPT_PATTERN
+    names = "|".join(h.replace(".", "\\.") for h in hosts)  # names are [A-Za-z0-9_.-]: only "." is special
+    return f"^({names})" + CASE_KEY_PART + "$"
+
+
+def accept_targets(items: list[str]) -> list[tuple[str, str | None]]:
+    """`accept_baselines` items as (host, case_key or None: every case of the host)."""
+    out = []
+    for item in items:
+        host, _, case_key = item.partition("/")
+        out.append((host, case_key or None))
+    return out
 
 
 def apply_params(cfg: FleetConfig, params: dict | None, source: str = "params") -> FleetConfig:
@@ -98,6 +126,16 @@ def apply_params(cfg: FleetConfig, params: dict | None, source: str = "params") 
     else:
         errors += [f"force_cases[{i}]: {v!r} is not a case_key or host/case_key" for i, v in enumerate(force)
                    if not isinstance(v, str) or not re.fullmatch(FORCE_CASE_PATTERN, v)]
+    accept = params["accept_baselines"]
+    if not isinstance(accept, list):
+        errors.append(f"accept_baselines: must be a list of hosts or host/case_key, not {accept!r}")
+    else:
+        for i, v in enumerate(accept):
+            if not isinstance(v, str) or not re.fullmatch(ACCEPT_PATTERN, v):
+                errors.append(f"accept_baselines[{i}]: {v!r} is not a host or host/case_key")
+            elif v.partition("/")[0] not in known_hosts:
+                errors.append(f"accept_baselines[{i}]: unknown host {v.partition('/')[0]!r} "
+                              f"(known: {', '.join(sorted(known_hosts))})")
     if errors:
         raise ConfigError(source, errors)
 

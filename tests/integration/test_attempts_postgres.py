@@ -6,8 +6,10 @@ import pytest
 
 from attempts_contract import (
     check_failed_rerun_keeps_the_previous_attempt,
+    check_migration_keeps_superseded_attempts_without_a_host_check,
     check_migration_makes_stored_rows_attempt_1,
     check_rerun_adds_attempts_and_a_retry_replaces,
+    check_superseded_attempts_keep_their_host_check,
 )
 
 pytestmark = pytest.mark.integration
@@ -23,3 +25,11 @@ def test_failed_rerun_keeps_the_previous_attempt(pg_engine, monkeypatch):
 
 def test_migration_makes_stored_rows_attempt_1(pg_engine):
     check_migration_makes_stored_rows_attempt_1(pg_engine)
+
+
+def test_superseded_attempts_keep_their_host_check(pg_engine):
+    check_superseded_attempts_keep_their_host_check(pg_engine)
+
+
+def test_migration_keeps_superseded_attempts_without_a_host_check(pg_engine):
+    check_migration_keeps_superseded_attempts_without_a_host_check(pg_engine)

@@ -147,6 +147,15 @@ def test_backfill_on_a_new_driver_adds_attempts(tmp_path, pg_url, smoke_image, d
         assert r["before_value"] > 0 and r["after_value"] > 0 and r["metric"] == "images_per_sec"
     assert main(["results", "--attempts", "--all"]) == 0
     assert "1 (superseded)" in capsys.readouterr().out
+    # Each attempt keeps the host check it ran under: A's nights were checked on driver A, B's on driver B.
+    assert main(["results", "--attempts", "--all", "--format", "json"]) == 0
+    checks = {(r["logical_date"][:10], r["attempt"], r["current"], r["host_driver_version"], r["host_verdict"])
+              for r in json.loads(capsys.readouterr().out) if r["logical_date"][:10] in ("2026-11-01", "2026-11-02",
+                                                                                             "2026-11-03")}
+    assert {c[:4] for c in checks} == {(night, 1, False, DRIVER_A) for night in ("2026-11-01", "2026-11-02",
+                                                                                   "2026-11-03")} | {
+        (night, 2, True, DRIVER_B) for night in ("2026-11-01", "2026-11-02", "2026-11-03")}, checks
+    assert all(c[4] is not None for c in checks)
 
     # The regression detector reads current attempts only: night 3 has two earlier nights (B's), not four.
     with engine.connect() as conn:

@@ -248,7 +248,7 @@ def test_view_inside_the_airflow_ui_shows_the_warehouse(browser, airflow_ui, pg_
     _, engine = pg_warehouse
     seen = open_page(f"{airflow_ui.base}/plugin/fleetbench", "report-view-airflow-ui.png", "--frame", "/fleetbench",
                      "--cookie", f"_token={airflow_ui.jwt}", "--wait", "table#throughput-table",
-                     "--wait", "svg#plot-throughput-resnet50 circle.point")
+                     "--wait", "svg#plot-throughput-resnet50_g1 circle.point")
     assert seen["status"] == 200 and seen["frame_src"] == "/fleetbench/" and seen["state"] == "ok"
     assert secrets_in(json.dumps(seen, ensure_ascii=False)) == []  # nothing of the DAG viewer may not read
     expected = expected_throughput(engine, FLEET_DAG)
@@ -260,13 +260,16 @@ def test_view_inside_the_airflow_ui_shows_the_warehouse(browser, airflow_ui, pg_
         assert rows[key]["latest"]["text"] == f"{results[-1]['images_per_sec']:,.2f}"
         assert rows[key]["previous"]["value"] == results[-2]["images_per_sec"]
         assert rows[key]["latest_driver"]["text"] == results[-1]["driver_version"]
-    # the plot: one series per host and case with every night's value, the driver upgrade marked
-    plot = seen["plots"]["plot-throughput-resnet50"]
-    assert plot["visible"] and plot["kind"] == "line"
-    assert {s["label"]: s["values"] for s in plot["series"]} == {
+    # the plots: one per GPU count, one series per host and case with every night's value, the upgrade marked
+    plots = {k: p for k, p in seen["plots"].items() if k.startswith("plot-throughput-resnet50_g")}
+    assert sorted(plots) == [f"plot-throughput-resnet50_g{g}" for g in (1, 2, 4)]
+    assert all(p["visible"] and p["kind"] == "line" for p in plots.values())
+    assert {s["label"]: s["values"] for p in plots.values() for s in p["series"]} == {
         f"{h} · {c}": [r["images_per_sec"] for r in results] for (h, c), results in expected.items()
         if results[0]["model"] == "resnet50"}
-    assert plot["markers"] == [f"gpu-a: driver {OLD_DRIVER} → {NEW_DRIVER}"]
+    for key, plot in plots.items():
+        assert all(f".g{key.rsplit('_g', 1)[1]}." in s["label"] for s in plot["series"])
+        assert plot["markers"] == [f"gpu-a: driver {OLD_DRIVER} → {NEW_DRIVER}"]
     # the other sections
     assert seen["summary"] == {"runs": 5, "results": 36, "ok": 25, "failed": 11, "skipped": 0, "hosts": 3}
     assert cells(seen, "hosts-table", "host", "ok")["gpu-c"]["value"] == 0
@@ -288,7 +291,8 @@ def test_filters_in_the_browser(browser, airflow_ui, pg_warehouse):
     rows = seen["tables"]["throughput-table"]["rows"]
     assert {(r["host"]["text"], r["model"]["text"]) for r in rows} == {("gpu-a", "resnet50")}
     expected = expected_throughput(engine, FLEET_DAG)
-    for series in seen["plots"]["plot-throughput-resnet50"]["series"]:
+    for series in (s for k, p in seen["plots"].items() if k.startswith("plot-throughput-resnet50_g")
+                   for s in p["series"]):
         host, case = series["label"].split(" · ")
         assert series["values"] == [r["images_per_sec"] for r in expected[(host, case)][-2:]]  # nights 4 and 5
         assert [x[:10] for x in series["x"]] == ["2026-11-04", "2026-11-05"]

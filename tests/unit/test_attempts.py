@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from attempts_contract import (
     check_failed_rerun_keeps_the_previous_attempt,
+    check_migration_keeps_superseded_attempts_without_a_host_check,
     check_migration_makes_stored_rows_attempt_1,
     check_rerun_adds_attempts_and_a_retry_replaces,
+    check_superseded_attempts_keep_their_host_check,
+    host_check,
 )
 from fleetbench.warehouse import get_engine
 from fleetbench.warehouse.attempts import attempt_id, current_attempt, decide, remeasure_reasons
@@ -69,14 +72,19 @@ def backfilled(engine) -> None:
     from warehouse_rows import result_row, run_row, step_rows
 
     upgrade(engine)
-    for attempt, driver, base in (("A", "550.127.05", 100.0), ("B", "590.48.01", 120.0)):
+    for attempt, driver, base, health in (("A", "550.127.05", 100.0, "healthy"), ("B", "590.48.01", 120.0, "degraded")):
         for n in (1, 2, 3):
             day = f"2026-11-0{n}T00:00:00+00:00"
             rows = [result_row(c, run_id=f"night{n}", ips=base + 10 * i + n, driver_version=driver, logical_date=day,
-                               attempt_id=f"{attempt}{n}{c}", started_at=f"2026-11-0{n}T0{n}:00:00+00:00")
+                               attempt_id=f"{attempt}{n}{c}", started_at=f"2026-11-0{n}T0{n}:00:00+00:00",
+                               host_gpu_health=health)
                     for i, c in enumerate(("a", "b"))]
             steps = [s for c in ("a", "b") for s in step_rows(c, 3, run_id=f"night{n}", base=base)]
-            store_run(engine, {**run_row(f"night{n}"), "logical_date": day}, [], rows, steps)
+            checked = f"2026-11-0{n}T0{n}:00:00+00:00" if attempt == "A" else f"2026-11-10T0{n}:00:00+00:00"
+            check = host_check(driver, checked, run_id=f"night{n}", health=health,
+                               verdict="ready" if attempt == "A" else "degraded",
+                               gpu_health_issues=None if attempt == "A" else "gpu_ecc:warn")
+            store_run(engine, {**run_row(f"night{n}"), "logical_date": day}, [check], rows, steps)
 
 
 def test_cli_results_and_compare_across_attempts(tmp_path, monkeypatch, capsys):
@@ -89,6 +97,11 @@ def test_cli_results_and_compare_across_attempts(tmp_path, monkeypatch, capsys):
     assert main(["results", "--run-id", "night2", "--attempts"]) == 0
     out = capsys.readouterr().out
     assert "1 (superseded)" in out and "2 (current)" in out and "550.127.05" in out and "590.48.01" in out
+    # each attempt with the driver, CUDA driver, GPU health and host check it ran under
+    lines = {line.split()[1] + " " + line.split()[2] + line.split()[3]: line.split() for line in out.splitlines()
+             if line.startswith("h1 ")}
+    assert lines["a 1(superseded)"][4:9] == ["550.127.05", "12.2", "healthy", "ready", "ok"]
+    assert lines["a 2(current)"][4:10] == ["590.48.01", "12.2", "degraded", "(gpu_ecc:warn)", "degraded", "ok"]
     assert "4 attempt(s) of 2 case(s): 2 current, 2 superseded" in out
     assert main(["results", "--run-id", "night2"]) == 0  # current attempts only
     assert "2 case(s): 2 ok" in capsys.readouterr().out
@@ -106,8 +119,19 @@ def test_cli_results_and_compare_across_attempts(tmp_path, monkeypatch, capsys):
         "550.127.05", "590.48.01", 3, 3)
     assert (a["before_value"], a["after_value"]) == (102.0, 122.0)
     assert rows["b"]["after_value"] == 132.0 and a["delta_pct"] > 19
+    assert (a["before_host_gpu_health"], a["after_host_gpu_health"]) == ("healthy", "degraded")
     assert main(["compare", "--before", "550.127.05", "--after", "590.48.01", "--attempts"]) == 0
-    assert "2 case(s)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "2 case(s)" in out and "550.127.05 -> 590.48.01, healthy -> degraded" in out
+
+    # the JSON and CSV of `results --attempts` carry the host check of each attempt
+    assert main(["results", "--run-id", "night1", "--attempts", "--format", "json"]) == 0
+    checks = {(r["case_key"], r["attempt"]): (r["host_driver_version"], r["host_verdict"], r["host_checked_at"])
+              for r in json.loads(capsys.readouterr().out)}
+    assert checks == {("a", 1): ("550.127.05", "ready", "2026-11-01T01:00:00+00:00"),
+                      ("b", 1): ("550.127.05", "ready", "2026-11-01T01:00:00+00:00"),
+                      ("a", 2): ("590.48.01", "degraded", "2026-11-10T01:00:00+00:00"),
+                      ("b", 2): ("590.48.01", "degraded", "2026-11-10T01:00:00+00:00")}
 
 
 def test_report_counts_current_attempts_and_marks_remeasured_nights(tmp_path):
@@ -138,3 +162,11 @@ def test_report_says_why_a_failed_night_was_measured_again(tmp_path):
     store_run(engine, run_row(), [], [result_row("b", attempt_id="3")])  # a no longer planned
     assert build_report(engine)["remeasured"][0]["reasons"] == [
         "image changed", "rerun of a failed result", "no longer planned"]
+
+
+def test_superseded_attempts_keep_their_host_check(tmp_path):
+    check_superseded_attempts_keep_their_host_check(engine_at(tmp_path))
+
+
+def test_migration_keeps_superseded_attempts_without_a_host_check(tmp_path):
+    check_migration_keeps_superseded_attempts_without_a_host_check(engine_at(tmp_path))

@@ -111,3 +111,34 @@ def test_repeated_values_are_refused_at_run_time_not_in_the_plan():
         "after applying the run's parameters: benchmarks[0].num_gpus: must not repeat a value: 2 at [0] and [1]",
         "after applying the run's parameters: benchmarks[1].batch_sizes: must not repeat a value: 64 at [0] and [1]",
     ]
+
+
+def test_accept_baselines_names_hosts_of_the_config():
+    """A host or host/case_key; at trigger time only the config's host names pass, at run time again."""
+    from fleetbench.params import accept_targets
+
+    validate({"accept_baselines": ["gpu-01", "gpu-02/tf.resnet50.bs64.g1.replicated"]})
+    for bad in (["gpu-99"], ["gpu-01/"], ["gpu-01/a b"], ["gpu-0"], ["gpu-011"], ["gpu-01/x/y"], "gpu-01", [3]):
+        with pytest.raises(jsonschema.ValidationError):
+            validate({"accept_baselines": bad})
+    with pytest.raises(ConfigError) as info:
+        apply_params(cfg(), {"accept_baselines": ["gpu-99/x", "a b"]})
+    assert info.value.errors == ["accept_baselines[0]: unknown host 'gpu-99' (known: gpu-01, gpu-02)",
+                                 "accept_baselines[1]: 'a b' is not a host or host/case_key"]
+    assert expand_cases(apply_params(cfg(), {"accept_baselines": ["gpu-01"]})) == expand_cases(cfg())
+    assert accept_targets(["gpu-01", "gpu-02/c.g1"]) == [("gpu-01", None), ("gpu-02", "c.g1")]
+
+
+def test_accept_baselines_of_a_large_fleet_is_checked_when_the_run_starts():
+    from fleetbench.params import ACCEPT_PATTERN, MAX_HOST_ENUM
+
+    big = parse_config({"hosts": [{"name": f"gpu-{i:04d}"} for i in range(MAX_HOST_ENUM + 1)],
+                        "images": [{"name": "tf1", "ref": "nvcr.io/nvidia/tensorflow:23.03-tf1-py3",
+                                    "command": ["python", "tf_cnn_benchmarks.py"]}],
+                        "benchmarks": [{"name": "cnn", "image": "tf1", "models": ["resnet50"], "batch_sizes": [32],
+                                        "num_gpus": [1]}]})
+    schema = param_specs(big)["accept_baselines"]["schema"]
+    assert schema["items"]["pattern"] == ACCEPT_PATTERN
+    jsonschema.validate(["gpu-9999"], schema)
+    with pytest.raises(ConfigError, match="unknown host 'gpu-9999'"):
+        apply_params(big, {"accept_baselines": ["gpu-9999"]})

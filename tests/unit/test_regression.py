@@ -418,3 +418,34 @@ def test_settings_are_part_of_the_fleet_config_with_field_paths():
     assert "fleet.notify.min_severity: must be one of 'minor' or 'major'" in text
 
 
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_quiet_stretches_replay_exactly_as_night_by_night(seed, monkeypatch):
+    """The quiet-stretch shortcut gives every night the verdict the night-by-night replay gives: random series
+    with noise, outliers, missing nights, steps, new segments, an energy source change and an acceptance."""
+    import importlib
+
+    track_module = importlib.import_module("fleetbench.regression.track")  # the module, not the function
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(15, 90))
+    values = (1 + rng.normal(0, rng.choice([0.002, 0.01, 0.03]), n)).tolist()
+    segments, measures = [OLD] * n, [None] * n
+    change = int(rng.integers(5, n))
+    for i in range(change, n):
+        values[i] *= float(rng.choice([0.8, 0.95, 1.0, 1.1]))
+        segments[i] = NEW if seed % 3 else OLD
+    for i in rng.choice(n, size=n // 10, replace=False):
+        values[int(i)] = None if rng.random() < 0.5 else values[int(i)] * 0.75
+    if seed % 4 == 0:
+        measures = ["estimated" if i < n // 2 else "measured" for i in range(n)]
+    series = [night._replace(measure=m) for night, m in zip(nights(values, segments, step_se=0.004), measures)]
+    accepted = [DAY0 + timedelta(days=int(rng.integers(0, n)))] if seed % 5 == 0 else []
+    for direction in ("higher", "lower"):
+        fast = track(series, direction, TRACKED, accepted)
+        last = track(series, direction, TRACKED, accepted, last_only=True)
+        monkeypatch.setattr(track_module, "_quiet_stretch", lambda *a, **k: (a[3], []))
+        slow = track(series, direction, TRACKED, accepted)
+        monkeypatch.undo()
+        assert [repr(v) for v in fast] == [repr(v) for v in slow]
+        assert repr(last[-1]) == repr(slow[-1]) and all(v is None for v in last[:-1])

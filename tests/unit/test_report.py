@@ -181,10 +181,10 @@ def test_one_run_only(engine, tmp_path):
     assert page.state == "ok"
     assert any(n.startswith("Only one run so far") for n in page.notes)
     # every series of the throughput plot is one point: that night's images/sec
-    resnet = page.plots["throughput-resnet50"]
+    resnet = model_plots(page, "resnet50")
     expected = {f"{r['host']} · {r['case_key']}": [r["images_per_sec"]] for r in ok_rows(engine, model="resnet50")}
     assert resnet == expected
-    assert page.markers["throughput-resnet50"] == []  # no driver change with one night
+    assert all(page.markers[k] == [] for k in page.plots if k.startswith("throughput-"))  # one night: no change
     assert all(r["previous"] == ("–", None) and r["change_pct"] == ("–", None) for r in page.tables["throughput-table"])
     assert "regressions-table-empty" in page.empties
     assert Path(written["pngs"][0]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -212,6 +212,18 @@ def test_host_with_only_failures(engine, tmp_path):
     assert [Path(p).name for p in written["pngs"]] == ["plot-failures.png"]
 
 
+def model_plots(page, model: str) -> dict[str, list]:
+    """The throughput series of a model's charts, merged; each chart holds one GPU count (its id's _gN, the
+    case keys' .gN.)."""
+    out = {}
+    for chart, series in page.plots.items():
+        if chart.startswith(f"throughput-{model}_g"):
+            gpus = chart.rsplit("_g", 1)[1]
+            assert series and all(f".g{gpus}." in label for label in series), (chart, list(series))
+            out.update(series)
+    return out
+
+
 # -- several nights with a driver change --------------------------------------------------------------
 def test_history_report_shows_the_warehouse_numbers(history, tmp_path):
     written, page = written_page(tmp_path, history)
@@ -231,10 +243,11 @@ def test_history_report_shows_the_warehouse_numbers(history, tmp_path):
         assert table[key]["latest"][0] == f"{rows[-1]['images_per_sec']:,.2f}"
     # the throughput plot: one series per host and case, every night's value in order
     for model in ("resnet50", "vgg16"):
-        assert page.plots[f"throughput-{model}"] == {
+        assert model_plots(page, model) == {
             f"{h} · {c}": [r["images_per_sec"] for r in rows]
             for (h, c), rows in by_case.items() if rows[0]["model"] == model}
-        assert page.markers[f"throughput-{model}"] == [f"gpu-a: driver {OLD_DRIVER} → {NEW_DRIVER}"]
+        for chart in (k for k in page.plots if k.startswith(f"throughput-{model}_g")):
+            assert page.markers[chart] == [f"gpu-a: driver {OLD_DRIVER} → {NEW_DRIVER}"]
     # the driver change, on the night it happened
     assert [(r["logical_date"][0], r["host"][0], r["from"][0], r["to"][0])
             for r in page.tables["driver-changes-table"]] == [("2026-11-04 02:00", "gpu-a", OLD_DRIVER, NEW_DRIVER)]
@@ -292,8 +305,9 @@ def test_report_is_self_contained(history, tmp_path):
 def test_filters_narrow_every_section(history, tmp_path):
     _, page = written_page(tmp_path, history, host="gpu-a", model="resnet50", since="2026-11-04")
     assert {(r["host"][0], r["model"][0]) for r in page.tables["throughput-table"]} == {("gpu-a", "resnet50")}
-    assert set(page.plots) == {"throughput-resnet50", "scaling", "images-per-joule", "cost-per-million"}
-    assert all(len(v) == 2 for v in page.plots["throughput-resnet50"].values())  # nights 4 and 5
+    assert set(page.plots) == {"throughput-resnet50_g1", "throughput-resnet50_g2", "throughput-resnet50_g4", "scaling",
+                               "images-per-joule", "cost-per-million"}
+    assert all(len(v) == 2 for v in model_plots(page, "resnet50").values())  # nights 4 and 5
     # the driver change on the window's first night is still found (the night before lies outside)
     assert [r["logical_date"][0] for r in page.tables["driver-changes-table"]] == ["2026-11-04 02:00"]
     assert "failures-table-empty" in page.empties  # gpu-a's resnet50 cases all ran

@@ -230,22 +230,48 @@ def store(plan, collected: dict) -> dict:
 SUMMARY_FINDINGS = 50  # findings listed in the compare task's return value (XCom); all are stored and logged
 
 
-def detect_regressions(plan, stored: dict) -> dict:
+class NothingToAccept(ValueError):
+    """An `accept_baselines` item that matched no ok result of the DAG (raised after the night's findings are
+    stored and mailed)."""
+
+
+def detect_regressions(plan, stored: dict, triggered_by: str | None = None) -> dict:
     """Compare each stored (host, case) of the run with its baseline (`fleetbench.regression`): store the
     findings in `regressions` (replacing an earlier detection of the run), log them, mail them when
-    `fleet.notify` is set. Returns a small summary for the run (counts and the first findings)."""
+    `fleet.notify` is set. Returns a small summary for the run (counts and the first findings).
+
+    With the `accept_baselines` parameter, the named hosts' (and cases') current level becomes their
+    baseline once the night is assessed (`fleetbench.regression.accept_many`, as `fleetbench regressions
+    accept`), and the night is assessed again; an item that matches nothing fails the task, naming it."""
     from fleetbench.notify import notify
-    from fleetbench.regression import assess_run, describe, store_findings
+    from fleetbench.params import accept_targets
+    from fleetbench.regression import accept_many, assess_run, describe, store_findings
     from fleetbench.warehouse import get_engine
 
     run = RunPlan.load(plan).run
     if stored.get("run_id") not in (None, run.run_id):
         raise ValueError(f"stored rows of run {stored['run_id']!r}, not of {run.run_id!r}")
     fleet = run.fleet_settings
+    items = list(run.params.get("accept_baselines") or [])
+    accepted, unmatched = [], []
     engine = get_engine()
     try:
         result = assess_run(engine, run.dag_id, run.run_id, fleet.regressions)
         store_findings(engine, run.dag_id, run.run_id, result.findings)
+        if items:
+            targets = accept_targets(items)
+            done = accept_many(engine, targets, run.dag_id, accepted_by=triggered_by or run.dag_id,
+                               note=f"accept_baselines of run {run.run_id}", settings=fleet.regressions,
+                               assessed_by_caller=(run.dag_id, run.run_id))
+            for item, target in zip(items, targets):
+                unmatched += [] if done[target] else [item]
+                for a in done[target]:
+                    log.info("accepted %s %s from %s on as the new baseline (%s)", a["host"], a["case_key"],
+                             a["since"].isoformat(), "the open regression's level" if a["had_open_regression"]
+                             else "the newest segment")
+                    accepted.append(f"{a['host']}/{a['case_key']} since {a['since'].isoformat()}")
+            result = assess_run(engine, run.dag_id, run.run_id, fleet.regressions)
+            store_findings(engine, run.dag_id, run.run_id, result.findings)
     finally:
         engine.dispose()
     confirmed = result.confirmed
@@ -262,12 +288,15 @@ def detect_regressions(plan, stored: dict) -> dict:
     # Mailed: regressions confirmed on this night for the first time, once per change (not again as cost, energy).
     news = [f for f in confirmed if f.get("newly_confirmed") and not f.get("same_change_as")]
     sent = notify(news, fleet.notify, run.to_xcom())
+    if unmatched:
+        raise NothingToAccept("accept_baselines: " + "; ".join(
+            f"{item!r} matched no ok result of {run.dag_id} (nothing accepted for it)" for item in unmatched))
     return {
         "run_id": run.run_id, "checked": result.checked, "insufficient_history": len(result.insufficient_history),
         "regressions": len(confirmed), "changes": sum(1 for f in confirmed if not f.get("same_change_as")),
         "newly_confirmed": len(news), "major": sum(1 for f in confirmed if f["severity"] == "major"),
         "suspected": sum(1 for f in result.regressions if f["status"] == "suspected"),
-        "improvements": len(result.improvements), "mailed": sent["mailed"],
+        "improvements": len(result.improvements), "mailed": sent["mailed"], "accepted": accepted,
         "findings": [{k: (round(f[k], 3) if isinstance(f[k], float) else f[k])
                       for k in ("host", "case_key", "metric", "baseline_value", "value", "delta_pct", "z_score",
                                 "severity", "kind", "status", "same_change_as")}

@@ -24,10 +24,10 @@ from fleetbench.regression.detect import (
                                           robust_z,
                                           what_changed,
 )
-from fleetbench.regression.store import RunAssessment, accept, assess_run, store_findings
+from fleetbench.regression.store import RunAssessment, accept, accept_many, assess_run, store_findings
 from fleetbench.regression.track import SEGMENT_FIELDS, NightIn, Verdict, track
 
 __all__ = ["MAD_TO_SIGMA", "METRICS", "SEGMENT_FIELDS", "SEVERITIES", "MetricCheck", "NightIn", "NoResults",
-           "RunAssessment", "Verdict", "accept", "assess_case", "assess_run", "average_ranks", "check_metric",
-           "compare", "compare_case", "describe", "detect_case", "format_compare", "mad", "mann_whitney_u", "median",
-           "parse_side", "robust_z", "store_findings", "track", "what_changed"]
+           "RunAssessment", "Verdict", "accept", "accept_many", "assess_case", "assess_run", "average_ranks",
+           "check_metric", "compare", "compare_case", "describe", "detect_case", "format_compare", "mad",
+           "mann_whitney_u", "median", "parse_side", "robust_z", "store_findings", "track", "what_changed"]

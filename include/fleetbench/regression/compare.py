@@ -143,8 +143,9 @@ def compare_case(before: Sequence[Row], after: Sequence[Row], settings: Regressi
         "p_value": main.p_value if main else None, "basis": "nights", "verdict": verdict,
         "significant": verdict in ("regression", "improvement"),
         "severity": severity_of(abs(main.estimate_pct), settings) if verdict == "regression" else None,
-        "before_driver_version": most_common(r.get("driver_version") for r in before),
-        "after_driver_version": most_common(r.get("driver_version") for r in after),
+        # What each side ran under (its most common value): driver, CUDA driver, the GPUs' health.
+        **{f"{side}_{c}": most_common(r.get(c) for r in rows) for side, rows in (("before", before), ("after", after))
+           for c in ("driver_version", "cuda_driver_version", "host_gpu_health")},
         "image_changed": {r.get("image_digest") for r in before} != {r.get("image_digest") for r in after},
     }
     for metric, label in (("duration_s", "duration"), ("energy_j", "energy"), ("cost_usd", "cost")):
@@ -159,7 +160,17 @@ def _num(value: float | None, fmt: str) -> str:
 
 
 COMPARE_TABLE = ("host", "case", "metric", "before (nights)", "after (nights)", "change % [99 % interval]", "verdict",
-                 "time %", "energy %", "cost %")
+                 "time %", "energy %", "cost %", "driver, GPU health")
+
+
+def _ran_under(r: Mapping[str, Any]) -> str:
+    """"550.127.05 -> 590.48.01, healthy -> degraded": what each side ran under, once where both sides agree."""
+    parts = []
+    for c in ("driver_version", "host_gpu_health"):
+        b, a = r.get(f"before_{c}"), r.get(f"after_{c}")
+        if b or a:
+            parts.append(b if b == a else f"{b or '?'} -> {a or '?'}")
+    return ", ".join(parts) or "-"
 
 
 def format_compare(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -176,7 +187,7 @@ def format_compare(rows: Sequence[Mapping[str, Any]]) -> str:
             f"{_num(r['after_value'], '.4g')} ({r['after_n']})",
             change, r["verdict"] + (f" ({r['severity']})" if r.get("severity") else ""),
             _num(r["duration_delta_pct"], "+.1f"), _num(r["energy_delta_pct"], "+.1f"),
-            _num(r["cost_delta_pct"], "+.1f"),
+            _num(r["cost_delta_pct"], "+.1f"), _ran_under(r),
         ])
     widths = [max(len(c[i]) for c in cells) for i in range(len(COMPARE_TABLE))]
     lines = ["  ".join(v.ljust(w) for v, w in zip(c, widths)).rstrip() for c in cells]

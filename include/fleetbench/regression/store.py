@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import operator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Mapping, Sequence
@@ -77,11 +78,11 @@ def read_history(conn, dag_id: str, hosts: Sequence[str], case_keys: Sequence[st
                                  or_(br.c.logical_date < until, br.c.run_id == run_id))
              .order_by(br.c.host, br.c.case_key, br.c.logical_date, br.c.run_id))
     out: dict[tuple[str, str], list[dict]] = {}
-    for r in conn.execute(query):
-        m = dict(r._mapping)
-        out.setdefault((m["host"], m["case_key"]), []).append(m)
-    for series in out.values():  # the run's own result last, even if another run shares its logical date
-        series.sort(key=lambda m: (m["run_id"] == run_id, utc(m["logical_date"])))
+    at_host, at_case = HISTORY_COLUMNS.index("host"), HISTORY_COLUMNS.index("case_key")
+    for r in conn.execute(query).all():  # fetched at once, zipped into dicts: a fleet night reads a million rows
+        out.setdefault((r[at_host], r[at_case]), []).append(dict(zip(HISTORY_COLUMNS, r)))
+    for series in out.values():  # in date order already; the run's own result last, even if another run
+        series.sort(key=lambda m: m["run_id"] == run_id)  # shares its logical date (a stable sort)
     return out
 
 
@@ -154,9 +155,11 @@ def assess_series(series: Sequence[Mapping[str, Any]], settings: RegressionSetti
         return None
     row = series[-1]
     findings, judged = [], False
+    common = _night_fields(series, dated=bool(accepted))
+    unit = primary_of(row)[1]
     for metric, direction in metrics_of(row):
-        nights = nights_of(series, metric, primary_of(row)[1])
-        verdict = track(nights, direction, settings, accepted)[-1]
+        nights = nights_of(series, metric, unit, common)
+        verdict = track(nights, direction, settings, accepted, last_only=True)[-1]
         if verdict is None:
             continue
         judged = True
@@ -166,22 +169,39 @@ def assess_series(series: Sequence[Mapping[str, Any]], settings: RegressionSetti
     return findings if judged else None
 
 
-def nights_of(series: Sequence[Mapping[str, Any]], metric: str, unit: str | None = None) -> list[NightIn]:
-    """A metric's nights for `track` (`detect.metric_value`: a night whose primary metric is another one, or in
-    another unit than `unit`, has no value). Energy compares like with like: a night whose energy came another
-    way (measured, estimated) starts a new baseline."""
+_SEGMENT = operator.itemgetter(*SEGMENT_FIELDS)
+
+
+def _night_fields(series: Sequence[Mapping[str, Any]], dated: bool = True) -> list[tuple]:
+    """What every metric's nights share, per night: (segment, when, step-level standard error, run_id). `dated`:
+    False leaves `when` None (the replay reads it only against acceptances)."""
     out = []
     for r in series:
         se = None
         if r.get("step_cv") is not None and r.get("step_count"):
             se = float(r["step_cv"]) / math.sqrt(r["step_count"])
+        try:
+            segment = _SEGMENT(r)  # a row of read_history has every field
+        except KeyError:
+            segment = segment_of(r)
+        out.append((segment, utc(r["logical_date"]) if dated else None, se, r["run_id"]))
+    return out
+
+
+def nights_of(series: Sequence[Mapping[str, Any]], metric: str, unit: str | None = None,
+              common: Sequence[tuple] | None = None) -> list[NightIn]:
+    """A metric's nights for `track` (`detect.metric_value`: a night whose primary metric is another one, or in
+    another unit than `unit`, has no value). Energy compares like with like: a night whose energy came another
+    way (measured, estimated) starts a new baseline. `common`: `_night_fields(series)`, when already at hand."""
+    common = common if common is not None else _night_fields(series)
+    out = []
+    for r, (seg, when, se, run_id) in zip(series, common):
         value, measure = metric_value(r, metric, unit), None
         if metric == "energy_j":
             measure = r.get("energy_source")
             if measure not in ENERGY_SOURCES:
                 value = None
-        out.append(NightIn(value=value, segment=segment_of(r), when=utc(r["logical_date"]), step_se=se,
-                           run_id=r["run_id"], measure=measure))
+        out.append(NightIn(value, seg, when, se, run_id, measure))
     return out
 
 
@@ -305,13 +325,24 @@ def _segment_start(conn, row: Mapping[str, Any]):
 def accept(engine, host: str, case_key: str | None = None, dag_id: str | None = None,
            accepted_by: str | None = None, note: str | None = None,
            settings: RegressionSettings | None = None) -> list[dict]:
-    """Accept the current level of a host's cases (one case, or every case) as their new baseline.
+    """Accept the current level of a host's cases (one case, or every case) as their new baseline
+    (`accept_many` with one target); an empty list when nothing matched."""
+    return accept_many(engine, [(host, case_key)], dag_id, accepted_by, note, settings)[(host, case_key)]
 
-    For each (DAG, host, case): from the first night of the confirmed regression open on its newest
+
+def accept_many(engine, targets: Sequence[tuple[str, str | None]], dag_id: str | None = None,
+                accepted_by: str | None = None, note: str | None = None, settings: RegressionSettings | None = None,
+                assessed_by_caller: tuple[str, str] | None = None) -> dict[tuple[str, str | None], list[dict]]:
+    """Accept the current level of hosts' cases as their new baseline: what `fleetbench regressions accept` and
+    fleet_benchmark's `accept_baselines` parameter do. `targets`: (host, case_key), case_key None for every case
+    of the host.
+
+    For each (DAG, host, case) matched: from the first night of the confirmed regression open on its newest
     night, else from the first night of its newest segment (a new driver, CUDA driver or digest not yet
     the baseline). Then the newest run of each (DAG, host, case) is assessed again and its findings
-    stored, so the open list changes at once. Returns what was accepted; an empty list when nothing
-    matched. Accepting twice is harmless (one row per (DAG, host, case, since)).
+    stored, so the open list changes at once (except `assessed_by_caller`, a (dag_id, run_id) the caller
+    assesses itself). Returns what was accepted per target; an empty list for a target that matched no ok
+    result. Accepting twice is harmless (one row per (DAG, host, case, since)).
     """
     from sqlalchemy import select
 
@@ -320,26 +351,32 @@ def accept(engine, host: str, case_key: str | None = None, dag_id: str | None = 
     from fleetbench.warehouse.schema import regressions as rg
 
     now = datetime.now(timezone.utc)
-    accepted, rerun = [], set()
+    done: dict[tuple[str, str | None], list[dict]] = {}
+    rows: dict[tuple, dict] = {}  # (dag_id, host, case_key, since) -> the acceptance: one row each
+    rerun = set()
     with engine.connect() as conn:
-        for row in _newest_ok(conn, dag_id, host, case_key):
-            open_since = conn.execute(
-                select(rg.c.since_date).where(rg.c.dag_id == row["dag_id"], rg.c.run_id == row["run_id"],
-                                              rg.c.host == host, rg.c.case_key == row["case_key"],
-                                              rg.c.kind == "regression", rg.c.status == "confirmed",
-                                              rg.c.since_date.is_not(None))
-                .order_by(rg.c.since_date).limit(1)).scalar()
-            since = utc(open_since) or utc(_segment_start(conn, row))
-            accepted.append({"dag_id": row["dag_id"], "host": host, "case_key": row["case_key"], "since": since,
-                             "accepted_at": now, "accepted_by": accepted_by, "note": note,
-                             "had_open_regression": open_since is not None})
-            rerun.add((row["dag_id"], row["run_id"]))
-    if not accepted:
-        return []
+        for host, case_key in targets:
+            accepted = done.setdefault((host, case_key), [])
+            for row in _newest_ok(conn, dag_id, host, case_key):
+                open_since = conn.execute(
+                    select(rg.c.since_date).where(rg.c.dag_id == row["dag_id"], rg.c.run_id == row["run_id"],
+                                                  rg.c.host == host, rg.c.case_key == row["case_key"],
+                                                  rg.c.kind == "regression", rg.c.status == "confirmed",
+                                                  rg.c.since_date.is_not(None))
+                    .order_by(rg.c.since_date).limit(1)).scalar()
+                since = utc(open_since) or utc(_segment_start(conn, row))
+                a = {"dag_id": row["dag_id"], "host": host, "case_key": row["case_key"], "since": since,
+                     "accepted_at": now, "accepted_by": accepted_by, "note": note,
+                     "had_open_regression": open_since is not None}
+                accepted.append(a)
+                rows[(a["dag_id"], host, a["case_key"], since)] = a
+                rerun.add((row["dag_id"], row["run_id"]))
+    if not rows:
+        return done
     with engine.begin() as conn:
         upsert_rows(conn, ra, [{k: a[k] for k in ("dag_id", "host", "case_key", "since", "accepted_at", "accepted_by",
-                                                  "note")} for a in accepted],
+                                                  "note")} for _, a in sorted(rows.items(), key=lambda kv: str(kv[0]))],
                     ("dag_id", "host", "case_key", "since"))
-    for dag, run_id in sorted(rerun):
+    for dag, run_id in sorted(rerun - {assessed_by_caller}):
         store_findings(engine, dag, run_id, assess_run(engine, dag, run_id, settings).findings)
-    return accepted
+    return done

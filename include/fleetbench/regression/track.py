@@ -45,7 +45,7 @@ import functools
 import math
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -68,9 +68,9 @@ def segment_dict(segment: Sequence[Any]) -> dict:
     return {f: v for f, v in zip(SEGMENT_FIELDS, segment) if v is not None}
 
 
-@dataclass(frozen=True)
-class NightIn:
-    """One night of one (host, case, metric): its value, segment, step-level noise (fraction) and date."""
+class NightIn(NamedTuple):
+    """One night of one (host, case, metric): its value, segment, step-level noise (fraction) and date. A named
+    tuple: a fleet night builds a million of these."""
 
     value: float | None
     segment: tuple
@@ -147,11 +147,13 @@ def noise_scale(values: Sequence[float], step_se: Sequence[float], settings: Reg
 
 
 def track(nights: Sequence[NightIn], direction: str, settings: RegressionSettings | None = None,
-          accepted: Sequence[datetime] = ()) -> list[Verdict | None]:
+          accepted: Sequence[datetime] = (), last_only: bool = False) -> list[Verdict | None]:
     """Each night's verdict (None: no value or too little baseline), replaying the nights in order.
 
     `accepted`: the dates from which someone accepted the level as the new baseline (acceptances).
-    Each night costs O(window): a year of nights replays in milliseconds.
+    `last_only`: only the last night's verdict is wanted (the others come back None; the replay is the same).
+    Each night costs O(window); a stretch of quiet nights (nothing open, the baseline's segment, less than the
+    minimum effect off its baseline's median) is replayed at once (`_quiet_stretch`).
     """
     settings = settings or RegressionSettings()
     worse = -1.0 if direction == "higher" else 1.0
@@ -191,7 +193,29 @@ def track(nights: Sequence[NightIn], direction: str, settings: RegressionSetting
                     break
         return out
 
-    for i, n in enumerate(nights):
+    values_of = [n.value for n in nights]
+    pos = 0
+    while pos <= last:
+        i, n = pos, nights[pos]
+        if (open_ is None and not excluded and base_seg is not None and i < last and valid[i]
+                and n.segment == base_seg and n.measure == nights[base_from].measure
+                and not (pending and n.when is not None and n.when >= pending[0])):
+            mine = seen.setdefault(base_seg, [])
+            end, stretch = _quiet_stretch(nights, values_of, valid, i, last, mine, base_seg,
+                                          nights[base_from].measure, pending[0] if pending else None, settings)
+            if end > i:
+                if any(v is not None for v in stretch):
+                    run_kind, run_len = None, 0
+                out.extend([None] * (end - i) if last_only else [
+                    None if v is None else Verdict(index=j, value=values_of[j], baseline_value=v[0],
+                                                   baseline_n=v[1], baseline_runs=(), baseline_segment=base_seg,
+                                                   scale=math.nan, z_score=math.nan, delta_pct=v[2],
+                                                   detectable_pct=math.nan)
+                    for j, v in zip(range(i, end), stretch)])
+                mine.extend(j for j in range(i, end) if valid[j])
+                pos = end
+                continue
+        pos += 1
         if not valid[i]:
             out.append(None)
             continue
@@ -220,7 +244,7 @@ def track(nights: Sequence[NightIn], direction: str, settings: RegressionSetting
         if abs(d) < settings.min_effect_pct and open_ is None and n.segment == base_seg and i < last:
             # A quiet night with nothing open: no test can find anything, so the noise scale is not needed.
             run_kind, run_len = None, 0
-            out.append(Verdict(index=i, value=n.value, baseline_value=m, baseline_n=len(values),
+            out.append(None if last_only else Verdict(index=i, value=n.value, baseline_value=m, baseline_n=len(values),
                                baseline_runs=(), baseline_segment=base_seg, scale=math.nan, z_score=math.nan,
                                delta_pct=d, detectable_pct=math.nan))
             continue
@@ -282,7 +306,9 @@ def track(nights: Sequence[NightIn], direction: str, settings: RegressionSetting
                       baseline_runs=tuple(nights[j].run_id for j in base_idx), baseline_segment=base_seg,
                       scale=s, z_score=z, delta_pct=d, nights_delta_pct=nights_d,
                       detectable_pct=max(settings.min_effect_pct, settings.z_threshold * s / abs(m) * 100.0))
-        if open_ is not None and open_.confirmed:
+        if last_only and i < last:
+            out.append(None)
+        elif open_ is not None and open_.confirmed:
             out.append(Verdict(**common, kind=open_.kind, status="confirmed", basis=basis or "open",
                                since=open_.start, newly_confirmed=newly))
         elif open_ is not None:
@@ -290,6 +316,59 @@ def track(nights: Sequence[NightIn], direction: str, settings: RegressionSetting
         else:
             out.append(Verdict(**common))
     return out
+
+
+def _quiet_stretch(nights: Sequence[NightIn], values: Sequence[float | None], valid: Sequence[bool], start: int,
+                   last: int, base: Sequence[int], segment: tuple, measure: Any, pending: datetime | None,
+                   settings: RegressionSettings) -> tuple[int, list[tuple[float, int, float] | None]]:
+    """The quiet nights from `start` on, at once: what the replay's quiet-night path does one night at a time.
+
+    From `start` (nothing open, no recovered regression's nights excluded), while a night is in the baseline's
+    `segment` with its `measure`, before the next acceptance (`pending`) and before the last night: each
+    valid night's baseline is the last `window` nights of `base` (the baseline's nights so far) and of the
+    stretch before it, and the night is quiet when it is less than `min_effect_pct` off their median. The
+    stretch ends before the first night that is not quiet (the replay judges it in full). Returns the end
+    (exclusive) and, per night, None (no value, too little baseline, a median <= 0) or (median, baseline
+    nights, change %)."""
+    idx = []
+    end = start
+    while end < last:
+        n = nights[end]
+        if valid[end]:
+            if n.segment != segment or n.measure != measure or (pending and n.when is not None and n.when >= pending):
+                break
+            idx.append(end)
+        end += 1
+    if not idx:
+        return start, []
+    w, p = settings.window, len(base)
+    arr = np.fromiter((values[j] for j in (*base[-w:], *idx)), dtype=float)
+    p = min(p, w)  # arr starts with at most `window` baseline nights
+    meds = np.full(len(idx), np.nan)
+    k = np.minimum(np.arange(p, p + len(idx)), w)
+    full = np.flatnonzero(p + np.arange(len(idx)) >= w)
+    if len(full):
+        windows = np.lib.stride_tricks.sliding_window_view(arr, w)
+        meds[full] = np.median(windows[p + full - w], axis=1)
+    early = min(len(idx), max(w - p, 0))  # nights whose baseline is all the nights before them (fewer than w)
+    if early:
+        ordered = sorted(arr[:p].tolist())
+        for t in range(early):
+            size = p + t
+            if size >= settings.min_history:
+                half = size // 2
+                meds[t] = ordered[half] if size % 2 else (ordered[half - 1] + ordered[half]) / 2.0
+            bisect.insort(ordered, float(arr[p + t]))
+    vals = arr[p:]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = (vals - meds) / np.abs(meds) * 100.0
+    judged = (k >= settings.min_history) & (meds > 0)
+    loud = np.flatnonzero(judged & ~(np.abs(d) < settings.min_effect_pct))
+    stop = int(loud[0]) if len(loud) else len(idx)
+    end = idx[stop] if stop < len(idx) else end
+    info: dict[int, tuple[float, int, float]] = {
+        idx[t]: (float(meds[t]), int(k[t]), float(d[t])) for t in range(stop) if judged[t]}
+    return end, [info.get(j) for j in range(start, end)]
 
 
 def _agree(nights: Sequence[NightIn], cand: Sequence[int], settings: RegressionSettings, s: float) -> bool:

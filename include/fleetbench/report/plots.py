@@ -119,19 +119,20 @@ def capacity_charts(report: dict) -> list[ScatterChart]:
     return out
 
 
+def devices_text(num_gpus: int | None) -> str:
+    return "CPU" if not num_gpus else f"{num_gpus} GPU" + ("s" if num_gpus != 1 else "")
+
+
 def throughput_charts(report: dict) -> list[LineChart]:
-    """One chart per model: images/sec of each host and case per night (or, at fleet scale, one chart per
-    model and GPU count of the fleet's median per case and GPU type), driver changes of those hosts marked."""
+    """One chart per model and device count: images/sec of each host and case per night (or, at fleet scale,
+    the fleet's median per case and GPU type), driver changes of those hosts marked. A 1-GPU and an 8-GPU case
+    differ ~8x: on one axis the 1-GPU lines would sit flat at the bottom, so they never share one."""
     fleet = report.get("throughput_mode") == "fleet"
-    by_model: dict[str, list[dict]] = {}
+    by_chart: dict[tuple, list[dict]] = {}
     for s in report["throughput"]:
-        # Fleet medians: one chart per model and GPU count, so 1-GPU and 8-GPU lines do not share an axis.
-        key = s["model"] or "unknown"
-        if fleet and s.get("num_gpus"):
-            key += f" g{s['num_gpus']}"
-        by_model.setdefault(key, []).append(s)
+        by_chart.setdefault((s["model"] or "unknown", s.get("num_gpus") or 0), []).append(s)
     out = []
-    for model, series in by_model.items():
+    for (model, gpus), series in sorted(by_chart.items()):
         if fleet:  # every host's change would be a line of its own: one marker per night and change
             changes: dict[tuple, int] = {}
             for c in report["driver_changes"]:
@@ -144,7 +145,8 @@ def throughput_charts(report: dict) -> list[LineChart]:
             markers = [Marker(aware(c["logical_date"]), f"{c['host']}: driver {c['from']} → {c['to']}")
                        for c in report["driver_changes"] if c["host"] in hosts]
         out.append(LineChart(
-            id=f"throughput-{slug(model)}", title=f"Throughput: {model}" + (" (fleet median)" if fleet else ""),
+            id=f"throughput-{slug(model + (f' g{gpus}' if gpus else ''))}",
+            title=f"Throughput: {model}, {devices_text(gpus)}" + (" (fleet median)" if fleet else ""),
             y_label="images/sec",
             series=[Series(label=s.get("label") or f"{s['host']} · {s['case_key']}",
                            points=[(aware(p["logical_date"]), p["images_per_sec"]) for p in s["points"]])
@@ -225,6 +227,23 @@ def fmt(value: float) -> str:
     return f"{value:.3g}"
 
 
+LINE_PAD = 0.1  # a line chart's axis reaches this fraction of the values' spread beyond them
+
+
+def y_range(chart: Chart, values: list[float]) -> tuple[float, float]:
+    """The values' axis before rounding to ticks. Bars and scatter points start at 0 (a bar's length is its
+    value). A line chart fits its values, padded: a 5 % drop of a host on a 0-based axis is 5 % of the plot's
+    height and looks flat; fitted it spans the plot. One value (or all equal): +-10 % of it."""
+    if not values:
+        return 0.0, 1.0
+    lo, hi = min(values), max(values)
+    if chart.kind != "line":
+        return min(lo, 0.0), hi
+    pad = (hi - lo) * LINE_PAD or abs(hi) * LINE_PAD or 1.0
+    low = lo - pad
+    return (0.0 if lo >= 0 > low else low), hi + pad  # never below 0 for values that cannot be negative
+
+
 def _time_range(chart: LineChart) -> tuple[datetime, datetime]:
     xs = [x for s in chart.series for x, _ in s.points] + [m.x for m in chart.markers]
     lo, hi = min(xs), max(xs)
@@ -271,8 +290,8 @@ def to_svg(chart: Chart) -> str:
               else [v for s in chart.series for v in s.values if v is not None])
     if chart.kind == "bar" and chart.reference is not None:
         values.append(chart.reference)
-    lo = 0.0 if chart.kind in ("bar", "scatter") or (values and min(values) >= 0) else min(values)
-    ticks = nice_ticks(lo, max(values) if values else 1.0, integer=getattr(chart, "integer", False))
+    ymin, ymax = y_range(chart, values)
+    ticks = nice_ticks(ymin, ymax, integer=getattr(chart, "integer", False))
     ymin, ymax = ticks[0], ticks[-1]
 
     def ypos(v: float) -> float:
@@ -398,6 +417,14 @@ def _svg_bars(chart: BarChart, x0, x1, y0, ypos) -> list[str]:
 # -- PNG ----------------------------------------------------------------------------------------------
 def to_png(chart: Chart, path: Path) -> Path:
     """The chart as a PNG file (matplotlib's Agg canvas on a Figure object: no pyplot state, thread-safe)."""
+    fig = figure(chart)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png")
+    return path
+
+
+def figure(chart: Chart):
+    """The chart as a matplotlib Figure (what `to_png` writes)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -451,12 +478,12 @@ def to_png(chart: Chart, path: Path) -> Path:
             ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         if chart.reference is not None:
             ax.axhline(chart.reference, color="#333", linestyle="--", linewidth=1, label=chart.reference_label)
-    if chart.kind == "bar" or all(v >= 0 for s in chart.series for _, v in s.points):
+    if chart.kind == "line":
+        ax.set_ylim(*y_range(chart, [v for s in chart.series for _, v in s.points]))
+    elif chart.kind == "bar" or all(v >= 0 for s in chart.series for _, v in s.points):
         ax.set_ylim(bottom=0)
     if len(chart.series) > 1 or chart.kind in ("line", "scatter"):
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1 if chart.kind == "line" else -0.2), ncol=2,
                   frameon=False)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png")
-    return path
+    return fig

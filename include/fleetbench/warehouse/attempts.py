@@ -19,6 +19,12 @@ Storing a (run, host, case) (`decide`, inside `store_run`'s one transaction):
 A complete store that no longer plans a case the run had stored moves that attempt to
 `superseded_results` as well (superseded_by NULL) rather than deleting it.
 
+Host facts (one host check per run and host in host_facts) are kept the same way (`keep_host_facts`): a
+store that brings another check of a host (another `collected_at`: the run was cleared and its hosts checked
+again) first moves the stored one to `superseded_host_facts`, and so does a complete store that no longer
+has the host. A superseded attempt names the check it was stored with (`host_collected_at`);
+`fetch_attempts` gives each attempt its check's facts (`host_verdict`, `host_driver_version`, ...).
+
 The current attempt (`current_attempt`) of a (run, host, case) is the one stored last, i.e. the
 highest number; benchmark_results holds exactly the current attempts, so rollups, the report, the
 capacity_features view and regressions count each (run, host, case) once. Superseded attempts are
@@ -34,14 +40,18 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from sqlalchemy import and_, func, select
 
+from fleetbench.timestamps import utc
 from fleetbench.warehouse import bulk
 from fleetbench.warehouse.read import iso_timestamps
 from fleetbench.warehouse.schema import (
     ATTEMPT_KEY,
     RESULT_KEY,
+    SUPERSEDED_HOST_KEY,
     benchmark_results,
+    host_facts,
     result_metrics,
     steps,
+    superseded_host_facts,
     superseded_results,
 )
 
@@ -172,6 +182,8 @@ def archive(conn, superseded_by: Mapping[tuple, tuple[int | None, Mapping[str, A
             if key in superseded_by:
                 step_lists.setdefault(key, []).append(dict(zip(_STEP_FIELDS, r[4:])))
         metric_lists = _per_result(conn, result_metrics, _METRIC_FIELDS, dag_id, run_id, superseded_by)
+        checked = dict(conn.execute(select(host_facts.c.host, host_facts.c.collected_at)
+                                    .where(host_facts.c.dag_id == dag_id, host_facts.c.run_id == run_id)).all())
         for r in conn.execute(select(*[benchmark_results.c[c] for c in _FROM_RESULTS])
                               .where(benchmark_results.c.dag_id == dag_id, benchmark_results.c.run_id == run_id)):
             row = dict(zip(_FROM_RESULTS, r))
@@ -182,11 +194,44 @@ def archive(conn, superseded_by: Mapping[tuple, tuple[int | None, Mapping[str, A
             why = "; ".join(remeasure_reasons(row, successor)) if successor is not None else NO_LONGER_PLANNED
             row.update(steps_json=json.dumps(step_lists[key]) if key in step_lists else None,
                        metrics_json=json.dumps(metric_lists[key]) if key in metric_lists else None, superseded_at=now,
-                       superseded_by=by, superseded_why=why)
+                       superseded_by=by, superseded_why=why, host_collected_at=utc(checked.get(row["host"])))
             out.append(tuple(row[c] for c in ARCHIVED))
     at = [ARCHIVED.index(k) for k in ATTEMPT_KEY]
     out.sort(key=lambda row: tuple(row[i] for i in at))
     bulk.upsert(conn, superseded_results, ARCHIVED, out, ATTEMPT_KEY)
+
+
+_HOST_COLUMNS = [c for c in superseded_host_facts.c.keys() if c != "id"]  # what keep_host_facts writes
+
+
+def keep_host_facts(conn, incoming: Mapping[tuple, Any], now: datetime,
+                    complete_run: tuple[str, str] | None = None) -> int:
+    """Move the stored host checks that this store replaces to superseded_host_facts (inside store_run's
+    transaction, before the new ones are written): those of `incoming` (HOST_KEY -> the new check's
+    collected_at) stored with another collected_at, and with `complete_run` (dag_id, run_id) those of the
+    run this store does not have. A retry of the same check (same collected_at) replaces it in place.
+    Returns how many were moved."""
+    runs = {k[:2] for k in incoming} | ({complete_run} if complete_run else set())
+    out = []
+    for dag_id, run_id in sorted(runs):
+        where = (host_facts.c.dag_id == dag_id, host_facts.c.run_id == run_id)
+        moving = set()  # the checks' times first: a retry of the same checks reads no facts
+        for host, collected_at in conn.execute(select(host_facts.c.host, host_facts.c.collected_at).where(*where)):
+            key = (dag_id, run_id, host)
+            if key in incoming:
+                if utc(incoming[key]) != utc(collected_at):
+                    moving.add(host)
+            elif (dag_id, run_id) == complete_run:
+                moving.add(host)
+        if not moving:
+            continue
+        for r in conn.execute(select(*[host_facts.c[c] for c in _HOST_COLUMNS if c != "superseded_at"])
+                              .where(*where, host_facts.c.host.in_(sorted(moving)))):
+            row = {**r._mapping, "superseded_at": now}
+            out.append(tuple(row[c] for c in _HOST_COLUMNS))
+    out.sort(key=lambda row: tuple(str(row[_HOST_COLUMNS.index(k)]) for k in SUPERSEDED_HOST_KEY))
+    bulk.upsert(conn, superseded_host_facts, _HOST_COLUMNS, out, SUPERSEDED_HOST_KEY)
+    return len(out)
 
 
 def _per_result(conn, table, fields: Sequence[str], dag_id: str, run_id: str, keys) -> dict[tuple, list[dict]]:
@@ -214,22 +259,59 @@ def attempts_query(table, run_id: str | None = None, dag_id: str | None = None, 
     return select(table).where(and_(*conds)) if conds else select(table)
 
 
+# The host check's facts each attempt gets from fetch_attempts: host_<field> (host_checked_at: collected_at).
+HOST_CHECK_FIELDS = ("verdict", "reasons", "driver_version", "cuda_driver_version", "gpu_health_issues", "kernel",
+                     "docker_version")
+
+
 def fetch_attempts(engine, run_id: str | None = None, dag_id: str | None = None) -> list[dict]:
     """Every attempt (current and superseded) of the runs asked for, oldest attempt first per (run, host,
-    case), each with `current` (True for the one benchmark_results holds) and, for a superseded one,
-    `superseded_at`, `superseded_by` and `superseded_why`."""
+    case), each with `current` (True for the one benchmark_results holds), for a superseded one
+    `superseded_at`, `superseded_by` and `superseded_why`, and the host check it ran under: `host_verdict`,
+    `host_driver_version`, ... (HOST_CHECK_FIELDS) and `host_checked_at`, None where that check is not
+    kept (attempts superseded before revision 0013, rows written without a check)."""
     with engine.connect() as conn:
         past = [dict(r._mapping) for r in conn.execute(attempts_query(superseded_results, run_id, dag_id))]
         current = [dict(r._mapping) for r in conn.execute(attempts_query(benchmark_results, run_id, dag_id))]
+        checks = _host_checks(conn, run_id, dag_id)
     rows = []
     for r in past:
         r.pop("id", None)
-        rows.append({**r, "current": False})
+        rows.append({**r, "current": False, **_check_fields(checks.get((r["dag_id"], r["run_id"], r["host"]), {})
+                                                            .get(utc(r.pop("host_collected_at"))))})
     for r in current:
         r.pop("id", None)
+        check = checks.get((r["dag_id"], r["run_id"], r["host"]), {}).get("current")
         rows.append({**r, "current": True, "steps_json": None, "metrics_json": None, "superseded_at": None,
-                     "superseded_by": None, "superseded_why": None})
+                     "superseded_by": None, "superseded_why": None, **_check_fields(check)})
     iso_timestamps(rows)  # as fetch_results gives them
     rows.sort(key=lambda r: (r["logical_date"] or "", r["dag_id"], r["run_id"], r["host"], r["case_key"],
                              r["attempt"] or 0))
     return rows
+
+
+def _host_checks(conn, run_id: str | None, dag_id: str | None) -> dict[tuple, dict]:
+    """(dag_id, run_id, host) -> {collected_at: its check's row, "current": the stored check}: the checks in
+    host_facts and those kept in superseded_host_facts (the latest kept of one collected_at)."""
+    out: dict[tuple, dict] = {}
+    for table in (superseded_host_facts, host_facts):  # host_facts last: the stored check wins
+        query = select(table)
+        if run_id:
+            query = query.where(table.c.run_id == run_id)
+        if dag_id:
+            query = query.where(table.c.dag_id == dag_id)
+        order = [table.c.superseded_at] if table is superseded_host_facts else []
+        for r in conn.execute(query.order_by(*order)):
+            m = dict(r._mapping)
+            by_check = out.setdefault((m["dag_id"], m["run_id"], m["host"]), {})
+            if m["collected_at"] is not None:
+                by_check[utc(m["collected_at"])] = m
+            if table is host_facts:
+                by_check["current"] = m
+    return out
+
+
+def _check_fields(check: Mapping[str, Any] | None) -> dict:
+    out = {f"host_{f}": (check or {}).get(f) for f in HOST_CHECK_FIELDS}
+    out["host_checked_at"] = utc(check["collected_at"]).isoformat() if check and check["collected_at"] else None
+    return out

@@ -187,8 +187,21 @@ superseded_results = Table(
     Column("superseded_at", DateTime(timezone=True), nullable=False),
     Column("superseded_by", Integer),  # the attempt that replaced it; NULL: a rerun no longer planned the case
     Column("superseded_why", Text),  # `attempts.remeasure_reasons` against that attempt, "; "-joined
+    # The host check the attempt was stored with (revision 0015): the host_facts row of its run and host with
+    # this collected_at, or once a later check replaced it, the superseded_host_facts row.
+    Column("host_collected_at", DateTime(timezone=True)),
     UniqueConstraint(*ATTEMPT_KEY, name="uq_superseded_results_key"),
     Index("ix_superseded_results_date", "logical_date"),
+)
+
+# A host check of a run that a later store replaced (another collected_at) or dropped, as it was (revision 0015).
+SUPERSEDED_HOST_KEY = ("dag_id", "run_id", "host", "superseded_at")
+superseded_host_facts = Table(
+    "superseded_host_facts", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    *[Column(c.name, c.type, nullable=c.nullable) for c in host_facts.columns],
+    Column("superseded_at", DateTime(timezone=True), nullable=False),
+    UniqueConstraint(*SUPERSEDED_HOST_KEY, name="uq_superseded_host_facts_key"),
 )
 
 steps = Table(

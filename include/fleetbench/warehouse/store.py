@@ -98,6 +98,12 @@ class _Rows:
             self.upsert(conn)
 
 
+    def collected_at(self) -> dict[tuple, Any]:
+        """Host rows: key -> collected_at (None where not given)."""
+        at = self.columns.index("collected_at") if "collected_at" in self.columns else None
+        return {k: (row[at] if at is not None else None) for k, row in zip(self.keys, self.rows)}
+
+
 def _getter(at: list[int]):
     """row -> the tuple of its values at `at` (itemgetter returns a bare value for one index)."""
     if len(at) == 1:
@@ -120,9 +126,10 @@ def store_run(engine: Engine, run: dict, hosts: Iterable[dict], results: Iterabl
     `metric_rows`: the results' metric samples (`result_metrics`, see `rows.metric_sample_rows`); a result
     written now has exactly these afterwards, like its steps.
     `complete`: these are all of the run's hosts and results, so any other host row of the run stored
-    before (a rerun planned fewer cases) is deleted in the same transaction, and any other result is moved to
-    superseded_results with its steps and metric samples; False adds to the run (e.g. one host's rows of it)
-    and keeps the rest. Each result's attempt number comes from `fleetbench.warehouse.attempts.decide`.
+    before (a rerun planned fewer cases) is moved to superseded_host_facts in the same transaction, and any
+    other result is moved to superseded_results with its steps and metric samples; False adds to the run
+    (e.g. one host's rows of it) and keeps the rest. Each result's attempt number comes from
+    `fleetbench.warehouse.attempts.decide`.
 
     PostgreSQL gets each table's rows with one COPY into a staging table and one INSERT ... ON
     CONFLICT, the steps and metric samples of the results written (whose earlier ones were just deleted) with
@@ -146,10 +153,13 @@ def store_run(engine: Engine, run: dict, hosts: Iterable[dict], results: Iterabl
                 # The run's row first: concurrent writers of one run queue here, so each case's
                 # result and steps end up from one writer, and its rollups are computed after the other's.
                 upsert_rows(conn, runs, [run_row], RUN_KEY)
-                host_rows.upsert(conn)
-                # Attempt numbers; a stored attempt that a new execution replaces is kept as superseded.
+                # Attempt numbers; a stored attempt that a new execution replaces is kept as superseded, naming
+                # the host check it ran under; then a host check that a new one replaces is kept too.
+                run_key = (run_row["dag_id"], run_row["run_id"]) if complete else None
                 numbered = attempts.number(conn, result_rows.columns, result_rows.rows, result_rows.keys, now,
-                                           (run_row["dag_id"], run_row["run_id"]) if complete else None)
+                                           run_key)
+                attempts.keep_host_facts(conn, host_rows.collected_at(), now, run_key)
+                host_rows.upsert(conn)
                 bulk.upsert(conn, benchmark_results, result_rows.columns, numbered, RESULT_KEY)
                 # Steps and metrics of the cases written now are replaced as a whole: an earlier try's go.
                 if result_rows.rows:
@@ -176,7 +186,7 @@ def store_run(engine: Engine, run: dict, hosts: Iterable[dict], results: Iterabl
 
 def _delete_rest_of_run(conn, run_row: dict, host_keys: list[tuple], result_keys: list[tuple]) -> None:
     """Delete the run's stored hosts, results, steps and metrics this write does not have (caller's transaction);
-    `attempts.number` has kept such results as superseded attempts already."""
+    `attempts.number` and `attempts.keep_host_facts` have kept such results and hosts as superseded already."""
     run_key = (run_row["dag_id"], run_row["run_id"])
     where = and_(*[c == v for c, v in zip((benchmark_results.c.dag_id, benchmark_results.c.run_id), run_key)])
     stored = {tuple(r) for r in conn.execute(select(*[benchmark_results.c[k] for k in RESULT_KEY]).where(where))}
