@@ -172,8 +172,8 @@ def test_ssh_probe_timeout_keeps_the_connection(ssh_conn):
     runner = SSHRunner(ssh_conn(host_key=server_host_key()))
     try:
         start = time.monotonic()
-        assert runner.run(("sh", "-c", "sleep 10"), 1) == (None, b"", b"SSH command timed out after 1 s")
-        assert time.monotonic() - start < 5
+        assert runner.run(("sh", "-c", "sleep 60"), 1) == (None, b"", b"SSH command timed out after 1 s")
+        assert time.monotonic() - start < 30  # it gave up on the command, not waited for it (not a speed bound)
         assert runner.run(("uname", "-r"), 5) == (0, f"{os.uname().release}\n".encode(), b"")
     finally:
         runner.close()
