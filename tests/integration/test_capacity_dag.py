@@ -19,12 +19,14 @@ from fleet_configs import containers_of, run_fleet_dag, smoke_config, write_conf
 pytestmark = [pytest.mark.integration, pytest.mark.dagrun]
 
 LIMIT = "256m"
+MARGIN_PCT = 12.0  # the fleet's fleet.capacity.margin_pct: not the default (10), so the report shows whose it used
 BIG = "smoke.trivial.bs8192.g0.parameter_server"
 
 
 def night(monkeypatch, tmp_path, smoke_image, batches, run_conf=None):
     cfg = smoke_config(smoke_image, models=("trivial",), batch_sizes=batches, num_batches=3, timeout_s=120,
                        container={"mem_limit": LIMIT})
+    cfg["fleet"]["capacity"] = {"margin_pct": MARGIN_PCT}
     dag_run = run_fleet_dag(monkeypatch, write_config(tmp_path / "fleet.yaml", cfg), run_conf=run_conf)
     from fleetbench.warehouse import fetch_results, get_engine
 
@@ -49,7 +51,7 @@ def test_profile_learns_then_skips_the_batch_that_would_not_fit(airflow_db, data
     assert rows[6144]["peak_mem_mib"] > rows[2048]["peak_mem_mib"] + 100  # memory grows with the batch
     learned = {b: r["peak_mem_mib"] for b, r in rows.items()}
 
-    # Night 2: 8192 is predicted over 256 MiB less 10 %, and skipped with the prediction; the rest run.
+    # Night 2: 8192 is predicted over 256 MiB less 12 %, and skipped with the prediction; the rest run.
     run2, rows = night(monkeypatch, tmp_path, smoke_image, (2048, 4096, 8192))
     assert run2.state == "success"
     big = rows[8192]
@@ -65,6 +67,9 @@ def test_profile_learns_then_skips_the_batch_that_would_not_fit(airflow_db, data
         spread = float(r["capacity_note"].split("+- ")[1].split(" MiB")[0])
         assert abs(r["peak_mem_mib"] - r["predicted_mem_mib"]) <= spread, (r["peak_mem_mib"], r["capacity_note"])
     assert containers_of(docker_api, run2.run_id) == []
+    # The night's report fitted its capacity section with the fleet's settings, as the plan did.
+    report = json.loads((data_dir / "reports" / "report.json").read_text())
+    assert [p["margin_pct"] for p in report["capacity"] if p["model"] == "trivial"] == [MARGIN_PCT]
 
     # Night 3: a manual run forces 8192: it runs, the kernel OOM-kills it, and the profile records the bound.
     run3, rows = night(monkeypatch, tmp_path, smoke_image, (8192,), run_conf={"force_cases": [BIG]})

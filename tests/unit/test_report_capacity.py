@@ -64,3 +64,19 @@ def test_capacity_of_a_warehouse_before_the_capacity_revision_is_empty(tmp_path)
     with engine.connect() as conn:
         assert capacity(conn, Filters()) == []
         assert conn.exec_driver_sql("SELECT COUNT(*) FROM benchmark_results").scalar() == 0  # still usable
+
+
+def test_capacity_section_fits_with_the_fleets_capacity_settings(tmp_path):
+    """The report's profiles use the run's `fleet.capacity` (as the plan does), not the defaults: a fleet that
+    needs 5 points gets no line from 4, and its margin sets the largest batch that fits."""
+    from fleetbench.capacity import Settings
+
+    engine = warehouse(tmp_path)
+    default = next(p for p in build_report(engine)["capacity"] if p["model"] == "trivial")
+    assert default["slope_mib_per_sample"] == 0.035 and default["margin_pct"] == 10.0
+    strict = next(p for p in build_report(engine, capacity_settings=Settings(min_points=5))["capacity"]
+                  if p["model"] == "trivial")
+    assert strict["slope_mib_per_sample"] is None and strict["reason"] == "4 usable point(s), fewer than min_points 5"
+    wide = next(p for p in build_report(engine, capacity_settings=Settings(margin_pct=30.0))["capacity"]
+                if p["model"] == "trivial")
+    assert wide["margin_pct"] == 30.0 and wide["fits"][0]["largest_batch"] < default["fits"][0]["largest_batch"]

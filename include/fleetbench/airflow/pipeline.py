@@ -327,7 +327,10 @@ def write_report(plan: dict, stored: dict | None) -> dict:
     run = RunPlan.load(plan).run
     if not stored or stored.get("run_id") != run.run_id:
         raise RuntimeError(f"the rows of run {run.run_id} were not stored, so there is nothing new to report")
-    written = write(filters=parse_filters(dag_id=run.dag_id))
+    from fleetbench.capacity import settings_of
+
+    # The capacity section fits with the fleet's own capacity settings (window, margin, points), as the plan did.
+    written = write(filters=parse_filters(dag_id=run.dag_id), capacity_settings=settings_of(run.fleet_settings))
     log.info("report of %d result(s) of %d run(s) written to %s (%d plot(s))", written["summary"]["results"],
              written["summary"]["runs"], written["html"], len(written["pngs"]))
     return {"dag_id": run.dag_id, "run_id": run.run_id, "report": written["html"], "state": written["state"],

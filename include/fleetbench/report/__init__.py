@@ -42,8 +42,10 @@ def _write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
-def write_report(out_dir: str | Path | None = None, filters: Filters | None = None, engine=None) -> dict:
+def write_report(out_dir: str | Path | None = None, filters: Filters | None = None, engine=None,
+                 capacity_settings=None) -> dict:
     """Write report.html (self-contained), report.json (the same data) and one PNG per plot into `out_dir`.
+    `capacity_settings`: the fleet's `fleet.capacity` (a `capacity.Settings`) for the capacity section.
 
     PNGs of plots the new report no longer has (`plot-*.png` only) are removed, so the folder always
     holds one consistent report. Returns the paths written, the report's state and its summary.
@@ -58,7 +60,7 @@ def write_report(out_dir: str | Path | None = None, filters: Filters | None = No
     own_engine = engine is None
     engine = engine or get_engine()
     try:
-        report = build_report(engine, filters)
+        report = build_report(engine, filters, capacity_settings=capacity_settings)
     finally:
         if own_engine:
             engine.dispose()

@@ -775,19 +775,20 @@ SECTIONS = {
 }
 
 
-def capacity(conn, f: Filters) -> list[dict]:
+def capacity(conn, f: Filters, settings=None) -> list[dict]:
     """Capacity profiles (fleetbench.capacity) of the report's model filter: every result they learned from,
-    not only this window's (a profile is the whole history). Empty on a warehouse before revision 0009."""
+    not only this window's (a profile is the whole history), fitted with `settings` (`fleet.capacity` as a
+    `capacity.Settings`; None: the defaults). Empty on a warehouse before revision 0009."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from fleetbench.capacity import report_section
+    from fleetbench.capacity import Settings, report_section
 
     try:
         with conn.begin_nested():  # a failed read leaves the report's connection usable
             dag_ids = {f.dag_id} if f.dag_id else None
             if f.dag_ids is not None:
                 dag_ids = set(f.dag_ids) & dag_ids if dag_ids else set(f.dag_ids)
-            return report_section(conn, f.model, dag_ids)
+            return report_section(conn, f.model, dag_ids, settings or Settings())
     except SQLAlchemyError:
         return []
 
@@ -811,7 +812,7 @@ def blank_report(f: Filters | None = None, warehouse: str = "") -> dict:
 
 
 def build_report(engine: Engine, f: Filters | None = None, *, max_series: int | None = None,
-                 max_points: int | None = None) -> dict:
+                 max_points: int | None = None, capacity_settings=None) -> dict:
     """Every section of the report as plain data (JSON-able), read in one connection.
 
     `max_series`, `max_points`: when throughput turns from one series per (host, case) to the fleet's
@@ -878,7 +879,7 @@ def build_report(engine: Engine, f: Filters | None = None, *, max_series: int | 
         if health:
             report["fleet_health"] = fleet_health(conn, scoped, [h["host"] for h in report["hosts"]])
             _mark_health(report)
-        report["capacity"] = capacity(conn, scoped)
+        report["capacity"] = capacity(conn, scoped, capacity_settings)
     report["notes"] += notes(report)
     return report
 
