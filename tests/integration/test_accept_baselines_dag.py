@@ -9,6 +9,7 @@ one real smoke case on localhost.
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -51,7 +52,9 @@ def open_regressions(engine, run_id: str) -> list[tuple]:
             if r["kind"] == "regression" and r["status"] == "confirmed"]
 
 
-def test_accept_baselines_accepts_like_the_cli(airflow_db, data_dir, smoke_image, tmp_path, monkeypatch, capfd):
+def test_accept_baselines_accepts_like_the_cli(airflow_db, data_dir, smoke_image, tmp_path, monkeypatch, capfd,
+                                               caplog):
+    caplog.set_level(logging.INFO, logger="fleetbench")
     from fleetbench.warehouse import fetch_results, get_engine, upgrade
     from fleetbench.warehouse.schema import regression_acceptances as ra
 
@@ -79,7 +82,7 @@ def test_accept_baselines_accepts_like_the_cli(airflow_db, data_dir, smoke_image
     assert measured["case_key"] == tonight and measured["status"] == "ok"
     assert rows[tonight].since.replace(tzinfo=timezone.utc) == datetime.fromisoformat(measured["logical_date"])
     assert f"accepted localhost {SEEDED} from {new_driver_night.isoformat()} on as the new baseline (the open " \
-           "regression's level)" in capfd.readouterr().out
+           "regression's level)" in caplog.text + capfd.readouterr().out  # the compare task's log, wherever it went
 
     # The same acceptance again through the CLI's function adds nothing (one row per DAG, host, case and since).
     from fleetbench.regression import accept
@@ -91,7 +94,8 @@ def test_accept_baselines_accepts_like_the_cli(airflow_db, data_dir, smoke_image
 
 
 def test_an_item_that_matches_nothing_fails_the_run_naming_it(airflow_db, data_dir, smoke_image, tmp_path,
-                                                             monkeypatch, capfd):
+                                                             monkeypatch, capfd, caplog):
+    caplog.set_level(logging.INFO, logger="fleetbench")
     from fleetbench.warehouse import get_engine, upgrade
     from fleetbench.warehouse.schema import regression_acceptances as ra
 
@@ -104,7 +108,7 @@ def test_an_item_that_matches_nothing_fails_the_run_naming_it(airflow_db, data_d
     assert dag_run.state == "failed"
     states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
     assert states["store"] == "success" and states["compare"] == "failed" and states["report"] == "success"
-    out = capfd.readouterr().out
+    out = caplog.text + capfd.readouterr().out
     assert "accept_baselines: 'localhost/no.such.case' matched no ok result of fleet_benchmark" in out
     # The item that matched was accepted, and the night's findings are stored.
     with engine.connect() as conn:
