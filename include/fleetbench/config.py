@@ -593,7 +593,7 @@ def _multinode_errors(data: dict, hosts: list[tuple[int, dict]], benches: list[t
                 errors.append(f"{path}.nodes: cases of several hosts (nodes > 1) run harness tf_cnn_benchmarks "
                               f"(layout ps_worker) or torch_synthetic (layout launcher), not {harness!r}")
             errors += [f"{path}.{f}: a field of layout launcher; this benchmark's layout is ps_worker"
-                       for f in ("procs_per_node", "backend") if f in bench]
+                       for f, default in LAUNCHER_FIELDS.items() if bench.get(f, default) != default]
             updates = bench.get("variable_update", ["parameter_server"])
         for j, vu in enumerate(updates if isinstance(updates, list) else []):
             if isinstance(vu, str) and vu not in CLUSTER_UPDATES:
@@ -617,6 +617,12 @@ def _multinode_errors(data: dict, hosts: list[tuple[int, dict]], benches: list[t
     return errors
 
 
+# Each layout's own fields and their defaults: a value other than the default under the other layout is refused
+# (a dumped config, as the run's parameters are applied to, carries every field at its default).
+PS_WORKER_FIELDS = {"ps_per_node": 1, "workers_per_node": 1, "ps_nodes": "all"}
+LAUNCHER_FIELDS = {"procs_per_node": None, "backend": "auto"}
+
+
 def _launcher_errors(bench: dict, path: str, harness: Any) -> list[str]:
     """A launcher-layout benchmark (torchrun): torch_synthetic, none of ps_worker's fields, ranks per host that
     fit its device, a backend that exists there."""
@@ -624,7 +630,7 @@ def _launcher_errors(bench: dict, path: str, harness: Any) -> list[str]:
     if harness != "torch_synthetic":
         errors.append(f"{path}.layout: launcher runs harness torch_synthetic (under torchrun), not {harness!r}")
     errors += [f"{path}.{f}: a field of layout ps_worker; layout launcher runs procs_per_node ranks per host"
-               for f in ("ps_per_node", "workers_per_node", "ps_nodes") if f in bench]
+               for f, default in PS_WORKER_FIELDS.items() if bench.get(f, default) != default]
     device = bench.get("device", "gpu")
     if device == "gpu" and bench.get("procs_per_node") is not None:
         errors.append(f"{path}.procs_per_node: GPU cases run one rank per GPU (the case's num_gpus); "

@@ -36,7 +36,7 @@ def errors_of(data: dict) -> list[str]:
 
 
 def test_launcher_config_errors_name_the_field():
-    assert errors_of(config(ps_per_node=1, workers_per_node=2)) == [
+    assert errors_of(config(ps_per_node=2, workers_per_node=2)) == [
         "benchmarks[0].ps_per_node: a field of layout ps_worker; layout launcher runs procs_per_node ranks per host",
         "benchmarks[0].workers_per_node: a field of layout ps_worker; layout launcher runs procs_per_node ranks "
         "per host"]
@@ -54,7 +54,13 @@ def test_launcher_config_errors_name_the_field():
     ps_worker = config(layout="ps_worker", procs_per_node=2)
     assert ("benchmarks[0].procs_per_node: a field of layout launcher; this benchmark's layout is ps_worker"
             in errors_of(ps_worker))
-    parse_config(config(procs_per_node=2, backend="gloo"))  # fine
+    cfg = parse_config(config(procs_per_node=2, backend="gloo"))  # fine
+    # a dumped config (what the run's parameters are applied to) carries every field at its default: still fine
+    assert parse_config(cfg.model_dump(mode="json")) == cfg
+    tf = config(layout="ps_worker", ps_per_node=2)
+    tf["benchmarks"][0].pop("harness")
+    ps_worker = parse_config(tf)
+    assert parse_config(ps_worker.model_dump(mode="json")) == ps_worker
     parse_config(config(device="gpu", backend="gloo"))  # gloo also runs on GPUs
 
 
