@@ -132,3 +132,19 @@ def test_a_rank_killed_mid_run_fails_the_case_peer_failed_and_removes_every_cont
     for r in roles.values():  # every role's log is kept
         assert open(r["log_path"], encoding="utf-8", errors="replace").read().strip()
     assert containers_of(docker_api, dag_run.run_id) == []
+
+
+def test_a_rendezvous_that_never_completes_is_rendezvous_timeout(airflow_db, data_dir, torch_image, docker_api,
+                                                                 tmp_path, monkeypatch):
+    cfg = launcher_config(nodes=(2,), base_port=24870, rendezvous_timeout_s=10)
+    # node-a's address is not this machine's (TEST-NET-1): node 1 never reaches the rendezvous, node 0 waits
+    cfg["hosts"] = [{**HOSTS[0], "address": "192.0.2.1"}, HOSTS[1]]
+    dag_run = run_fleet_dag(monkeypatch, write_config(tmp_path / "fleet.yaml", cfg))
+    multi = rows_of(dag_run.run_id)[("node-a", 2)]
+    assert (multi["status"], multi["failure_class"]) == ("failed", "rendezvous_timeout")
+    assert multi["failure_detail"].startswith(
+        "the chief did not join the cluster (no 'joined process group: rank 0 of' line) within 10 s")
+    assert "--master_addr=192.0.2.1" in json.loads(multi["command"])
+    roles = {r["role"]: r for r in json.loads(multi["roles_json"])}
+    assert set(roles) == {"node0", "node1"} and all(r["stopped"] for r in roles.values())
+    assert containers_of(docker_api, dag_run.run_id) == []
