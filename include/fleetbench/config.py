@@ -482,12 +482,16 @@ class BenchmarkSpec(_Model):
     # Multi-node cases (README "Multi-node cases"): hosts per case (1: today's single-host cases), and the
     # role layout of a case of N > 1 hosts. ps_worker (tf_cnn_benchmarks): `ps_per_node` parameter servers
     # and `workers_per_node` workers on every host of the set (`ps_nodes: first`: the ps only on the set's
-    # first host); worker 0 on the first host is the chief, whose log gives the result.
+    # first host); worker 0 on the first host is the chief, whose log gives the result. launcher
+    # (torch_synthetic): torchrun on every host of the set, `procs_per_node` ranks each (GPU cases: one per GPU,
+    # the case's num_gpus), a process group of `backend` (auto: gloo on CPU, nccl on GPU); node 0 is the chief.
     nodes: Annotated[list[Annotated[int, Field(ge=1, le=64)]], Unique] = Field([1], min_length=1)
     layout: Literal["ps_worker", "launcher"] = "ps_worker"
     ps_per_node: int = Field(1, ge=0, le=8)
     workers_per_node: int = Field(1, ge=1, le=64)
     ps_nodes: Literal["all", "first"] = "all"
+    procs_per_node: int | None = Field(None, ge=1, le=64)
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
     # Hosts of one set must report the same GPU model (host validation), unless this is true.
     mixed_gpu_models: bool = False
     # First port tried per case (each role gets its own, checked free on its host), and how long the chief
@@ -582,12 +586,15 @@ def _multinode_errors(data: dict, hosts: list[tuple[int, dict]], benches: list[t
         harness = bench.get("harness", "tf_cnn_benchmarks")
         layout = bench.get("layout", "ps_worker")
         if layout == "launcher":
-            errors.append(f"{path}.layout: the launcher layout (torchrun, mpirun) is not supported yet; "
-                          "multi-node cases run tf_cnn_benchmarks with layout ps_worker")
-        elif harness != "tf_cnn_benchmarks":
-            errors.append(f"{path}.nodes: cases of several hosts (nodes > 1) run harness tf_cnn_benchmarks "
-                          f"(layout ps_worker), not {harness!r}")
-        updates = bench.get("variable_update", ["parameter_server"])
+            errors += _launcher_errors(bench, path, harness)
+            updates = []
+        else:
+            if harness != "tf_cnn_benchmarks":
+                errors.append(f"{path}.nodes: cases of several hosts (nodes > 1) run harness tf_cnn_benchmarks "
+                              f"(layout ps_worker) or torch_synthetic (layout launcher), not {harness!r}")
+            errors += [f"{path}.{f}: a field of layout launcher; this benchmark's layout is ps_worker"
+                       for f, default in LAUNCHER_FIELDS.items() if bench.get(f, default) != default]
+            updates = bench.get("variable_update", ["parameter_server"])
         for j, vu in enumerate(updates if isinstance(updates, list) else []):
             if isinstance(vu, str) and vu not in CLUSTER_UPDATES:
                 errors.append(f"{path}.variable_update[{j}]: {vu!r} cannot span hosts (nodes > 1 runs "
@@ -607,6 +614,29 @@ def _multinode_errors(data: dict, hosts: list[tuple[int, dict]], benches: list[t
             if not host.get("address") and host.get("connection", "local") != "local":
                 errors.append(f"hosts[{j}].address: is required for host {name!r} of multi-node benchmark "
                               f"{bench.get('name')!r} (where the other hosts reach its containers)")
+    return errors
+
+
+# Each layout's own fields and their defaults: a value other than the default under the other layout is refused
+# (a dumped config, as the run's parameters are applied to, carries every field at its default).
+PS_WORKER_FIELDS = {"ps_per_node": 1, "workers_per_node": 1, "ps_nodes": "all"}
+LAUNCHER_FIELDS = {"procs_per_node": None, "backend": "auto"}
+
+
+def _launcher_errors(bench: dict, path: str, harness: Any) -> list[str]:
+    """A launcher-layout benchmark (torchrun): torch_synthetic, none of ps_worker's fields, ranks per host that
+    fit its device, a backend that exists there."""
+    errors = []
+    if harness != "torch_synthetic":
+        errors.append(f"{path}.layout: launcher runs harness torch_synthetic (under torchrun), not {harness!r}")
+    errors += [f"{path}.{f}: a field of layout ps_worker; layout launcher runs procs_per_node ranks per host"
+               for f, default in PS_WORKER_FIELDS.items() if bench.get(f, default) != default]
+    device = bench.get("device", "gpu")
+    if device == "gpu" and bench.get("procs_per_node") is not None:
+        errors.append(f"{path}.procs_per_node: GPU cases run one rank per GPU (the case's num_gpus); "
+                      "procs_per_node is for device cpu")
+    if device == "cpu" and bench.get("backend") == "nccl":
+        errors.append(f"{path}.backend: nccl needs GPUs; device cpu runs gloo")
     return errors
 
 

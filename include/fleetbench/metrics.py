@@ -165,7 +165,7 @@ def match_nodes(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], tupl
     out = {}
     for r in ok:
         nodes = r.get("nodes") or 1
-        if nodes <= 1:
+        if nodes <= 1 or _ranks_per_node(r) != 1:
             continue
         per_host = single.get(tuple(r.get(k) for k in NODES_MATCH), {})
         figures = [per_host[h] for h in (r.get("host_set") or "").split(",") if h in per_host]
@@ -173,6 +173,19 @@ def match_nodes(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], tupl
             base = sum(figures) / len(figures)
             out[(r["host"], r["case_key"])] = (r["images_per_sec"] / (nodes * base), base)
     return out
+
+
+def _ranks_per_node(row: Mapping[str, Any]) -> int:
+    """CPU processes per host of a launcher (torchrun) row, else 1: a CPU 1-node case is one process, so only a
+    1-rank-per-host CPU case has a 1-node baseline with the same processes per node (a GPU case's ranks are its
+    GPUs per node, which the match compares already)."""
+    if row.get("device") != "cpu" or not row.get("roles_json"):
+        return 1
+    try:
+        roles = json.loads(row["roles_json"])
+    except (TypeError, ValueError):
+        return 1
+    return max((r.get("procs") or 1 for r in roles if isinstance(r, dict)), default=1)
 
 
 _FP16_FLAG = re.compile(r"^--(use_fp16|auto_mixed_precision)(?:=(.*))?$")

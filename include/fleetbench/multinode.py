@@ -2,21 +2,31 @@
 the outcomes of its containers become one result (README "Multi-node cases").
 
 A benchmark with `nodes: [2]` plans one case per set of 2 hosts (its hosts in config order, taken in
-consecutive disjoint sets); the case's `host` is the set's first host, where the chief (worker 0) runs and
-whose case folder keeps every role's log. Pure functions over plain data, except `port_free`, which asks
+consecutive disjoint sets); the case's `host` is the set's first host, where the chief runs (worker 0 of a
+ps_worker case, node 0 of a launcher case) and whose case folder keeps every role's log. Two layouts:
+`ps_worker` (tf_cnn_benchmarks' parameter servers and workers, a port each) and `launcher` (torch_synthetic
+under torchrun: one launcher per host, `--node_rank` its place in the set, rendezvous at the first host's
+port). Pure functions over plain data, except `port_free`, which asks
 the network.
 """
 
 from __future__ import annotations
 
 import errno
+import re
 import socket
 from dataclasses import dataclass
 from typing import Sequence
 
-PS, WORKER = "ps", "worker"
+PS, WORKER, NODE = "ps", "worker", "node"
+PS_WORKER, LAUNCHER = "ps_worker", "launcher"
 # The chief has joined the cluster and its session runs (tf_cnn_benchmarks prints it before the first step).
 JOINED_MARKER = "Running warm up"
+# Rank 0 of a torchrun job has joined its process group (torch_synthetic.py prints it once every rank is in).
+LAUNCHER_JOINED_MARKER = "joined process group: rank 0 of"
+# The harnesses a layout runs, and the process group backend of a launcher case per device.
+LAYOUT_HARNESS = {PS_WORKER: "tf_cnn_benchmarks", LAUNCHER: "torch_synthetic"}
+DEFAULT_BACKEND = {"cpu": "gloo", "gpu": "nccl"}
 PORT_TRIES = 64  # ports tried per role past base_port before the case fails port_unavailable
 
 
@@ -41,13 +51,29 @@ def layout(host_set: Sequence[str], ps_per_node: int, workers_per_node: int, ps_
             + [{**r, "task_index": i} for i, r in enumerate(servers)])
 
 
+def launcher_layout(host_set: Sequence[str], procs_per_node: int) -> list[dict]:
+    """The roles of a launcher case: one launcher (torchrun) per host, `node0` (node rank 0, the chief, whose
+    host serves the rendezvous) on the first, each starting `procs` ranks."""
+    return [{"host": h, "job": NODE, "task_index": i, "procs": procs_per_node} for i, h in enumerate(host_set)]
+
+
+def joined_marker(layout_name: str | None) -> str:
+    """The chief's log line that says its cluster is complete."""
+    return LAUNCHER_JOINED_MARKER if layout_name == LAUNCHER else JOINED_MARKER
+
+
 def role_name(role: dict) -> str:
-    """`worker0`, `ps1`: how logs, containers and details name a role."""
+    """`worker0`, `ps1`, `node1`: how logs, containers and details name a role."""
     return f"{role['job']}{role['task_index']}"
 
 
 def is_chief(role: dict) -> bool:
-    return role["job"] == WORKER and role["task_index"] == 0
+    return role["job"] in (WORKER, NODE) and role["task_index"] == 0
+
+
+def runs_to_the_end(role: dict) -> bool:
+    """Whether the case is done only when this role has exited (everyone but a parameter server)."""
+    return role["job"] != PS
 
 
 class PortUnavailable(RuntimeError):
@@ -98,8 +124,37 @@ def cluster_args(roles: Sequence[dict], ports: Sequence[int], addresses: dict[st
             f"--task_index={role['task_index']}"]
 
 
+_PYTHON = re.compile(r"^(?:.*/)?python[0-9.]*$")
+
+
+def launcher_command(command: Sequence[str], roles: Sequence[dict], master_port: int, addresses: dict[str, str],
+                     role: dict, backend: str) -> list[str]:
+    """torchrun for one host of a launcher case: static rendezvous at the first host's address and port, this
+    host's node rank and processes, then the case's script and flags (plus the process group's backend).
+
+    A command that starts with a Python interpreter runs torchrun as that interpreter's module
+    (`python3 -m torch.distributed.run`), so the image's own Python is the one; any other command is
+    started by `torchrun --no-python`."""
+    flags = [f"--nnodes={len(roles)}", f"--node_rank={role['task_index']}", f"--nproc_per_node={role['procs']}",
+             f"--master_addr={addresses[roles[0]['host']]}", f"--master_port={master_port}"]
+    argv = [*command, f"--dist_backend={backend}"]
+    if argv and _PYTHON.match(argv[0]):
+        return [argv[0], "-m", "torch.distributed.run", *flags, *argv[1:]]
+    return ["torchrun", *flags, "--no-python", *argv]
+
+
+def port_roles(roles: Sequence[dict], layout_name: str | None) -> list[dict]:
+    """The roles that listen on a port of their own: every ps and worker; of a launcher case only node 0,
+    whose launcher serves the rendezvous (its ranks' own connections take ports the kernel picks)."""
+    return list(roles[:1]) if layout_name == LAUNCHER else list(roles)
+
+
 def role_command(command: Sequence[str], roles: Sequence[dict], ports: Sequence[int], addresses: dict[str, str],
-                 role: dict) -> list[str]:
+                 role: dict, cluster: dict | None = None) -> list[str]:
+    """One role's argv: a launcher case's torchrun, else the command plus tf_cnn_benchmarks' cluster flags."""
+    cluster = cluster or {}
+    if cluster.get("layout") == LAUNCHER:
+        return launcher_command(command, roles, ports[0], addresses, role, cluster.get("backend") or "gloo")
     return [*command, *cluster_args(roles, ports, addresses, role)]
 
 
@@ -119,9 +174,10 @@ class RoleEnd:
     finished_at: str | None = None
 
 
-def classify_role(role: dict, outcome: dict) -> RoleEnd:
-    """One role's end, classified on its own (`fleetbench.measure.classify` of its container and log): a role
-    fleetbench stopped is not judged, and only the chief has to print a result."""
+def classify_role(role: dict, outcome: dict, harness: str = "tf_cnn_benchmarks") -> RoleEnd:
+    """One role's end, classified on its own (`fleetbench.measure.classify` of its container and log, read by
+    the case's harness): a role fleetbench stopped is not judged, and only the chief has to print a result."""
+    from fleetbench.harnesses import get as get_harness
     from fleetbench.harnesses.tf_cnn import from_parsed
     from fleetbench.measure import OK, classify, read_tail
     from fleetbench.parsing import parse_log_file
@@ -131,7 +187,10 @@ def classify_role(role: dict, outcome: dict) -> RoleEnd:
         return RoleEnd(name, role["host"], role["job"], OK, None, "stopped by fleetbench", outcome.get("exit_code"),
                        stopped=True, started_at=outcome.get("started_at"), finished_at=outcome.get("finished_at"))
     try:
-        measured = from_parsed(parse_log_file(outcome["log_path"], "tf_cnn_benchmarks"))
+        if harness == "tf_cnn_benchmarks":
+            measured = from_parsed(parse_log_file(outcome["log_path"], "tf_cnn_benchmarks"))
+        else:
+            measured = get_harness(harness).measure(outcome["log_path"], {})
     except (ValueError, OSError):
         measured = None
     status, failure_class, detail = classify(outcome, measured, read_tail(outcome.get("log_path")))

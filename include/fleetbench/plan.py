@@ -142,7 +142,7 @@ def _multinode_cases(cfg: FleetConfig, points: dict, only_hosts: set | None, onl
     """The cases of N > 1 hosts: per benchmark and N, its hosts in config order in consecutive disjoint sets
     (`fleetbench.multinode.host_sets`), each set one case per matrix point, on host networking."""
     from fleetbench.harnesses import get as get_harness
-    from fleetbench.multinode import host_sets, layout, set_case_key
+    from fleetbench.multinode import DEFAULT_BACKEND, LAUNCHER, host_sets, launcher_layout, layout, set_case_key
 
     cases = []
     for bench in cfg.benchmarks:
@@ -156,6 +156,8 @@ def _multinode_cases(cfg: FleetConfig, points: dict, only_hosts: set | None, onl
         container = {**bench.container_settings().model_dump(mode="json"), "network_mode": "host"}
         cluster = {"base_port": bench.base_port, "rendezvous_timeout_s": bench.rendezvous_timeout_s,
                    "mixed_gpu_models": bench.mixed_gpu_models, "layout": bench.layout}
+        if bench.layout == LAUNCHER:
+            cluster["backend"] = DEFAULT_BACKEND[bench.device] if bench.backend == "auto" else bench.backend
         for n in sizes:
             for hosts in host_sets(names, n):
                 for point in points[bench.name]:
@@ -170,7 +172,9 @@ def _multinode_cases(cfg: FleetConfig, points: dict, only_hosts: set | None, onl
                         container=container, telemetry_period_s=0.0, harness=harness.name,
                         harness_settings=harness.settings(bench), axes={**point.axes, "nodes": n},
                         nodes=n, host_set=hosts,
-                        roles=layout(hosts, bench.ps_per_node, bench.workers_per_node, bench.ps_nodes),
+                        roles=launcher_layout(hosts, (bench.procs_per_node or 1) if bench.device == "cpu"
+                                              else point.num_gpus) if bench.layout == LAUNCHER
+                        else layout(hosts, bench.ps_per_node, bench.workers_per_node, bench.ps_nodes),
                         cluster=cluster))
     return cases
 

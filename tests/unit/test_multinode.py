@@ -40,8 +40,7 @@ def test_config_errors_name_the_field():
         "benchmarks[0].nodes: 1 with variable_update distributed_replicated (a cluster mode): give the 1-node "
         "baseline its own benchmark (e.g. replicated)"]
     assert errors_of(config(layout="launcher")) == [
-        "benchmarks[0].layout: the launcher layout (torchrun, mpirun) is not supported yet; multi-node cases run "
-        "tf_cnn_benchmarks with layout ps_worker"]
+        "benchmarks[0].layout: launcher runs harness torch_synthetic (under torchrun), not 'tf_cnn_benchmarks'"]
     assert errors_of(config(nodes=[0])) == ["benchmarks[0].nodes[0]: must be >= 1, got 0"]
     assert errors_of(config(nodes=[2, 2]))[0].startswith("benchmarks[0].nodes: must not repeat a value")
     assert errors_of(config(ps_per_node=-1)) == ["benchmarks[0].ps_per_node: must be >= 0, got -1"]
@@ -52,7 +51,7 @@ def test_nccl_tests_cannot_span_hosts():
     for field in ("models", "batch_sizes", "variable_update"):
         data["benchmarks"][0].pop(field)
     assert ("benchmarks[0].nodes: cases of several hosts (nodes > 1) run harness tf_cnn_benchmarks (layout "
-            "ps_worker), not 'nccl_tests'") in errors_of(data)
+            "ps_worker) or torch_synthetic (layout launcher), not 'nccl_tests'") in errors_of(data)
 
 
 def test_spanned_hosts_need_an_address_and_no_queue_of_their_own():

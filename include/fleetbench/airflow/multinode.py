@@ -2,10 +2,11 @@
 MultiNodeCaseOperator runs one: a container per role on every host of the set (host networking), the
 cluster spec passed to each, all started together.
 
-The chief's (worker 0's) log gives the result. Parameter servers, which never exit, are stopped when every
-worker has finished. When any container fails, every other container of the case is stopped; the row is
-failed `peer_failed` naming the role (or with the chief's own class when the chief failed). A chief that
-has not joined the cluster (its "Running warm up" line) within `rendezvous_timeout_s` fails the case
+The chief's (worker 0's; node 0's, a launcher case's torchrun on the first host) log gives the result.
+Parameter servers, which never exit, are stopped when every worker has finished. When any container fails,
+every other container of the case is stopped; the row is failed `peer_failed` naming the role (or with the
+chief's own class when the chief failed). A chief that has not joined the cluster (its "Running warm up"
+line; a launcher case's "joined process group" line) within `rendezvous_timeout_s` fails the case
 `rendezvous_timeout`; no free port for a role, `port_unavailable`. Every role's log is kept in the chief
 host's case folder (`<case_key>.log` is the chief's, `<case_key>.<role>.log` the others'), and every
 container is removed however the case ended.
@@ -240,10 +241,12 @@ class MultiNodeCaseOperator(BaseOperator):
         addresses = {r["host"]: r["address"] for r in self.roles}
         local = {r["host"]: bool(r.get("local")) for r in self.roles}
         try:
-            ports = multinode.allocate_ports(self.roles, addresses, local, int(self.cluster.get("base_port", 23456)))
+            ports = multinode.allocate_ports(multinode.port_roles(self.roles, self.cluster.get("layout")), addresses,
+                                             local, int(self.cluster.get("base_port", 23456)))
         except multinode.PortUnavailable as exc:
             return self._not_started(outcome, "port_unavailable", str(exc), t0)
-        commands = {multinode.role_name(r): multinode.role_command(self.command, self.roles, ports, addresses, r)
+        commands = {multinode.role_name(r): multinode.role_command(self.command, self.roles, ports, addresses, r,
+                                                                   self.cluster)
                     for r in self.roles}
         outcome["command"] = commands[multinode.role_name(self.roles[0])]
         self.log.info("case %s: %s", self.case["case_key"],
@@ -282,7 +285,8 @@ class MultiNodeCaseOperator(BaseOperator):
         override = None
         if reason == "rendezvous_timeout":
             timeout = self.cluster.get("rendezvous_timeout_s")
-            override = ("rendezvous_timeout", f"the chief did not join the cluster (no '{multinode.JOINED_MARKER}' "
+            marker = multinode.joined_marker(self.cluster.get("layout"))
+            override = ("rendezvous_timeout", f"the chief did not join the cluster (no '{marker}' "
                                               f"line) within {timeout} s; every container of the case was stopped")
         elif reason == "failed" and dead is not None and not multinode.is_chief(dead):
             end = next(e for e in ends if e.name == multinode.role_name(dead))
@@ -306,7 +310,7 @@ class MultiNodeCaseOperator(BaseOperator):
         start = time.monotonic()
         rendezvous_s = float(self.cluster.get("rendezvous_timeout_s", 300))
         joined, next_marker = False, 0.0
-        chief = self.roles[0]
+        chief, marker = self.roles[0], multinode.joined_marker(self.cluster.get("layout"))
         while not self._killed:
             elapsed = time.monotonic() - start
             states = {multinode.role_name(r): self._cli(r).inspect_container(self._cids[multinode.role_name(r)])
@@ -317,13 +321,13 @@ class MultiNodeCaseOperator(BaseOperator):
                     self.log.error("case %s: %s on %s exited %s", self.case["case_key"], multinode.role_name(role),
                                    role["host"], state.get("ExitCode"))
                     return "failed", role
-            workers = [states[multinode.role_name(r)] for r in self.roles if r["job"] == multinode.WORKER]
+            workers = [states[multinode.role_name(r)] for r in self.roles if multinode.runs_to_the_end(r)]
             if all(s.get("Status") in ("exited", "dead") for s in workers):
                 return "done", None
             if not joined and elapsed >= next_marker:
                 tail = self._cli(chief).logs(self._cids[multinode.role_name(chief)], tail=400).decode(
                     errors="replace")
-                joined = multinode.JOINED_MARKER in tail
+                joined = marker in tail
                 next_marker = elapsed + MARKER_EVERY_S
             if not joined and elapsed > rendezvous_s:
                 return "rendezvous_timeout", None
@@ -374,7 +378,8 @@ class MultiNodeCaseOperator(BaseOperator):
         return out
 
     def _role_ends(self, outcomes: dict[str, dict]) -> list[multinode.RoleEnd]:
-        return [multinode.classify_role(role, outcomes[multinode.role_name(role)]) for role in self.roles]
+        harness = self.case.get("harness") or "tf_cnn_benchmarks"
+        return [multinode.classify_role(role, outcomes[multinode.role_name(role)], harness) for role in self.roles]
 
     def _finish(self, outcome: dict, ends: list, override: tuple[str, str] | None) -> None:
         """Measure the chief's log (the result), apply the case's own verdict, record every role, write the file."""
@@ -389,6 +394,7 @@ class MultiNodeCaseOperator(BaseOperator):
         for role, end in zip(self.roles, ends or [None] * len(self.roles)):
             roles.append({"role": multinode.role_name(role), "host": role["host"], "job": role["job"],
                           "task_index": role["task_index"], "address": role["address"],
+                          **({"procs": role["procs"]} if "procs" in role else {}),
                           "log_path": str(self._role_log(role)),
                           **({"status": end.status, "failure_class": end.failure_class, "exit_code": end.exit_code,
                               "stopped": end.stopped, "started_at": end.started_at, "finished_at": end.finished_at}
