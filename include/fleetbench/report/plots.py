@@ -3,9 +3,9 @@ and as PNG files (matplotlib, Agg backend) from the same spec.
 
 A spec is plain data: a `LineChart` (dates on x: each case's primary metric per host, one metric and
 unit per chart, with driver changes as vertical markers) or a `BarChart` (categories on x, one bar per
-series in each group, an optional reference line). The SVG is drawn here without dependencies, so the Airflow UI view never imports
-matplotlib; each point and bar carries its exact value in `data-value` (and a `<title>` tooltip),
-which the browser test reads back.
+series in each group, an optional reference line). The SVG is drawn here without dependencies, so the
+Airflow UI view never imports matplotlib; each point and bar carries its exact value in `data-value`
+(and a `<title>` tooltip), which the browser test reads back.
 """
 
 from __future__ import annotations
