@@ -317,7 +317,11 @@ def test_html_report_file_in_the_browser(browser, pg_warehouse, tmp_path):
     latest = {(r["host"]["text"], r["case_key"]["text"]): r["latest"]["value"]
               for r in seen["tables"]["throughput-table"]["rows"]}
     assert latest == {k: v[-1]["images_per_sec"] for k, v in expected_throughput(engine).items()}
-    assert len(written["pngs"]) == len(seen["plots"]) == 7  # the file report has every DAG: private's model too
+    # the file report has every DAG, private's model too: throughput of resnet50 on 1, 2 and 4 GPUs, vgg16 and
+    # secretnet, then scaling, images per joule, cost per million and failures
+    assert len(written["pngs"]) == len(seen["plots"]) == 9
+    assert {k for k in seen["plots"] if k.startswith("plot-throughput-")} == {
+        f"plot-throughput-{m}" for m in ("resnet50_g1", "resnet50_g2", "resnet50_g4", "vgg16_g1", "secretnet_g1")}
 
 
 @pytest.mark.dagrun
