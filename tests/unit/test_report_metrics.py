@@ -107,9 +107,13 @@ def test_scaling_and_energy_stay_on_images_and_name_what_they_leave_out(report):
     left = {r["metric"]: r for r in report["left_out"]}
     assert set(left) == {"avg_busbw", "p99_latency", "tokens_per_sec"}
     assert (left["avg_busbw"]["unit"], left["avg_busbw"]["cases"]) == ("GB/s", 2)  # two hosts' case
-    assert "bus bandwidth is already normalised" in left["avg_busbw"]["why"]
-    assert left["p99_latency"]["better"] == "lower" and "lower is better" in left["p99_latency"]["why"]
-    assert "cost and energy per unit" in left["tokens_per_sec"]["why"]
+    assert "bus bandwidth is already normalised" in left["avg_busbw"]["why_scaling"]
+    assert "cost and energy per GB are in the latest run's table" in left["avg_busbw"]["why_energy"]
+    assert left["p99_latency"]["better"] == "lower"
+    assert "does not add up across GPUs" in left["p99_latency"]["why_scaling"]
+    assert "does no work" in left["p99_latency"]["why_energy"]
+    assert "a team's own rate" in left["tokens_per_sec"]["why_scaling"]
+    assert "per 10^6 tok are" in left["tokens_per_sec"]["why_energy"]
 
 
 def test_the_file_report_and_the_view_show_the_new_charts(engine, report, tmp_path):
@@ -135,6 +139,8 @@ def test_the_file_report_and_the_view_show_the_new_charts(engine, report, tmp_pa
         for section in ("scaling-left-out", "efficiency-left-out"):
             block = re.search(rf'<div class="meta" id="{section}">(.*?)</div>', html, re.S).group(1)
             assert re.findall(r'data-metric="([^"]+)"', block) == ["avg_busbw", "p99_latency", "tokens_per_sec"]
+            assert ("already normalised" in block) == (section == "scaling-left-out")
+            assert ("does no work" in block) == (section == "efficiency-left-out")
     rows = list(csv.DictReader(io.StringIO(download.text, newline="")))
     bw = [r for r in rows if r["case_key"] == "nccl.all_reduce.g8" and r["host"] == "h1"]
     assert [(r["metric"], r["unit"], r["better"], float(r["value"]), r["images_per_sec"]) for r in bw] == [

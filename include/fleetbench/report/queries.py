@@ -416,10 +416,10 @@ def fleet_throughput(conn, f: Filters) -> list[dict]:
 
 
 def left_out(series: list[dict]) -> list[dict]:
-    """The primary metrics of the throughput series other than images/sec, per metric, unit and direction, with
-    why the scaling and energy sections (defined on images/sec) leave them out: [{"metric", "unit", "better",
-    "cases", "why"}]."""
-    from fleetbench.metrics import work_unit
+    """The primary metrics of the throughput series other than images/sec, per metric, unit and direction, with why
+    the scaling section (`why_scaling`) and the energy and cost section (`why_energy`), both defined on images/sec,
+    leave them out: [{"metric", "unit", "better", "cases", "why_scaling", "why_energy"}]."""
+    from fleetbench.metrics import BYTE_UNITS, work_unit
 
     cases: dict[tuple, set] = {}
     for s in series:
@@ -427,16 +427,21 @@ def left_out(series: list[dict]) -> list[dict]:
             cases.setdefault((s["metric"], s["unit"], s["better"]), set()).add((s.get("host"), s["case_key"]))
     out = []
     for (metric, unit, better), keys in sorted(cases.items()):
+        work = work_unit(unit, better)
         if better == "lower":
-            why = ("lower is better (a latency or a time): it does not add up across GPUs, so it has no speedup "
-                   "efficiency, and no work per joule or per dollar")
-        elif work_unit(unit, better) is not None:
-            why = ("speedup efficiency (N-GPU ÷ N × 1-GPU) assumes a rate that adds up across GPUs, which a bandwidth "
-                   "does not (an NCCL bus bandwidth is already normalised for the GPU count) and a team's own rate "
-                   "need not; its cost and energy per unit are in the table of the latest run")
+            scaling = "lower is better (a latency or a time): it does not add up across GPUs, so it has no speedup"
+            energy = "lower is better: a latency or a time does no work, so it has no energy or cost per unit"
+        elif work is None:
+            scaling = "not a rate per second: no speedup is defined on it"
+            energy = "not a rate per second: no energy or cost per unit of work is defined on it"
         else:
-            why = "not a rate per second: neither a speedup nor a cost per unit of work is defined on it"
-        out.append({"metric": metric, "unit": unit, "better": better, "cases": len(keys), "why": why})
+            scaling = ("a bandwidth does not add up across GPUs (an NCCL bus bandwidth is already normalised for the "
+                       "GPU count)" if work[0] in BYTE_UNITS else
+                       "a team's own rate is not known to add up across GPUs the way images/sec does")
+            energy = (f"its cost and energy per {'10^6 ' if work[1] == 1e6 else ''}{work[0]} are in the latest run's "
+                      "table below")
+        out.append({"metric": metric, "unit": unit, "better": better, "cases": len(keys), "why_scaling": scaling,
+                    "why_energy": energy})
     return out
 
 

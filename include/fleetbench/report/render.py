@@ -160,13 +160,13 @@ def metric_text(row: dict) -> str:
     return f"{row.get('metric') or 'images_per_sec'} [{row.get('unit') or 'images/s'}]{arrow}"
 
 
-def _left_out(report: dict, element_id: str) -> str:
-    """The metrics of this range that the scaling and energy sections leave out, and why."""
+def _left_out(report: dict, element_id: str, why: str) -> str:
+    """The metrics of this range that the scaling (energy) section leaves out, and why (`why`: the rows' key)."""
     rows = report.get("left_out") or []
     if not rows:
         return ""
-    items = "".join(f'<li data-metric="{escape(r["metric"])}">{escape(metric_text(r))}: {r["cases"]} case(s); '
-                    f'{escape(r["why"])}</li>' for r in rows)
+    items = "".join(f'<li data-metric="{escape(r["metric"])}">{escape(metric_text(r))}, {r["cases"]} case(s): '
+                    f'{escape(r[why])}</li>' for r in rows)
     return (f'<div class="meta" id="{element_id}">Computed on images/sec only; not shown here:<ul>{items}</ul>'
             "</div>")
 
@@ -337,7 +337,7 @@ def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str,
                                          ("max", "max", "num")],
                        report["scaling"],
                        empty="No GPU cases with a 1-GPU counterpart in this range (CPU cases do not scale)."))
-    parts.append(_left_out(report, "scaling-left-out"))
+    parts.append(_left_out(report, "scaling-left-out", "why_scaling"))
 
     if report.get("node_scaling"):
         parts.append("<h2>Scaling across nodes</h2>")
@@ -363,7 +363,7 @@ def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str,
                        report["efficiency"],
                        empty="No energy or cost figures in this range (hosts without a price, GPUs without a TDP "
                              "and cases without telemetry have none)."))
-    parts.append(_left_out(report, "efficiency-left-out"))
+    parts.append(_left_out(report, "efficiency-left-out", "why_energy"))
 
     parts.append("<h3>Latest run: cost and energy per unit of the primary metric</h3>")
     parts.append('<p class="meta">Per metric and GPU model: the run\'s cost (energy) ÷ the work its cases did at the '
