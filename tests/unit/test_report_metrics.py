@@ -164,3 +164,19 @@ def test_the_fleet_trend_says_which_results_it_leaves_out(engine):
     one = build_report(engine, parse_filters(host="h2"), max_series=2)
     assert one["throughput_mode"] == "hosts"
     assert {c.id for c in charts(one) if c.kind == "line"} == {IMAGES_G1, IMAGES_G2, BUSBW}
+
+
+def test_every_metric_counts_towards_the_per_host_limit(engine):
+    """The per-host series stay bounded by all ok results, not only the images/sec ones the rollup counts: an NCCL
+    fleet past the limit is not read result by result, and its report says where its figures are."""
+    from fleetbench.report import build_report, parse_filters
+
+    images = 4 * NIGHTS  # 20 images/sec points, 40 ok results in all
+    assert build_report(engine, parse_filters(), max_points=2 * images)["throughput_mode"] == "hosts"
+    assert build_report(engine, parse_filters(), max_points=images + 5)["throughput_mode"] == "fleet"
+    nccl = build_report(engine, parse_filters(model="all_reduce"), max_points=5)
+    assert (nccl["throughput_mode"], nccl["throughput"], nccl["fleet_other_results"]) == ("fleet", [], 2 * NIGHTS)
+    assert [n for n in nccl["notes"] if "throughput" in n.lower()] == [
+        f"Throughput across the fleet is images/sec only: {2 * NIGHTS} ok results with another primary metric (a "
+        "bandwidth, a latency, a command's own metric) are not in these charts. Filter by host to see them, one chart "
+        "per metric and unit."]

@@ -332,7 +332,8 @@ def throughput(conn, f: Filters, max_series: int = THROUGHPUT_MAX_SERIES,
     and `max_points` points. Mode "fleet": one series per case and GPU type, each night's fleet median
     (with that night's min, max and hosts)."""
     if f.host is None:
-        points = conn.execute(select(func.sum(cr.c.points)).where(*_scope(f, table=cr))).scalar() or 0
+        # every ok result is a point of some metric (the rollup's `points` counts images/sec only)
+        points = conn.execute(select(func.sum(cr.c.ok)).where(*_scope(f, table=cr))).scalar() or 0
         if points > max_points:
             return fleet_throughput(conn, f), FLEET
     series = host_throughput(conn, f)
@@ -964,14 +965,15 @@ def notes(report: dict) -> list[str]:
         h = issues[host]
         out.append(f"Host {host} has open regressions and its GPUs were {h['gpu_health']} at its newest check "
                    f"({h['issues']}): the drop may be the hardware, not the software.")
-    if not report["throughput"]:
-        out.append("No ok results with a throughput in this range.")
-    elif report["throughput_mode"] == FLEET:
-        out.append(f"Throughput: too many hosts and cases in this range for a line each; shown per case and GPU "
-                   f"type, the fleet's median images/sec each night ({len(report['throughput'])} series, with each "
-                   f"night's min, max and hosts in the points). Filter by host for one host's series.")
+    if report["throughput_mode"] == FLEET:
+        if report["throughput"]:
+            out.append(f"Throughput: too many hosts and cases in this range for a line each; shown per case and GPU "
+                       f"type, the fleet's median images/sec each night ({len(report['throughput'])} series, with "
+                       f"each night's min, max and hosts in the points). Filter by host for one host's series.")
         if report.get("fleet_other_results"):
             out.append(f"Throughput across the fleet is images/sec only: {report['fleet_other_results']} ok results "
                        f"with another primary metric (a bandwidth, a latency, a command's own metric) are not in "
                        f"these charts. Filter by host to see them, one chart per metric and unit.")
+    if not report["throughput"] and not report.get("fleet_other_results"):
+        out.append("No ok results with a throughput in this range.")
     return out
