@@ -28,6 +28,7 @@ import pytest
 from airflow_cluster import LocalService, free_port
 from browser.fleet_history import DAG as FLEET_DAG
 from browser.fleet_history import NEW_DRIVER, OLD_DRIVER, store_history
+from browser.metric_history import BUSBW, LATENCY, NIGHTS, TOKENS, busbw, latency, store_metric_history
 from browser.private_history import DAG as PRIVATE_DAG
 from browser.private_history import HOST as PRIVATE_HOST
 from browser.private_history import MODEL as PRIVATE_MODEL
@@ -317,10 +318,35 @@ def test_html_report_file_in_the_browser(browser, pg_warehouse, tmp_path):
     latest = {(r["host"]["text"], r["case_key"]["text"]): r["latest"]["value"]
               for r in seen["tables"]["throughput-table"]["rows"]}
     assert latest == {k: v[-1]["images_per_sec"] for k, v in expected_throughput(engine).items()}
-    assert len(written["pngs"]) == len(seen["plots"]) == 7  # the file report has every DAG: private's model too
+    # the file report has every DAG, private's model too: throughput of resnet50 on 1, 2 and 4 GPUs, vgg16 and
+    # secretnet, then scaling, images per joule, cost per million and failures
+    assert len(written["pngs"]) == len(seen["plots"]) == 9
+    assert {k for k in seen["plots"] if k.startswith("plot-throughput-")} == {
+        f"plot-throughput-{m}" for m in ("resnet50_g1", "resnet50_g2", "resnet50_g4", "vgg16_g1", "secretnet_g1")}
 
 
 @pytest.mark.dagrun
+def test_each_primary_metric_has_its_chart_in_the_browser(browser, data_dir, tmp_path):
+    """NCCL bus bandwidth, a command's latency and token rate: each its own chart, drawn with its values."""
+    from fleetbench.report import write_report
+    from fleetbench.warehouse import get_engine, upgrade
+
+    engine = get_engine()
+    upgrade(engine)
+    store_metric_history(engine)
+    written = write_report(tmp_path / "reports", engine=engine)
+    engine.dispose()
+    seen = open_page(Path(written["html"]).as_uri(), "report-metrics.png", "--wait", f"svg#plot-{BUSBW} circle.point")
+    plots = seen["plots"]
+    assert all(plots[f"plot-{c}"]["visible"] for c in (BUSBW, LATENCY, TOKENS))
+    assert {s["label"]: s["values"] for s in plots[f"plot-{BUSBW}"]["series"]} == {
+        f"{h} · nccl.all_reduce.g8": [busbw(h, n) for n in range(NIGHTS)] for h in ("h1", "h2")}
+    assert plots[f"plot-{LATENCY}"]["title"].endswith("lower is better")
+    assert [s["values"] for s in plots[f"plot-{LATENCY}"]["series"]] == [[latency(n) for n in range(NIGHTS)]]
+    metrics = {r["case_key"]["text"]: r["metric_text"]["text"] for r in seen["tables"]["throughput-table"]["rows"]}
+    assert metrics["nccl.all_reduce.g8"] == "avg_busbw [GB/s] ↑" and metrics["svc.latency"] == "p99_latency [ms] ↓"
+
+
 def test_fleet_dag_writes_the_report_and_updates_the_asset(browser, airflow_db, data_dir, smoke_image, tmp_path,
                                                             monkeypatch):
     from fleet_configs import run_fleet_dag, smoke_config, write_config

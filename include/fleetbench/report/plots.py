@@ -1,11 +1,11 @@
 """The report's plots: specs built from the report data, drawn as inline SVG (the HTML and the UI view)
 and as PNG files (matplotlib, Agg backend) from the same spec.
 
-A spec is plain data: a `LineChart` (dates on x: throughput per host and case, with driver changes
-as vertical markers) or a `BarChart` (categories on x, one bar per series in each group, an optional
-reference line). The SVG is drawn here without dependencies, so the Airflow UI view never imports
-matplotlib; each point and bar carries its exact value in `data-value` (and a `<title>` tooltip),
-which the browser test reads back.
+A spec is plain data: a `LineChart` (dates on x: each case's primary metric per host, one metric and
+unit per chart, with driver changes as vertical markers) or a `BarChart` (categories on x, one bar per
+series in each group, an optional reference line). The SVG is drawn here without dependencies, so the
+Airflow UI view never imports matplotlib; each point and bar carries its exact value in `data-value`
+(and a `<title>` tooltip), which the browser test reads back.
 """
 
 from __future__ import annotations
@@ -45,6 +45,9 @@ class LineChart:
     y_label: str
     series: list[Series]
     markers: list[Marker] = field(default_factory=list)
+    metric: str = "images_per_sec"  # what the y axis is: one metric, one unit, one direction per chart
+    unit: str = "images/s"
+    better: str = "higher"
     kind: str = "line"
 
 
@@ -124,15 +127,20 @@ def devices_text(num_gpus: int | None) -> str:
 
 
 def throughput_charts(report: dict) -> list[LineChart]:
-    """One chart per model and device count: images/sec of each host and case per night (or, at fleet scale,
-    the fleet's median per case and GPU type), driver changes of those hosts marked. A 1-GPU and an 8-GPU case
-    differ ~8x: on one axis the 1-GPU lines would sit flat at the bottom, so they never share one."""
+    """One chart per model, device count and primary metric with its unit: the metric of each host and case per
+    night (or, at fleet scale, the fleet's median images/sec per case and GPU type), driver changes of those hosts
+    marked. A 1-GPU and an 8-GPU case differ ~8x: on one axis the 1-GPU lines would sit flat at the bottom, so they
+    never share one; nor do two metrics or units (images/s, GB/s, ms). Ids: `throughput-<model>[_g<N>]` for
+    images/sec, `throughput-<model>[_g<N>]-<metric>-<unit>` for any other metric; a command case without a model is
+    charted under its benchmark's name. A lower-is-better metric says so in its title and axis."""
     fleet = report.get("throughput_mode") == "fleet"
     by_chart: dict[tuple, list[dict]] = {}
     for s in report["throughput"]:
-        by_chart.setdefault((s["model"] or "unknown", s.get("num_gpus") or 0), []).append(s)
+        key = (s["model"] or s.get("benchmark") or "unknown", s.get("num_gpus") or 0,
+               s.get("metric") or "images_per_sec", s.get("unit") or "images/s", s.get("better") or "higher")
+        by_chart.setdefault(key, []).append(s)
     out = []
-    for (model, gpus), series in sorted(by_chart.items()):
+    for (model, gpus, metric, unit, better), series in sorted(by_chart.items()):
         if fleet:  # every host's change would be a line of its own: one marker per night and change
             changes: dict[tuple, int] = {}
             for c in report["driver_changes"]:
@@ -144,14 +152,18 @@ def throughput_charts(report: dict) -> list[LineChart]:
             hosts = {s["host"] for s in series}
             markers = [Marker(aware(c["logical_date"]), f"{c['host']}: driver {c['from']} → {c['to']}")
                        for c in report["driver_changes"] if c["host"] in hosts]
+        images = (metric, unit) == ("images_per_sec", "images/s")
+        base = slug(model + (f" g{gpus}" if gpus else ""))
+        lower = better == "lower"
         out.append(LineChart(
-            id=f"throughput-{slug(model + (f' g{gpus}' if gpus else ''))}",
-            title=f"Throughput: {model}, {devices_text(gpus)}" + (" (fleet median)" if fleet else ""),
-            y_label="images/sec",
+            id=f"throughput-{base}" if images else f"throughput-{base}-{slug(metric)}-{slug(unit)}",
+            title=("Throughput" if images else metric) + f": {model}, {devices_text(gpus)}"
+            + (" (fleet median)" if fleet else "") + (" — lower is better" if lower else ""),
+            y_label="images/sec" if images else unit + (" (lower is better)" if lower else ""),
             series=[Series(label=s.get("label") or f"{s['host']} · {s['case_key']}",
-                           points=[(aware(p["logical_date"]), p["images_per_sec"]) for p in s["points"]])
+                           points=[(aware(p["logical_date"]), p["value"]) for p in s["points"]])
                     for s in series],
-            markers=markers))
+            markers=markers, metric=metric, unit=unit, better=better))
     return out
 
 
@@ -346,7 +358,7 @@ def _svg_lines(chart: LineChart, x0, x1, y0, y1, ypos) -> list[str]:
         for x, y, t, v in pts:
             parts.append(f'<circle class="point" cx="{x:.1f}" cy="{y:.1f}" r="3.5" fill="{color}" '
                          f'data-value="{v!r}" data-x="{t.isoformat()}"><title>{escape(s.label)} {t:%Y-%m-%d}: '
-                         f'{fmt(v)}</title></circle>')
+                         f'{fmt(v)} {escape(chart.unit)}</title></circle>')
         parts.append("</g>")
     return parts
 

@@ -13,9 +13,11 @@ that bound it to a run or a host. `runs` counts (DAG, run) pairs; a host is take
 type and one driver per run.
 
 Throughput comes one series per (host, case) while there are at most `THROUGHPUT_MAX_SERIES` of
-them with at most `THROUGHPUT_MAX_POINTS` points in all, and always with a host filter. Beyond that
-(`throughput_mode` "fleet") it comes one series per case and GPU type: the fleet's median
-images/sec each night, with that night's min, max and number of hosts; a note says so.
+them with at most `THROUGHPUT_MAX_POINTS` points in all, and always with a host filter: each series is
+the case's primary metric (`metric`, `value`, `unit`, `better`: images/sec, a bus bandwidth, a latency).
+Beyond that (`throughput_mode` "fleet") it comes one series per case and GPU type: the fleet's median
+images/sec each night (the rollup's), with that night's min, max and number of hosts; a note says so
+and counts the results of other metrics it leaves out.
 
 Filters (`Filters`, built and validated by `parse_filters`):
 
@@ -325,12 +327,13 @@ def host_summary(conn, f: Filters) -> list[dict]:
 
 def throughput(conn, f: Filters, max_series: int = THROUGHPUT_MAX_SERIES,
                max_points: int = THROUGHPUT_MAX_POINTS) -> tuple[list[dict], str]:
-    """(series, mode). Mode "hosts": ok images/sec of every (host, case) over the window, one series each,
+    """(series, mode). Mode "hosts": the ok primary metric of every (host, case) over the window, one series each,
     oldest night first; with a host filter always, else while there are at most `max_series` series
     and `max_points` points. Mode "fleet": one series per case and GPU type, each night's fleet median
     (with that night's min, max and hosts)."""
     if f.host is None:
-        points = conn.execute(select(func.sum(cr.c.points)).where(*_scope(f, table=cr))).scalar() or 0
+        # every ok result is a point of some metric (the rollup's `points` counts images/sec only)
+        points = conn.execute(select(func.sum(cr.c.ok)).where(*_scope(f, table=cr))).scalar() or 0
         if points > max_points:
             return fleet_throughput(conn, f), FLEET
     series = host_throughput(conn, f)
@@ -341,33 +344,46 @@ def throughput(conn, f: Filters, max_series: int = THROUGHPUT_MAX_SERIES,
 
 def _finish(series: list[dict]) -> list[dict]:
     for s in series:
-        values = [p["images_per_sec"] for p in s["points"]]
+        values = [p["value"] for p in s["points"]]
         s.update(n=len(values), latest=values[-1], latest_date=s["points"][-1]["logical_date"],
                  latest_driver=s["points"][-1].get("driver_version"), previous=values[-2] if len(values) > 1 else None)
         s["change_pct"] = (s["latest"] - s["previous"]) / s["previous"] * 100 if s["previous"] else None
     return series
 
 
+IMAGES = ("images_per_sec", "images/s", "higher")  # the primary metric of rows stored before rows named one
+
+
 def host_throughput(conn, f: Filters) -> list[dict]:
-    """One series per (host, case) from the results (bounded: one host's, or few in all)."""
+    """One series per (host, case, primary metric and unit) from the results (bounded: one host's, or few in all):
+    each ok night's `value` of the case's primary metric (images/sec, a bus bandwidth, a latency), with the
+    metric's `unit` and `better` direction; points of images/sec also carry it as `images_per_sec`."""
+    legacy = br.c.metric.is_(None)  # stored before rows named their metric: images/sec
+    value = case((legacy, br.c.images_per_sec), else_=br.c.value)
     rows = conn.execute(select(
-        br.c.model, br.c.host, br.c.case_key, br.c.num_gpus, br.c.batch_size_per_device, br.c.dag_id, br.c.run_id,
-        br.c.logical_date, br.c.images_per_sec, br.c.driver_version, br.c.mig_profile,
-    ).where(*_scope(f), br.c.status == "ok", br.c.images_per_sec.is_not(None))
+        br.c.model, br.c.benchmark, br.c.host, br.c.case_key, br.c.num_gpus, br.c.batch_size_per_device, br.c.dag_id,
+        br.c.run_id, br.c.logical_date, value.label("value"), br.c.driver_version, br.c.mig_profile,
+        func.coalesce(br.c.metric, IMAGES[0]).label("metric"), case((legacy, IMAGES[1]), else_=br.c.unit).label("unit"),
+        func.coalesce(br.c.better, IMAGES[2]).label("better"),
+    ).where(*_scope(f), br.c.status == "ok", value.is_not(None))
         .order_by(br.c.model, br.c.host, br.c.case_key, br.c.logical_date, br.c.run_id)).all()
     series: dict[tuple, dict] = {}
     for r in rows:  # grouping an ordered result set (one query), not a query per series
-        if not math.isfinite(r.images_per_sec):  # PostgreSQL floats can hold NaN and infinities
+        if not math.isfinite(r.value):  # PostgreSQL floats can hold NaN and infinities
             continue
-        s = series.setdefault((r.model, r.host, r.case_key), {
-            "model": r.model, "host": r.host, "case_key": r.case_key, "gpu": None, "num_gpus": r.num_gpus,
-            "mig_profile": r.mig_profile, "batch_size_per_device": r.batch_size_per_device,
-            "label": f"{r.host} · {r.case_key}", "points": []})
-        s["points"].append({"logical_date": _iso(r.logical_date), "run_id": r.run_id, "dag_id": r.dag_id,
-                            "images_per_sec": float(r.images_per_sec), "driver_version": r.driver_version})
+        better = "lower" if r.better == "lower" else "higher"
+        s = series.setdefault((r.model, r.host, r.case_key, r.metric, r.unit), {
+            "model": r.model, "benchmark": r.benchmark, "host": r.host, "case_key": r.case_key, "gpu": None,
+            "num_gpus": r.num_gpus, "mig_profile": r.mig_profile, "batch_size_per_device": r.batch_size_per_device,
+            "metric": r.metric, "unit": r.unit, "better": better, "label": f"{r.host} · {r.case_key}", "points": []})
+        point = {"logical_date": _iso(r.logical_date), "run_id": r.run_id, "dag_id": r.dag_id,
+                 "value": float(r.value), "driver_version": r.driver_version}
+        if r.metric == IMAGES[0]:
+            point["images_per_sec"] = point["value"]
+        s["points"].append(point)
     out = _finish(list(series.values()))
     for s in out:
-        values = [p["images_per_sec"] for p in s["points"]]
+        values = [p["value"] for p in s["points"]]
         s.update(min=min(values), max=max(values), hosts=1)
     return out
 
@@ -388,14 +404,52 @@ def fleet_throughput(conn, f: Filters) -> list[dict]:
         if s is None:
             s = series[(model, case_key, gpu)] = {
                 "model": model, "host": None, "case_key": case_key, "gpu": gpu, "num_gpus": num_gpus,
-                "batch_size_per_device": batch, "label": f"{case_key} · {gpu or 'GPU not reported'}", "points": []}
-        s["points"].append({"logical_date": night, "run_id": run_id, "dag_id": dag_id, "images_per_sec": float(median),
-                            "min": float(low), "max": float(high), "hosts": int(hosts)})
+                "batch_size_per_device": batch, "metric": IMAGES[0], "unit": IMAGES[1], "better": IMAGES[2],
+                "label": f"{case_key} · {gpu or 'GPU not reported'}", "points": []}
+        s["points"].append({"logical_date": night, "run_id": run_id, "dag_id": dag_id, "value": float(median),
+                            "images_per_sec": float(median), "min": float(low), "max": float(high),
+                            "hosts": int(hosts)})
     out = _finish(list(series.values()))
     for s in out:
         s.update(min=min(p["min"] for p in s["points"]), max=max(p["max"] for p in s["points"]),
                  hosts=s["points"][-1]["hosts"])
     return out
+
+
+def left_out(series: list[dict]) -> list[dict]:
+    """The primary metrics of the throughput series other than images/sec, per metric, unit and direction, with why
+    the scaling section (`why_scaling`) and the energy and cost section (`why_energy`), both defined on images/sec,
+    leave them out: [{"metric", "unit", "better", "cases", "why_scaling", "why_energy"}]."""
+    from fleetbench.metrics import BYTE_UNITS, work_unit
+
+    cases: dict[tuple, set] = {}
+    for s in series:
+        if s.get("metric", IMAGES[0]) != IMAGES[0]:
+            cases.setdefault((s["metric"], s["unit"], s["better"]), set()).add((s.get("host"), s["case_key"]))
+    out = []
+    for (metric, unit, better), keys in sorted(cases.items()):
+        work = work_unit(unit, better)
+        if better == "lower":
+            scaling = "lower is better (a latency or a time): it does not add up across GPUs, so it has no speedup"
+            energy = "lower is better: a latency or a time does no work, so it has no energy or cost per unit"
+        elif work is None:
+            scaling = "not a rate per second: no speedup is defined on it"
+            energy = "not a rate per second: no energy or cost per unit of work is defined on it"
+        else:
+            scaling = ("a bandwidth does not add up across GPUs (an NCCL bus bandwidth is already normalised for the "
+                       "GPU count)" if work[0] in BYTE_UNITS else
+                       "a team's own rate is not known to add up across GPUs the way images/sec does")
+            energy = (f"its cost and energy per {'10^6 ' if work[1] == 1e6 else ''}{work[0]} are in the latest run's "
+                      "table below")
+        out.append({"metric": metric, "unit": unit, "better": better, "cases": len(keys), "why_scaling": scaling,
+                    "why_energy": energy})
+    return out
+
+
+def fleet_other_results(conn, f: Filters) -> int:
+    """Ok results of the window without a finite images/sec (another primary metric): the fleet trend, read
+    from run_case_rollup's images/sec medians, leaves them out."""
+    return _int(conn.execute(select(func.sum(cr.c.ok - cr.c.points)).where(*_scope(f, table=cr))).scalar())
 
 
 def driver_changes(conn, f: Filters) -> list[dict]:
@@ -804,7 +858,8 @@ def blank_report(f: Filters | None = None, warehouse: str = "") -> dict:
         "state": OK, "notes": [], "options": {"hosts": [], "models": [], "dag_ids": []},
         "summary": {"runs": 0, "results": 0, "ok": 0, "failed": 0, "skipped": 0, "hosts": 0, "models": 0,
                     "first": None, "last": None},
-        "hosts": [], "throughput": [], "throughput_mode": HOSTS, "driver_changes": [], "scaling": [], "efficiency": [],
+        "hosts": [], "throughput": [], "throughput_mode": HOSTS, "fleet_other_results": 0, "left_out": [],
+        "driver_changes": [], "scaling": [], "efficiency": [],
         "node_scaling": [], "latest_run": None, "failures": [], "regressions": [], "fleet_health": [], "suspected": [],
         "improvements": [],
         "change_map": {"hosts": [], "cases": [], "cells": {}, "skipped": None}, "capacity": [], "remeasured": [],
@@ -862,6 +917,9 @@ def build_report(engine: Engine, f: Filters | None = None, *, max_series: int | 
         report["throughput"], report["throughput_mode"] = throughput(
             conn, scoped, THROUGHPUT_MAX_SERIES if max_series is None else max_series,
             THROUGHPUT_MAX_POINTS if max_points is None else max_points)
+        if report["throughput_mode"] == FLEET:
+            report["fleet_other_results"] = fleet_other_results(conn, scoped)
+        report["left_out"] = left_out(report["throughput"])
         report["driver_changes"] = driver_changes(conn, scoped)
         report["remeasured"] = remeasured(conn, scoped)
         report["scaling"] = scaling(conn, scoped)
@@ -908,10 +966,15 @@ def notes(report: dict) -> list[str]:
         h = issues[host]
         out.append(f"Host {host} has open regressions and its GPUs were {h['gpu_health']} at its newest check "
                    f"({h['issues']}): the drop may be the hardware, not the software.")
-    if not report["throughput"]:
+    if report["throughput_mode"] == FLEET:
+        if report["throughput"]:
+            out.append(f"Throughput: too many hosts and cases in this range for a line each; shown per case and GPU "
+                       f"type, the fleet's median images/sec each night ({len(report['throughput'])} series, with "
+                       f"each night's min, max and hosts in the points). Filter by host for one host's series.")
+        if report.get("fleet_other_results"):
+            out.append(f"Throughput across the fleet is images/sec only: {report['fleet_other_results']} ok results "
+                       f"with another primary metric (a bandwidth, a latency, a command's own metric) are not in "
+                       f"these charts. Filter by host to see them, one chart per metric and unit.")
+    if not report["throughput"] and not report.get("fleet_other_results"):
         out.append("No ok results with a throughput in this range.")
-    elif report["throughput_mode"] == FLEET:
-        out.append(f"Throughput: too many hosts and cases in this range for a line each; shown per case and GPU "
-                   f"type, the fleet's median images/sec each night ({len(report['throughput'])} series, with each "
-                   f"night's min, max and hosts in the points). Filter by host for one host's series.")
     return out

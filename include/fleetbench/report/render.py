@@ -154,6 +154,23 @@ def _fleet_health(hosts: list[dict]) -> str:
             "red</p>" + table("fleet-health-table", columns, rows, row_class=_health_class))
 
 
+def metric_text(row: dict) -> str:
+    """`metric [unit] ↑` (higher is better) or `↓` (lower is better)."""
+    arrow = " ↓" if row.get("better") == "lower" else " ↑"
+    return f"{row.get('metric') or 'images_per_sec'} [{row.get('unit') or 'images/s'}]{arrow}"
+
+
+def _left_out(report: dict, element_id: str, why: str) -> str:
+    """The metrics of this range that the scaling (energy) section leaves out, and why (`why`: the rows' key)."""
+    rows = report.get("left_out") or []
+    if not rows:
+        return ""
+    items = "".join(f'<li data-metric="{escape(r["metric"])}">{escape(metric_text(r))}, {r["cases"]} case(s): '
+                    f'{escape(r[why])}</li>' for r in rows)
+    return (f'<div class="meta" id="{element_id}">Computed on images/sec only; not shown here:<ul>{items}</ul>'
+            "</div>")
+
+
 def _plots(charts: Sequence[Chart], prefix: str, png: dict[str, str] | None) -> str:
     chosen = [c for c in charts if c.id.startswith(prefix)]
     if not chosen:
@@ -167,9 +184,12 @@ def _plots(charts: Sequence[Chart], prefix: str, png: dict[str, str] | None) -> 
 
 
 # The CSV's columns: the series' (host and driver_version only in "hosts" mode, gpu, min, max and hosts only
-# in "fleet" mode, where images_per_sec is the night's median), then the point's.
-CSV_SERIES_COLUMNS = ("model", "host", "case_key", "gpu", "num_gpus", "batch_size_per_device")
-CSV_POINT_COLUMNS = ("dag_id", "run_id", "logical_date", "images_per_sec", "min", "max", "hosts", "driver_version")
+# in "fleet" mode, where value is the night's median images/sec), then the point's: `value` in the series' metric
+# and unit, `images_per_sec` the same number where that metric is images/sec (empty for other metrics).
+CSV_SERIES_COLUMNS = ("model", "host", "case_key", "gpu", "num_gpus", "batch_size_per_device", "metric", "unit",
+                      "better")
+CSV_POINT_COLUMNS = ("dag_id", "run_id", "logical_date", "value", "images_per_sec", "min", "max", "hosts",
+                     "driver_version")
 # What makes a spreadsheet read a cell as a formula (OWASP, "CSV Injection").
 FORMULA_PREFIXES = ("=", "+", "-", "@", "\t", "\r")
 
@@ -277,17 +297,20 @@ def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str,
     else:
         parts.append("<h2>Throughput per model and host</h2>")
         if report["throughput"]:
-            parts.append('<p class="meta">ok results only; dashed red lines mark nights on which a host reported '
-                         'a new driver.</p>')
+            parts.append('<p class="meta">ok results only; each case\'s primary metric (images/sec, a bus bandwidth, '
+                         'a latency, a team\'s own metric), one chart per model, device count and metric with its '
+                         'unit on the axis; ↑ higher is better, ↓ lower is better. Dashed red lines mark nights on '
+                         'which a host reported a new driver.</p>')
         parts.append(_plots(charts, "throughput-", png))
         parts.append(table("throughput-table", [
             ("model", "model", "text"), ("host", "host", "text"), ("case", "case_key", "text"),
-            ("GPUs", "num_gpus", "int"), ("MIG profile", "mig_profile", "text"),
+            ("metric", "metric_text", "text"), ("GPUs", "num_gpus", "int"), ("MIG profile", "mig_profile", "text"),
             ("batch/GPU", "batch_size_per_device", "int"), ("nights", "n", "int"),
-            ("latest images/sec", "latest", "num"), ("previous", "previous", "num"), ("change", "change_pct", "pct"),
+            ("latest", "latest", "num"), ("previous", "previous", "num"), ("change", "change_pct", "pct"),
             ("min", "min", "num"), ("max", "max", "num"), ("driver", "latest_driver", "text"),
             ("latest night", "latest_date", "date"), ("GPU health", "gpu_health", "text")],
-            report["throughput"], row_class=_health_class, empty="No ok results with a throughput in this range."))
+            [{**r, "metric_text": metric_text(r)} for r in report["throughput"]], row_class=_health_class,
+            empty="No ok results with a throughput in this range."))
     if report["driver_changes"]:
         parts.append("<h2>Driver changes</h2>")
         parts.append(table("driver-changes-table", [("night", "logical_date", "date"), ("host", "host", "text"),
@@ -314,6 +337,7 @@ def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str,
                                          ("max", "max", "num")],
                        report["scaling"],
                        empty="No GPU cases with a 1-GPU counterpart in this range (CPU cases do not scale)."))
+    parts.append(_left_out(report, "scaling-left-out", "why_scaling"))
 
     if report.get("node_scaling"):
         parts.append("<h2>Scaling across nodes</h2>")
@@ -339,6 +363,7 @@ def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str,
                        report["efficiency"],
                        empty="No energy or cost figures in this range (hosts without a price, GPUs without a TDP "
                              "and cases without telemetry have none)."))
+    parts.append(_left_out(report, "efficiency-left-out", "why_energy"))
 
     parts.append("<h3>Latest run: cost and energy per unit of the primary metric</h3>")
     parts.append('<p class="meta">Per metric and GPU model: the run\'s cost (energy) ÷ the work its cases did at the '
