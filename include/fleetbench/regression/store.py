@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 from fleetbench.config import RegressionSettings
 from fleetbench.regression.detect import (
     ENERGY_SOURCES,
-    metric_value,
+    SECONDARY,
     metrics_of,
     most_common,
     primary_of,
@@ -155,10 +155,15 @@ def assess_series(series: Sequence[Mapping[str, Any]], settings: RegressionSetti
         return None
     row = series[-1]
     findings, judged = [], False
-    common = _night_fields(series, dated=bool(accepted))
+    common, primaries = None, None
     unit = primary_of(row)[1]
     for metric, direction in metrics_of(row):
-        nights = nights_of(series, metric, unit, common)
+        if _value_of(row, primary_of(row), metric, unit) is None:
+            continue  # the last night has no value of this metric: no verdict, whatever the nights before it
+        if common is None:
+            common = _night_fields(series, dated=bool(accepted))
+            primaries = [primary_of(r) for r in series]
+        nights = nights_of(series, metric, unit, common, primaries)
         verdict = track(nights, direction, settings, accepted, last_only=True)[-1]
         if verdict is None:
             continue
@@ -189,20 +194,34 @@ def _night_fields(series: Sequence[Mapping[str, Any]], dated: bool = True) -> li
 
 
 def nights_of(series: Sequence[Mapping[str, Any]], metric: str, unit: str | None = None,
-              common: Sequence[tuple] | None = None) -> list[NightIn]:
+              common: Sequence[tuple] | None = None, primaries: Sequence[tuple] | None = None) -> list[NightIn]:
     """A metric's nights for `track` (`detect.metric_value`: a night whose primary metric is another one, or in
     another unit than `unit`, has no value). Energy compares like with like: a night whose energy came another
-    way (measured, estimated) starts a new baseline. `common`: `_night_fields(series)`, when already at hand."""
+    way (measured, estimated) starts a new baseline. `common`: `_night_fields(series)`, `primaries`: each row's
+    `primary_of`, when already at hand (a fleet night builds a million nights: each row's primary metric is
+    worked out once for all its metrics)."""
     common = common if common is not None else _night_fields(series)
+    primaries = primaries if primaries is not None else [primary_of(r) for r in series]
+    energy = metric == "energy_j"
     out = []
-    for r, (seg, when, se, run_id) in zip(series, common):
-        value, measure = metric_value(r, metric, unit), None
-        if metric == "energy_j":
+    for r, p, (seg, when, se, run_id) in zip(series, primaries, common):
+        value, measure = _value_of(r, p, metric, unit), None
+        if energy:
             measure = r.get("energy_source")
             if measure not in ENERGY_SOURCES:
                 value = None
         out.append(NightIn(value, seg, when, se, run_id, measure))
     return out
+
+
+def _value_of(r: Mapping[str, Any], primary: tuple, metric: str, unit: str | None) -> float | None:
+    """`detect.metric_value(r, metric, unit)` with the row's `primary_of` already worked out."""
+    name, row_unit, _ = primary
+    if name == metric:
+        if unit is not None and row_unit is not None and row_unit != unit:
+            return None
+        return r.get("value") if r.get("metric") else r.get("images_per_sec")
+    return r.get(metric) if metric in SECONDARY else None
 
 
 def finding_row(row: Mapping[str, Any], metric: str, direction: str, v: Verdict,

@@ -202,7 +202,8 @@ def track(nights: Sequence[NightIn], direction: str, settings: RegressionSetting
                 and not (pending and n.when is not None and n.when >= pending[0])):
             mine = seen.setdefault(base_seg, [])
             end, stretch = _quiet_stretch(nights, values_of, valid, i, last, mine, base_seg,
-                                          nights[base_from].measure, pending[0] if pending else None, settings)
+                                          nights[base_from].measure, pending[0] if pending else None, settings,
+                                          verdicts=not last_only)
             if end > i:
                 if any(v is not None for v in stretch):
                     run_kind, run_len = None, 0
@@ -320,7 +321,8 @@ def track(nights: Sequence[NightIn], direction: str, settings: RegressionSetting
 
 def _quiet_stretch(nights: Sequence[NightIn], values: Sequence[float | None], valid: Sequence[bool], start: int,
                    last: int, base: Sequence[int], segment: tuple, measure: Any, pending: datetime | None,
-                   settings: RegressionSettings) -> tuple[int, list[tuple[float, int, float] | None]]:
+                   settings: RegressionSettings,
+                   verdicts: bool = True) -> tuple[int, list[tuple[float, int, float] | None]]:
     """The quiet nights from `start` on, at once: what the replay's quiet-night path does one night at a time.
 
     From `start` (nothing open, no recovered regression's nights excluded), while a night is in the baseline's
@@ -329,12 +331,13 @@ def _quiet_stretch(nights: Sequence[NightIn], values: Sequence[float | None], va
     stretch before it, and the night is quiet when it is less than `min_effect_pct` off their median. The
     stretch ends before the first night that is not quiet (the replay judges it in full). Returns the end
     (exclusive) and, per night, None (no value, too little baseline, a median <= 0) or (median, baseline
-    nights, change %)."""
+    nights, change %). `verdicts` False (only the last night's verdict is wanted): the list is [()] when a night
+    of the stretch was judged, else empty (all the replay needs of it)."""
     idx = []
     end = start
     while end < last:
-        n = nights[end]
         if valid[end]:
+            n = nights[end]
             if n.segment != segment or n.measure != measure or (pending and n.when is not None and n.when >= pending):
                 break
             idx.append(end)
@@ -347,9 +350,15 @@ def _quiet_stretch(nights: Sequence[NightIn], values: Sequence[float | None], va
     meds = np.full(len(idx), np.nan)
     k = np.minimum(np.arange(p, p + len(idx)), w)
     full = np.flatnonzero(p + np.arange(len(idx)) >= w)
-    if len(full):
-        windows = np.lib.stride_tricks.sliding_window_view(arr, w)
-        meds[full] = np.median(windows[p + full - w], axis=1)
+    if len(full):  # the median of each full window: its middle value(s) by partition, as np.median takes them
+        windows = np.lib.stride_tricks.as_strided(arr[p + int(full[0]) - w:], shape=(len(full), w),
+                                                  strides=(arr.strides[0], arr.strides[0]), writeable=False)
+        half = w // 2
+        if w % 2:
+            meds[full] = np.partition(windows, half, axis=1)[:, half]
+        else:
+            part = np.partition(windows, (half - 1, half), axis=1)
+            meds[full] = (part[:, half - 1] + part[:, half]) / 2.0
     early = min(len(idx), max(w - p, 0))  # nights whose baseline is all the nights before them (fewer than w)
     if early:
         ordered = sorted(arr[:p].tolist())
@@ -366,6 +375,8 @@ def _quiet_stretch(nights: Sequence[NightIn], values: Sequence[float | None], va
     loud = np.flatnonzero(judged & ~(np.abs(d) < settings.min_effect_pct))
     stop = int(loud[0]) if len(loud) else len(idx)
     end = idx[stop] if stop < len(idx) else end
+    if not verdicts:
+        return end, [()] if judged[:stop].any() else []
     info: dict[int, tuple[float, int, float]] = {
         idx[t]: (float(meds[t]), int(k[t]), float(d[t])) for t in range(stop) if judged[t]}
     return end, [info.get(j) for j in range(start, end)]
