@@ -9,6 +9,7 @@ regressions and improvements, suspected or confirmed, with the metric they repea
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -177,41 +178,50 @@ def assess_series(series: Sequence[Mapping[str, Any]], settings: RegressionSetti
 _SEGMENT = operator.itemgetter(*SEGMENT_FIELDS)
 
 
-def _night_fields(series: Sequence[Mapping[str, Any]], dated: bool = True) -> list[tuple]:
-    """What every metric's nights share, per night: (segment, when, step-level standard error, run_id). `dated`:
+def _night_fields(series: Sequence[Mapping[str, Any]], dated: bool = True) -> tuple[list, list, list, list]:
+    """What every metric's nights share, as columns: (segments, whens, step-level standard errors, run_ids). `dated`:
     False leaves `when` None (the replay reads it only against acceptances)."""
-    out = []
+    segments, ses = [], []
     for r in series:
         se = None
         if r.get("step_cv") is not None and r.get("step_count"):
             se = float(r["step_cv"]) / math.sqrt(r["step_count"])
+        ses.append(se)
         try:
-            segment = _SEGMENT(r)  # a row of read_history has every field
+            segments.append(_SEGMENT(r))  # a row of read_history has every field
         except KeyError:
-            segment = segment_of(r)
-        out.append((segment, utc(r["logical_date"]) if dated else None, se, r["run_id"]))
-    return out
+            segments.append(segment_of(r))
+    whens = [utc(r["logical_date"]) for r in series] if dated else [None] * len(series)
+    return segments, whens, ses, [r["run_id"] for r in series]
 
 
 def nights_of(series: Sequence[Mapping[str, Any]], metric: str, unit: str | None = None,
-              common: Sequence[tuple] | None = None, primaries: Sequence[tuple] | None = None) -> list[NightIn]:
+              common: tuple[list, list, list, list] | None = None,
+              primaries: Sequence[tuple] | None = None) -> list[NightIn]:
     """A metric's nights for `track` (`detect.metric_value`: a night whose primary metric is another one, or in
     another unit than `unit`, has no value). Energy compares like with like: a night whose energy came another
     way (measured, estimated) starts a new baseline. `common`: `_night_fields(series)`, `primaries`: each row's
     `primary_of`, when already at hand (a fleet night builds a million nights: each row's primary metric is
     worked out once for all its metrics)."""
-    common = common if common is not None else _night_fields(series)
+    segments, whens, ses, run_ids = common if common is not None else _night_fields(series)
     primaries = primaries if primaries is not None else [primary_of(r) for r in series]
-    energy = metric == "energy_j"
-    out = []
-    for r, p, (seg, when, se, run_id) in zip(series, primaries, common):
-        value, measure = _value_of(r, p, metric, unit), None
-        if energy:
-            measure = r.get("energy_source")
-            if measure not in ENERGY_SOURCES:
-                value = None
-        out.append(NightIn(value, seg, when, se, run_id, measure))
-    return out
+    if primaries and primaries.count(primaries[0]) == len(primaries):  # one primary metric throughout: by column
+        name, row_unit, _ = primaries[0]
+        if name == metric:
+            values = ([None] * len(series) if unit is not None and row_unit is not None and row_unit != unit else
+                      [r.get("value") if r.get("metric") else r.get("images_per_sec") for r in series])
+        elif metric in SECONDARY:
+            values = [r.get(metric) for r in series]
+        else:
+            values = [None] * len(series)
+    else:
+        values = [_value_of(r, p, metric, unit) for r, p in zip(series, primaries)]
+    if metric == "energy_j":
+        measures = [r.get("energy_source") for r in series]
+        values = [v if m in ENERGY_SOURCES else None for v, m in zip(values, measures)]
+    else:
+        measures = itertools.repeat(None)
+    return list(map(NightIn, values, segments, whens, ses, run_ids, measures))
 
 
 def _value_of(r: Mapping[str, Any], primary: tuple, metric: str, unit: str | None) -> float | None:

@@ -334,14 +334,14 @@ def _quiet_stretch(nights: Sequence[NightIn], values: Sequence[float | None], va
     nights, change %). `verdicts` False (only the last night's verdict is wanted): the list is [()] when a night
     of the stretch was judged, else empty (all the replay needs of it)."""
     idx = []
-    end = start
-    while end < last:
-        if valid[end]:
-            n = nights[end]
+    end = last
+    for j in range(start, last):
+        if valid[j]:
+            n = nights[j]
             if n.segment != segment or n.measure != measure or (pending and n.when is not None and n.when >= pending):
+                end = j
                 break
-            idx.append(end)
-        end += 1
+            idx.append(j)
     if not idx:
         return start, []
     w, p = settings.window, len(base)
