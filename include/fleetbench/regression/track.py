@@ -42,7 +42,9 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 import math
+import operator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Mapping, NamedTuple, Sequence
@@ -56,6 +58,7 @@ from fleetbench.regression.detect import MAD_TO_SIGMA, mad, median
 # health state of the host's GPUs when the case ran (healthy, degraded, unfit; None where not checked).
 SEGMENT_FIELDS = ("driver_version", "cuda_driver_version", "image_digest", "host_gpu_health")
 SEGMENT_MIN_NIGHTS = 3  # the several nights' test needs a median of at least this many
+_SEGMENT_OF, _MEASURE_OF = operator.attrgetter("segment"), operator.attrgetter("measure")
 MEDIAN_SE = 1.2533  # sqrt(pi / 2): the standard error of a median of normal values, in sigma / sqrt(k)
 
 
@@ -333,19 +336,16 @@ def _quiet_stretch(nights: Sequence[NightIn], values: Sequence[float | None], va
     (exclusive) and, per night, None (no value, too little baseline, a median <= 0) or (median, baseline
     nights, change %). `verdicts` False (only the last night's verdict is wanted): the list is [()] when a night
     of the stretch was judged, else empty (all the replay needs of it)."""
-    idx = []
-    end = last
-    for j in range(start, last):
-        if valid[j]:
-            n = nights[j]
-            if n.segment != segment or n.measure != measure or (pending and n.when is not None and n.when >= pending):
-                end = j
-                break
-            idx.append(j)
+    part = nights[start:last]
+    if (pending is None and list(map(_SEGMENT_OF, part)).count(segment) == len(part)
+            and list(map(_MEASURE_OF, part)).count(measure) == len(part)):
+        idx, end = list(itertools.compress(range(start, last), valid[start:last])), last  # one segment: no scan
+    else:
+        idx, end = _scan(nights, valid, start, last, segment, measure, pending)
     if not idx:
         return start, []
     w, p = settings.window, len(base)
-    arr = np.fromiter((values[j] for j in (*base[-w:], *idx)), dtype=float)
+    arr = np.fromiter(map(values.__getitem__, (*base[-w:], *idx)), dtype=float)
     p = min(p, w)  # arr starts with at most `window` baseline nights
     meds = np.full(len(idx), np.nan)
     k = np.minimum(np.arange(p, p + len(idx)), w)
@@ -380,6 +380,22 @@ def _quiet_stretch(nights: Sequence[NightIn], values: Sequence[float | None], va
     info: dict[int, tuple[float, int, float]] = {
         idx[t]: (float(meds[t]), int(k[t]), float(d[t])) for t in range(stop) if judged[t]}
     return end, [info.get(j) for j in range(start, end)]
+
+
+def _scan(nights: Sequence[NightIn], valid: Sequence[bool], start: int, last: int, segment: tuple, measure: Any,
+          pending: datetime | None) -> tuple[list[int], int]:
+    """The valid nights from `start` on before the first valid one in another segment or measure, or at or after the
+    next acceptance (or the last night), and where that stretch ends (exclusive)."""
+    idx = []
+    end = last
+    for j in range(start, last):
+        if valid[j]:
+            n = nights[j]
+            if n.segment != segment or n.measure != measure or (pending and n.when is not None and n.when >= pending):
+                end = j
+                break
+            idx.append(j)
+    return idx, end
 
 
 def _agree(nights: Sequence[NightIn], cand: Sequence[int], settings: RegressionSettings, s: float) -> bool:
