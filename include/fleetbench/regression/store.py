@@ -67,9 +67,9 @@ HOSTS_PER_READ = 50  # hosts whose history is read at once
 
 
 class HistoryRows(collections.abc.Sequence):
-    """One (host, case)'s rows of `read_history`, oldest first, kept as tuples: a row is made a dict only when it is
-    looked at (`series[i]`), and the replay reads `columns` (a fleet night reads a million rows, and a dict each
-    would cost as much as the replay)."""
+    """One (host, case)'s rows of `read_history`, oldest first, kept as the query returned them: a row is made a dict
+    only when it is looked at (`series[i]`), and the replay reads `columns` (a fleet night reads a million rows,
+    and a dict each would cost as much as the replay)."""
 
     def __init__(self, names: Sequence[str], rows: list):
         self.names = tuple(names)
