@@ -449,3 +449,77 @@ def test_quiet_stretches_replay_exactly_as_night_by_night(seed, monkeypatch):
         monkeypatch.undo()
         assert [repr(v) for v in fast] == [repr(v) for v in slow]
         assert repr(last[-1]) == repr(slow[-1]) and all(v is None for v in last[:-1])
+
+
+def _night_by_night(series, accepted, detected_at) -> list[dict] | None:
+    """assess_series the long way: each metric's nights built row by row with `metric_value`, replayed in full
+    night by night (the quiet-stretch shortcut off), the last night's verdict made into findings."""
+    from fleetbench.regression.detect import ENERGY_SOURCES, metric_value, metrics_of, primary_of
+    from fleetbench.regression.store import finding_row
+    from fleetbench.regression.track import segment_of
+
+    last, unit = series[-1], primary_of(series[-1])[1]
+    findings, judged = [], False
+    for metric, direction in metrics_of(last):
+        ns = []
+        for r in series:
+            value, measure = metric_value(r, metric, unit), None
+            if metric == "energy_j":
+                measure = r.get("energy_source")
+                value = value if measure in ENERGY_SOURCES else None
+            se = r["step_cv"] / math.sqrt(r["step_count"]) if r.get("step_cv") is not None and r.get(
+                "step_count") else None
+            ns.append(NightIn(value, segment_of(r), r["logical_date"] if accepted else None, se, r["run_id"], measure))
+        verdict = track(ns, direction, TRACKED, accepted)[-1]
+        if verdict is not None:
+            judged = True
+            if verdict.kind is not None:
+                findings.append(finding_row(last, metric, direction, verdict, series, TRACKED, detected_at))
+    group_findings(findings, primary_of(last)[0])
+    return findings if judged else None
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_assess_series_gives_the_night_by_night_findings(seed, monkeypatch):
+    """A (host, case)'s findings come out as the night-by-night replay of each metric finds them: random nights with
+    noise, steps, a new driver, missing values (on the last night too), energy measured and estimated, a primary
+    metric that changes name or unit, step-level noise missing, and an acceptance."""
+    import importlib
+
+    track_module = importlib.import_module("fleetbench.regression.track")
+    rng = np.random.default_rng(100 + seed)
+    n = int(rng.integers(12, 70))
+    values = (1 + rng.normal(0, rng.choice([0.003, 0.01, 0.03]), n)).tolist()
+    change, factor = int(rng.integers(4, n)), float(rng.choice([0.7, 0.85, 0.95, 1.0, 1.15]))
+    for i in range(change, n):
+        values[i] *= factor
+    values[int(rng.integers(0, n))] *= 0.8  # a one-night outlier
+    if seed % 2:
+        rows = result_rows(values)
+    else:
+        rows = metric_rows(values, "avg_busbw", "GB/s", "higher")
+        for r in rows:
+            r.update(energy_source="measured", energy_j=900.0 * r["value"] / 100.0, step_cv=0.01, step_count=50)
+    for i, r in enumerate(rows):
+        if i >= change and seed % 3:
+            r["driver_version"] = "550.54.14"
+        if seed % 4 == 1 and i >= n // 2:
+            r["energy_source"] = "estimated"
+        if rng.random() < 0.08:
+            r[rng.choice(["images_per_sec", "value", "duration_s", "energy_j", "cost_usd"])] = None
+        if rng.random() < 0.05:
+            r["step_cv"] = None
+    if seed % 8 == 2:
+        for r in rows[-5:]:
+            r["unit"] = "MB/s"  # another unit: not compared with the GB/s nights
+    if seed % 8 == 4:
+        rows[-3]["metric"] = "p99_latency"  # a night whose primary metric is another one
+    if seed % 5 == 3:
+        rows[-1]["duration_s"] = None
+        rows[-1]["energy_source"] = "none"
+    accepted = [DAY0 + timedelta(days=int(rng.integers(0, n)))] if seed % 3 == 0 else []
+    fast = assess_series(rows, TRACKED, accepted, detected_at="t")
+    monkeypatch.setattr(track_module, "_quiet_stretch", lambda *a, **k: (a[3], []))
+    slow = _night_by_night(rows, accepted, "t")
+    monkeypatch.undo()
+    assert repr(fast) == repr(slow)

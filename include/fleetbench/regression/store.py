@@ -9,10 +9,11 @@ regressions and improvements, suspected or confirmed, with the metric they repea
 
 from __future__ import annotations
 
+import collections.abc
+import itertools
 import json
 import logging
 import math
-import operator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Mapping, Sequence
@@ -20,7 +21,8 @@ from typing import Any, Mapping, Sequence
 from fleetbench.config import RegressionSettings
 from fleetbench.regression.detect import (
     ENERGY_SOURCES,
-    metric_value,
+    LEGACY_PRIMARY,
+    SECONDARY,
     metrics_of,
     most_common,
     primary_of,
@@ -64,8 +66,28 @@ HISTORY_COLUMNS = ("dag_id", "run_id", "logical_date", "host", "case_key", "imag
 HOSTS_PER_READ = 50  # hosts whose history is read at once
 
 
+class HistoryRows(collections.abc.Sequence):
+    """One (host, case)'s rows of `read_history`, oldest first, kept as the query returned them: a row is made a dict
+    only when it is looked at (`series[i]`), and the replay reads `columns` (a fleet night reads a million rows,
+    and a dict each would cost as much as the replay)."""
+
+    def __init__(self, names: Sequence[str], rows: list):
+        self.names = tuple(names)
+        self._rows = rows
+        self.columns: dict[str, list] = dict(zip(self.names, map(list, zip(*rows)))) if rows else {
+            n: [] for n in self.names}
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [dict(zip(self.names, r)) for r in self._rows[i]]
+        return dict(zip(self.names, self._rows[i]))
+
+
 def read_history(conn, dag_id: str, hosts: Sequence[str], case_keys: Sequence[str], until, since,
-                 run_id: str) -> dict[tuple[str, str], list[dict]]:
+                 run_id: str) -> dict[tuple[str, str], HistoryRows]:
     """The ok results of these hosts and cases with a logical date in [since, until) plus the run's own, oldest
     first, per (host, case). The one place that decides which stored results count as a night's result."""
     from sqlalchemy import or_, select
@@ -77,13 +99,14 @@ def read_history(conn, dag_id: str, hosts: Sequence[str], case_keys: Sequence[st
                                  br.c.case_key.in_(list(case_keys)), br.c.logical_date >= since,
                                  or_(br.c.logical_date < until, br.c.run_id == run_id))
              .order_by(br.c.host, br.c.case_key, br.c.logical_date, br.c.run_id))
-    out: dict[tuple[str, str], list[dict]] = {}
+    grouped: dict[tuple[str, str], list] = {}
     at_host, at_case = HISTORY_COLUMNS.index("host"), HISTORY_COLUMNS.index("case_key")
-    for r in conn.execute(query).all():  # fetched at once, zipped into dicts: a fleet night reads a million rows
-        out.setdefault((r[at_host], r[at_case]), []).append(dict(zip(HISTORY_COLUMNS, r)))
-    for series in out.values():  # in date order already; the run's own result last, even if another run
-        series.sort(key=lambda m: m["run_id"] == run_id)  # shares its logical date (a stable sort)
-    return out
+    at_run = HISTORY_COLUMNS.index("run_id")
+    for r in conn.execute(query).all():  # fetched at once: a fleet night reads a million rows
+        grouped.setdefault((r[at_host], r[at_case]), []).append(r)
+    for series in grouped.values():  # in date order already; the run's own result last, even if another run
+        series.sort(key=lambda m: m[at_run] == run_id)  # shares its logical date (a stable sort)
+    return {key: HistoryRows(HISTORY_COLUMNS, series) for key, series in grouped.items()}
 
 
 def read_acceptances(conn, dag_id: str, hosts: Sequence[str]) -> dict[tuple[str, str], list[datetime]]:
@@ -155,10 +178,16 @@ def assess_series(series: Sequence[Mapping[str, Any]], settings: RegressionSetti
         return None
     row = series[-1]
     findings, judged = [], False
-    common = _night_fields(series, dated=bool(accepted))
+    cols, common, primaries = {}, None, []
     unit = primary_of(row)[1]
     for metric, direction in metrics_of(row):
-        nights = nights_of(series, metric, unit, common)
+        if _value_of(row, primary_of(row), metric, unit) is None:
+            continue  # the last night has no value of this metric: no verdict, whatever the nights before it
+        if common is None:
+            cols = _columns(series)
+            common = _night_fields(cols, dated=bool(accepted))
+            primaries = _primaries(cols)
+        nights = _nights(cols, metric, unit, common, primaries)
         verdict = track(nights, direction, settings, accepted, last_only=True)[-1]
         if verdict is None:
             continue
@@ -169,40 +198,82 @@ def assess_series(series: Sequence[Mapping[str, Any]], settings: RegressionSetti
     return findings if judged else None
 
 
-_SEGMENT = operator.itemgetter(*SEGMENT_FIELDS)
+# What the replay reads of a row: its segment, date, step-level noise, run, primary metric and metric values.
+REPLAY_COLUMNS = (*SEGMENT_FIELDS, "logical_date", "step_cv", "step_count", "run_id", "metric", "unit", "better",
+                  "value", "images_per_sec", "energy_source", *SECONDARY)
 
 
-def _night_fields(series: Sequence[Mapping[str, Any]], dated: bool = True) -> list[tuple]:
-    """What every metric's nights share, per night: (segment, when, step-level standard error, run_id). `dated`:
+def _columns(series: Sequence[Mapping[str, Any]]) -> dict[str, list]:
+    """The columns the replay reads (`REPLAY_COLUMNS`), a missing field as None: `HistoryRows.columns` as they are,
+    else taken from the row dicts."""
+    if isinstance(series, HistoryRows) and all(c in series.columns for c in REPLAY_COLUMNS):
+        return series.columns
+    return {c: [r.get(c) for r in series] for c in REPLAY_COLUMNS}
+
+
+def _primaries(cols: Mapping[str, list]) -> list[tuple]:
+    """Each row's `detect.primary_of`, from its columns."""
+    return [(m, u, "lower" if b == "lower" else "higher") if m else LEGACY_PRIMARY if ips is not None else
+            (None, None, "higher")
+            for m, u, b, ips in zip(cols["metric"], cols["unit"], cols["better"], cols["images_per_sec"])]
+
+
+def _night_fields(cols: Mapping[str, list], dated: bool = True) -> tuple[list, list, list, list]:
+    """What every metric's nights share, as columns: (segments, whens, step-level standard errors, run_ids). `dated`:
     False leaves `when` None (the replay reads it only against acceptances)."""
-    out = []
-    for r in series:
-        se = None
-        if r.get("step_cv") is not None and r.get("step_count"):
-            se = float(r["step_cv"]) / math.sqrt(r["step_count"])
-        try:
-            segment = _SEGMENT(r)  # a row of read_history has every field
-        except KeyError:
-            segment = segment_of(r)
-        out.append((segment, utc(r["logical_date"]) if dated else None, se, r["run_id"]))
-    return out
+    segments = list(zip(*(cols[f] for f in SEGMENT_FIELDS)))
+    ses = [float(cv) / math.sqrt(n) if cv is not None and n else None for cv, n in zip(cols["step_cv"],
+                                                                                         cols["step_count"])]
+    whens = [utc(d) for d in cols["logical_date"]] if dated else [None] * len(segments)
+    return segments, whens, ses, cols["run_id"]
 
 
-def nights_of(series: Sequence[Mapping[str, Any]], metric: str, unit: str | None = None,
-              common: Sequence[tuple] | None = None) -> list[NightIn]:
+def nights_of(series: Sequence[Mapping[str, Any]], metric: str, unit: str | None = None) -> list[NightIn]:
     """A metric's nights for `track` (`detect.metric_value`: a night whose primary metric is another one, or in
     another unit than `unit`, has no value). Energy compares like with like: a night whose energy came another
-    way (measured, estimated) starts a new baseline. `common`: `_night_fields(series)`, when already at hand."""
-    common = common if common is not None else _night_fields(series)
-    out = []
-    for r, (seg, when, se, run_id) in zip(series, common):
-        value, measure = metric_value(r, metric, unit), None
-        if metric == "energy_j":
-            measure = r.get("energy_source")
-            if measure not in ENERGY_SOURCES:
-                value = None
-        out.append(NightIn(value, seg, when, se, run_id, measure))
-    return out
+    way (measured, estimated) starts a new baseline."""
+    cols = _columns(series)
+    return _nights(cols, metric, unit, _night_fields(cols), _primaries(cols))
+
+
+def _nights(cols: Mapping[str, list], metric: str, unit: str | None, common: tuple[list, list, list, list],
+            primaries: list[tuple]) -> list[NightIn]:
+    """`nights_of` from the columns, the shared fields (`_night_fields`) and each row's primary metric worked out
+    once for all the metrics (a fleet night builds a million nights)."""
+    segments, whens, ses, run_ids = common
+    n = len(segments)
+    if primaries and primaries.count(primaries[0]) == n:  # one primary metric throughout: by column
+        name, row_unit, _ = primaries[0]
+        if name == metric:
+            values = ([None] * n if unit is not None and row_unit is not None and row_unit != unit else
+                      [v if m else ips for v, m, ips in zip(cols["value"], cols["metric"], cols["images_per_sec"])])
+        elif metric in SECONDARY:
+            values = cols[metric]
+        else:
+            values = [None] * n
+    else:
+        values = [_value_of(r, p, metric, unit) for r, p in zip(_dicts(cols), primaries)]
+    if metric == "energy_j":
+        measures = cols["energy_source"]
+        values = [v if m in ENERGY_SOURCES else None for v, m in zip(values, measures)]
+    else:
+        measures = itertools.repeat(None)
+    return list(map(NightIn, values, segments, whens, ses, run_ids, measures))
+
+
+def _dicts(cols: Mapping[str, list]) -> list[dict]:
+    names = list(cols)
+    return [dict(zip(names, r)) for r in zip(*cols.values())]
+
+
+def _value_of(r: Mapping[str, Any], primary: tuple, metric: str, unit: str | None) -> float | None:
+    """`detect.metric_value(r, metric, unit)` with the row's `primary_of` already worked out."""
+    name, row_unit, _ = primary
+    if name == metric:
+        if unit is not None and row_unit is not None and row_unit != unit:
+            return None
+        return r.get("value") if r.get("metric") else r.get("images_per_sec")
+    return r.get(metric) if metric in SECONDARY else None
 
 
 def finding_row(row: Mapping[str, Any], metric: str, direction: str, v: Verdict,

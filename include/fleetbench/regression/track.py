@@ -42,7 +42,9 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 import math
+import operator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Mapping, NamedTuple, Sequence
@@ -56,6 +58,7 @@ from fleetbench.regression.detect import MAD_TO_SIGMA, mad, median
 # health state of the host's GPUs when the case ran (healthy, degraded, unfit; None where not checked).
 SEGMENT_FIELDS = ("driver_version", "cuda_driver_version", "image_digest", "host_gpu_health")
 SEGMENT_MIN_NIGHTS = 3  # the several nights' test needs a median of at least this many
+_SEGMENT_OF, _MEASURE_OF = operator.attrgetter("segment"), operator.attrgetter("measure")
 MEDIAN_SE = 1.2533  # sqrt(pi / 2): the standard error of a median of normal values, in sigma / sqrt(k)
 
 
@@ -202,7 +205,8 @@ def track(nights: Sequence[NightIn], direction: str, settings: RegressionSetting
                 and not (pending and n.when is not None and n.when >= pending[0])):
             mine = seen.setdefault(base_seg, [])
             end, stretch = _quiet_stretch(nights, values_of, valid, i, last, mine, base_seg,
-                                          nights[base_from].measure, pending[0] if pending else None, settings)
+                                          nights[base_from].measure, pending[0] if pending else None, settings,
+                                          verdicts=not last_only)
             if end > i:
                 if any(v is not None for v in stretch):
                     run_kind, run_len = None, 0
@@ -320,7 +324,8 @@ def track(nights: Sequence[NightIn], direction: str, settings: RegressionSetting
 
 def _quiet_stretch(nights: Sequence[NightIn], values: Sequence[float | None], valid: Sequence[bool], start: int,
                    last: int, base: Sequence[int], segment: tuple, measure: Any, pending: datetime | None,
-                   settings: RegressionSettings) -> tuple[int, list[tuple[float, int, float] | None]]:
+                   settings: RegressionSettings,
+                   verdicts: bool = True) -> tuple[int, list[tuple[float, int, float] | None]]:
     """The quiet nights from `start` on, at once: what the replay's quiet-night path does one night at a time.
 
     From `start` (nothing open, no recovered regression's nights excluded), while a night is in the baseline's
@@ -329,27 +334,31 @@ def _quiet_stretch(nights: Sequence[NightIn], values: Sequence[float | None], va
     stretch before it, and the night is quiet when it is less than `min_effect_pct` off their median. The
     stretch ends before the first night that is not quiet (the replay judges it in full). Returns the end
     (exclusive) and, per night, None (no value, too little baseline, a median <= 0) or (median, baseline
-    nights, change %)."""
-    idx = []
-    end = start
-    while end < last:
-        n = nights[end]
-        if valid[end]:
-            if n.segment != segment or n.measure != measure or (pending and n.when is not None and n.when >= pending):
-                break
-            idx.append(end)
-        end += 1
+    nights, change %). `verdicts` False (only the last night's verdict is wanted): the list is [()] when a night
+    of the stretch was judged, else empty (all the replay needs of it)."""
+    part = nights[start:last]
+    if (pending is None and list(map(_SEGMENT_OF, part)).count(segment) == len(part)
+            and list(map(_MEASURE_OF, part)).count(measure) == len(part)):
+        idx, end = list(itertools.compress(range(start, last), valid[start:last])), last  # one segment: no scan
+    else:
+        idx, end = _scan(nights, valid, start, last, segment, measure, pending)
     if not idx:
         return start, []
     w, p = settings.window, len(base)
-    arr = np.fromiter((values[j] for j in (*base[-w:], *idx)), dtype=float)
+    arr = np.fromiter(map(values.__getitem__, (*base[-w:], *idx)), dtype=float)
     p = min(p, w)  # arr starts with at most `window` baseline nights
     meds = np.full(len(idx), np.nan)
     k = np.minimum(np.arange(p, p + len(idx)), w)
     full = np.flatnonzero(p + np.arange(len(idx)) >= w)
-    if len(full):
-        windows = np.lib.stride_tricks.sliding_window_view(arr, w)
-        meds[full] = np.median(windows[p + full - w], axis=1)
+    if len(full):  # the median of each full window: its middle value(s) by partition, as np.median takes them
+        windows = np.lib.stride_tricks.as_strided(arr[p + int(full[0]) - w:], shape=(len(full), w),
+                                                  strides=(arr.strides[0], arr.strides[0]), writeable=False)
+        half = w // 2
+        if w % 2:
+            meds[full] = np.partition(windows, half, axis=1)[:, half]
+        else:
+            part = np.partition(windows, (half - 1, half), axis=1)
+            meds[full] = (part[:, half - 1] + part[:, half]) / 2.0
     early = min(len(idx), max(w - p, 0))  # nights whose baseline is all the nights before them (fewer than w)
     if early:
         ordered = sorted(arr[:p].tolist())
@@ -366,9 +375,27 @@ def _quiet_stretch(nights: Sequence[NightIn], values: Sequence[float | None], va
     loud = np.flatnonzero(judged & ~(np.abs(d) < settings.min_effect_pct))
     stop = int(loud[0]) if len(loud) else len(idx)
     end = idx[stop] if stop < len(idx) else end
+    if not verdicts:
+        return end, [()] if judged[:stop].any() else []
     info: dict[int, tuple[float, int, float]] = {
         idx[t]: (float(meds[t]), int(k[t]), float(d[t])) for t in range(stop) if judged[t]}
     return end, [info.get(j) for j in range(start, end)]
+
+
+def _scan(nights: Sequence[NightIn], valid: Sequence[bool], start: int, last: int, segment: tuple, measure: Any,
+          pending: datetime | None) -> tuple[list[int], int]:
+    """The valid nights from `start` on before the first valid one in another segment or measure, or at or after the
+    next acceptance (or the last night), and where that stretch ends (exclusive)."""
+    idx = []
+    end = last
+    for j in range(start, last):
+        if valid[j]:
+            n = nights[j]
+            if n.segment != segment or n.measure != measure or (pending and n.when is not None and n.when >= pending):
+                end = j
+                break
+            idx.append(j)
+    return idx, end
 
 
 def _agree(nights: Sequence[NightIn], cand: Sequence[int], settings: RegressionSettings, s: float) -> bool:
