@@ -38,3 +38,32 @@ wait_for() {
     sleep 0.5
   done
 }
+
+build_pip_image() {
+  # build_pip_image NAME WHAT DIR [FILE...] : build DIR/Dockerfile (with FILEs of DIR in its context) FROM the
+  # local base image as NAME:<hash of the base and the inputs>, then tag it NAME:latest. Cached: a warm run only
+  # re-tags. The build machine's CA bundle goes into the context, for pip behind a TLS-intercepting proxy.
+  local name=$1 what=$2 dir=$3; shift 3
+  local base="${FLEETBENCH_BASE_IMAGE:-fleetbench/base:bookworm}" log="$FB_STATE/${name##*/}-build.log"
+  bash "$FB_ROOT/include/images/base/build.sh"
+  local base_id inputs_hash tag
+  base_id="$(docker image inspect -f '{{.Id}}' "$base")"
+  inputs_hash="$( (echo "$base_id"; cd "$dir" && cat Dockerfile "$@") | sha256sum | cut -c1-12)"
+  tag="$name:$inputs_hash"
+  if docker image inspect "$tag" >/dev/null 2>&1; then
+    say "$what image $tag is cached"
+  else
+    say "building $tag ($what from PyPI: several minutes the first time on this machine)"
+    local ctx ca="${PIP_CERT:-${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}}"
+    [ -r "$ca" ] || die "no CA bundle at $ca (set PIP_CERT)"
+    ctx="$(mktemp -d "${TMPDIR:-/tmp}/fleetbench-image.XXXXXX")"
+    (cd "$dir" && cp Dockerfile "$@" "$ctx/") && cp "$ca" "$ctx/ca.crt"
+    if ! DOCKER_BUILDKIT=0 docker build -q --network host --build-arg "BASE=$base" \
+        --label "org.fleetbench.inputs=$inputs_hash" -t "$tag" "$ctx" >/dev/null 2>"$log"; then
+      rm -rf "$ctx"; tail -n 30 "$log" >&2; die "building the $what image failed"
+    fi
+    rm -rf "$ctx"
+  fi
+  docker tag "$tag" "$name:latest"
+  say "$what image ready: $name:latest"
+}
