@@ -65,37 +65,10 @@ def main() -> int:
     if args.compile:
         network = torch.compile(network)
     batch = args.batch_size * devices
-    images = torch.randn(batch, 3, args.image_size, args.image_size, device=device).to(memory_format=memory_format)
-    labels = torch.randint(0, args.num_classes, (batch,), device=device)
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(args.precision)
-    scaler = torch.amp.GradScaler(device.type) if args.precision == "fp16" else None
-    loss_fn = torch.nn.CrossEntropyLoss()
-
-    def step() -> float:
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-            loss = loss_fn(network(images), labels)
-        if scaler is not None:
-            scaler.scale(loss).backward()
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            loss.backward()
-            optimizer.step()
-        return loss.item()  # waits for the device
-
+    step = training_step(args, torch, network, optimizer, batch, device, memory_format)
     for _ in range(args.num_warmup_batches):
         step()
-    times, loss = [], float("nan")
-    for i in range(1, args.num_batches + 1):
-        start = time.perf_counter()
-        loss = step()
-        elapsed = time.perf_counter() - start
-        times.append(elapsed)
-        print(f"step {i}: {batch / elapsed:.2f} images/sec loss {loss:.4f}", flush=True)
-    emit("images_per_sec", batch * len(times) / sum(times), "images/s", "higher")
-    emit("step_time_median", statistics.median(times) * 1000, "ms", "lower")
-    emit("final_loss", loss, "1", "lower")
+    emit_results(*timed_steps(step, args.num_batches, batch, show=True), batch)
     return 0
 
 
@@ -125,46 +98,63 @@ def distributed(args, torch, torchvision, device) -> int:
         if args.compile:
             network = torch.compile(network)
         batch = args.batch_size
-        images = torch.randn(batch, 3, args.image_size, args.image_size, device=device).to(
-            memory_format=memory_format)
-        labels = torch.randint(0, args.num_classes, (batch,), device=device)
-        dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(args.precision)
-        scaler = torch.amp.GradScaler(device.type) if args.precision == "fp16" else None
-        loss_fn = torch.nn.CrossEntropyLoss()
-
-        def step() -> float:
-            optimizer.zero_grad(set_to_none=True)
-            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-                loss = loss_fn(network(images), labels)
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                loss.backward()  # DDP all-reduces the gradients here
-                optimizer.step()
-            return loss.item()
-
+        step = training_step(args, torch, network, optimizer, batch, device, memory_format)
         for _ in range(args.num_warmup_batches):
             step()
         dist.barrier()
-        times, loss = [], float("nan")
-        total = batch * world
-        for i in range(1, args.num_batches + 1):
-            start = time.perf_counter()
-            loss = step()
-            elapsed = time.perf_counter() - start
-            times.append(elapsed)
-            if lead:
-                print(f"step {i}: {total / elapsed:.2f} images/sec loss {loss:.4f}", flush=True)
+        total = batch * world  # DDP all-reduces the gradients in each step's backward
+        times, loss = timed_steps(step, args.num_batches, total, show=lead)
         dist.barrier()
         if lead:
-            emit("images_per_sec", total * len(times) / sum(times), "images/s", "higher")
-            emit("step_time_median", statistics.median(times) * 1000, "ms", "lower")
-            emit("final_loss", loss, "1", "lower")
+            emit_results(times, loss, total)
     finally:
         dist.destroy_process_group()
     return 0
+
+
+def training_step(args, torch, network, optimizer, batch: int, device, memory_format):
+    """One SGD step of `network` on a synthetic batch made once (the input pipeline is not what is measured),
+    in the case's precision; the step returns the loss, which waits for the device."""
+    images = torch.randn(batch, 3, args.image_size, args.image_size, device=device).to(memory_format=memory_format)
+    labels = torch.randint(0, args.num_classes, (batch,), device=device)
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(args.precision)
+    scaler = torch.amp.GradScaler(device.type) if args.precision == "fp16" else None
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step() -> float:
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            loss = loss_fn(network(images), labels)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            loss.backward()
+            optimizer.step()
+        return loss.item()
+
+    return step
+
+
+def timed_steps(step, num_batches: int, images_per_step: int, show: bool) -> tuple[list[float], float]:
+    """Time `num_batches` steps; `show`: print each step's images/sec (the harness's step lines)."""
+    times, loss = [], float("nan")
+    for i in range(1, num_batches + 1):
+        start = time.perf_counter()
+        loss = step()
+        elapsed = time.perf_counter() - start
+        times.append(elapsed)
+        if show:
+            print(f"step {i}: {images_per_step / elapsed:.2f} images/sec loss {loss:.4f}", flush=True)
+    return times, loss
+
+
+def emit_results(times: list[float], loss: float, images_per_step: int) -> None:
+    """The case's metric lines: throughput (the primary metric), median step time, final loss."""
+    emit("images_per_sec", images_per_step * len(times) / sum(times), "images/s", "higher")
+    emit("step_time_median", statistics.median(times) * 1000, "ms", "lower")
+    emit("final_loss", loss, "1", "lower")
 
 
 if __name__ == "__main__":
