@@ -167,6 +167,18 @@ def test_pivot_of_the_primary_metric(fleet):
     assert data["columns"] == ["resnet50", "vgg16"] and data["data"] == [[4, 4]]  # one logical date: 2 hosts x 2 runs
 
 
+def test_pivot_csv_quotes_labels_a_spreadsheet_would_run_as_a_formula(tmp_path):
+    """A run id is a label of a pivot; one starting with = (or + - @) reaches a spreadsheet as text."""
+    url = f"sqlite:///{tmp_path}/w.db"
+    engine = get_engine(url)
+    upgrade(engine)
+    store_run(engine, run_row("=1+1"), [], [result_row("a", run_id="=1+1", host="@gpu")])
+    engine.dispose()
+    proc = cli("results", "--all", "--pivot", "run_id:host", "--value", "images_per_sec", "--format", "csv", url=url)
+    assert proc.returncode == 0, proc.stderr
+    assert list(csv.reader(io.StringIO(proc.stdout))) == [["run_id", "'@gpu"], ["'=1+1", "100.0"]]
+
+
 def test_parquet_holds_the_rows_with_cost_per_unit(fleet, tmp_path):
     import pandas as pd
 
@@ -195,6 +207,8 @@ def test_parquet_holds_the_rows_with_cost_per_unit(fleet, tmp_path):
                                 "pick one with --metric NAME"),
     (["--pivot", "model:host", "--value", "command"], "--value 'command': not a value column"),
     (["--value", "cost_usd"], "--value and --agg go with --pivot ROWS:COLUMNS"),
+    (["--metric", "images_per_sec", "--pivot", "gpu_catalog_name:host"],
+     "no ok result has both a 'gpu_catalog_name' and a 'host' to pivot on"),
     (["--metric", "tokens_per_sec"], "--metric 'tokens_per_sec': no result has that primary metric (these have: "
                                      "avg_busbw, images_per_sec)"),
     (["--format", "parquet", "--out", "/nonexistent/dir/x.parquet"],

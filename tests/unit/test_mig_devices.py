@@ -69,12 +69,20 @@ def test_gpu_list_reads_gpus_and_their_mig_devices():
     ("", "empty output"),
     ("\x00\x01garbage", "binary data"),
     ("No devices were found\n", "no 'GPU N: NAME (UUID: GPU-...)' line"),
-    (MIXED_4A100.read_text().replace("MIG 1g.20gb", "MIG 1g.twenty", 1), "profile this parser does not know"),
 ])
 def test_gpu_list_that_is_not_one_is_unreadable(text, says):
     with pytest.raises(G.Unreadable, match="nvidia-smi -L") as err:
         G.parse_gpu_list(text)
     assert says in str(err.value)
+
+
+def test_a_mig_device_of_an_unknown_profile_is_left_out_not_the_whole_list():
+    """A profile name no case can ask for (a newer driver's) drops that device only: the host's other instances
+    stay usable."""
+    whole = G.parse_gpu_list(MIXED_4A100.read_text())
+    odd = G.parse_gpu_list(MIXED_4A100.read_text().replace("MIG 1g.20gb", "MIG 1g.twenty", 1))
+    assert [len(g["mig"]) for g in odd] == [len(g["mig"]) - (i == 0) for i, g in enumerate(whole)]
+    assert "1g.twenty" not in {d["profile"] for g in odd for d in g["mig"]}
 
 
 def test_facts_keep_the_list_and_take_the_gpus_from_it(tmp_path):

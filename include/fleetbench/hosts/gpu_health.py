@@ -296,8 +296,8 @@ def parse_gpu_list(text: str) -> list[dict]:
             gpus.append({"index": int(m.group(1)), "name": m.group(2).strip(), "uuid": m.group(3), "mig": []})
         elif (m := _LIST_MIG.match(line)) and gpus:
             profile = m.group(1)
-            if not MIG_PROFILE.match(profile):
-                raise Unreadable(f"nvidia-smi -L: MIG device with a profile this parser does not know: {profile!r}")
+            if not MIG_PROFILE.match(profile):  # no case can ask for it (config checks profiles the same way)
+                continue
             gpus[-1]["mig"].append({"profile": profile, "device": int(m.group(2)), "uuid": m.group(3)})
     if not gpus:
         raise Unreadable("nvidia-smi -L: no 'GPU N: NAME (UUID: GPU-...)' line: not a layout this parser knows")

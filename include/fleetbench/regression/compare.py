@@ -105,7 +105,8 @@ def shared_primary(before: Sequence[Row], after: Sequence[Row]) -> tuple[str | N
     """(metric, unit, better) of the primary metric the sides compare on: the after side's most common one that
     the before side has too; (None, None, "higher") when they share none."""
     have = {primary_of(r)[:2] for r in before}
-    for key in sorted({primary_of(r) for r in after}, key=lambda k: -sum(primary_of(r) == k for r in after)):
+    for key in sorted({primary_of(r) for r in after},
+                      key=lambda k: (-sum(primary_of(r) == k for r in after), str(k))):  # ties: by name, stable
         if key[0] and key[:2] in have:
             return key
     return None, None, "higher"

@@ -295,7 +295,8 @@ def _host_checks(conn, run_id: str | None, dag_id: str | None) -> dict[tuple, di
     host_facts and those kept in superseded_host_facts (the latest kept of one collected_at)."""
     out: dict[tuple, dict] = {}
     for table in (superseded_host_facts, host_facts):  # host_facts last: the stored check wins
-        query = select(table)
+        # what the attempts show, not the facts' JSON (a store of every check ever made is large)
+        query = select(*[table.c[c] for c in ("dag_id", "run_id", "host", "collected_at", *HOST_CHECK_FIELDS)])
         if run_id:
             query = query.where(table.c.run_id == run_id)
         if dag_id:

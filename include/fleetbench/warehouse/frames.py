@@ -69,6 +69,8 @@ def pivot(frame, spec: str, value: str = "value", agg: str = "median"):
     if ok.empty:
         raise FrameError(f"no ok result has a {value!r} to pivot")
     table = ok.pivot_table(index=index, columns=columns, values=value, aggfunc=agg)
+    if table.empty:
+        raise FrameError(f"no ok result has both a {index!r} and a {columns!r} to pivot on")
     table.columns = [str(c) for c in table.columns]
     table.index = [str(i) for i in table.index]
     table.index.name = index
@@ -80,7 +82,12 @@ def write_frame(frame, fmt: str, out: Any, *, index: bool) -> None:
     """`frame` as `fmt` (table, csv, json, parquet) to the text stream or path `out` (parquet: a path only)."""
     if fmt == "parquet":
         frame.to_parquet(out, index=index)
-    elif fmt == "csv":
+    elif fmt == "csv":  # text cells and labels (run ids, hosts) as a spreadsheet shows them, not as formulas
+        from fleetbench.report.render import csv_cell
+
+        frame = frame.map(csv_cell)
+        frame.index = frame.index.map(csv_cell)
+        frame.columns = frame.columns.map(csv_cell)
         frame.to_csv(out, index=index)
     elif fmt == "json":
         out.write(frame.to_json(orient="split" if index else "records", date_format="iso", indent=2) + "\n")

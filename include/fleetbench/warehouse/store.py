@@ -71,6 +71,7 @@ class _Rows:
     def __init__(self, table, columns: list[str], rows: Iterable[tuple], key: tuple[str, ...]):
         self.table, self.columns, self.key = table, columns, key
         at = [columns.index(k) for k in key] if columns else []
+        rows = list(rows)  # read twice below
         by_key = dict(zip(map(_getter(at), rows), rows))
         # Key order everywhere: two writers of overlapping keys lock rows in the same order.
         try:

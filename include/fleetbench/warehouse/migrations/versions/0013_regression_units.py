@@ -8,7 +8,7 @@
   images/s, duration_s: s, energy_j: J, cost_usd: USD).
 
 Revision ID: 0013
-Revises: 0011
+Revises: 0012
 Create Date: 2026-12-03
 """
 
