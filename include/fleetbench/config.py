@@ -602,11 +602,25 @@ def _multinode_errors(data: dict, hosts: list[tuple[int, dict]], benches: list[t
             if vu == "distributed_replicated" and 1 in nodes:
                 errors.append(f"{path}.nodes: 1 with variable_update distributed_replicated (a cluster mode): "
                               "give the 1-node baseline its own benchmark (e.g. replicated)")
+        if bench.get("mig_profiles"):
+            errors.append(f"{path}.mig_profiles: cases of several hosts (nodes > 1) run on whole GPUs; give the MIG "
+                          "cases a benchmark of their own")
+        if bench.get("device", "gpu") == "gpu" and layout != "launcher" and bench.get("workers_per_node", 1) != 1:
+            errors.append(f"{path}.workers_per_node: GPU cases run one worker per host with the case's num_gpus "
+                          "GPUs (several workers on one host would each see every GPU)")
         names = bench.get("hosts") if isinstance(bench.get("hosts"), list) else list(by_name)
+        spanned = [by_name[n] for n in names if n in by_name]
+        # A local host's containers are reached at 127.0.0.1 unless it has an address: fine while every host of
+        # the benchmark is this machine, never when a remote host must reach it.
+        remote = any(h.get("connection", "local") != "local" for _, h in spanned)
         for name in names:
             if name not in by_name:
                 continue
             j, host = by_name[name]
+            if not host.get("address") and host.get("connection", "local") == "local" and remote:
+                errors.append(f"hosts[{j}].address: is required for local host {name!r} of multi-node benchmark "
+                              f"{bench.get('name')!r}, which also spans remote hosts (they cannot reach it at "
+                              "127.0.0.1)")
             if host.get("queue"):
                 errors.append(f"hosts[{j}].queue: host {name!r} runs multi-node benchmark {bench.get('name')!r}, "
                               "whose containers are started from the default queue: drive its engine over TLS "

@@ -150,7 +150,8 @@ def match_speedup(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], tu
 
 # What makes a 1-node case the baseline of a multi-node one: the same model, batch and GPUs per node (and run,
 # harness, device and precision), on a host of the set.
-NODES_MATCH = ("dag_id", "run_id", "harness", "model", "batch_size_per_device", "num_gpus", "device", "precision")
+NODES_MATCH = ("dag_id", "run_id", "harness", "model", "batch_size_per_device", "num_gpus", "device", "precision",
+               "mig_profile")
 
 
 def match_nodes(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], tuple[float, float]]:

@@ -73,6 +73,27 @@ def test_spanned_hosts_need_an_address_and_no_queue_of_their_own():
         "hosts[0].address: must match ^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$, got 'not an address!'"]
 
 
+def test_a_local_host_spanned_with_remote_hosts_needs_an_address():
+    """127.0.0.1 only works while every host of the benchmark is this machine."""
+    data = config(hosts=("a", "b"))
+    data["hosts"][0] = {"name": "a"}  # local, no address
+    assert errors_of(data) == [
+        "hosts[0].address: is required for local host 'a' of multi-node benchmark 'cnn', which also spans remote "
+        "hosts (they cannot reach it at 127.0.0.1)"]
+    data["hosts"][0]["address"] = "10.0.0.9"
+    assert parse_config(data).hosts[0].cluster_address() == "10.0.0.9"
+
+
+def test_gpu_cases_across_hosts_take_whole_gpus_one_worker_per_host():
+    assert errors_of(config(mig_profiles=["1g.10gb"])) == [
+        "benchmarks[0].mig_profiles: cases of several hosts (nodes > 1) run on whole GPUs; give the MIG cases a "
+        "benchmark of their own"]
+    assert errors_of(config(workers_per_node=2)) == [
+        "benchmarks[0].workers_per_node: GPU cases run one worker per host with the case's num_gpus GPUs "
+        "(several workers on one host would each see every GPU)"]
+    parse_config(config(workers_per_node=2, device="cpu", num_gpus=[0]))  # CPU workers share nothing
+
+
 def test_more_nodes_than_hosts_is_a_warning_and_plans_nothing_of_that_size():
     cfg = parse_config(config(hosts=("a", "b"), nodes=[1, 4]))
     assert config_warnings(cfg) == ["benchmarks[0].nodes: 4 hosts per case, but the benchmark runs on 2 host(s): "
@@ -255,3 +276,17 @@ def test_a_set_with_an_unfit_host_or_two_gpu_models_is_a_row_that_says_why_and_r
                                           ("b", "worker", "10.0.0.2", False, "worker1"),
                                           ("a", "ps", "10.0.0.1", False, "ps0"), ("b", "ps", "10.0.0.2", False, "ps1")]
     assert len({r["container_name"] for r in kwargs["roles"]}) == 4
+
+
+def test_gpus_go_to_the_workers_not_the_parameter_servers():
+    """TensorFlow takes every visible GPU's memory: a ps container beside a worker must see none."""
+    from fleetbench.airflow.multinode import MultiNodeCaseOperator
+
+    roles = multinode.layout(["a", "b"], 1, 1, ps_nodes="all")
+    op = MultiNodeCaseOperator(task_id="mn", case={"host": "a", "case_key": "k"}, command=["python"], roles=roles,
+                               cluster={}, timeout_s=60, log_dir="/tmp", num_gpus=4)
+    requests = {multinode.role_name(r): op._device_requests(r) for r in roles}
+    assert sorted(r["job"] for r in roles) == ["ps", "ps", "worker", "worker"]
+    assert {name for name, req in requests.items() if req is None} == {
+        multinode.role_name(r) for r in roles if r["job"] == "ps"}
+    assert all(req[0]["Count"] == 4 for name, req in requests.items() if req is not None)

@@ -218,17 +218,21 @@ class MultiNodeCaseOperator(BaseOperator):
             mem_limit=settings["mem_limit"],
             nano_cpus=int(settings["cpu_limit"] * 1e9) if settings["cpu_limit"] else None,
             ulimits=[Ulimit(name=k, soft=v, hard=v) for k, v in settings["ulimit_map"].items()],
-            device_requests=self._device_requests(), mounts=mounts or None,
+            device_requests=self._device_requests(role), mounts=mounts or None,
             log_config=LogConfig(config={"max-size": CASE_LOG_MAX_SIZE, "max-file": CASE_LOG_MAX_FILES}))
         created = cli.create_container(image=role["image"], command=command, name=role["container_name"],
                                        environment=settings["environment"], labels=role["labels"],
                                        host_config=host_config)
         return created["Id"]
 
-    def _device_requests(self):
+    def _device_requests(self, role: dict):
+        """The case's GPUs for a worker or launcher node; none for a parameter server (TensorFlow would take
+        every visible GPU's memory from the worker next to it)."""
         from docker.types import DeviceRequest
 
-        return [DeviceRequest(count=self.num_gpus, capabilities=[["gpu"]])] if self.num_gpus else None
+        if not self.num_gpus or role.get("job") == "ps":
+            return None
+        return [DeviceRequest(count=self.num_gpus, capabilities=[["gpu"]])]
 
     # -- the run loop ---------------------------------------------------------------------
     def run_case(self) -> dict:
@@ -261,6 +265,9 @@ class MultiNodeCaseOperator(BaseOperator):
 
             self._remove_all()
             return self._not_started(outcome, start_error_class(exc), str(exc), t0)
+        except BaseException:  # an engine lost, a timeout, a kill between create and start: nothing left behind
+            self._remove_all()
+            raise
 
         try:
             reason, dead = self._watch(t0)
@@ -315,12 +322,14 @@ class MultiNodeCaseOperator(BaseOperator):
             elapsed = time.monotonic() - start
             states = {multinode.role_name(r): self._cli(r).inspect_container(self._cids[multinode.role_name(r)])
                       ["State"] for r in self.roles}
-            for role in self.roles:
-                state = states[multinode.role_name(role)]
-                if state.get("Status") in ("exited", "dead") and (state.get("ExitCode") or state.get("OOMKilled")):
-                    self.log.error("case %s: %s on %s exited %s", self.case["case_key"], multinode.role_name(role),
-                                   role["host"], state.get("ExitCode"))
-                    return "failed", role
+            failed = [r for r in self.roles if states[multinode.role_name(r)].get("Status") in ("exited", "dead")
+                      and (states[multinode.role_name(r)].get("ExitCode")
+                           or states[multinode.role_name(r)].get("OOMKilled"))]
+            if failed:  # the one that died first: a peer whose death took the chief with it is the cause
+                role = min(failed, key=lambda r: states[multinode.role_name(r)].get("FinishedAt") or "")
+                self.log.error("case %s: %s on %s exited %s", self.case["case_key"], multinode.role_name(role),
+                               role["host"], states[multinode.role_name(role)].get("ExitCode"))
+                return "failed", role
             workers = [states[multinode.role_name(r)] for r in self.roles if multinode.runs_to_the_end(r)]
             if all(s.get("Status") in ("exited", "dead") for s in workers):
                 return "done", None
@@ -345,8 +354,12 @@ class MultiNodeCaseOperator(BaseOperator):
             try:
                 if self._cli(role).inspect_container(self._cids[name])["State"].get("Running"):
                     self._cli(role).kill(self._cids[name])
-                    self._cli(role).wait(self._cids[name], timeout=30)
                     stopped.add(name)
+                    try:
+                        self._cli(role).wait(self._cids[name], timeout=30)
+                    except requests.exceptions.ReadTimeout:  # slow to die (e.g. in D state): still ours to remove
+                        self.log.warning("case %s: %s on %s still dying 30 s after SIGKILL", self.case["case_key"],
+                                         name, role["host"])
             except NotFound:
                 pass
             except APIError as exc:  # already exited between the two calls
