@@ -762,6 +762,10 @@ def config_warnings(cfg: FleetConfig) -> list[str]:
         spanned = len(bench.hosts) if bench.hosts is not None else len(cfg.hosts)
         warnings += [f"benchmarks[{i}].nodes: {n} hosts per case, but the benchmark runs on {spanned} host(s): "
                      "no case of that size is planned" for n in bench.nodes if n > spanned]
+        if cfg.fleet.host_pools and max(bench.nodes) > 1:  # an Airflow task holds one pool, not one per host
+            warnings.append(f"benchmarks[{i}].nodes: multi-node cases do not take the per-host pools "
+                            "(fleet.host_pools); within fleet_benchmark they never overlap a host's other cases, "
+                            "but another DAG's task in a spanned host's pool can")
     return warnings
 
 

@@ -290,3 +290,13 @@ def test_gpus_go_to_the_workers_not_the_parameter_servers():
     assert {name for name, req in requests.items() if req is None} == {
         multinode.role_name(r) for r in roles if r["job"] == "ps"}
     assert all(req[0]["Count"] == 4 for name, req in requests.items() if req is not None)
+
+
+def test_host_pools_with_multi_node_cases_is_a_warning_that_says_what_is_not_covered():
+    data = config(hosts=("a", "b"))
+    assert not [w for w in config_warnings(parse_config(data)) if "host_pools" in w]
+    data["fleet"] = {"host_pools": True}
+    assert [w for w in config_warnings(parse_config(data)) if "host_pools" in w] == [
+        "benchmarks[0].nodes: multi-node cases do not take the per-host pools (fleet.host_pools); within "
+        "fleet_benchmark they never overlap a host's other cases, but another DAG's task in a spanned host's pool "
+        "can"]
