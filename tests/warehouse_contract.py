@@ -24,7 +24,8 @@ from fleetbench.warehouse import (
 from fleetbench.warehouse.schema import benchmark_results, host_facts, regressions, result_metrics, runs, steps
 from warehouse_rows import DERIVED, result_row, run_row, step_rows
 
-HEAD = "0015"  # 0015: superseded_host_facts; 0014: multi-node cases; 0013: regression units; 0012: MIG
+HEAD = "0016"  # 0016: partial indexes; 0015: superseded_host_facts; 0014: multi-node cases; 0013: regression units;
+# 0012: MIG
 NEW_RESULT_COLUMNS = set(DERIVED)  # the derived-metric columns revision 0003 adds
 REGRESSION_COLUMNS = {  # name: nullable, as the regression detector expects them
     "id": False, "dag_id": False, "run_id": False, "host": False, "case_key": False, "metric": False,
@@ -139,6 +140,83 @@ def check_capacity_features(engine):
     assert fetch_capacity_features(engine, model="vgg16") == []
 
 
+def check_capacity_reads_profiles_bounds_and_misses(engine):
+    """`capacity.read_rows`: ok readings newest first, each profile per harness (a torch_synthetic resnet50 is not
+    a tf_cnn_benchmarks one), one bound per OOM memory size with its smallest batch, every miss as stored, and
+    only the DAGs asked for; the profile fitted from them is the one the rows make."""
+    from fleetbench.capacity import Settings, fit_profiles, read_rows
+
+    upgrade(engine)
+    rows = [result_row(f"cnn.resnet50.bs{b}.g1.replicated", batch_size_per_device=b, harness="tf_cnn_benchmarks",
+                       peak_gpu_mem_mib=1000.0 + 60 * b) for b in (32, 64, 128)]
+    rows += [result_row(f"torch.resnet50.bs{b}", batch_size_per_device=b, harness="torch_synthetic",
+                        peak_gpu_mem_mib=500.0 + 10 * b) for b in (32, 64, 128)]
+    rows += [result_row(f"cnn.resnet50.bs{b}.g1.replicated", batch_size_per_device=b, harness="tf_cnn_benchmarks",
+                        status="failed", ips=None, capacity_mib=40960.0) for b in (512, 1024)]
+    rows.append(result_row("cnn.resnet50.bs768.g1.replicated", batch_size_per_device=768, harness="tf_cnn_benchmarks",
+                           status="failed", ips=None, capacity_mib=81920.0, predicted_mem_mib=47080.0,
+                           capacity_note="fits: 47080 +- 50 MiB"))
+    rows.append(result_row("cnn.resnet50.bs256.g1.replicated", batch_size_per_device=256, status="failed", ips=None,
+                           failure_class="nonzero_exit", peak_gpu_mem_mib=99999.0))  # no reading, no bound
+    store_run(engine, run_row("r1"), [], rows, [])
+    store_run(engine, {**run_row("r2"), "dag_id": "other"}, [],
+              [dict(result_row("x", run_id="r2", model="vgg16", peak_gpu_mem_mib=9000.0), dag_id="other")], [])
+
+    got = read_rows(engine, ["resnet50"])
+    assert {r["model"] for r in got} == {"resnet50"} and len(got) == 6 + 1 + 1
+    profiles = fit_profiles(got, Settings())
+    tf = profiles[("tf_cnn_benchmarks", "resnet50", "fp32", "gpu")]
+    torch = profiles[("torch_synthetic", "resnet50", "fp32", "gpu")]
+    assert (tf.slope, tf.intercept, tf.n) == (60.0, 1000.0, 3) and (torch.slope, torch.intercept) == (10.0, 500.0)
+    assert tf.ooms == {40960.0: 512, 81920.0: 768} and not torch.ooms
+    assert [m["case_key"] for m in tf.misses] == ["cnn.resnet50.bs768.g1.replicated"]
+    assert {r["model"] for r in read_rows(engine)} == {"resnet50", "vgg16"}
+    assert {r["model"] for r in read_rows(engine, dag_ids={"other"})} == {"vgg16"}
+    assert read_rows(engine, dag_ids=set()) == []
+
+
+def check_report_reads_through_partial_indexes(engine):
+    """The report's multi-node table and the capacity reads name their partial index's condition word for word
+    (revision 0016), so the database reads only those rows: each query's plan uses its index."""
+    from sqlalchemy import event
+
+    from fleetbench.capacity import read_rows
+    from fleetbench.report import build_report
+    from fleetbench.warehouse.schema import MEMORY_READING_ROWS, MULTINODE_OK_ROWS, OOM_ROWS
+
+    upgrade(engine)
+    rows = [result_row(f"c{i}", host=f"h{i % 7}") for i in range(300)]
+    rows += [result_row("m", nodes=2, host_set="h1,h2"), result_row("r", peak_gpu_mem_mib=900.0),
+             result_row("o", status="failed", ips=None, capacity_mib=40960.0)]
+    store_run(engine, run_row("r1"), [], rows, [])
+    with engine.begin() as conn:
+        conn.exec_driver_sql("ANALYZE")
+    indexes = {MULTINODE_OK_ROWS: "ix_benchmark_results_multinode", MEMORY_READING_ROWS:
+               "ix_benchmark_results_memory_readings", OOM_ROWS: "ix_benchmark_results_ooms"}
+    seen: list[tuple[str, str, object]] = []
+
+    def capture(conn, cursor, statement, parameters, context, executemany):
+        for cond, name in indexes.items():
+            if cond in statement and not statement.startswith("EXPLAIN"):
+                seen.append((name, statement, parameters))
+
+    event.listen(engine, "before_cursor_execute", capture)
+    try:
+        report = build_report(engine)
+        read_rows(engine, ["resnet50"])
+    finally:
+        event.remove(engine, "before_cursor_execute", capture)
+    assert report["node_scaling"] and report["capacity"]
+    assert {name for name, _, _ in seen} == set(indexes.values())
+    pg = engine.dialect.name == "postgresql"
+    with engine.connect() as conn:
+        if pg:
+            conn.exec_driver_sql("SET enable_seqscan = off")
+        for name, statement, parameters in seen:
+            plan = conn.exec_driver_sql(("EXPLAIN " if pg else "EXPLAIN QUERY PLAN ") + statement, parameters).all()
+            assert name in str(plan), (statement, plan)
+
+
 def regression(**over) -> dict:
     row = {"dag_id": "fleet_benchmark", "run_id": "r2", "host": "h1", "case_key": "a", "metric": "images_per_sec",
            "direction": "higher", "baseline_value": 100.0, "value": 90.0, "delta_pct": -10.0, "z_score": -4.2,
@@ -184,6 +262,16 @@ def check_migrate_empty_database(engine):
     assert {"ix_benchmark_results_host_case_time", "ix_benchmark_results_logical_date",
             "ix_benchmark_results_case_time"} <= {i["name"] for i in insp.get_indexes("benchmark_results")}
     assert "ix_regressions_host_case_time" in {i["name"] for i in insp.get_indexes("regressions")}
+    partial = {"ix_benchmark_results_memory_readings", "ix_benchmark_results_ooms", "ix_benchmark_results_multinode"}
+    reflected = {i["name"]: i for i in insp.get_indexes("benchmark_results")}
+    assert partial <= {i.name for i in benchmark_results.indexes} and partial <= set(reflected)
+    for index in benchmark_results.indexes:  # the migration's conditions are the schema module's
+        if index.name in partial and engine.dialect.name == "sqlite":
+            assert str(reflected[index.name]["dialect_options"]["sqlite_where"]) == str(
+                index.dialect_options["sqlite"]["where"]), index.name
+    downgrade(engine, "0015")  # revision 0016 adds the partial indexes only
+    assert not partial & {i["name"] for i in inspect(engine).get_indexes("benchmark_results")}
+    upgrade(engine)
     # The schema module and the migrations agree on every table's columns.
     for table in (runs, steps, benchmark_results, regressions, host_facts, result_metrics):
         assert {c["name"] for c in insp.get_columns(table.name)} == {c.name for c in table.columns}, table.name

@@ -26,6 +26,7 @@ import json
 import logging
 import math
 import re
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from statistics import median
 from typing import Any, Iterable, Mapping
@@ -287,31 +288,55 @@ def has_results(engine) -> bool:
     return "capacity_features" in inspect(engine).get_view_names()
 
 
-def read_rows(engine, models: Iterable[str] | None = None, dag_ids: Iterable[str] | None = None) -> list[dict]:
-    """capacity_features rows that can teach a profile (a reading, or an OOM), newest first (an engine or a
-    connection)."""
-    from sqlalchemy import bindparam, text
+# What a profile reads of a result (`key_of`, `fit_profiles`, a miss's evidence, the memory sizes known).
+READ_COLUMNS = ("dag_id", "run_id", "logical_date", "host", "case_key", "harness", "model", "precision", "command",
+                "device", "batch_size_per_device", "status", "failure_class", "peak_gpu_mem_mib", "peak_mem_mib",
+                "capacity_mib", "predicted_mem_mib", "capacity_note")
+# An OOM bound is the smallest batch per (profile features, memory size, OOM class): `fit_profiles` keeps no more.
+BOUND_COLUMNS = ("harness", "model", "precision", "command", "device", "capacity_mib", "failure_class")
 
-    sql = ("SELECT * FROM capacity_features WHERE (oom = 1 OR (status = 'ok' AND "
-           "(peak_mem_mib IS NOT NULL OR peak_gpu_mem_mib IS NOT NULL)))")
-    params: dict[str, Any] = {}
+
+def read_rows(engine, models: Iterable[str] | None = None, dag_ids: Iterable[str] | None = None) -> list[dict]:
+    """The results that can teach a profile (an engine or a connection), current attempts only, in three reads,
+    each on its own partial index (revision 0016), so a year of results is not scanned:
+
+    - ok results with a memory reading, newest first, at most MAX_ROWS (a profile keeps its `window` newest);
+    - every OOM's bound: per harness, model, precision, command, device, memory size and OOM class, the
+      smallest batch that died (one row each, with `status` failed and no run);
+    - OOMs whose plan said "fits" (the misses), newest first, at most MAX_ROWS, each as stored."""
+    from sqlalchemy import text
+
+    from fleetbench.warehouse.schema import MEMORY_READING_ROWS, OOM_ROWS
+
+    where, params = "", {}
     models = sorted(set(models or []))
     if models:
-        sql += " AND model IN :models"
+        where += " AND model IN :models"
         params["models"] = models
     if dag_ids is not None:  # only the DAGs the reader may see
-        sql += " AND dag_id IN :dag_ids"
+        where += " AND dag_id IN :dag_ids"
         params["dag_ids"] = sorted(dag_ids) or [""]
-    sql += f" ORDER BY logical_date DESC, run_id DESC LIMIT {MAX_ROWS}"
-    stmt = text(sql)
-    if models:
-        stmt = stmt.bindparams(bindparam("models", expanding=True))
-    if dag_ids is not None:
-        stmt = stmt.bindparams(bindparam("dag_ids", expanding=True))
-    if hasattr(engine, "connect"):
-        with engine.connect() as conn:
-            return [dict(r._mapping) for r in conn.execute(stmt, params)]
-    return [dict(r._mapping) for r in engine.execute(stmt, params)]  # a connection
+    missed = "capacity_note LIKE 'fits%'"
+    bounds = ", ".join(BOUND_COLUMNS)
+    queries = [
+        f"SELECT {', '.join(READ_COLUMNS)} FROM benchmark_results WHERE {MEMORY_READING_ROWS}{where} "
+        f"ORDER BY logical_date DESC, run_id DESC LIMIT {MAX_ROWS}",
+        f"SELECT {bounds}, MIN(batch_size_per_device) AS batch_size_per_device, 'failed' AS status "
+        f"FROM benchmark_results WHERE {OOM_ROWS}{where} AND (capacity_note IS NULL OR NOT {missed}) "
+        f"GROUP BY {bounds}",
+        f"SELECT {', '.join(READ_COLUMNS)} FROM benchmark_results WHERE {OOM_ROWS}{where} AND {missed} "
+        f"ORDER BY logical_date DESC, run_id DESC LIMIT {MAX_ROWS}",
+    ]
+    with engine.connect() if hasattr(engine, "connect") else nullcontext(engine) as conn:
+        return [dict(r._mapping) for sql in queries for r in conn.execute(_expanding(text(sql), params), params)]
+
+
+def _expanding(stmt, params: Mapping[str, Any]):
+    from sqlalchemy import bindparam
+
+    for name in params:
+        stmt = stmt.bindparams(bindparam(name, expanding=True))
+    return stmt
 
 
 def read_gpu_memory(engine, hosts: Iterable[str]) -> dict[str, float | None]:

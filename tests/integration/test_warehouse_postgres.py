@@ -6,9 +6,11 @@ import pytest
 
 from warehouse_contract import (
     check_capacity_features,
+    check_capacity_reads_profiles_bounds_and_misses,
     check_concurrent_writers,
     check_failed_write_leaves_nothing,
     check_regressions_table,
+    check_report_reads_through_partial_indexes,
     check_rerun_with_fewer_cases_leaves_no_stale_rows,
     check_store_and_rerun_replaces,
 )
@@ -26,6 +28,14 @@ def test_failed_write_leaves_nothing(pg_engine):
 
 def test_capacity_features_view(pg_engine):
     check_capacity_features(pg_engine)
+
+
+def test_capacity_reads_profiles_bounds_and_misses(pg_engine):
+    check_capacity_reads_profiles_bounds_and_misses(pg_engine)
+
+
+def test_report_reads_through_partial_indexes(pg_engine):
+    check_report_reads_through_partial_indexes(pg_engine)
 
 
 def test_regressions_table(pg_engine):

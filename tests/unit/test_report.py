@@ -720,3 +720,37 @@ def test_multi_node_rows_show_their_scaling_across_nodes(engine, tmp_path):
     _, page = written_page(tmp_path, engine)
     [cells] = page.tables["node-scaling-table"]
     assert cells["nodes"][0] == "2" and cells["mean"][1] == pytest.approx(0.8) and cells["host_set"][0] == "c,d"
+
+
+def test_change_map_baseline_is_the_newest_nights_of_the_range(engine, tmp_path, monkeypatch):
+    """The change map reads only the range's newest CHANGE_MAP_NIGHTS nights: a year's range costs what a fortnight's
+    does, and a baseline from long ago does not decide today's change. Past CHANGE_MAP_MAX_CELLS cells it says
+    how many it counted (one past the cap) instead of drawing the map."""
+    from datetime import timedelta
+
+    from fleetbench.report import queries
+    from fleetbench.warehouse import store_run, upgrade
+
+    upgrade(engine)
+    day0 = datetime(2026, 10, 1, 2, tzinfo=timezone.utc)
+    # Nights 0-9 at 50 images/sec, 10-18 at 100, night 19 at 90; hosts b-e only run on the last night.
+    for night in range(20):
+        when = (day0 + timedelta(days=night)).isoformat()
+        ips = 50.0 if night < 10 else 100.0 if night < 19 else 90.0
+        common = {"run_id": f"n{night}", "logical_date": when, "started_at": when, "finished_at": when}
+        rows = [result_row("c", host="a", ips=ips, **common)]
+        if night == 19:
+            rows += [result_row("c", host=h, **common) for h in "bcde"]
+        store_run(engine, {**plain_run_row(f"n{night}"), "logical_date": when}, [], rows)
+    assert queries.CHANGE_MAP_NIGHTS == 15
+    report = report_of(engine, since="2026-10-01", until="2026-11-01")
+    # The 14 nights before the newest in its last 15: 5 at 50, 9 at 100; the median is 100. All 19 would say 50.
+    assert report["change_map"]["cells"]["a"]["c"]["delta_pct"] == pytest.approx(-10.0)
+    assert report["change_map"]["cells"]["b"]["c"]["delta_pct"] is None  # one night: no baseline
+    one_host = report_of(engine, since="2026-10-01", until="2026-11-01", host="a")
+    assert one_host["change_map"]["cells"]["a"]["c"]["delta_pct"] == pytest.approx(-10.0)
+    monkeypatch.setattr(queries, "CHANGE_MAP_MAX_CELLS", 3)
+    report = report_of(engine, since="2026-10-01", until="2026-11-01")
+    assert report["change_map"]["skipped"] == 4 and not report["change_map"]["cells"]
+    _, page = written_page(tmp_path, engine, since="2026-10-01", until="2026-11-01")
+    assert "change-map-skipped" in page.empties

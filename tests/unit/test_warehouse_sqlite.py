@@ -7,8 +7,10 @@ from sqlalchemy import inspect
 from fleetbench.warehouse import get_engine, upgrade, warehouse_url
 from warehouse_contract import (
     check_capacity_features,
+    check_capacity_reads_profiles_bounds_and_misses,
     check_failed_write_leaves_nothing,
     check_regressions_table,
+    check_report_reads_through_partial_indexes,
     check_rerun_with_fewer_cases_leaves_no_stale_rows,
     check_store_and_rerun_replaces,
 )
@@ -41,6 +43,14 @@ def test_failed_write_leaves_nothing(tmp_path):
 
 def test_capacity_features_view(tmp_path):
     check_capacity_features(get_engine(f"sqlite:///{tmp_path}/w.db"))
+
+
+def test_capacity_reads_profiles_bounds_and_misses(tmp_path):
+    check_capacity_reads_profiles_bounds_and_misses(get_engine(f"sqlite:///{tmp_path}/w.db"))
+
+
+def test_report_reads_through_partial_indexes(tmp_path):
+    check_report_reads_through_partial_indexes(get_engine(f"sqlite:///{tmp_path}/w.db"))
 
 
 def test_regressions_table(tmp_path):

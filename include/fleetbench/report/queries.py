@@ -65,6 +65,7 @@ from sqlalchemy import (
 
 from fleetbench.config import NAME_PATTERN
 from fleetbench.warehouse.rollup import month_of, next_month
+from fleetbench.warehouse.schema import MULTINODE_OK_ROWS
 from fleetbench.warehouse.schema import benchmark_results as br
 from fleetbench.warehouse.schema import host_facts as hf
 from fleetbench.warehouse.schema import host_month_rollup as hm
@@ -546,7 +547,7 @@ def node_scaling(conn, f: Filters) -> list[dict]:
         func.avg(br.c.images_per_sec).label("images_per_sec"), func.avg(br.c.node_efficiency).label("mean"),
         func.min(br.c.node_efficiency).label("min"), func.max(br.c.node_efficiency).label("max"),
         func.count(distinct(br.c.host_set)).label("sets"), func.max(br.c.host_set).label("host_set"),
-    ).where(*_scope(f), br.c.status == "ok", br.c.nodes >= 2)
+    ).where(*_scope(f), text(MULTINODE_OK_ROWS))  # its partial index: only multi-node rows are read
         .group_by(br.c.model, br.c.batch_size_per_device, br.c.num_gpus, br.c.nodes)
         .order_by(br.c.model, br.c.batch_size_per_device, br.c.num_gpus, br.c.nodes)).all()
     return [{"model": r.model, "batch_size": r.batch_size_per_device, "num_gpus": r.num_gpus, "nodes": int(r.nodes),
@@ -744,6 +745,15 @@ def fleet_health(conn, f: Filters, hosts: list[str]) -> list[dict]:
 
 
 CHANGE_MAP_MAX_CELLS = 4000  # host x case cells; more: filter by host or model
+CHANGE_MAP_NIGHTS = 15  # the newest nights of the window the map reads: the newest and its baseline's
+
+
+def _change_map_since(conn, f: Filters) -> datetime | None:
+    """The logical date of the window's CHANGE_MAP_NIGHTS-th newest night (None: it has fewer), from the rollups:
+    run_case_rollup for the fleet, run_host_rollup for one host."""
+    t = hr if f.host else cr
+    return aware(conn.execute(select(_ts(t.c.logical_date)).where(*_scope(f, table=t)).distinct()
+                              .order_by(t.c.logical_date.desc()).offset(CHANGE_MAP_NIGHTS - 1).limit(1)).scalar())
 
 
 def change_map(conn, f: Filters) -> dict:
@@ -751,11 +761,17 @@ def change_map(conn, f: Filters) -> dict:
     `value`, compared only with nights of the same metric and unit) in the window against its baseline, so a drop on
     some hosts is not averaged away. Where a finding is open on that night (confirmed or suspected, regression
     or improvement) its change against its own baseline is shown; elsewhere the change against the median of
-    the window's earlier ok nights with the same driver, CUDA driver and image digest (None with fewer than 3).
+    the earlier ok nights with the same driver, CUDA driver and image digest among the window's newest
+    CHANGE_MAP_NIGHTS nights (None with fewer than 3), so a year's window reads as few rows as a fortnight's.
     {"hosts", "cases", "cells": {host: {case_key: {"delta_pct", "status", "kind", "metric", "unit", "better"}}},
-    "skipped"}."""
+    "skipped"}: "skipped" is how many (host, case) cells there are when more than CHANGE_MAP_MAX_CELLS (counted up
+    to one past it)."""
+    since = _change_map_since(conn, f)
+    if since is not None and (f.since is None or since > f.since):
+        f = replace(f, since=since)
     pairs = conn.execute(select(func.count()).select_from(
-        select(br.c.host, br.c.case_key).where(*_scope(f), br.c.status == "ok").distinct().subquery())).scalar()
+        select(br.c.host, br.c.case_key).where(*_scope(f), br.c.status == "ok").distinct()
+        .limit(CHANGE_MAP_MAX_CELLS + 1).subquery())).scalar()  # DISTINCT ... LIMIT: stops at one past the cap
     if pairs > CHANGE_MAP_MAX_CELLS:
         return {"hosts": [], "cases": [], "cells": {}, "skipped": pairs}
     legacy = br.c.metric.is_(None)  # a row stored before rows named their metric: images/sec

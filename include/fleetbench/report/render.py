@@ -17,7 +17,7 @@ from typing import Any, Iterable, Sequence
 from urllib.parse import urlencode
 
 from fleetbench.report.plots import Chart, to_svg
-from fleetbench.report.queries import DEFAULT_DAYS, EMPTY, NO_MATCH, NO_TABLES, OUTDATED
+from fleetbench.report.queries import CHANGE_MAP_NIGHTS, DEFAULT_DAYS, EMPTY, NO_MATCH, NO_TABLES, OUTDATED
 
 CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;margin:0;padding:16px 24px;color:#1d1d1f;background:#fafafa}
@@ -52,8 +52,8 @@ def _cell_colour(delta: float | None, better: str = "higher") -> str:
 def _change_map(data: dict) -> str:
     """The host x case table of the primary metric's change against baseline (● confirmed finding, ○ suspected)."""
     if data.get("skipped"):
-        return (f'<p class="empty" id="change-map-skipped">{data["skipped"]} hosts and cases: too many cells for a '
-                "map; filter by host or model.</p>")
+        return (f'<p class="empty" id="change-map-skipped">Over {data["skipped"] - 1} host and case cells: too many '
+                "for a map; filter by host or model.</p>")
     if not data.get("hosts"):
         return '<p class="empty" id="change-map-empty">No ok throughput in this range.</p>'
     head = "".join(f"<th>{escape(c)}</th>" for c in data["cases"])
@@ -76,8 +76,8 @@ def _change_map(data: dict) -> str:
         body.append(f"<tr><th>{escape(host)}</th>{''.join(tds)}</tr>")
     return ('<p class="meta">Newest night\'s change in % of each case\'s primary metric (images/sec, bus bandwidth, '
             "a latency; red is worse in the metric's own direction, the cell's tooltip names metric and unit): "
-            "against the open finding's baseline (● confirmed, ○ suspected), else against the earlier nights in "
-            "range with the same driver and image."
+            "against the open finding's baseline (● confirmed, ○ suspected), else against the earlier nights "
+            f"with the same driver and image among the range's newest {CHANGE_MAP_NIGHTS}."
             f'</p><table class="data" id="change-map"><tr><th>host</th>{head}</tr>{"".join(body)}</table>')
 
 

@@ -16,6 +16,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    text,
 )
 
 metadata = MetaData()
@@ -24,6 +25,19 @@ RUN_KEY = ("dag_id", "run_id")
 HOST_KEY = ("dag_id", "run_id", "host")
 RESULT_KEY = ("dag_id", "run_id", "host", "case_key")
 STEP_KEY = ("dag_id", "run_id", "host", "case_key", "step")
+
+# The rows of benchmark_results that three report sections read, each with its partial index (revision 0016):
+# a query that names the same condition, word for word, reads only those rows (SQLite matches a partial
+# index's WHERE term by term, with literals, not bound parameters). Results with a memory reading (the
+# capacity profiles' points), OOMs (their bounds), and multi-node results (the "Scaling across nodes" table).
+MEMORY_READING_ROWS = "status = 'ok' AND (peak_gpu_mem_mib IS NOT NULL OR peak_mem_mib IS NOT NULL)"
+OOM_ROWS = "failure_class IN ('gpu_oom', 'oom_killed')"
+MULTINODE_OK_ROWS = "status = 'ok' AND nodes >= 2"
+
+
+def _partial(name: str, where: str, *columns: str) -> Index:
+    return Index(name, *columns, sqlite_where=text(where), postgresql_where=text(where))
+
 
 runs = Table(
     "runs", metadata,
@@ -167,6 +181,10 @@ benchmark_results = Table(
     Index("ix_benchmark_results_case_time", "case_key", "started_at"),
     # A (host, case)'s results by night: open regressions, one host's series (revision 0004).
     Index("ix_benchmark_results_host_case_date", "host", "case_key", "logical_date"),
+    # Partial indexes (revision 0016), see MEMORY_READING_ROWS.
+    _partial("ix_benchmark_results_memory_readings", MEMORY_READING_ROWS, "logical_date"),
+    _partial("ix_benchmark_results_ooms", OOM_ROWS, "logical_date"),
+    _partial("ix_benchmark_results_multinode", MULTINODE_OK_ROWS, "logical_date"),
 )
 
 RESULT_COLUMNS = [c.name for c in benchmark_results.columns if c.name != "id"]
