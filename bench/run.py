@@ -7,6 +7,9 @@ Parts (each bounded; `--quick` is the CI smoke version):
                  marginal per case), and the throughput each case reports (bench/bench_orchestration.py)
   parse          DAG parse time (a DagBag of dags/, as the dag-processor does) and serialization for
                  fleets of 10, 100 and 1,000 hosts x 20 cases; task count; peak memory
+  targets        the run-model bars side by side in one run, as ratios: all-in per case under `dags test` at
+                 20 cases (fleetbench / stock DockerOperator), LocalExecutor s/case / 1.2 s, 1,000-host
+                 parse / 1 s in each topology
   warehouse      storing a night of results and a year of nights on SQLite and PostgreSQL; the
                  latency of the report's queries over that history (bench/bench_warehouse.py)
   attempts       a 20,000-result night stored, stored again by a retry (replaced), and measured again on a
@@ -68,14 +71,16 @@ print(json.dumps({"parse_s": parse, "serialize_s": serialize, "errors": len(bag.
 """
 
 
-def bench_parse(quick: bool) -> dict:
+PARSE_VARIANTS = ((10, False, False), (100, False, False), (1000, False, False), (1000, True, False),
+                  (1000, False, True))
+
+
+def parse_variants(variants, repeats: int) -> dict:
+    """Median parse of each (hosts, own queues, multi-node) fleet; see bench_parse."""
     out = {}
     workdir = Path(tempfile.mkdtemp(prefix="fleetbench-parse-"))
     try:
-        # the two topologies: lanes on central workers, and every host on a Celery queue of its own
-        # and a fleet with a multi-node benchmark (README "Multi-node cases": 2 more tasks, an edge from each lane)
-        for hosts, own_queue, multinode in ((10, False, False), (100, False, False), (1000, False, False),
-                                            (1000, True, False), (1000, False, True)):
+        for hosts, own_queue, multinode in variants:
             config = fleet_config([f"gpu-{i:04d}" for i in range(hosts)],
                                   ["resnet50", "vgg16", "inception3", "resnet152"], [32, 64, 128, 256, 512], 100)
             config["benchmarks"][0]["device"] = "gpu"
@@ -91,7 +96,7 @@ def bench_parse(quick: bool) -> dict:
             path.write_text(yaml.safe_dump(config))
             env = {**os.environ, **airflow_env(workdir / "airflow", ROOT / "dags"), "FLEETBENCH_CONFIG": str(path)}
             runs = []
-            for _ in range(2 if quick else 5):
+            for _ in range(repeats):
                 proc = subprocess.run([sys.executable, "-c", PARSE_SNIPPET, str(ROOT / "dags")], env=env,
                                       capture_output=True, text=True, check=True)
                 runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
@@ -100,10 +105,62 @@ def bench_parse(quick: bool) -> dict:
                          "serialize_s": round(median([r["serialize_s"] for r in runs]), 3),
                          "tasks": runs[0]["tasks"], "import_errors": runs[0]["errors"],
                          "maxrss_mib": round(median([r["maxrss_mib"] for r in runs]), 1)}
-        out["target_parse_s_at_1000_hosts"] = TARGET_PARSE_S
-        out["target_met"] = max(out["1000_hosts"]["parse_s"], out["1000_hosts_own_queues"]["parse_s"]) < TARGET_PARSE_S
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    return out
+
+
+def bench_parse(quick: bool) -> dict:
+    # the two topologies: lanes on central workers, and every host on a Celery queue of its own
+    # and a fleet with a multi-node benchmark (README "Multi-node cases": 2 more tasks, an edge from each lane)
+    out = parse_variants(PARSE_VARIANTS, 2 if quick else 5)
+    out["target_parse_s_at_1000_hosts"] = TARGET_PARSE_S
+    out["target_met"] = max(out["1000_hosts"]["parse_s"], out["1000_hosts_own_queues"]["parse_s"]) < TARGET_PARSE_S
+    return out
+
+
+# -- 3. the typed run model's targets, side by side ------------------------------------------------
+def bench_targets(quick: bool) -> dict:
+    """The three bars of the run-model reshaping, measured in one run and each given as a ratio to its bar
+    (<= 1 meets it): the all-in cost per case under `airflow dags test` at 20 cases against the stock mapped
+    DockerOperator DAG's in the same repetitions (interleaved, median of 3), the trigger-to-finish cost per case
+    on a real scheduler with the LocalExecutor (bar 1.2 s), and the parse of a 1,000-host fleet with central
+    lanes, with a queue per host and with a multi-node benchmark (bar 1 s, median of 5). `--quick`: 4 cases and
+    100 hosts, once each, and no scheduler run."""
+    from bench_orchestration import (
+        SMOKE_IMAGE,
+        STOCK_DAGS,
+        TARGET_OVERHEAD_PER_CASE_S,
+        measure,
+        migrate,
+        scheduler_run,
+    )
+
+    n, hosts = (4, 100) if quick else (20, 1000)
+    workdir = Path(tempfile.mkdtemp(prefix="fleetbench-targets-"))
+    try:
+        migrate(airflow_env(workdir / "airflow", ROOT / "dags"))
+        migrate(airflow_env(workdir / "stock-airflow", STOCK_DAGS))
+        subprocess.run(["docker", "pull", "-q", SMOKE_IMAGE], capture_output=True, check=True)
+        config = fleet_config(["localhost"], ["trivial"], [8 * (i + 1) for i in range(n)], 5)
+        cases = measure(workdir, config, 1 if quick else 3, with_stock=True)
+        sched_s = None if quick else scheduler_run(workdir, config)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    sched_per_case = None if sched_s is None else (sched_s - cases["plain_loop_s"]) / n
+    parse = parse_variants(((hosts, False, False), (hosts, True, False), (hosts, False, True)), 1 if quick else 5)
+    fb, stock = cases["fleetbench_overhead_per_case_s"], cases["stock_overhead_per_case_s"]
+    out = {"cases": cases, "parse": parse}
+    if sched_s is not None:
+        out["scheduler_localexecutor"] = {"trigger_to_finish_s": round(sched_s, 2),
+                                          "overhead_per_case_s": round(sched_per_case, 3)}
+    out["ratios"] = {  # measured / bar: <= 1 meets the bar
+        f"dags_test_per_case_fleetbench_over_stock_at_{n}": round(fb / stock, 3) if stock > 0 else None,
+        **({} if sched_per_case is None else {
+            "localexecutor_per_case_over_1.2_s": round(sched_per_case / TARGET_OVERHEAD_PER_CASE_S, 3)}),
+        **{f"parse_{name}_over_1_s": round(v["parse_s"] / TARGET_PARSE_S, 3) for name, v in parse.items()},
+    }
+    out["all_met"] = all(r is not None and r <= 1 for r in out["ratios"].values())
     return out
 
 
@@ -144,9 +201,9 @@ from bench_metrics import bench_metrics  # noqa: E402
 from bench_regression import bench_regression, bench_regression_night  # noqa: E402
 from bench_warehouse import bench_attempts, bench_warehouse  # noqa: E402
 
-PARTS = {"orchestration": bench_orchestration, "parse": bench_parse, "warehouse": bench_warehouse,
-         "attempts": bench_attempts, "telemetry": bench_telemetry, "logs": bench_logs, "regression": bench_regression,
-         "regression_night": bench_regression_night, "metrics": bench_metrics}
+PARTS = {"orchestration": bench_orchestration, "parse": bench_parse, "targets": bench_targets,
+         "warehouse": bench_warehouse, "attempts": bench_attempts, "telemetry": bench_telemetry, "logs": bench_logs,
+         "regression": bench_regression, "regression_night": bench_regression_night, "metrics": bench_metrics}
 
 
 def flatten(prefix: str, value, rows: list) -> None:

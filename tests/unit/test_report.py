@@ -754,3 +754,34 @@ def test_change_map_baseline_is_the_newest_nights_of_the_range(engine, tmp_path,
     assert report["change_map"]["skipped"] == 4 and not report["change_map"]["cells"]
     _, page = written_page(tmp_path, engine, since="2026-10-01", until="2026-11-01")
     assert "change-map-skipped" in page.empties
+
+
+def test_report_reads_no_metric_samples(engine):
+    """The report and the view answer from benchmark_results' primary metric and the rollups: their latency does not
+    grow with result_metrics (5 samples a result over a year is 35 million rows); bench/README says so."""
+    from sqlalchemy import event, func, select
+
+    from fleetbench.report import build_report
+    from fleetbench.warehouse import store_run, upgrade
+    from fleetbench.warehouse.rows import metric_sample_rows
+    from fleetbench.warehouse.schema import result_metrics
+
+    upgrade(engine)
+    for night in range(3):
+        rows = nightly_rows(night)
+        samples = [m for r in rows if r["status"] == "ok" for m in metric_sample_rows(
+            {k: r[k] for k in ("dag_id", "run_id", "host", "case_key")},
+            [{"metric": "images_per_sec", "value": r["images_per_sec"], "unit": "images/s", "better": "higher"},
+             {"metric": "step_p99_ms", "value": 12.0, "unit": "ms", "better": "lower"}])]
+        store_run(engine, run_row(night, rows), [], rows, metric_rows=samples)
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(result_metrics)).scalar() > 0
+    statements: list[str] = []
+    listener = lambda conn, cursor, statement, *args: statements.append(statement)  # noqa: E731
+    event.listen(engine, "before_cursor_execute", listener)
+    try:
+        report = build_report(engine)
+    finally:
+        event.remove(engine, "before_cursor_execute", listener)
+    assert report["state"] == "ok" and len(statements) > 20
+    assert not [s for s in statements if "result_metrics" in s]
