@@ -147,3 +147,19 @@ def test_each_cases_primary_metric_with_its_unit_and_direction(tmp_path):
     assert values == {("nccl", "avg_busbw", "GB/s", "higher"): 180.5, ("lat", "p99_latency", "ms", "lower"): 12.5}
     assert [dict(k)["case_key"] for k in got["fleetbench_images_per_second"]] == ["old"]
     engine.dispose()
+
+
+def test_a_host_measured_without_a_check_has_zero_open_regressions(tmp_path):
+    """A host with results but no stored check still gets its 0 series, so a dashboard can tell "nothing open"
+    from "no data"."""
+    from fleetbench.warehouse import upgrade
+    from warehouse_rows import result_row
+    from warehouse_rows import run_row as plain_run_row
+
+    engine = get_engine(f"sqlite:///{tmp_path}/w.db")
+    upgrade(engine)
+    store_run(engine, plain_run_row("r1"), [], [result_row("c", host="lonely")])
+    got = parse(openmetrics.render(openmetrics.collect(engine, now=NOW)))
+    regs = {(dict(k)["host"], dict(k)["severity"]): v for k, v in got["fleetbench_open_regressions"].items()}
+    assert regs == {("lonely", "major"): 0, ("lonely", "minor"): 0}
+    assert got["fleetbench_host_verdict"] == {}

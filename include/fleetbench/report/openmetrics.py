@@ -141,7 +141,9 @@ def collect(engine, f: Filters | None = None, now: datetime | None = None) -> li
     with engine.connect() as conn:
         newest = aware(conn.execute(select(func.max(br.c.logical_date)).where(*_dags(br, f))).scalar())
         since = newest - timedelta(days=WINDOW_DAYS) if newest is not None else None
+        measured = set()  # (dag_id, host) with a result in the window: a 0 when nothing is open
         for r in latest_results(conn, f, since):
+            measured.add((r["dag_id"], r["host"]))
             labels = {k: r[k] for k in CASE_LABELS}
             ips.add(labels, r["images_per_sec"])
             if r["metric"]:
@@ -152,7 +154,7 @@ def collect(engine, f: Filters | None = None, now: datetime | None = None) -> li
         verdicts = latest_verdicts(conn, f, since)
         found = open_regressions(conn, Filters(dag_ids=f.dag_ids)) if newest is not None else []
         run_rows = latest_runs(conn, f)
-    hosts = sorted(set(verdicts) | {(r["dag_id"], r["host"]) for r in found})
+    hosts = sorted(set(verdicts) | measured | {(r["dag_id"], r["host"]) for r in found})
     for dag_id, host in hosts:
         for severity in SEVERITIES:
             n = sum(1 for r in found if (r["dag_id"], r["host"], r["severity"]) == (dag_id, host, severity))
