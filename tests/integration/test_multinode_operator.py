@@ -85,3 +85,38 @@ def test_a_case_past_its_timeout_is_stopped_whole(smoke_image, docker_api, tmp_p
         assert "--ps_hosts=127.0.0.1:" in text and "127.0.0.2:" in text
         assert f"--job_name={role['job']}" in text and f"--task_index={role['task_index']}" in text
     assert labelled(docker_api, run_id) == []
+
+
+def test_containers_left_by_an_earlier_try_are_removed_through_a_removal_in_progress(smoke_image, docker_api,
+                                                                                     tmp_path):
+    """A retried task finds its roles' containers from the try before; the engine answers 409 "removal in
+    progress" to the first removal (as it does while an earlier removal runs): the removal is retried and every
+    stale container is gone before the new ones are created under the same names."""
+    import requests
+    from docker.errors import APIError
+
+    run_id = f"mn-stale-{uuid.uuid4().hex[:8]}"
+    op = operator(smoke_image, tmp_path, run_id)
+    for role in op.roles:
+        cid = docker_api.create_container(smoke_image, SLEEP, name=role["container_name"], labels=role["labels"],
+                                          host_config=docker_api.create_host_config(network_mode="none"))["Id"]
+        docker_api.start(cid)
+    assert len(labelled(docker_api, run_id)) == len(op.roles)
+
+    class Busy:  # the real client, but its first removal is refused with a 409
+        refused = 0
+
+        def __getattr__(self, name):
+            return getattr(docker_api, name)
+
+        def remove_container(self, cid, **kwargs):
+            if not Busy.refused:
+                Busy.refused += 1
+                response = requests.Response()
+                response.status_code = 409
+                raise APIError("removal of container is already in progress", response=response)
+            return docker_api.remove_container(cid, **kwargs)
+
+    op._clients = {role["host"]: Busy() for role in op.roles}
+    op._remove_stale()
+    assert Busy.refused == 1 and labelled(docker_api, run_id) == []

@@ -197,12 +197,11 @@ class MultiNodeCaseOperator(BaseOperator):
                 "peak_mem_source": None}
 
     def _remove_stale(self) -> None:
+        """Containers of this case's roles left by an earlier try, gone (a 409 "removal in progress" is retried;
+        one that stays makes `_create` fail with a conflict that names it)."""
         for role in self.roles:
-            try:
-                self._cli(role).remove_container(role["container_name"], force=True)
+            if self._remove(role, role["container_name"]):
                 self.log.warning("removed container %s left by an earlier try", role["container_name"])
-            except NotFound:
-                pass
 
     def _create(self, role: dict, command: list[str]) -> str:
         from docker.types import LogConfig, Ulimit
@@ -423,13 +422,18 @@ class MultiNodeCaseOperator(BaseOperator):
     def _remove_all(self) -> None:
         """Every container of the case, gone (killed first; a missing one is fine)."""
         for role in self.roles:
-            cid = self._cids.get(multinode.role_name(role)) or role["container_name"]
-            for attempt in range(3):
-                try:
-                    self._cli(role).remove_container(cid, force=True)
-                    break
-                except NotFound:
-                    break
-                except (APIError, requests.exceptions.RequestException) as exc:
-                    self.log.warning("removing %s failed (attempt %d): %s", cid[:12], attempt + 1, exc)
-                    time.sleep(0.5 * (attempt + 1))
+            self._remove(role, self._cids.get(multinode.role_name(role)) or role["container_name"])
+
+    def _remove(self, role: dict, cid: str) -> bool:
+        """Kill and remove one container, three tries (a 409 "removal in progress", an engine that blinked);
+        True when it was there and is gone."""
+        for attempt in range(3):
+            try:
+                self._cli(role).remove_container(cid, force=True)
+                return True
+            except NotFound:
+                return False
+            except (APIError, requests.exceptions.RequestException) as exc:
+                self.log.warning("removing %s failed (attempt %d): %s", cid[:12], attempt + 1, exc)
+                time.sleep(0.5 * (attempt + 1))
+        return False
