@@ -23,8 +23,9 @@ _CLASSES = [
                  "validate_host"),
     FailureClass("host_check_failed", "host validation did not finish (its task failed or timed out)", "collect"),
     # the case's devices on its host (fleetbench.hosts.devices)
-    FailureClass("mig_enabled", "skipped: the case needs whole GPUs, and MIG is enabled on too many of the host's "
-                 "GPUs (a GPU in MIG mode runs only its MIG instances); the detail lists them", "devices.assign"),
+    FailureClass("mig_enabled", "skipped: the case needs whole GPUs, and MIG is enabled on too many of its host's "
+                 "GPUs (for a multi-node case, of a host of its set; a GPU in MIG mode runs only its MIG instances); "
+                 "the detail lists them", "devices.assign"),
     FailureClass("mig_unavailable", "skipped: the case asks for MIG instances of a profile the host has fewer of "
                  "(or no GPU in MIG mode, or its MIG devices unknown); the detail lists what the host has",
                  "devices.assign"),

@@ -300,3 +300,49 @@ def test_host_pools_with_multi_node_cases_is_a_warning_that_says_what_is_not_cov
         "benchmarks[0].nodes: multi-node cases do not take the per-host pools (fleet.host_pools); within "
         "fleet_benchmark they never overlap a host's other cases, but another DAG's task in a spanned host's pool "
         "can"]
+
+
+def test_each_node_gets_its_hosts_gpus_as_a_single_node_case_would():
+    """A worker's GPUs come from its own host's facts (`devices.assign`, then gpu_selection): on a host with MIG on
+    GPU 0 (the published 4x A100 listing, tests/fixtures/gpu-tools) it is named by the UUID of a GPU without MIG;
+    with gpu_selection device_ids every worker names its host's first GPUs; a set where one host has too few
+    whole GPUs is skipped as mig_enabled, naming that host. Parameter servers get none."""
+    from fleetbench.airflow.multinode import MultiNodeCaseOperator, multinode_kwargs
+    from fleetbench.airflow.pipeline import collect
+    from fleetbench.hosts import gpu_health as G
+    from fleetbench.run_model import HostImages, HostVerdict
+
+    listing = G.parse_gpu_list((Path(__file__).resolve().parents[1] / "fixtures" / "gpu-tools" /
+                                "nvidia-smi-L_4xa100-80gb_gpu0-mig-4x1g.20gb.txt").read_text())
+    whole = [{"index": g["index"], "name": g["name"], "uuid": g["uuid"], "memory_total_mib": 81920} for g in listing]
+    facts = {"a": {"gpus": [{**g, "uuid": f"GPU-a{g['index']}"} for g in whole]},
+             "b": {"gpus": whole, "gpu_list": listing}}
+    image = {"tf1": {"name": "tf1", "ref": "127.0.0.1:5000/tf:1", "pinned_ref": "127.0.0.1:5000/tf@sha256:" + "a" * 64,
+                     "digest": "sha256:" + "a" * 64}}
+    validations = [HostVerdict(host=h, verdict="ready", reasons="", facts=facts[h]).to_xcom() for h in "ab"]
+    prepared = [HostImages(host=h, images=image).to_xcom() for h in "ab"]
+
+    def devices(**bench):
+        plan = build_plan(parse_config(config(hosts=("a", "b"), nodes=[2], **bench)),
+                          {"dag_id": "d", "run_id": "r"}).to_xcom()
+        return plan, multinode_kwargs(plan, validations, prepared)
+
+    _, [kwargs] = devices()
+    got = {(r["host"], r["job"]): r["gpu_device_ids"] for r in kwargs["roles"]}
+    assert got == {("a", "worker"): None, ("b", "worker"): ["GPU-d8594bd4-0fc3-8595-e355-7c98138f3b95"],
+                   ("a", "ps"): None, ("b", "ps"): None}
+    op = MultiNodeCaseOperator(task_id="mn", **{k: v for k, v in kwargs.items() if k != "container"})
+    by_host = {(r["host"], r["job"]): op._device_requests(r) for r in kwargs["roles"]}
+    assert by_host[("b", "worker")][0]["DeviceIDs"] == ["GPU-d8594bd4-0fc3-8595-e355-7c98138f3b95"]
+    assert by_host[("a", "worker")][0]["Count"] == 1 and by_host[("a", "ps")] is None
+
+    _, [kwargs] = devices(num_gpus=[2], container={"gpu_selection": "device_ids"})
+    got = {r["host"]: r["gpu_device_ids"] for r in kwargs["roles"] if r["job"] == "worker"}
+    assert got == {"a": ["GPU-a0", "GPU-a1"], "b": ["GPU-d8594bd4-0fc3-8595-e355-7c98138f3b95",
+                                                    "GPU-5e375e7e-b41f-155b-dcdc-534524c356fc"]}
+
+    plan, kwargs = devices(num_gpus=[4])
+    assert kwargs == []
+    [row] = [r for r in collect(plan, validations, prepared, [])["rows"] if r["nodes"] == 2]
+    assert (row["status"], row["failure_class"]) == ("skipped", "mig_enabled")
+    assert row["failure_detail"].startswith("host b of the set: the case needs 4 whole GPU(s), and MIG is enabled")

@@ -29,6 +29,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowTaskTimeout
 from docker.errors import APIError, NotFound
 
 from fleetbench import capacity, multinode, runs
+from fleetbench.hosts.devices import assign
 from fleetbench.run_model import CaseOutcome, HostImages, HostVerdict, Measurement, RunPlan, by_host
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,20 @@ def set_problem(case, verdicts: dict, images: dict) -> tuple[str, str | None, st
     if case.num_gpus and not case.cluster.get("mixed_gpu_models") and len(set(models.values())) > 1:
         shown = ", ".join(f"{h}: {m}" for h, m in models.items())
         return SKIPPED, "mixed_gpu_models", f"the hosts of the set have different GPU models ({shown})"
+    for host in case.hosts:  # every node needs its GPUs (a host with MIG on has fewer whole GPUs to give)
+        devices = assign(case, verdicts[host].host_facts)
+        if devices.skipped:
+            return SKIPPED, devices.skip_class, f"host {host} of the set: {devices.skip_detail}"
     return None
+
+
+def role_device_ids(case, verdict: HostVerdict) -> list[str] | None:
+    """The GPUs a worker or launcher node of `case` gets on its host, as a single-node case would
+    (`fleetbench.hosts.devices.assign`, then the case's gpu_selection); None: `--gpus N`."""
+    from fleetbench.airflow.operators import selected_device_ids
+
+    devices = assign(case, verdict.host_facts)
+    return list(devices.device_ids) if devices.device_ids else selected_device_ids(case, verdict)
 
 
 def multinode_kwargs(plan, validations: list, prepared: list) -> list[dict]:
@@ -87,6 +101,8 @@ def multinode_kwargs(plan, validations: list, prepared: list) -> list[dict]:
                           "address": host.cluster_address(),
                           "local": host.connection == "local" and host.docker_url.startswith("unix://"),
                           "image": images[role["host"]].ready(case.image)["pinned_ref"],
+                          "gpu_device_ids": (None if role.get("job") == "ps" or not case.num_gpus
+                                             else role_device_ids(case, verdicts[role["host"]])),
                           "container_name": role_container_name(run.dag_id, run.run_id, role, case.case_key),
                           "labels": {**runs.case_labels(run.dag_id, run.run_id, role["host"], case.case_key,
                                                         case.timeout_s),
@@ -190,7 +206,8 @@ class MultiNodeCaseOperator(BaseOperator):
     def _blank_outcome(self) -> dict[str, Any]:
         chief = self.roles[0]
         return {"host": self.case["host"], "case_key": self.case["case_key"], "image": chief["image"],
-                "container_name": chief["container_name"], "command": list(self.command), "gpu_device_ids": None,
+                "container_name": chief["container_name"], "command": list(self.command),
+                "gpu_device_ids": chief.get("gpu_device_ids"),
                 "exit_code": None, "oom_killed": False, "timed_out": False, "killed_by_airflow": False,
                 "start_error_class": None, "error": None, "log_path": str(self._paths()[0]), "started_at": None,
                 "finished_at": None, "duration_s": None, "rapl": None, "peak_mem_mib": None,
@@ -231,6 +248,8 @@ class MultiNodeCaseOperator(BaseOperator):
 
         if not self.num_gpus or role.get("job") == "ps":
             return None
+        if role.get("gpu_device_ids"):  # named GPUs (gpu_selection device_ids, or MIG on elsewhere on the host)
+            return [DeviceRequest(device_ids=list(role["gpu_device_ids"]), capabilities=[["gpu"]])]
         return [DeviceRequest(count=self.num_gpus, capabilities=[["gpu"]])]
 
     # -- the run loop ---------------------------------------------------------------------

@@ -104,7 +104,7 @@ def case_kwargs(plan, validations: list, prepared: list, host: str | None = None
             "case": {"host": case.host, "case_key": case.case_key, "harness": case.harness,
                      "harness_settings": case.harness_settings},
             "num_gpus": case.num_gpus,
-            "gpu_device_ids": list(devices.device_ids) if devices.device_ids else _device_ids(case, v),
+            "gpu_device_ids": list(devices.device_ids) if devices.device_ids else selected_device_ids(case, v),
             "timeout_s": case.timeout_s,
             "telemetry_period_s": case.telemetry_period_s,
             "log_dir": str(runs.case_log_dir(run.dag_id, run.run_id, case.host)),
@@ -124,7 +124,7 @@ def _with_visible_devices(container: dict, devices) -> dict:
                                          "NVIDIA_VISIBLE_DEVICES": ",".join(devices.device_ids)}}
 
 
-def _device_ids(case, verdict: HostVerdict) -> list[str] | None:
+def selected_device_ids(case, verdict: HostVerdict) -> list[str] | None:
     """With gpu_selection device_ids: the host's first N GPUs by UUID (index when the UUID is unknown)."""
     if case.num_gpus == 0 or case.container.get("gpu_selection") != "device_ids":
         return None
