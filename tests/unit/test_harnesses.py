@@ -288,6 +288,9 @@ def test_a_fleet_mixing_harnesses_plans_each_harness_own_cases():
      "benchmarks[0].metrics.patterns[0].unit: unknown unit 'parsecs'"),
     ({**CMD, "metrics": {"json_lines": False}}, "benchmarks[0].metrics: json_lines is off and no patterns are given"),
     ({**NCCL, "size_ranges": ["8-128M"]}, "benchmarks[0].size_ranges[0]: must match"),
+    ({"name": "pt", "image": "pt", "harness": "torch_synthetic", "models": ["resnet50"], "batch_sizes": [32],
+      "compile": [False, True], "num_warmup_batches": 0},
+     "benchmarks[0].num_warmup_batches: 0 with compile true would time torch.compile's compilation"),
 ])
 def test_each_harness_mistake_names_its_field(bench, expected):
     errors = config_errors(fleet(bench))
@@ -458,3 +461,11 @@ def test_torch_synthetic_names_a_cuda_oom_as_gpu_oom():
     quiet = torch_measure(lines("torch_synthetic: model resnet50\n"))
     assert quiet.failure_class is None
     assert classify({"exit_code": 1}, quiet, "")[:2] == ("failed", "nonzero_exit")
+
+
+def test_no_warmup_is_allowed_for_eager_torch_cases():
+    from fleetbench.config import parse_config
+
+    data = fleet({**TORCH, "compile": [False], "num_warmup_batches": 0})
+    data["images"][1]["command"] = ["python", "/opt/fleetbench/torch_synthetic.py"]
+    assert parse_config(data, "fleet.yaml").benchmarks[0].num_warmup_batches == 0

@@ -51,6 +51,15 @@ class TorchSynthetic(Harness):
                   ["--device=cuda", f"--num_gpus={point.num_gpus}"]),
                 *bench.extra_args]
 
+    def check(self, bench: dict, path: str) -> list[str]:
+        compiles = bench.get("compile")
+        warmup = bench.get("num_warmup_batches", 5)
+        compiled = compiles is True or (isinstance(compiles, list) and any(c is True for c in compiles))
+        if compiled and warmup == 0 and not isinstance(warmup, bool):
+            return [f"{path}.num_warmup_batches: 0 with compile true would time torch.compile's compilation in the "
+                    "first steps (seconds to minutes); give 1 or more, got 0"]
+        return []
+
     def measure(self, path: str, settings: dict) -> Measured:
         from fleetbench.parsing.source import file_lines
 
