@@ -152,7 +152,7 @@ def check_capacity_reads_profiles_bounds_and_misses(engine):
     rows += [result_row(f"torch.resnet50.bs{b}", batch_size_per_device=b, harness="torch_synthetic",
                         peak_gpu_mem_mib=500.0 + 10 * b) for b in (32, 64, 128)]
     rows += [result_row(f"cnn.resnet50.bs{b}.g1.replicated", batch_size_per_device=b, harness="tf_cnn_benchmarks",
-                        status="failed", ips=None, capacity_mib=40960.0) for b in (512, 1024)]
+                        status="failed", ips=None, capacity_mib=40960.0, precision="fp32") for b in (512, 1024)]
     rows.append(result_row("cnn.resnet50.bs768.g1.replicated", batch_size_per_device=768, harness="tf_cnn_benchmarks",
                            status="failed", ips=None, capacity_mib=81920.0, predicted_mem_mib=47080.0,
                            capacity_note="fits: 47080 +- 50 MiB"))
@@ -163,7 +163,9 @@ def check_capacity_reads_profiles_bounds_and_misses(engine):
               [dict(result_row("x", run_id="r2", model="vgg16", peak_gpu_mem_mib=9000.0), dag_id="other")], [])
 
     got = read_rows(engine, ["resnet50"])
-    assert {r["model"] for r in got} == {"resnet50"} and len(got) == 6 + 1 + 1
+    # 6 readings, 2 bounds (40960 MiB: batch 512; 81920 MiB: the miss, stored without a precision: by its
+    # command), 1 miss
+    assert {r["model"] for r in got} == {"resnet50"} and len(got) == 6 + 2 + 1
     profiles = fit_profiles(got, Settings())
     tf = profiles[("tf_cnn_benchmarks", "resnet50", "fp32", "gpu")]
     torch = profiles[("torch_synthetic", "resnet50", "fp32", "gpu")]
@@ -182,23 +184,27 @@ def check_report_reads_through_partial_indexes(engine):
 
     from fleetbench.capacity import read_rows
     from fleetbench.report import build_report
-    from fleetbench.warehouse.schema import MEMORY_READING_ROWS, MULTINODE_OK_ROWS, OOM_ROWS
+    from fleetbench.warehouse.schema import MEMORY_READING_ROWS, MISSED_OOM_ROWS, MULTINODE_OK_ROWS, OOM_ROWS
 
     upgrade(engine)
     rows = [result_row(f"c{i}", host=f"h{i % 7}") for i in range(300)]
     rows += [result_row("m", nodes=2, host_set="h1,h2"), result_row("r", peak_gpu_mem_mib=900.0),
-             result_row("o", status="failed", ips=None, capacity_mib=40960.0)]
+             result_row("o", status="failed", ips=None, capacity_mib=40960.0, precision="fp32"),
+             result_row("f", status="failed", ips=None, capacity_mib=40960.0, capacity_note="fits: 900 +- 9 MiB")]
     store_run(engine, run_row("r1"), [], rows, [])
     with engine.begin() as conn:
         conn.exec_driver_sql("ANALYZE")
     indexes = {MULTINODE_OK_ROWS: "ix_benchmark_results_multinode", MEMORY_READING_ROWS:
-               "ix_benchmark_results_memory_readings", OOM_ROWS: "ix_benchmark_results_ooms"}
+               "ix_benchmark_results_memory_readings", MISSED_OOM_ROWS: "ix_benchmark_results_missed_ooms",
+               OOM_ROWS: "ix_benchmark_results_ooms"}  # the longer condition first: it contains OOM_ROWS
     seen: list[tuple[str, str, object]] = []
 
     def capture(conn, cursor, statement, parameters, context, executemany):
+        sql = statement.replace("%%", "%")  # psycopg's paramstyle doubles a literal %
         for cond, name in indexes.items():
-            if cond in statement and not statement.startswith("EXPLAIN"):
+            if cond in sql and not statement.startswith("EXPLAIN"):
                 seen.append((name, statement, parameters))
+                break
 
     event.listen(engine, "before_cursor_execute", capture)
     try:

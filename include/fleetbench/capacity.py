@@ -293,20 +293,21 @@ READ_COLUMNS = ("dag_id", "run_id", "logical_date", "host", "case_key", "harness
                 "device", "batch_size_per_device", "status", "failure_class", "peak_gpu_mem_mib", "peak_mem_mib",
                 "capacity_mib", "predicted_mem_mib", "capacity_note")
 # An OOM bound is the smallest batch per (profile features, memory size, OOM class): `fit_profiles` keeps no more.
-BOUND_COLUMNS = ("harness", "model", "precision", "command", "device", "capacity_mib", "failure_class")
+BOUND_COLUMNS = ("harness", "model", "precision", "device", "capacity_mib", "failure_class")
 
 
 def read_rows(engine, models: Iterable[str] | None = None, dag_ids: Iterable[str] | None = None) -> list[dict]:
-    """The results that can teach a profile (an engine or a connection), current attempts only, in three reads,
-    each on its own partial index (revision 0016), so a year of results is not scanned:
+    """The results that can teach a profile (an engine or a connection), current attempts only, each read on its
+    own partial index (revision 0016), so a year of results is not scanned:
 
     - ok results with a memory reading, newest first, at most MAX_ROWS (a profile keeps its `window` newest);
-    - every OOM's bound: per harness, model, precision, command, device, memory size and OOM class, the
-      smallest batch that died (one row each, with `status` failed and no run);
+    - every OOM's bound: per harness, model, precision, device, memory size and OOM class, the smallest batch
+      that died (one row each, `status` failed, no run; from the index alone). Rows stored before revision
+      0003 have no precision: theirs is grouped by command too, as `key_of` reads it from the command;
     - OOMs whose plan said "fits" (the misses), newest first, at most MAX_ROWS, each as stored."""
     from sqlalchemy import text
 
-    from fleetbench.warehouse.schema import MEMORY_READING_ROWS, OOM_ROWS
+    from fleetbench.warehouse.schema import MEMORY_READING_ROWS, MISSED_OOM_ROWS, OOM_ROWS
 
     where, params = "", {}
     models = sorted(set(models or []))
@@ -316,16 +317,16 @@ def read_rows(engine, models: Iterable[str] | None = None, dag_ids: Iterable[str
     if dag_ids is not None:  # only the DAGs the reader may see
         where += " AND dag_id IN :dag_ids"
         params["dag_ids"] = sorted(dag_ids) or [""]
-    missed = "capacity_note LIKE 'fits%'"
-    bounds = ", ".join(BOUND_COLUMNS)
+    columns = ", ".join(READ_COLUMNS)
+    bound = ", ".join(BOUND_COLUMNS)
+    newest = f"ORDER BY logical_date DESC, run_id DESC LIMIT {MAX_ROWS}"
     queries = [
-        f"SELECT {', '.join(READ_COLUMNS)} FROM benchmark_results WHERE {MEMORY_READING_ROWS}{where} "
-        f"ORDER BY logical_date DESC, run_id DESC LIMIT {MAX_ROWS}",
-        f"SELECT {bounds}, MIN(batch_size_per_device) AS batch_size_per_device, 'failed' AS status "
-        f"FROM benchmark_results WHERE {OOM_ROWS}{where} AND (capacity_note IS NULL OR NOT {missed}) "
-        f"GROUP BY {bounds}",
-        f"SELECT {', '.join(READ_COLUMNS)} FROM benchmark_results WHERE {OOM_ROWS}{where} AND {missed} "
-        f"ORDER BY logical_date DESC, run_id DESC LIMIT {MAX_ROWS}",
+        f"SELECT {columns} FROM benchmark_results WHERE {MEMORY_READING_ROWS}{where} {newest}",
+        f"SELECT {bound}, MIN(batch_size_per_device) AS batch_size_per_device, 'failed' AS status "
+        f"FROM benchmark_results WHERE {OOM_ROWS}{where} AND precision IS NOT NULL GROUP BY {bound}",
+        f"SELECT {bound}, command, MIN(batch_size_per_device) AS batch_size_per_device, 'failed' AS status "
+        f"FROM benchmark_results WHERE {OOM_ROWS}{where} AND precision IS NULL GROUP BY {bound}, command",
+        f"SELECT {columns} FROM benchmark_results WHERE {MISSED_OOM_ROWS}{where} {newest}",
     ]
     with engine.connect() if hasattr(engine, "connect") else nullcontext(engine) as conn:
         return [dict(r._mapping) for sql in queries for r in conn.execute(_expanding(text(sql), params), params)]

@@ -29,7 +29,7 @@ def test_profiles_from_postgres(pg_engine):
               [dict(result_row("x", run_id="r2", model="vgg16", peak_gpu_mem_mib=9000.0), dag_id="other")], [])
 
     got = read_rows(pg_engine, ["resnet50"])
-    assert len(got) == 5 and {r["model"] for r in got} == {"resnet50"}
+    assert len(got) == 4 + 1 + 1 and {r["model"] for r in got} == {"resnet50"}  # readings, the OOM's bound, the miss
     (profile,) = fit_profiles(got, Settings()).values()
     assert (profile.slope, profile.intercept, profile.n) == (60.0, 1000.0, 4)
     assert profile.ooms == {40960.0: 512} and [m["case_key"] for m in profile.misses] == [

@@ -841,7 +841,10 @@ SECTIONS = {
     "host_summary": host_summary, "throughput": throughput, "driver_changes": driver_changes, "scaling": scaling,
     "efficiency": efficiency, "latest_run": latest_run,
     "failures": lambda conn, f: failures(conn, f, latest_run(conn, f)), "open_regressions": open_regressions,
-    "remeasured": remeasured, "node_scaling": node_scaling,
+    "remeasured": remeasured, "node_scaling": node_scaling, "change_map": change_map,
+    "unit_costs": lambda conn, f: unit_costs(conn, f, latest_run(conn, f)),
+    "fleet_health": lambda conn, f: fleet_health(conn, f, [h["host"] for h in host_summary(conn, f)]),
+    "capacity": lambda conn, f: capacity(conn, f),
 }
 
 

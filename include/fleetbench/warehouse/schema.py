@@ -26,13 +26,18 @@ HOST_KEY = ("dag_id", "run_id", "host")
 RESULT_KEY = ("dag_id", "run_id", "host", "case_key")
 STEP_KEY = ("dag_id", "run_id", "host", "case_key", "step")
 
-# The rows of benchmark_results that three report sections read, each with its partial index (revision 0016):
-# a query that names the same condition, word for word, reads only those rows (SQLite matches a partial
-# index's WHERE term by term, with literals, not bound parameters). Results with a memory reading (the
-# capacity profiles' points), OOMs (their bounds), and multi-node results (the "Scaling across nodes" table).
+# The rows of benchmark_results that report sections and the plan read, each with its partial index (revision
+# 0016): a query that names the same condition, word for word, reads only those rows (SQLite matches a partial
+# index's WHERE term by term, with literals, not bound parameters). Results with a memory reading (the capacity
+# profiles' points), OOMs (their bounds: the index holds every column the bounds' GROUP BY reads, so it is
+# answered from the index alone), OOMs the plan said would fit (the misses), and multi-node results (the
+# "Scaling across nodes" table).
 MEMORY_READING_ROWS = "status = 'ok' AND (peak_gpu_mem_mib IS NOT NULL OR peak_mem_mib IS NOT NULL)"
 OOM_ROWS = "failure_class IN ('gpu_oom', 'oom_killed')"
+MISSED_OOM_ROWS = "failure_class IN ('gpu_oom', 'oom_killed') AND capacity_note LIKE 'fits%'"
 MULTINODE_OK_ROWS = "status = 'ok' AND nodes >= 2"
+OOM_BOUND_COLUMNS = ("model", "harness", "precision", "device", "capacity_mib", "failure_class",
+                     "batch_size_per_device", "dag_id")
 
 
 def _partial(name: str, where: str, *columns: str) -> Index:
@@ -183,7 +188,8 @@ benchmark_results = Table(
     Index("ix_benchmark_results_host_case_date", "host", "case_key", "logical_date"),
     # Partial indexes (revision 0016), see MEMORY_READING_ROWS.
     _partial("ix_benchmark_results_memory_readings", MEMORY_READING_ROWS, "logical_date"),
-    _partial("ix_benchmark_results_ooms", OOM_ROWS, "logical_date"),
+    _partial("ix_benchmark_results_ooms", OOM_ROWS, *OOM_BOUND_COLUMNS),
+    _partial("ix_benchmark_results_missed_ooms", MISSED_OOM_ROWS, "logical_date"),
     _partial("ix_benchmark_results_multinode", MULTINODE_OK_ROWS, "logical_date"),
 )
 

@@ -3,12 +3,14 @@ make them scan every result:
 
 - ix_benchmark_results_memory_readings (logical_date): ok results with a memory reading, the points of the
   capacity profiles (`fleetbench.capacity.read_rows`, the report's capacity section and the plan);
-- ix_benchmark_results_ooms (logical_date): OOM results, the profiles' bounds;
+- ix_benchmark_results_ooms (model, harness, precision, device, capacity_mib, failure_class, batch size per
+  device, dag_id): OOM results, the profiles' bounds, read from the index alone;
+- ix_benchmark_results_missed_ooms (logical_date): OOMs whose plan said "fits" (the misses);
 - ix_benchmark_results_multinode (logical_date): ok multi-node results, the "Scaling across nodes" table.
 
-The conditions are written here as they are in `fleetbench.warehouse.schema` (MEMORY_READING_ROWS, OOM_ROWS,
-MULTINODE_OK_ROWS) on the day of this revision; the queries name them word for word. Existing rows are
-indexed when the index is created; nothing else changes.
+The conditions and columns are written here as they are in `fleetbench.warehouse.schema` (MEMORY_READING_ROWS,
+OOM_ROWS, MISSED_OOM_ROWS, MULTINODE_OK_ROWS, OOM_BOUND_COLUMNS) on the day of this revision; the queries name
+the conditions word for word. Existing rows are indexed when the index is created; nothing else changes.
 
 Revision ID: 0016
 Revises: 0015
@@ -26,7 +28,10 @@ depends_on = None
 INDEXES = [
     ("ix_benchmark_results_memory_readings",
      "status = 'ok' AND (peak_gpu_mem_mib IS NOT NULL OR peak_mem_mib IS NOT NULL)", ["logical_date"]),
-    ("ix_benchmark_results_ooms", "failure_class IN ('gpu_oom', 'oom_killed')", ["logical_date"]),
+    ("ix_benchmark_results_ooms", "failure_class IN ('gpu_oom', 'oom_killed')",
+     ["model", "harness", "precision", "device", "capacity_mib", "failure_class", "batch_size_per_device", "dag_id"]),
+    ("ix_benchmark_results_missed_ooms", "failure_class IN ('gpu_oom', 'oom_killed') AND capacity_note LIKE 'fits%'",
+     ["logical_date"]),
     ("ix_benchmark_results_multinode", "status = 'ok' AND nodes >= 2", ["logical_date"]),
 ]
 
