@@ -43,6 +43,7 @@ from fleetbench.runs import pool_name
 
 CONFIG = load_config_once(default_config_path())
 parse_speed.cache_operator_defaults()  # before the first .partial(): see fleetbench/airflow/parse_speed.py
+parse_speed.fast_edges()  # before the first dependency edge (same module)
 
 
 # The `cases` tasks of the lanes of hosts with a queue of their own: they validate and prepare their host too.
