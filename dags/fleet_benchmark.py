@@ -36,13 +36,14 @@ from fleetbench.airflow.operators import (
     LaneCasesOperator,
 )
 from fleetbench.airflow.operators import all_items as items
-from fleetbench.config import load_config
+from fleetbench.config import load_config_once
 from fleetbench.params import param_specs
 from fleetbench.paths import default_config_path
 from fleetbench.runs import pool_name
 
-CONFIG = load_config(default_config_path())
+CONFIG = load_config_once(default_config_path())
 parse_speed.cache_operator_defaults()  # before the first .partial(): see fleetbench/airflow/parse_speed.py
+parse_speed.fast_edges()  # before the first dependency edge (same module)
 
 
 # The `cases` tasks of the lanes of hosts with a queue of their own: they validate and prepare their host too.

@@ -18,14 +18,14 @@ import pendulum
 from airflow.sdk import DAG, BaseOperator, Param, get_current_context, task
 
 from fleetbench import cleanup
-from fleetbench.config import ConfigError, load_config
+from fleetbench.config import ConfigError, load_config_once
 from fleetbench.paths import default_config_path
 
 
 def fleet_queues() -> list[str]:
     """Every host queue of the fleet config (the default queue's engines are cleaned by `clean`)."""
     try:
-        cfg = load_config(default_config_path())
+        cfg = load_config_once(default_config_path())
     except (ConfigError, OSError):  # fleet_benchmark's import error names the problem; clean what can be reached
         return []
     return sorted({h.queue for h in cfg.hosts if h.queue})

@@ -94,6 +94,25 @@ def test_a_large_fleet_has_the_same_lanes_without_task_groups(tmp_path, monkeypa
     assert [t.task_id for t in dag.leaves] == ["outcome"]
 
 
+def test_a_changed_config_is_picked_up_on_the_next_parse(tmp_path, monkeypatch, no_services):
+    """The DAG files share one read of an unchanged config per process; an edit shows on the next parse of both."""
+    def fleet(*hosts):
+        return {"hosts": [{"name": h, "queue": f"q-{h}"} for h in hosts],
+                "images": [{"name": "i", "ref": "127.0.0.1:5000/x:1", "command": ["python3"]}],
+                "benchmarks": [{"name": "b", "image": "i", "models": ["resnet50"], "batch_sizes": [32]}]}
+
+    path = write_config(tmp_path / "fleet.yaml", fleet("a"))
+    monkeypatch.setenv("FLEETBENCH_CONFIG", str(path))
+    first = load_bag()
+    assert "host_a.cases" in first.dags["fleet_benchmark"].task_ids
+    assert "clean_q-a" in first.dags["fleetbench_maintenance"].task_ids
+    write_config(path, fleet("a", "b"))
+    second = load_bag()
+    assert second.import_errors == {}
+    assert {"host_a.cases", "host_b.cases"} <= set(second.dags["fleet_benchmark"].task_ids)
+    assert {"clean_q-a", "clean_q-b"} <= set(second.dags["fleetbench_maintenance"].task_ids)
+
+
 def test_multinode_cases_run_after_every_lane_one_at_a_time(tmp_path, monkeypatch, no_services):
     """A benchmark with nodes > 1 adds the `multinode` group: after every lane (all_done), one case at a time,
     and its outcomes go to collect. Without one, no such task exists (checked in test_fleet_benchmark_shape)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -337,3 +338,55 @@ def test_mistyped_names_are_field_errors_not_a_crash():
     errs = errors_of(data)
     assert {"hosts[1].name: must be a string", "images[0].name: must be a string",
             "benchmarks[0].image: must be a string"} <= set(errs)
+
+
+def _fleet_file(path: Path, host: str) -> Path:
+    data = good()
+    data["hosts"][0]["name"] = host
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_load_config_once_reads_an_unchanged_file_once(tmp_path, monkeypatch):
+    """The two DAG files share one read of the config per process (a DagBag of dags/ parses both)."""
+    from fleetbench import config
+
+    path = _fleet_file(tmp_path / "fleet.yaml", "gpu-01")
+    reads = []
+    monkeypatch.setattr(config, "load_config", lambda p: reads.append(p) or load_config(p))
+    first = config.load_config_once(path)
+    assert config.load_config_once(str(path)) is first and len(reads) == 1
+    assert [h.name for h in first.hosts] == ["gpu-01"]
+
+
+def test_load_config_once_rereads_a_changed_file(tmp_path):
+    """An edit is picked up on the next parse: also one that keeps the size and the modification time, and a file
+    swapped in by a rename."""
+    from fleetbench.config import load_config_once
+
+    path = _fleet_file(tmp_path / "fleet.yaml", "gpu-01")
+    assert [h.name for h in load_config_once(path).hosts] == ["gpu-01"]
+    before = path.stat()
+    _fleet_file(path, "gpu-02")  # same length
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert path.stat().st_size == before.st_size and path.stat().st_mtime_ns == before.st_mtime_ns
+    assert [h.name for h in load_config_once(path).hosts] == ["gpu-02"]
+    os.replace(_fleet_file(tmp_path / "new.yaml", "gpu-03"), path)
+    assert [h.name for h in load_config_once(path).hosts] == ["gpu-03"]
+    other = _fleet_file(tmp_path / "other.yaml", "gpu-04")  # another path: its own config
+    assert [h.name for h in load_config_once(other).hosts] == ["gpu-04"]
+    assert [h.name for h in load_config_once(path).hosts] == ["gpu-03"]
+
+
+def test_load_config_once_reports_a_bad_file_on_every_parse(tmp_path):
+    from fleetbench.config import load_config_once
+
+    path = tmp_path / "fleet.yaml"
+    path.write_text("hosts: [\n")
+    for _ in range(2):
+        with pytest.raises(ConfigError, match="invalid YAML"):
+            load_config_once(path)
+    with pytest.raises(ConfigError, match="cannot read file"):
+        load_config_once(tmp_path / "missing.yaml")
+    _fleet_file(path, "gpu-05")  # fixed: read
+    assert [h.name for h in load_config_once(path).hosts] == ["gpu-05"]
