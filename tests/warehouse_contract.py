@@ -102,6 +102,30 @@ def check_rerun_with_fewer_cases_leaves_no_stale_rows(engine):
     assert sorted(r["case_key"] for r in fetch_results(engine, run_id="r1")) == ["a", "b"]
 
 
+def check_delete_keys_removes_exactly_those_keys(engine, chunk: int):
+    """`bulk.delete_keys` with `chunk` keys per statement (where the backend chunks): the steps of exactly the
+    named cases go, whichever chunk they fall in; another case's, and another run's of the same case, stay."""
+    from fleetbench.warehouse import bulk
+    from fleetbench.warehouse.schema import RESULT_KEY
+
+    upgrade(engine)
+    cases = [f"c{i}" for i in range(7)]
+    store_run(engine, run_row(), [], [result_row(c) for c in cases], [s for c in cases for s in step_rows(c, 3)])
+    store_run(engine, run_row("r2"), [], [result_row("c0", run_id="r2")], step_rows("c0", 2, run_id="r2"))
+    gone = ["c0", "c2", "c3", "c6"]
+    with engine.begin() as conn:
+        bulk.DELETE_CHUNK, before = chunk, bulk.DELETE_CHUNK
+        try:
+            bulk.delete_keys(conn, steps, RESULT_KEY, [("fleet_benchmark", "r1", "h1", c) for c in gone])
+            bulk.delete_keys(conn, steps, RESULT_KEY, [])  # nothing to delete: no statement
+        finally:
+            bulk.DELETE_CHUNK = before
+    with engine.connect() as conn:
+        left = conn.execute(select(steps.c.run_id, steps.c.case_key, func.count()).group_by(
+            steps.c.run_id, steps.c.case_key).order_by(steps.c.run_id, steps.c.case_key)).all()
+    assert [tuple(r) for r in left] == [("r1", c, 3) for c in cases if c not in gone] + [("r2", "c0", 2)]
+
+
 def check_failed_write_leaves_nothing(engine):
     upgrade(engine)
     bad = result_row("b")

@@ -22,6 +22,13 @@ def test_store_and_rerun_replaces(pg_engine):
     check_store_and_rerun_replaces(pg_engine)
 
 
+def test_delete_keys_in_chunks_removes_exactly_those_keys(pg_engine):
+    """Large nights delete stale rows in chunks (one IN list of 20,000 keys overflows PostgreSQL's parser)."""
+    from warehouse_contract import check_delete_keys_removes_exactly_those_keys
+
+    check_delete_keys_removes_exactly_those_keys(pg_engine, chunk=3)
+
+
 def test_failed_write_leaves_nothing(pg_engine):
     check_failed_write_leaves_nothing(pg_engine)
 

@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 from sqlalchemy import BigInteger, Boolean, DateTime, Float, Integer, Table, delete, tuple_
 from sqlalchemy.exc import DBAPIError
 
-DELETE_CHUNK = 1000  # keys per DELETE ... WHERE (..) IN (..) statement
+DELETE_CHUNK = 1000  # keys per DELETE ... WHERE (..) IN (..) statement (not SQLite: see delete_keys)
 
 
 def q(name: str) -> str:
@@ -59,20 +59,33 @@ def insert_new(conn, table: Table, columns: Sequence[str], rows: list[tuple], ke
 
 
 def delete_keys(conn, table: Table, key: Sequence[str], keys: list[tuple]) -> None:
-    """DELETE the rows of `table` whose `key` columns are one of `keys`, in chunks of DELETE_CHUNK
-    (one IN list of 20,000 row values overflows PostgreSQL's parser stack)."""
-    if conn.dialect.name == "sqlite":  # row values in plain SQL: no statement to compile per chunk
-        cols = ", ".join(q(k) for k in key)
-        value = "(" + ", ".join("?" * len(key)) + ")"
-        for i in range(0, len(keys), DELETE_CHUNK):
-            chunk = keys[i:i + DELETE_CHUNK]
-            values = ", ".join([value] * len(chunk))
-            conn.exec_driver_sql(f"DELETE FROM {q(table.name)} WHERE ({cols}) IN (VALUES {values})",
-                                 tuple(v for k in chunk for v in k))
+    """DELETE the rows of `table` whose `key` columns are one of `keys`.
+
+    SQLite: one prepared `DELETE ... WHERE k1 = ? AND k2 = ? ...` run over all keys by the driver (executemany),
+    each an index search on the key (`sqlite_delete_plan` is what SQLite makes of it). Not one `(k1, k2, ..) IN
+    (VALUES ..)`: SQLite plans that as a scan of the whole table testing each row against the list, so a night's
+    store read every step and metric sample of the year. Elsewhere in chunks of DELETE_CHUNK (one IN list of 20,000
+    row values overflows PostgreSQL's parser stack)."""
+    if not keys:
+        return
+    if conn.dialect.name == "sqlite":
+        conn.exec_driver_sql(sqlite_delete(table, key), [tuple(k) for k in keys])
         return
     cols = tuple_(*[table.c[k] for k in key])
     for i in range(0, len(keys), DELETE_CHUNK):
         conn.execute(delete(table).where(cols.in_(keys[i:i + DELETE_CHUNK])))
+
+
+def sqlite_delete(table: Table, key: Sequence[str]) -> str:
+    """The SQLite statement `delete_keys` runs once per key."""
+    return f"DELETE FROM {q(table.name)} WHERE " + " AND ".join(f"{q(k)} = ?" for k in key)
+
+
+def sqlite_delete_plan(conn, table: Table, key: Sequence[str]) -> str:
+    """SQLite's query plan of `sqlite_delete` (EXPLAIN QUERY PLAN's details, "; "-joined): `SEARCH ... USING INDEX`
+    where the key has an index, `SCAN` where each key's delete would read the whole table."""
+    rows = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sqlite_delete(table, key), (None,) * len(key)).all()
+    return "; ".join(r[-1] for r in rows)
 
 
 def delete_staged(conn, table: Table, staged: Table, key: Sequence[str]) -> None:
