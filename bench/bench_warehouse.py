@@ -20,8 +20,10 @@ Per backend, on a fresh database:
 Steps 1, 3 and 4 run one backend at a time.
 
 The data: `hosts` hosts x 20 cases (resnet50, 5 batch sizes x 1/2/4/8 GPUs) a night, derived metrics
-filled in, about 1 % of the cases failed, half of the hosts on a new driver from night 180, and a
-handful of regression findings a night.
+filled in, each result's primary metric named (images_per_sec) and five metric samples per ok result in
+result_metrics (SAMPLES: 35 million rows over a year of 1,000 hosts; every night stored through `store_run`
+stores its samples with it), about 1 % of the cases failed, half of the hosts on a new driver from night 180,
+and a handful of regression findings a night.
 """
 
 from __future__ import annotations
@@ -42,6 +44,13 @@ BATCHES, GPUS = (32, 64, 128, 256, 512), (1, 2, 4, 8)
 # (case_key, batch/GPU, GPUs, images/sec, efficiency)
 CASES = [(f"cnn.resnet50.bs{bs}.g{g}.replicated", bs, g, 300.0 * g * (0.96 if g > 1 else 1.0) + bs / 8,
           0.96 if g > 1 else None) for bs in BATCHES for g in GPUS]
+HARNESS = "tf_cnn_benchmarks"
+# Five metric samples per ok result (result_metrics), the last two labelled as nccl-tests' are: 35 million rows over
+# a year of 1,000 hosts. The nights stored on top of the year store theirs with them (issue: < 5 s on PostgreSQL).
+SAMPLES = (("images_per_sec", "images/s", "higher", "{}"), ("step_time_median", "ms", "lower", "{}"),
+           ("final_loss", "1", "lower", "{}"),
+           ("busbw", "GB/s", "higher", '{"placement": "out_of_place", "size_bytes": 8589934592}'),
+           ("time", "us", "lower", '{"placement": "out_of_place", "size_bytes": 8589934592}'))
 STORED_NIGHTS = 3  # store_run nights timed on the empty table and on top of the history
 QUERY_REPEATS = 3
 
@@ -87,12 +96,27 @@ def night_rows(n: int, hosts: int) -> tuple[dict, list[dict]]:
                 "precision": "fp32", "gpu_catalog_name": GPU_CATALOG,
                 "speedup_efficiency": None if bad else eff, "price_per_gpu_hour": PRICE,
                 "cost_per_million_images_usd": None if bad else PRICE * gpus / (3600 * value) * 1e6,
-                "mean_power_w": WATTS * gpus, "images_per_joule": None if bad else value / (WATTS * gpus)})
+                "mean_power_w": WATTS * gpus, "images_per_joule": None if bad else value / (WATTS * gpus),
+                "harness": HARNESS, "metric": "images_per_sec", "value": value, "unit": "images/s",
+                "better": "higher"})
     run = {"dag_id": DAG, "run_id": run_id(n), "logical_date": when, "run_type": "scheduled", "fleet": "bench",
            "config_digest": "x", "started_at": when, "finished_at": when + timedelta(hours=1),
            "cases_total": len(rows), "cases_ok": sum(r["status"] == "ok" for r in rows),
            "cases_failed": sum(r["status"] == "failed" for r in rows), "cases_skipped": 0}
     return run, rows
+
+
+def metric_rows(rows: list[dict]) -> list[dict]:
+    """The SAMPLES of each ok result, as the DAG stores them with it."""
+    out = []
+    for r in rows:
+        if r["status"] != "ok":
+            continue
+        key = {k: r[k] for k in ("dag_id", "run_id", "host", "case_key")}
+        for i, (metric, unit, better, labels) in enumerate(SAMPLES):
+            out.append({**key, "metric": metric, "labels": labels, "value": r["value"] if i == 0 else 100.0 + i,
+                        "unit": unit, "better": better})
+    return out
 
 
 # -- the bulk history ------------------------------------------------------------------------------
@@ -101,7 +125,8 @@ INSERT INTO benchmark_results (dag_id, run_id, logical_date, host, case_key, ben
     batch_size_global, num_gpus, variable_update, device, num_batches, image_name, image_ref, image_digest, status,
     failure_class, images_per_sec, step_count, exit_code, started_at, finished_at, duration_s, driver_version,
     cuda_driver_version, gpu_model, command, energy_source, stored_at, precision, gpu_catalog_name,
-    speedup_efficiency, price_per_gpu_hour, cost_per_million_images_usd, mean_power_w, images_per_joule)
+    speedup_efficiency, price_per_gpu_hour, cost_per_million_images_usd, mean_power_w, images_per_joule, harness, metric,
+    value, unit, better)
 SELECT :dag, :run, :when, h.host, c.case_key, 'cnn', 'resnet50', c.bs, c.bs * c.gpus, c.gpus, 'replicated', 'gpu', 100,
     'tf1', 'nvcr.io/nvidia/tensorflow:23.03-tf1-py3', :digest,
     CASE WHEN (h.j * :ncases + c.k + :n) % 97 = 0 THEN 'failed' ELSE 'ok' END,
@@ -114,10 +139,20 @@ SELECT :dag, :run, :when, h.host, c.case_key, 'cnn', 'resnet50', c.bs, c.bs * c.
     CASE WHEN (h.j * :ncases + c.k + :n) % 97 = 0 THEN NULL
          ELSE :price * c.gpus / (3600 * (c.ips + (h.j * :ncases + c.k) % 17)) * 1e6 END,
     :watts * c.gpus,
-    CASE WHEN (h.j * :ncases + c.k + :n) % 97 = 0 THEN NULL ELSE (c.ips + (h.j * :ncases + c.k) % 17) / (:watts * c.gpus) END
+    CASE WHEN (h.j * :ncases + c.k + :n) % 97 = 0 THEN NULL ELSE (c.ips + (h.j * :ncases + c.k) % 17) / (:watts * c.gpus) END,
+    :harness, 'images_per_sec',
+    CASE WHEN (h.j * :ncases + c.k + :n) % 97 = 0 THEN NULL ELSE c.ips + (h.j * :ncases + c.k) % 17 END, 'images/s', 'higher'
 FROM bench_hosts h CROSS JOIN bench_cases c
 ORDER BY h.host, c.case_key
 """  # noqa: E501
+FILL_METRICS = """
+INSERT INTO result_metrics (dag_id, run_id, host, case_key, metric, labels, value, unit, better)
+SELECT r.dag_id, r.run_id, r.host, r.case_key, s.metric, s.labels, CASE WHEN s.i = 0 THEN r.value ELSE 100.0 + s.i END,
+    s.unit, s.better
+FROM benchmark_results r CROSS JOIN bench_samples s
+WHERE r.dag_id = :dag AND r.run_id = :run AND r.status = 'ok'
+ORDER BY r.host, r.case_key, s.metric, s.labels
+"""
 FILL_RUN = """
 INSERT INTO runs (dag_id, run_id, logical_date, run_type, fleet, config_digest, started_at, finished_at, cases_total,
     cases_ok, cases_failed, cases_skipped)
@@ -142,15 +177,17 @@ def fill_history(engine, nights: range, hosts: int) -> dict:
     from sqlalchemy import DateTime, bindparam, inspect, text
 
     from fleetbench.warehouse import rollup
-    from fleetbench.warehouse.schema import benchmark_results
+    from fleetbench.warehouse.schema import benchmark_results, result_metrics
 
     dialect = engine.dialect.name
-    existing = {i["name"] for i in inspect(engine).get_indexes("benchmark_results")}
-    indexes = [i for i in benchmark_results.indexes if i.name in existing and not i.unique]  # partial ones too
+    existing = {i["name"] for t in ("benchmark_results", "result_metrics") for i in inspect(engine).get_indexes(t)}
+    indexes = [i for t in (benchmark_results, result_metrics) for i in t.indexes
+               if i.name in existing and not i.unique]  # partial ones too
     typed = [bindparam("when", type_=DateTime(timezone=True)), bindparam("finished", type_=DateTime(timezone=True))]
     fill, fill_run, fill_regressions = (text(sql).bindparams(*typed[:2 if sql != FILL_REGRESSIONS else 1])
                                         for sql in (FILL_RESULT, FILL_RUN, FILL_REGRESSIONS))
-    out = {"history_fill": "bulk SQL (INSERT ... SELECT per night from host and case tables, secondary indexes "
+    fill_metrics = text(FILL_METRICS)
+    out = {"history_fill": "bulk SQL (INSERT ... SELECT per night from host, case and sample tables, secondary indexes "
                            "rebuilt after the load; both backends at once), not store_run",
            "history_nights_filled": len(nights)}
     start = time.monotonic()
@@ -163,6 +200,11 @@ def fill_history(engine, nights: range, hosts: int) -> dict:
         conn.execute(text("INSERT INTO bench_cases VALUES (:k, :case_key, :bs, :gpus, :ips, :eff)"),
                      [{"k": k, "case_key": c[0], "bs": c[1], "gpus": c[2], "ips": c[3], "eff": c[4]}
                       for k, c in enumerate(CASES)])
+        conn.execute(text("CREATE TABLE bench_samples (i INTEGER PRIMARY KEY, metric VARCHAR(100), unit VARCHAR(20), "
+                          "better VARCHAR(10), labels VARCHAR(2000))"))
+        conn.execute(text("INSERT INTO bench_samples VALUES (:i, :metric, :unit, :better, :labels)"),
+                     [{"i": i, "metric": m, "unit": u, "better": b, "labels": lb}
+                      for i, (m, u, b, lb) in enumerate(SAMPLES)])
         for i in indexes:
             i.drop(conn)
     for n in nights:
@@ -170,16 +212,18 @@ def fill_history(engine, nights: range, hosts: int) -> dict:
         params = {"dag": DAG, "run": run_id(n), "when": when, "finished": when + timedelta(minutes=2), "n": n,
                   "ncases": len(CASES), "digest": "sha256:" + "a" * 64, "upgrade": UPGRADE_NIGHT,
                   "new_driver": NEW_DRIVER, "old_driver": OLD_DRIVER, "gpu_model": GPU_MODEL, "catalog": GPU_CATALOG,
-                  "price": PRICE, "watts": WATTS}
+                  "price": PRICE, "watts": WATTS, "harness": HARNESS}
         with engine.begin() as conn:
             conn.execute(fill, params)
             conn.execute(fill_run, {k: params[k] for k in ("dag", "run", "when", "finished")})
+            conn.execute(fill_metrics, {"dag": DAG, "run": run_id(n)})
             conn.execute(fill_regressions, {"dag": DAG, "run": run_id(n), "when": when, "n": n, "case": CASES[4][0]})
     with engine.begin() as conn:
         for i in indexes:  # as the schema module (and its migrations) made them, WHERE clauses included
             i.create(conn)
         conn.execute(text("DROP TABLE bench_hosts"))
         conn.execute(text("DROP TABLE bench_cases"))
+        conn.execute(text("DROP TABLE bench_samples"))
     out["history_fill_s"] = round(time.monotonic() - start, 1)
     start = time.monotonic()
     with engine.begin() as conn:
@@ -201,8 +245,7 @@ def bench_warehouse(quick: bool) -> dict:
 
     from sqlalchemy import func, select
 
-    from fleetbench.warehouse import get_engine, upgrade
-    from fleetbench.warehouse.schema import benchmark_results, host_month_rollup, run_case_rollup, run_host_rollup
+    from fleetbench.warehouse import get_engine, schema, upgrade
     from pg_databases import fresh_database
 
     hosts = 100 if quick else 1000
@@ -233,8 +276,9 @@ def bench_warehouse(quick: bool) -> dict:
                         "how": "extrapolation: night_store_s_on_year median x 365, not measured"}
                     with engine.connect() as conn:
                         res["rows"] = {t.name: conn.execute(select(func.count()).select_from(t)).scalar()
-                                       for t in (benchmark_results, run_host_rollup, host_month_rollup,
-                                                 run_case_rollup)}
+                                       for t in (schema.benchmark_results, schema.result_metrics,
+                                                 schema.run_host_rollup, schema.host_month_rollup,
+                                                 schema.run_case_rollup)}
                     res["queries_s"] = time_report_queries(engine, nights + STORED_NIGHTS)
             finally:
                 for engine in engines.values():
@@ -251,8 +295,9 @@ def timed_nights(engine, nights, hosts: int) -> list[float]:
     times = []
     for n in nights:
         run, rows = night_rows(n, hosts)
+        samples = metric_rows(rows)
         start = time.monotonic()
-        store_run(engine, run, [], rows)
+        store_run(engine, run, [], rows, metric_rows=samples)
         times.append(round(time.monotonic() - start, 3))
     return times
 
