@@ -23,6 +23,15 @@ ROOT = Path(__file__).resolve().parents[1]
 AIRFLOW = str(Path(sys.executable).parent / "airflow")
 
 
+def as_from_a_terminal() -> None:
+    """Popen's preexec_fn for a process that a test stops with Ctrl-C (SIGINT): SIGINT and SIGQUIT back to their
+    defaults, as a terminal starts a program. A suite started in the background of a non-interactive shell
+    (`cmd &`, nohup) has them ignored, every child inherits that, and bash cannot trap a signal ignored on entry:
+    `ui.sh` would never see the Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from sqlalchemy import text
 
-from airflow_cluster import AIRFLOW, ROOT, RestAirflow, stop_processes
+from airflow_cluster import AIRFLOW, ROOT, RestAirflow, as_from_a_terminal, stop_processes
 
 EDGE_EXECUTOR = "airflow.providers.edge3.executors.EdgeExecutor"
 # Port 9 (discard) on loopback has no listener: any use of the metadata DB fails at connect.
@@ -85,7 +85,7 @@ class EdgeAirflow(RestAirflow):
         proc = subprocess.Popen([AIRFLOW, "edge", "worker", "--queues", ",".join(queues), "--concurrency", "1",
                                  "--edge-hostname", name],
                                 env=self.worker_environment(name), stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=as_from_a_terminal)  # drained by Ctrl-C
         self.procs.append(proc)
         self.worker_procs[name] = proc
 

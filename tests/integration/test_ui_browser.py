@@ -27,7 +27,7 @@ import pytest
 import yaml
 from test_report_browser import ARTIFACTS, BROWSER_DIR, CHROMIUM, browser, open_page  # noqa: F401 (a fixture)
 
-from airflow_cluster import free_port
+from airflow_cluster import as_from_a_terminal, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.scheduler]
 
@@ -57,7 +57,8 @@ class UiScript:
 
     def __enter__(self) -> "UiScript":
         self.proc = subprocess.Popen(["bash", str(ROOT / "scripts" / "ui.sh")], env=self.env, cwd=ROOT,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                                     preexec_fn=as_from_a_terminal)  # its Ctrl-C is tested
         deadline = time.monotonic() + 300
         while not re.search(r"^  logs:", self.printed, re.M):  # the last line of what it prints
             if time.monotonic() > deadline or self.proc.poll() is not None:
@@ -72,6 +73,23 @@ class UiScript:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+        for pid in self.leftovers():  # what a failed Ctrl-C left (the Airflow processes run in sessions of their own)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def leftovers(self) -> list[int]:
+        """Processes still running with this script's AIRFLOW_HOME."""
+        marker = f"AIRFLOW_HOME={self.home}\0".encode()
+        left = []
+        for environ in Path("/proc").glob("[0-9]*/environ"):
+            try:
+                if marker in environ.read_bytes():
+                    left.append(int(environ.parent.name))
+            except (OSError, ValueError):  # gone meanwhile, or not ours to read
+                pass
+        return left
 
     def stop(self) -> int | None:
         """Ctrl-C, as a person stops it; returns ui.sh's exit code."""
@@ -191,12 +209,10 @@ def test_ctrl_c_stops_every_process(ui):
     assert ui.stop() == 0
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", ui.port)) != 0, "the api-server still listens after Ctrl-C"
-    marker = f"AIRFLOW_HOME={ui.home}\0".encode()
     left = []
-    for environ in Path("/proc").glob("[0-9]*/environ"):
+    for pid in ui.leftovers():
         try:
-            if marker in environ.read_bytes():
-                left.append((environ.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode())
-        except OSError:  # gone meanwhile, or not ours to read
+            left.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except OSError:  # gone meanwhile
             pass
     assert left == []
