@@ -110,6 +110,7 @@ def bench_regression_night(quick: bool) -> dict:
                     for r in rows:
                         if int(r["host"].rsplit("-", 1)[1]) % DROP_EVERY == 0 and r["images_per_sec"] is not None:
                             r["images_per_sec"] *= 0.9
+                            r["value"] *= 0.9  # the primary metric, which the detector reads
                             r["duration_s"] /= 0.9
                     t0, c0 = time.monotonic(), time.process_time()
                     store_run(engine, run, [], rows)
