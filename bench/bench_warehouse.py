@@ -21,7 +21,7 @@ Steps 1, 3 and 4 run one backend at a time.
 
 The data: `hosts` hosts x 20 cases (resnet50, 5 batch sizes x 1/2/4/8 GPUs) a night, derived metrics
 filled in, each result's primary metric named (images_per_sec) and five metric samples per ok result in
-result_metrics (SAMPLES: 35 million rows over a year of 1,000 hosts; every night stored through `store_run`
+result_metrics (SAMPLES: 36 million rows over a year of 1,000 hosts; every night stored through `store_run`
 stores its samples with it), about 1 % of the cases failed, half of the hosts on a new driver from night 180,
 and a handful of regression findings a night.
 """
@@ -45,7 +45,7 @@ BATCHES, GPUS = (32, 64, 128, 256, 512), (1, 2, 4, 8)
 CASES = [(f"cnn.resnet50.bs{bs}.g{g}.replicated", bs, g, 300.0 * g * (0.96 if g > 1 else 1.0) + bs / 8,
           0.96 if g > 1 else None) for bs in BATCHES for g in GPUS]
 HARNESS = "tf_cnn_benchmarks"
-# Five metric samples per ok result (result_metrics), the last two labelled as nccl-tests' are: 35 million rows over
+# Five metric samples per ok result (result_metrics), the last two labelled as nccl-tests' are: 36 million rows over
 # a year of 1,000 hosts. The nights stored on top of the year store theirs with them (issue: < 5 s on PostgreSQL).
 SAMPLES = (("images_per_sec", "images/s", "higher", "{}"), ("step_time_median", "ms", "lower", "{}"),
            ("final_loss", "1", "lower", "{}"),

@@ -113,8 +113,9 @@ def check_delete_keys_removes_exactly_those_keys(engine, chunk: int):
     store_run(engine, run_row(), [], [result_row(c) for c in cases], [s for c in cases for s in step_rows(c, 3)])
     store_run(engine, run_row("r2"), [], [result_row("c0", run_id="r2")], step_rows("c0", 2, run_id="r2"))
     gone = ["c0", "c2", "c3", "c6"]
+    before = bulk.DELETE_CHUNK
+    bulk.DELETE_CHUNK = chunk
     with engine.begin() as conn:
-        bulk.DELETE_CHUNK, before = chunk, bulk.DELETE_CHUNK
         try:
             bulk.delete_keys(conn, steps, RESULT_KEY, [("fleet_benchmark", "r1", "h1", c) for c in gone])
             bulk.delete_keys(conn, steps, RESULT_KEY, [])  # nothing to delete: no statement

@@ -62,10 +62,9 @@ def delete_keys(conn, table: Table, key: Sequence[str], keys: list[tuple]) -> No
     """DELETE the rows of `table` whose `key` columns are one of `keys`.
 
     SQLite: one prepared `DELETE ... WHERE k1 = ? AND k2 = ? ...` run over all keys by the driver (executemany),
-    each an index search on the key (`sqlite_delete_plan` is what SQLite makes of it). Not one `(k1, k2, ..) IN
-    (VALUES ..)`: SQLite plans that as a scan of the whole table testing each row against the list, so a night's
-    store read every step and metric sample of the year. Elsewhere in chunks of DELETE_CHUNK (one IN list of 20,000
-    row values overflows PostgreSQL's parser stack)."""
+    each an index search on the key. Not one `(k1, k2, ..) IN (VALUES ..)`: SQLite plans that as a scan of the whole
+    table testing each row against the list, so a night's store read every step and metric sample of the year.
+    Elsewhere in chunks of DELETE_CHUNK (one IN list of 20,000 row values overflows PostgreSQL's parser stack)."""
     if not keys:
         return
     if conn.dialect.name == "sqlite":
@@ -79,13 +78,6 @@ def delete_keys(conn, table: Table, key: Sequence[str], keys: list[tuple]) -> No
 def sqlite_delete(table: Table, key: Sequence[str]) -> str:
     """The SQLite statement `delete_keys` runs once per key."""
     return f"DELETE FROM {q(table.name)} WHERE " + " AND ".join(f"{q(k)} = ?" for k in key)
-
-
-def sqlite_delete_plan(conn, table: Table, key: Sequence[str]) -> str:
-    """SQLite's query plan of `sqlite_delete` (EXPLAIN QUERY PLAN's details, "; "-joined): `SEARCH ... USING INDEX`
-    where the key has an index, `SCAN` where each key's delete would read the whole table."""
-    rows = conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sqlite_delete(table, key), (None,) * len(key)).all()
-    return "; ".join(r[-1] for r in rows)
 
 
 def delete_staged(conn, table: Table, staged: Table, key: Sequence[str]) -> None:
