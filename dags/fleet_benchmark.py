@@ -1,21 +1,20 @@
-"""fleet_benchmark: validate hosts -> pull and pin images -> run each case in a container -> collect -> store ->
-compare.
+"""fleet_benchmark: plan -> per host: validate, pull and pin images, run each case in a container -> collect and
+store -> compare -> report -> outcome.
 
 Wiring only; every step is a function in `fleetbench.airflow.pipeline`. The fleet config
 (`include/config/fleet.yaml`, or `FLEETBENCH_CONFIG`) is read here for the schedule, the timeouts
 and the host names; a config error shows up as this file's import error with the field that is wrong.
 
-Each host gets a lane: `host_<name>.cases` picks the host's runnable cases and
-`host_<name>.run_case` runs them, dynamically mapped, one at a time (`max_active_tis_per_dag=1`;
+Every host gets a lane of the same shape: `host_<name>.cases` checks the host, pulls and pins its images
+and returns its runnable cases (the verdict and the images go to XCom under `validation` and `images`),
+and `host_<name>.run_case` runs them, dynamically mapped, one at a time (`max_active_tis_per_dag=1`;
 with `fleet.host_pools` also in the host's own one-slot pool `fleetbench_<name>`, exclusive across
 DAGs; pools come from `fleetbench pools export > pools.json && airflow pools import pools.json`).
+The lanes run side by side. A host without a `queue` has its lane on the default queue; with the
+CeleryExecutor, a host with a `queue` (a Celery worker on the GPU host itself, README "Deploying at
+fleet scale") has its whole lane on that queue, its engine being the worker's own socket.
 Cases that span hosts (README "Multi-node cases") run in the `multinode` group once every lane is done,
 one at a time, so each holds all of its hosts.
-
-The top-level `validate_host` / `prepare_image` map over the hosts without a queue, on the default
-queue. With the CeleryExecutor, a host with a `queue` (a Celery worker on the GPU host itself, README
-"Deploying at fleet scale") is validated and prepared by its lane's `cases` task on that queue (its
-engine is the worker's own socket), and its cases run there too.
 """
 
 from __future__ import annotations
@@ -28,13 +27,7 @@ from airflow.sdk import DAG, Asset, Param, TaskGroup, TriggerRule, get_current_c
 
 from fleetbench.airflow import parse_speed, pipeline
 from fleetbench.airflow.multinode import MultiNodeCaseOperator, MultiNodeCasesOperator
-from fleetbench.airflow.operators import (
-    LANE_IMAGES,
-    LANE_VALIDATION,
-    BenchmarkCaseOperator,
-    HostCasesOperator,
-    LaneCasesOperator,
-)
+from fleetbench.airflow.operators import LANE_IMAGES, LANE_VALIDATION, BenchmarkCaseOperator, LaneCasesOperator
 from fleetbench.airflow.operators import all_items as items
 from fleetbench.config import load_config_once
 from fleetbench.params import param_specs
@@ -46,8 +39,8 @@ parse_speed.cache_operator_defaults()  # before the first .partial(): see fleetb
 parse_speed.fast_edges()  # before the first dependency edge (same module)
 
 
-# The `cases` tasks of the lanes of hosts with a queue of their own: they validate and prepare their host too.
-OWN_QUEUE_LANES = [f"host_{h.name}.cases" for h in CONFIG.hosts if h.queue]
+# Every host's lane starts with its `cases` task, which validates and prepares the host too.
+LANES = {h.name: f"host_{h.name}.cases" for h in CONFIG.hosts}
 
 
 def every_host(results: list) -> list:
@@ -59,23 +52,24 @@ def every_host(results: list) -> list:
     return out
 
 
-def own_queue_lanes(key: str) -> list:
-    """`validation` or `images` of each own-queue lane (None where the run has no case on the host), read when
-    collect runs: handed over as arguments they would be 2,000 more dependency edges in a 1,000-host DAG."""
-    if not OWN_QUEUE_LANES:
+def from_lanes(key: str, hosts=None) -> list:
+    """`validation` or `images` of each lane (of `hosts`, else of every host; None where the run has no case on
+    the host or the lane failed first), read when the task runs: handed over as arguments they would be
+    2,000 more dependency edges in a 1,000-host DAG."""
+    task_ids = [LANES[h] for h in hosts] if hosts is not None else list(LANES.values())
+    if not task_ids:
         return []
-    return list(get_current_context()["ti"].xcom_pull(task_ids=OWN_QUEUE_LANES, key=key) or [])
+    return list(get_current_context()["ti"].xcom_pull(task_ids=task_ids, key=key) or [])
 
 
 # Cases that span hosts (benchmarks with nodes > 1) get the `multinode` group; without them, no extra task.
 MULTINODE = any(n > 1 for b in CONFIG.benchmarks for n in b.nodes)
 LONGEST_CASE_S = max(b.timeout_s for b in CONFIG.benchmarks)
-# A host's probes (SSH, nvidia-smi, a GPU smoke container) and collecting a night's outcomes end well within
-# these; past them something hangs, and the task fails instead of holding the run (its cases become rows
-# with host_check_failed / the collect task's failure).
-VALIDATE_TIMEOUT = timedelta(minutes=15) + timedelta(  # plus the longest dcgmi diag a host's check runs
-    seconds=max((h.gpu_health.dcgm_timeout_s() for h in CONFIG.hosts), default=0.0))
-COLLECT_TIMEOUT = timedelta(minutes=30)
+# A host's probes (SSH, nvidia-smi, a GPU smoke container, plus the longest dcgmi diag its check runs) end well
+# within this; past it something hangs, and the host's verdict says so (unreachable) instead of holding the run.
+HOST_CHECK_TIMEOUT_S = 15 * 60
+# Collecting and storing a night's outcomes ends well within this; past it the store task fails.
+STORE_TIMEOUT = timedelta(minutes=30)
 # Up to this many hosts each lane is a task group (collapsible in the UI); a larger fleet gets the same
 # task ids (`host_<name>.run_case`) without groups, which parse ~10% faster at 1,000 hosts.
 MAX_GROUPED_LANES = 100
@@ -119,36 +113,18 @@ with DAG(
                "run_type": str(getattr(dag_run.run_type, "value", dag_run.run_type))}
         return pipeline.make_plan(run, params=dict(ctx["params"]))
 
-    @task(retries=0)
-    def fleet_hosts(the_plan: dict) -> list[dict]:
-        return pipeline.central_hosts(the_plan)  # hosts with their own queue are validated in their lane
-
-    @task(retries=0, map_index_template="{{ host_name }}", execution_timeout=VALIDATE_TIMEOUT)
-    def validate_host(host: dict, the_plan: dict) -> dict:
-        get_current_context()["host_name"] = host["name"]
-        return pipeline.validate_host(host, the_plan["run"])
-
-    # A host whose check failed (its execution_timeout, a crash) costs its own cases only: the steps after the
-    # checks run whatever happened to them (ALL_DONE; a failed or skipped check has no verdict, and its host's
-    # cases are recorded as host_check_failed), so the other hosts are prepared and run.
-    @task.short_circuit(retries=0, trigger_rule=TriggerRule.ALL_DONE)
-    def proceed(the_plan: dict, validations: list[dict]) -> bool:
-        """A dry run ends here: plan and host verdicts logged, nothing pulled, run or stored."""
-        return pipeline.proceed(the_plan, items(validations))
-
-    @task(map_index_template="{{ host_name }}", trigger_rule=TriggerRule.ALL_DONE)
-    def prepare_image(host: dict, validations: list[dict]) -> dict:
-        get_current_context()["host_name"] = host["name"]
-        return pipeline.prepare_host_images(host, items(validations))
-
-    @task(trigger_rule=TriggerRule.ALL_DONE, retries=0, execution_timeout=COLLECT_TIMEOUT)
-    def collect(the_plan: dict, validations: list, prepared: list, outcomes: list) -> dict:
-        """Every planned case as a row; the run's host verdicts ride along for store and check_fleet."""
-        return pipeline.collect(the_plan, items(validations) + own_queue_lanes(LANE_VALIDATION),
-                                items(prepared) + own_queue_lanes(LANE_IMAGES), every_host(outcomes))
-
-    @task(trigger_rule=TriggerRule.ALL_DONE)
-    def store(the_plan: dict, collected: dict) -> dict:
+    # A host whose lane failed (a crash) costs its own cases only: store runs whatever happened to the lanes
+    # (ALL_DONE; a lane without a verdict has its cases recorded as host_check_failed, one that failed after it
+    # as task_failed). A dry run ends here (the short circuit skips every later task): plan and host verdicts
+    # logged, nothing pulled, run or stored.
+    @task.short_circuit(trigger_rule=TriggerRule.ALL_DONE, execution_timeout=STORE_TIMEOUT)
+    def store(the_plan: dict, outcomes: list) -> dict | None:
+        """Every planned case as a classified row (`pipeline.collect`), then the run stored whole, in one
+        transaction (`pipeline.store`): the rows never travel through XCom. Returns the run's counts."""
+        validations = from_lanes(LANE_VALIDATION)
+        if not pipeline.proceed(the_plan, validations):
+            return None
+        collected = pipeline.collect(the_plan, validations, from_lanes(LANE_IMAGES), every_host(outcomes))
         return pipeline.store(the_plan, collected)
 
     @task(retries=0)
@@ -165,28 +141,17 @@ with DAG(
         get_current_context()["outlet_events"][WAREHOUSE].extra = summary
         return summary
 
-    @task(retries=0)
-    def check_fleet(collected: dict, stored: dict, regressions: dict) -> dict:
-        pipeline.check_fleet(collected["validations"])
-        return {**stored, "regressions": regressions}  # the run's summary
-
     p = plan()
-    hosts = fleet_hosts(p)
-    validations = validate_host.partial(the_plan=p).expand(host=hosts)
-    go = proceed(p, validations)
-    prepared = prepare_image.partial(validations=validations).expand(host=hosts)
-    go >> prepared
-    # Every host's lane is `cases` -> `run_case`; the lanes' outcomes travel to collect as one list.
+    # Every host's lane is `cases` -> `run_case`; the lanes' outcomes travel to store as one list.
     outcomes, lane_runs = [], []
     for host in CONFIG.hosts:
         with lane(host.name) as in_lane:
             on_host = {"queue": host.queue} if host.queue else {}  # Celery: the worker on the GPU host
-            if host.queue:  # its engine is the worker's local socket: validated and pulled there, in `cases`
-                cases = LaneCasesOperator(task_id=in_lane("cases"), host=host.name, plan=p, **on_host)
-                p >> cases
-            else:
-                cases = HostCasesOperator(task_id=in_lane("cases"), retries=0, host=host.name, prepared=prepared,
-                                          plan=p, validations=validations)
+            # No retry: a pull has its own bounded retries, and a host check that failed is a verdict.
+            cases = LaneCasesOperator(task_id=in_lane("cases"), retries=0, host=host.name, plan=p,
+                                      host_check_timeout_s=HOST_CHECK_TIMEOUT_S + host.gpu_health.dcgm_timeout_s(),
+                                      **on_host)
+            p >> cases
             runs = BenchmarkCaseOperator.partial(
                 task_id=in_lane("run_case"),
                 # one benchmark at a time on the host, with or without pools (a missing pool would stall the night)
@@ -200,8 +165,8 @@ with DAG(
         lane_runs.append(runs)
     if MULTINODE:  # README "Multi-node cases": after every lane, one case at a time (holds all its hosts)
         with TaskGroup(group_id="multinode", tooltip="cases that span hosts"):
-            multi = MultiNodeCasesOperator(task_id="cases", retries=0, prepared=prepared, plan=p,
-                                           validations=validations, trigger_rule=TriggerRule.ALL_DONE)
+            multi = MultiNodeCasesOperator(task_id="cases", retries=0, plan=p, lanes=LANES,
+                                           trigger_rule=TriggerRule.ALL_DONE)
             lane_runs >> multi
             multi_runs = MultiNodeCaseOperator.partial(
                 task_id="run_case", max_active_tis_per_dag=1,
@@ -209,23 +174,25 @@ with DAG(
                 map_index_template="{{ task.case['case_key'] }}",
             ).expand_kwargs(multi.output)
         outcomes.append(multi_runs.output)
-    collected = collect(p, validations, prepared, outcomes)
-    stored = store(p, collected)
+    stored = store(p, outcomes)
     regressions = compare(p, stored)
-    check = check_fleet(collected, stored, regressions)
     rep = report(p, stored)
     regressions >> rep
 
     @task(trigger_rule=TriggerRule.ALL_DONE, retries=0)
-    def outcome() -> None:
-        """The run's last task: fails the run when any task of it failed (leaves with all_done would hide it).
+    def outcome(stored: dict | None, regressions: dict | None) -> dict:
+        """Fails the run when every host was unfit or a task of it failed (leaves with all_done would hide it);
+        else returns the run's summary.
 
-        It asks for the run's failed tasks instead of hanging off every task: 2,000 edges into one
-        task made a 1,000-host DAG's parse time grow with the square of the fleet."""
+        It runs beside `report`, not after it: the report is a leaf of the DAG, so the run fails when the
+        report does anyway. It asks for the run's failed tasks instead of hanging off every task: 2,000
+        edges into one task made a 1,000-host DAG's parse time grow with the square of the fleet."""
         ctx = get_current_context()
-        pipeline.fail_if_tasks_failed(ctx["ti"], ctx["dag_run"].dag_id, ctx["dag_run"].run_id)
+        pipeline.fail_if_tasks_failed(ctx["ti"], ctx["dag_run"].dag_id, ctx["dag_run"].run_id,
+                                      every_host_unfit=(stored or {}).get("every_host_unfit"))
+        return {**(stored or {}), "regressions": regressions}
 
-    [check, rep] >> outcome()
+    outcome(stored, regressions)
 
 # Trigger parameters go on the DAG once its tasks exist: Airflow deep-copies a DAG's params into every
 # task made inside it and serializes each copy (at 1,000 hosts: +1 s parse, +5 s serialization), while

@@ -118,13 +118,11 @@ def parse_once(config: Path, home: Path) -> dict:
 
 
 def task_instances_per_run(hosts: int, cases_per_host: int, own_queue_hosts: int, fixed_tasks: int) -> int:
-    """Task instances one run creates: the unmapped tasks + one per mapped item (validate/prepare per central
-    host, run_case per case); an own-queue lane's unmapped `cases` task validates and prepares its host."""
-    central = hosts - own_queue_hosts
+    """Task instances one run creates: the unmapped tasks + one per mapped item (run_case per case); every lane's
+    unmapped `cases` task validates and prepares its host, whatever its queue."""
     # fixed_tasks counts every task once (the mapped ones too); mapped ones expand to their items
-    # (a map over nothing still leaves one skipped task instance)
-    mapped_tasks = 2 + hosts  # validate_host, prepare_image, one run_case per lane
-    return fixed_tasks - mapped_tasks + 2 * max(central, 1) + hosts * cases_per_host
+    mapped_tasks = hosts  # one run_case per lane
+    return fixed_tasks - mapped_tasks + hosts * cases_per_host
 
 
 def measure(sizes: list[int], cases_per_host: int, repeat: int, own_queue_every: int) -> list[dict]:

@@ -20,8 +20,9 @@ class FailureClass:
 _CLASSES = [
     # host validation (fleetbench.airflow.pipeline.validate_host, fleetbench.hosts)
     FailureClass("host_unfit", "the host failed a check (see host_facts.checks_json); its cases were skipped",
-                 "validate_host"),
-    FailureClass("host_check_failed", "host validation did not finish (its task failed or timed out)", "collect"),
+                 "pipeline.validate_host"),
+    FailureClass("host_check_failed", "host validation did not finish (its lane's task failed first)",
+                 "pipeline.collect"),
     # the case's devices on its host (fleetbench.hosts.devices)
     FailureClass("mig_enabled", "skipped: the case needs whole GPUs, and MIG is enabled on too many of its host's "
                  "GPUs (for a multi-node case, of a host of its set; a GPU in MIG mode runs only its MIG instances); "
@@ -52,7 +53,7 @@ _CLASSES = [
     FailureClass("oom_killed", "the kernel OOM-killed the container (host or container memory)", "measure.classify"),
     FailureClass("core_dump", "the harness crashed (SIGABRT / SIGSEGV, core dumped)", "measure.classify"),
     FailureClass("nonzero_exit", "the harness exited non-zero for another reason", "measure.classify"),
-    FailureClass("task_failed", "the case's task failed before reporting (see its task log)", "collect"),
+    FailureClass("task_failed", "the case's task failed before reporting (see its task log)", "pipeline.collect"),
     # multi-node cases (fleetbench.airflow.multinode)
     FailureClass("peer_failed", "another container of a multi-node case (a worker or ps, named in the detail "
                  "with its own class) failed; every container of the case was stopped", "multinode.run_case"),

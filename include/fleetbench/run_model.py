@@ -1,14 +1,14 @@
 """The typed data one fleet_benchmark run passes between its tasks.
 
-Built once where it is made (the plan by `plan`, a verdict by `validate_host`, ...), turned into JSON
+Built once where it is made (the plan by `plan`, a verdict by a lane's host check, ...), turned into JSON
 only at the XCom edge (`to_xcom`) and read back there (`load`, which also takes the model itself).
 Nothing downstream re-defaults or re-checks a field: a planned host's `min_free_gb` or `connection`
 is the config's value, its images are `ImageSpec`s, the run's fleet settings a `FleetSettings`.
 
     RunPlan      run (RunInfo) + hosts (PlannedHost: the config's HostSpec, what its cases need,
                  its images) + cases (fleetbench.plan.Case)
-    HostVerdict  validate_host's answer for one host: verdict, reasons, checks, facts
-    HostImages   prepare_image's answer for one host: PreparedImage per image name
+    HostVerdict  a lane's host check for one host: verdict, reasons, checks, facts
+    HostImages   a lane's image step for one host: PreparedImage per image name
     CaseOutcome  how one case's container ended (BenchmarkCaseOperator), with its Measurement
 """
 
@@ -58,7 +58,7 @@ class RunInfo(_Xcom):
 
 
 class CaseNeeds(_Xcom):
-    """What the host's cases of this run need from it (validate_host judges the host against it)."""
+    """What the host's cases of this run need from it (the lane's host check judges the host against it)."""
 
     gpus: int = 0  # the most devices a case asks for (whole GPUs or MIG instances)
     image_cuda: str | None = None
@@ -104,13 +104,9 @@ class RunPlan(_Xcom):
     def _hosts(self) -> dict[str, PlannedHost]:
         return {h.name: h for h in self.hosts}
 
-    def central_hosts(self) -> list[PlannedHost]:
-        """Hosts validated and prepared on the default queue (central workers): those without a queue of their own."""
-        return [h for h in self.hosts if not h.queue]
-
 
 class HostVerdict(_Xcom):
-    """validate_host's answer: `facts` is `HostFacts.to_dict()` (read once per host with `host_facts`)."""
+    """A lane's host check: `facts` is `HostFacts.to_dict()` (read once per host with `host_facts`)."""
 
     host: str
     verdict: str
@@ -132,7 +128,7 @@ class HostVerdict(_Xcom):
 
 
 class HostImages(_Xcom):
-    """prepare_image's answer: one `fleetbench.images.PreparedImage` (as a dict) per image name."""
+    """A lane's image step: one `fleetbench.images.PreparedImage` (as a dict) per image name."""
 
     host: str
     images: dict[str, dict[str, Any]] = {}

@@ -43,22 +43,24 @@ def test_fleet_benchmark_shape(no_services):
     assert {"fleetbench", "benchmark"} <= set(dag.tags)
     assert dag.default_args["retries"] >= 1
     ids = set(dag.task_ids)
-    assert {"plan", "validate_host", "prepare_image", "host_localhost.cases", "host_localhost.run_case",
-            "collect", "store", "outcome"} <= ids
+    # Every host's lane is `cases` (host check, images, its runnable cases) -> `run_case`: no task per host
+    # outside it; a run is six tasks plus the mapped cases.
+    assert ids == {"plan", "host_localhost.cases", "host_localhost.run_case", "store", "compare", "report", "outcome"}
     # One lane per host running one case at a time (no pool needed: a missing pool would stall the night).
     assert dag.get_task("host_localhost.run_case").max_active_tis_per_dag == 1
     assert dag.get_task("host_localhost.run_case").pool == "default_pool"
     assert dag.get_task("host_localhost.run_case").task_group.group_id == "host_localhost"
     assert not [t for t in ids if t.startswith("multinode.")]  # no benchmark spans hosts: no multinode group
-    # `outcome` is the run's only leaf and runs whatever happened, so a failed task anywhere fails the run.
-    assert [t.task_id for t in dag.leaves] == ["outcome"]
+    # The run's leaves are `outcome`, which runs whatever happened after every task but the report, so a failed
+    # task anywhere fails the run, and `report`, which fails the run itself when it fails.
+    assert sorted(t.task_id for t in dag.leaves) == ["outcome", "report"]
     assert dag.get_task("outcome").trigger_rule == "all_done"
-    assert dag.get_task("outcome").get_flat_relative_ids(upstream=True) == ids - {"outcome"}
+    assert dag.get_task("outcome").get_flat_relative_ids(upstream=True) == ids - {"outcome", "report"}
+    assert dag.get_task("report").trigger_rule == "all_done"
     # The trigger form's params live on the DAG (every task's run merges them); no task carries a copy.
     assert {"hosts", "models", "batch_sizes", "num_gpus", "image", "num_batches", "dry_run"} <= set(dag.params)
     assert all(not t.params for t in dag.tasks)
-    # collect and store run whatever happened to the cases: nothing planned is dropped.
-    assert dag.get_task("collect").trigger_rule == "all_done"
+    # store (collect and store) runs whatever happened to the cases: nothing planned is dropped.
     assert dag.get_task("store").trigger_rule == "all_done"
 
 
@@ -91,7 +93,7 @@ def test_a_large_fleet_has_the_same_lanes_without_task_groups(tmp_path, monkeypa
         assert cases.host == host
     assert set(dag.task_group.children) == set(dag.task_ids)  # no groups at all
     assert len(dag.tasks) == 2 * 101 + len([t for t in dag.task_ids if not t.startswith("host_")])
-    assert [t.task_id for t in dag.leaves] == ["outcome"]
+    assert sorted(t.task_id for t in dag.leaves) == ["outcome", "report"]
 
 
 def test_a_changed_config_is_picked_up_on_the_next_parse(tmp_path, monkeypatch, no_services):
@@ -115,7 +117,7 @@ def test_a_changed_config_is_picked_up_on_the_next_parse(tmp_path, monkeypatch, 
 
 def test_multinode_cases_run_after_every_lane_one_at_a_time(tmp_path, monkeypatch, no_services):
     """A benchmark with nodes > 1 adds the `multinode` group: after every lane (all_done), one case at a time,
-    and its outcomes go to collect. Without one, no such task exists (checked in test_fleet_benchmark_shape)."""
+    and its outcomes go to store. Without one, no such task exists (checked in test_fleet_benchmark_shape)."""
     cfg = {"hosts": [{"name": "a"}, {"name": "b", "address": "127.0.0.2"}, {"name": "c"}],
            "images": [{"name": "i", "ref": "127.0.0.1:5000/x:1", "command": ["python3"]}],
            "benchmarks": [{"name": "b", "image": "i", "models": ["resnet50"], "batch_sizes": [32], "nodes": [1, 2]}]}
@@ -128,8 +130,8 @@ def test_multinode_cases_run_after_every_lane_one_at_a_time(tmp_path, monkeypatc
     assert {f"host_{h}.run_case" for h in "abc"} <= set(cases.upstream_task_ids)
     assert set(run.upstream_task_ids) == {"multinode.cases"}
     assert run.max_active_tis_per_dag == 1
-    assert "multinode.run_case" in dag.get_task("collect").upstream_task_ids
-    assert [t.task_id for t in dag.leaves] == ["outcome"]
+    assert "multinode.run_case" in dag.get_task("store").upstream_task_ids
+    assert sorted(t.task_id for t in dag.leaves) == ["outcome", "report"]
 
 
 def test_maintenance_cleans_each_engine_from_a_worker_that_reaches_it(tmp_path, monkeypatch, no_services):
@@ -147,8 +149,8 @@ def test_maintenance_cleans_each_engine_from_a_worker_that_reaches_it(tmp_path, 
 
 def test_steps_that_could_hang_have_an_execution_timeout(no_services):
     dag = load_bag().dags["fleet_benchmark"]
-    assert dag.get_task("validate_host").execution_timeout.total_seconds() == 15 * 60
-    assert dag.get_task("collect").execution_timeout.total_seconds() == 30 * 60
+    assert dag.get_task("host_localhost.cases").host_check_timeout_s == 15 * 60
+    assert dag.get_task("store").execution_timeout.total_seconds() == 30 * 60
 
 
 def test_the_host_check_timeout_leaves_room_for_the_longest_dcgm_diag(tmp_path, monkeypatch, no_services):
@@ -157,7 +159,9 @@ def test_the_host_check_timeout_leaves_room_for_the_longest_dcgm_diag(tmp_path, 
            "benchmarks": [{"name": "b", "image": "i", "models": ["resnet50"], "batch_sizes": [32]}]}
     monkeypatch.setenv("FLEETBENCH_CONFIG", str(write_config(tmp_path / "fleet.yaml", cfg)))
     dag = load_bag().dags["fleet_benchmark"]
-    assert dag.get_task("validate_host").execution_timeout.total_seconds() == 15 * 60 + 3600
+    # each host's check gets its own bound: room for its own longest dcgmi diag
+    assert dag.get_task("host_a.cases").host_check_timeout_s == 15 * 60
+    assert dag.get_task("host_b.cases").host_check_timeout_s == 15 * 60 + 3600
 
 
 def test_case_containers_have_a_bounded_engine_log():

@@ -2,7 +2,7 @@
 executes `airflow backfill create` of three nights on driver A, then the same nights again with
 `--reprocess-behavior completed` on driver B. Every case then has 2 attempts; the current ones are
 B's; `fleetbench compare --attempts` shows A against B per case; the regression detector sees only
-current attempts; and clearing a night's collect and store tasks (the same container outcomes
+current attempts; and clearing a night's store task (the same container outcomes
 stored again) adds no attempt.
 
 The driver comes from the host's probes: a fake `nvidia-smi` first on the workers' PATH prints a
@@ -130,7 +130,7 @@ def test_backfill_on_a_new_driver_adds_attempts(tmp_path, pg_url, smoke_image, d
 
         # Collect and store of one night run again (the same container outcomes): no attempt is added.
         stored_at = night3_stored_at(engine)
-        clear_tasks(airflow, "backfill__2026-11-03T02:00:00+00:00", ["collect", "store"])
+        clear_tasks(airflow, "backfill__2026-11-03T02:00:00+00:00", ["store"])
         wait_until(lambda: night3_stored_at(engine) != stored_at, airflow, timeout=600)
         assert attempts(engine) == after
 

@@ -82,12 +82,13 @@ def test_own_queue_hosts_are_validated_prepared_and_run_on_their_queue(tmp_path,
     queues = {t.task_id: t.queue for t in bag.dags["fleet_benchmark"].tasks}
     assert {tid: q for tid, q in queues.items() if q != "default"} == {
         f"host_gpu-b.{step}": OWN_QUEUE for step in LANE_ON_HOST}
-    # topology (a): validated and prepared by the top-level mapped tasks, run by central workers
+    # topology (a): the same lane, validated, prepared and run by central workers
     assert queues["host_central-tls.cases"] == queues["host_central-tls.run_case"] == "default"
     # every lane has the same shape: cases -> run_case, one edge from the plan (a 1,000-host DAG parses fast)
     dag = bag.dags["fleet_benchmark"]
     assert {t for t in queues if t.startswith("host_gpu-b.")} == {f"host_gpu-b.{s}" for s in LANE_ON_HOST}
     assert dag.get_task("host_gpu-b.cases").upstream_task_ids == {"plan"}
+    assert dag.get_task("host_central-tls.cases").upstream_task_ids == {"plan"}
 
 
 # -- topology (a): TLS -----------------------------------------------------------------------
@@ -162,13 +163,13 @@ def test_both_topologies_with_dag_test(airflow_db, data_dir, certs, tls_engine, 
     assert tls_engine.clients  # the TLS host's pull and cases went through the TLS engine (its probes over SSH)
     assert containers_of(docker_api, dag_run.run_id) == []
 
-    # A run on the own-queue host only: the top-level validate_host/prepare_image map over no host (skipped);
-    # the lane's cases task validates and prepares the host, and the run stores and checks the fleet.
+    # A run on the own-queue host only: the other lane does nothing (no case of the run on it); the lane's
+    # cases task validates and prepares the host, and the run stores and checks the fleet.
     subset = run_fleet_dag(monkeypatch, config, run_conf={"hosts": ["gpu-b"]})
     assert subset.state == "success"
     states = {ti.task_id: ti.state for ti in subset.get_task_instances()}
-    assert states["validate_host"] == states["prepare_image"] == "skipped"
-    assert states["host_gpu-b.run_case"] == states["store"] == states["check_fleet"] == "success"
+    assert states["host_central-tls.cases"] == "success" and states["host_central-tls.run_case"] == "skipped"
+    assert states["host_gpu-b.run_case"] == states["store"] == states["outcome"] == "success"
     validated = next(ti for ti in subset.get_task_instances() if ti.task_id == "host_gpu-b.cases")
     assert validated.xcom_pull(task_ids="host_gpu-b.cases", key="validation")["verdict"] == "ready"
     assert validated.xcom_pull(task_ids="host_gpu-b.cases", key="images")["images"]["cpu-smoke"]["digest"]

@@ -1,6 +1,7 @@
-"""The fleet DAG's last task, `outcome`, fails a run in which any task failed, even when every other leaf
-succeeded (collect, store and report run whatever happened, so without it a failed benchmark task would
-leave a green run). Real runs with dag.test() of a DAG wired like the fleet DAG's tail."""
+"""The fleet DAG's `outcome` task fails a run in which any task failed, even when every other leaf succeeded
+(store and report run whatever happened, so without it a failed benchmark task would leave a green run),
+or in which every host was unfit. It runs beside `report`, the other leaf, whose own failure fails the run.
+Real runs with dag.test() of a DAG wired like the fleet DAG's tail."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ PROBE_DAGS = textwrap.dedent('''
     from fleetbench.airflow import pipeline
 
 
-    def tail_dag(dag_id, fail_middle):
+    def tail_dag(dag_id, fail_middle, fail_report=False, unfit=None):
         with DAG(dag_id, schedule=None, start_date=pendulum.datetime(2026, 1, 1, tz="UTC"), catchup=False) as dag:
             @task(retries=0)
             def start():
@@ -34,23 +35,32 @@ PROBE_DAGS = textwrap.dedent('''
                 return x
 
             @task(trigger_rule=TriggerRule.ALL_DONE, retries=0)
-            def store(x):  # like collect/store/report: a leaf that succeeds whatever happened upstream
-                return "stored"
+            def store(x):  # like store: succeeds whatever happened upstream
+                return {"every_host_unfit": unfit}
 
             @task(trigger_rule=TriggerRule.ALL_DONE, retries=0)
-            def outcome():
+            def report(stored):
+                if fail_report:
+                    raise RuntimeError("the report could not be written")
+
+            @task(trigger_rule=TriggerRule.ALL_DONE, retries=0)
+            def outcome(stored):
                 ctx = get_current_context()
-                pipeline.fail_if_tasks_failed(ctx["ti"], ctx["dag_run"].dag_id, ctx["dag_run"].run_id)
+                pipeline.fail_if_tasks_failed(ctx["ti"], ctx["dag_run"].dag_id, ctx["dag_run"].run_id,
+                                              every_host_unfit=stored["every_host_unfit"])
 
             s = start()
             stored = store(s)
             after(run_case(s)) >> stored
-            stored >> outcome()
+            report(stored)
+            outcome(stored)
         return dag
 
 
     failing = tail_dag("outcome_probe_failing", fail_middle=True)
     passing = tail_dag("outcome_probe_passing", fail_middle=False)
+    report_fails = tail_dag("outcome_probe_report", fail_middle=False, fail_report=True)
+    all_unfit = tail_dag("outcome_probe_unfit", fail_middle=False, unfit="every host is unfit, nothing ran: a: no GPU")
 ''')
 
 
@@ -78,7 +88,7 @@ def test_a_failed_task_fails_the_run_though_the_other_leaves_succeeded(probe_bag
     dag_run = probe_bag.get_dag("outcome_probe_failing").test()
     states = states_of(dag_run)
     assert (states["run_case"], states["after"], states["store"]) == ("failed", "upstream_failed", "success")
-    assert states["outcome"] == "failed"
+    assert (states["outcome"], states["report"]) == ("failed", "success")
     assert dag_run.state == "failed"
     # it names both the failed task and the one that could not run because of it
     out, err = capfd.readouterr()
@@ -91,3 +101,20 @@ def test_a_run_without_failures_succeeds(probe_bag, capfd, caplog):
     assert dag_run.state == "success"
     out, err = capfd.readouterr()
     assert f"no task of run {dag_run.run_id} failed" in out + err + caplog.text
+
+
+def test_a_failed_report_fails_the_run(probe_bag):
+    """The report is a leaf: its failure fails the run whether `outcome`, beside it, ran before it (and succeeded)
+    or after it (and failed, naming it)."""
+    dag_run = probe_bag.get_dag("outcome_probe_report").test()
+    states = states_of(dag_run)
+    assert (states["report"], states["store"]) == ("failed", "success")
+    assert dag_run.state == "failed"
+
+
+def test_a_run_in_which_every_host_was_unfit_fails_saying_so(probe_bag, capfd, caplog):
+    dag_run = probe_bag.get_dag("outcome_probe_unfit").test()
+    assert states_of(dag_run)["outcome"] == "failed"
+    assert dag_run.state == "failed"
+    out, err = capfd.readouterr()
+    assert "every host is unfit, nothing ran: a: no GPU" in out + err + caplog.text

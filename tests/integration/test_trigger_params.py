@@ -27,8 +27,11 @@ def test_dry_run_plans_and_validates_but_runs_and_stores_nothing(airflow_db, dat
     dag_run = run_fleet_dag(monkeypatch, config, run_conf={"dry_run": True})
     assert dag_run.state == "success"
     states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
-    assert states["plan"] == states["validate_host"] == "success"
-    assert states["prepare_image"] == states["store"] == states["host_localhost.run_case"] == "skipped"
+    assert states["plan"] == states["host_localhost.cases"] == states["store"] == "success"
+    assert states["host_localhost.run_case"] == states["compare"] == states["report"] == states["outcome"] == "skipped"
+    lane = next(ti for ti in dag_run.get_task_instances() if ti.task_id == "host_localhost.cases")
+    assert lane.xcom_pull(task_ids="host_localhost.cases", key="validation")["verdict"] == "ready"
+    assert lane.xcom_pull(task_ids="host_localhost.cases", key="images") is None  # nothing pulled
     from fleetbench.warehouse import fetch_results, get_engine, upgrade
 
     engine = get_engine()

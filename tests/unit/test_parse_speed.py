@@ -65,24 +65,26 @@ def _build_graph():
     from airflow.providers.standard.operators.empty import EmptyOperator
     from airflow.sdk import DAG, Label, TaskGroup, task
 
-    from fleetbench.airflow.operators import HostCasesOperator
-
     with DAG(dag_id="edges", start_date=pendulum.datetime(2026, 1, 1), schedule=None) as dag:
         @task
         def source() -> list:
             return []
 
+        @task
+        def cases(plan: list, validations: list) -> list:
+            return []
+
         start, mid, end = EmptyOperator(task_id="start"), EmptyOperator(task_id="mid"), EmptyOperator(task_id="end")
         src = source()
         start >> [mid, src]
-        cases = HostCasesOperator(task_id="cases", host="h", prepared=src, plan=src, validations=src)
-        runs = EmptyOperator.partial(task_id="run").expand_kwargs(cases.output)
+        picked = cases(src, src)
+        runs = EmptyOperator.partial(task_id="run").expand_kwargs(picked)
         with TaskGroup("lane") as lane:
             a = EmptyOperator(task_id="a")
             a >> EmptyOperator(task_id="b")
         mid >> lane >> end
         runs >> Label("after the runs") >> end
-        end << [cases, runs]
+        end << [picked.operator, runs]
     return dag
 
 
@@ -112,8 +114,9 @@ def test_fast_edges_make_the_same_graph_as_airflow(monkeypatch):
     assert expected["run"] == (["cases"], ["end"]) and expected["end"][0] == ["cases", "lane.b", "run"]
     # the edges into and out of the group and the labelled one went to Airflow's function, the rest did not
     assert sorted(handed_on) == ["EmptyOperator", "EmptyOperator", "MappedOperator", "MappedOperator"]
-    # fast: start >> [mid, source], source -> cases (XComArg), cases -> run (expand), a >> b, end << [cases, run]
-    assert len(calls) - len(handed_on) == 5
+    # fast: start >> [mid, source], source -> cases (an XComArg per argument: twice), cases -> run (expand),
+    # a >> b, end << [cases, run]
+    assert len(calls) - len(handed_on) == 6
 
 
 def test_fast_edges_keep_airflows_errors(monkeypatch):

@@ -85,5 +85,29 @@ def test_steps_after_a_failed_plan_say_so(tmp_path, monkeypatch):
     from fleetbench.airflow.pipeline import make_plan
 
     plan = make_plan({"dag_id": "fleet_benchmark", "run_id": "r1"}, str(write_config(tmp_path / "f.yaml", config())))
-    with pytest.raises(RuntimeError, match="`collect` did not finish"):
+    with pytest.raises(RuntimeError, match="the collect step did not finish"):
         store(plan, None)
+
+
+def test_a_host_check_that_does_not_end_is_a_verdict_not_a_hung_lane(tmp_path, monkeypatch):
+    """The lane's bound on the host check (`host_check_timeout_s`): a check still running when it passes ends
+    with an unfit verdict that says why, and the lane goes on (to record the host's cases as unfit)."""
+    import time
+
+    import fleetbench.hosts
+    from fleet_configs import write_config
+    from fleetbench.airflow.pipeline import make_plan, validate_host
+    from fleetbench.run_model import HostVerdict
+
+    monkeypatch.setenv("FLEETBENCH_DATA_DIR", str(tmp_path / "data"))
+    plan = make_plan({"dag_id": "fleet_benchmark", "run_id": "r1"}, str(write_config(tmp_path / "f.yaml", config())))
+
+    def hangs(*args, **kwargs):
+        time.sleep(30)
+
+    monkeypatch.setattr(fleetbench.hosts, "gather", hangs)
+    started = time.monotonic()
+    verdict = HostVerdict.load(validate_host(plan["hosts"][0], plan["run"], timeout_s=0.5))
+    assert time.monotonic() - started < 5
+    assert verdict.verdict == "unfit"
+    assert "did not end within 0.5 s" in verdict.reasons

@@ -120,22 +120,27 @@ class MultiNodeCasesOperator(BaseOperator):
     """`multinode.cases`: the runnable multi-node cases, the map source of `multinode.run_case`. It runs after
     every host lane is done (trigger rule all_done), so a multi-node case never overlaps a single-node case
     of its hosts, and its cases run one at a time, so two that share a host never overlap (nor wait on
-    each other)."""
+    each other). The verdicts and images of the hosts its cases span come from those hosts' lanes (`lanes`:
+    host -> the lane's `cases` task id), read when it runs. A dry run runs none."""
 
-    template_fields = ("prepared",)
-
-    def __init__(self, *, prepared: Any, plan: Any, validations: Any, **kwargs: Any) -> None:
+    def __init__(self, *, plan: Any, lanes: dict[str, str], **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.prepared = prepared
         self.plan_ref = plan
-        self.validations_ref = validations
+        self.lanes = lanes
 
     def execute(self, context) -> list[dict]:
-        from fleetbench.airflow.operators import all_items
+        from fleetbench.airflow.operators import LANE_IMAGES, LANE_VALIDATION
 
-        plan = self.render_template(self.plan_ref, context)
-        validations = self.render_template(self.validations_ref, context)
-        return multinode_kwargs(plan, all_items(validations), all_items(self.prepared))
+        plan = RunPlan.load(self.render_template(self.plan_ref, context))
+        if plan.run.dry_run:
+            return []
+        hosts = sorted({h for case in plan.cases if case.nodes > 1 for h in case.hosts})
+        task_ids = [self.lanes[h] for h in hosts if h in self.lanes]
+        if not task_ids:
+            return []
+        ti = context["ti"]
+        return multinode_kwargs(plan, list(ti.xcom_pull(task_ids=task_ids, key=LANE_VALIDATION) or []),
+                                list(ti.xcom_pull(task_ids=task_ids, key=LANE_IMAGES) or []))
 
 
 class MultiNodeCaseOperator(BaseOperator):

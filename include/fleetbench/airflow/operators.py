@@ -137,49 +137,28 @@ def all_items(seq) -> list:
     return list(seq[:]) if seq is not None else []
 
 
-class HostCasesOperator(BaseOperator):
-    """A host lane's first task: that host's runnable cases, the map source of the lane's `run_case`.
-
-    Built for fleets of 1,000 hosts (1,000 of these in one DAG), where every per-task cost at parse time
-    counts: a plain operator rather than a `@task` function (the decorator inspects signatures through
-    four constructor levels), and one dependency edge instead of three (Airflow hashes the whole DAG on
-    every edge it adds). `prepared` (the image step's results) is the only templated input; `plan` and
-    `validations` come from tasks upstream of it and are resolved when the task runs.
-    """
-
-    template_fields = ("prepared",)
-
-    def __init__(self, *, host: str, prepared: Any, plan: Any, validations: Any, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.host = host
-        self.prepared = prepared
-        self.plan_ref = plan
-        self.validations_ref = validations
-
-    def execute(self, context) -> list[dict]:
-        plan = self.render_template(self.plan_ref, context)
-        validations = self.render_template(self.validations_ref, context)
-        return case_kwargs(plan, all_items(validations), all_items(self.prepared), host=self.host)
-
-
 class LaneCasesOperator(BaseOperator):
-    """`host_<name>.cases` of a host with its own queue (topology b), run on that host's worker: the host is
-    validated, its images pulled and pinned (its engine is the worker's own socket), then its runnable cases
-    are returned, the map source of the lane's `run_case`. The verdict and the images go to XCom under the
-    keys `validation` and `images`, which `collect` reads.
+    """`host_<name>.cases`, a host lane's first task: the host is validated, its images pulled and pinned on its
+    engine, then its runnable cases are returned, the map source of the lane's `run_case`. The verdict and the
+    images go to XCom under the keys `validation` and `images`, which `store` and `multinode.cases` read.
+    A host without a `queue` has its lane on the default queue; one with a `queue` (topology b) on that
+    host's worker, whose engine is its own socket.
 
-    One task where a central host has three (validate_host and prepare_image, mapped over the central
-    hosts, then its lane's `cases`): every host's lane has the same shape, `cases` -> `run_case`, and a
-    1,000-host fleet of own-queue hosts parses as fast as a central one (each task and each dependency edge
-    of a DAG costs time in proportion to the DAG's size). The plan is resolved when the task runs rather
-    than templated (a rendered field is serialized for the UI: the whole plan, per lane); the DAG sets the
-    plan task upstream of it. A dry run stops after the verdict; a run without a case on the host does nothing.
+    One task per host before its cases, not three (a host check and an image step mapped over the hosts,
+    then the lane): fewer tasks to schedule per run, and every lane runs on its own, so a slow host's pull
+    holds no other host's cases. Built for fleets of 1,000 hosts (1,000 of these in one DAG), where every
+    per-task cost at parse time counts: a plain operator rather than a `@task` function, and one dependency
+    edge. The plan is resolved when the task runs rather than templated (a rendered field is serialized for
+    the UI: the whole plan, per lane); the DAG sets the plan task upstream of it. A dry run stops after the
+    verdict; a run without a case on the host does nothing. `host_check_timeout_s` bounds the host check
+    (its verdict then says it did not end), not the pull.
     """
 
-    def __init__(self, *, host: str, plan: Any, **kwargs: Any) -> None:
+    def __init__(self, *, host: str, plan: Any, host_check_timeout_s: float | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.host = host
         self.plan_ref = plan
+        self.host_check_timeout_s = host_check_timeout_s
 
     def execute(self, context) -> list[dict]:
         plan = self.render_template(self.plan_ref, context)
@@ -188,7 +167,7 @@ class LaneCasesOperator(BaseOperator):
             log.info("the run has no case on %s", self.host)
             return []
         ti = context["ti"]
-        validation = pipeline.validate_host(host, plan["run"])
+        validation = pipeline.validate_host(host, plan["run"], timeout_s=self.host_check_timeout_s)
         ti.xcom_push(key=LANE_VALIDATION, value=validation)
         if not pipeline.proceed(plan, [validation]):
             return []

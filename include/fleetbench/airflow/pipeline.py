@@ -11,7 +11,9 @@ every step testable on its own.
 from __future__ import annotations
 
 import logging
-from contextlib import ExitStack
+import signal
+import threading
+from contextlib import ExitStack, contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -46,11 +48,6 @@ def make_plan(run: dict, config_path: str | None = None, params: dict | None = N
     return plan.to_xcom()
 
 
-def central_hosts(plan) -> list[dict]:
-    """The planned hosts validated and prepared on the default queue: those without a `queue` of their own."""
-    return [h.to_xcom() for h in RunPlan.load(plan).central_hosts()]
-
-
 def planned_host(plan, name: str) -> dict | None:
     """The host as planned for this run; None when the run has no case on it (e.g. a `hosts` parameter)."""
     host = RunPlan.load(plan).host(name)
@@ -69,11 +66,13 @@ def proceed(plan, validations: list) -> bool:
 
 
 # -- validate host ----------------------------------------------------------------------------
-def validate_host(host, run) -> dict:
+def validate_host(host, run, timeout_s: float | None = None) -> dict:
     """Gather the host's facts into the run's artifact folder and judge them against the host's needs.
 
     When the host's cases need GPUs, a GPU smoke container runs too (`gpu_smoke_image`, else the
-    host's first benchmark image). An unreachable host is a verdict (`reachable: fail`), not a crash.
+    host's first benchmark image). An unreachable host is a verdict (`reachable: fail`), not a crash;
+    so is a check that has not ended after `timeout_s` (every probe has its own timeout: this is the
+    backstop for one that hangs regardless, e.g. in an SSH library).
     """
     from fleetbench.hosts import HostFacts, HostNeeds, evaluate, facts_from_dir, gather, reasons, runner_for, verdict
     from fleetbench.hosts.probes import health_probes
@@ -86,8 +85,9 @@ def validate_host(host, run) -> dict:
     health = (health_probes(host.gpu_health.xid_window_hours, host.gpu_health.dcgm_diag_level) if needs.gpus
               else ())
     try:
-        gather(runner_for(host.connection, host.docker_url), folder, gpu_smoke_image=smoke_image, extra=health,
-               path=tuple(host.probe_path))
+        with deadline(timeout_s, f"the host check of {host.name} did not end within {timeout_s} s"):
+            gather(runner_for(host.connection, host.docker_url), folder, gpu_smoke_image=smoke_image, extra=health,
+                   path=tuple(host.probe_path))
         facts = facts_from_dir(folder)
     except Exception as exc:  # e.g. the artifact folder cannot be written: still a verdict, with the reason
         log.exception("gathering facts on %s failed", host.name)
@@ -98,6 +98,26 @@ def validate_host(host, run) -> dict:
                          collected_at=datetime.now(timezone.utc).isoformat())
     log.info("host %s: %s%s", host.name, result.verdict, f" ({result.reasons})" if result.reasons else "")
     return result.to_xcom()
+
+
+@contextmanager
+def deadline(seconds: float | None, message: str):
+    """Raise TimeoutError(message) in this thread once `seconds` have passed (SIGALRM: the main thread of a task's
+    process, where an operator runs). None, or not the main thread: no deadline."""
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expired(signum, frame):
+        raise TimeoutError(message)
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 # -- prepare image ----------------------------------------------------------------------------
@@ -209,8 +229,8 @@ def store(plan, collected: dict) -> dict:
     plan = RunPlan.load(plan)
     run = plan.run
     if not collected:
-        raise RuntimeError(f"run {run.run_id}: `collect` did not finish (see its log), so there are no rows to store; "
-                           "clear `collect` to collect and store the run again")
+        raise RuntimeError(f"run {run.run_id}: the collect step did not finish (see the `store` task's log), so there "
+                           "are no rows to store; clear `store` to collect and store the run again")
     # Derived metrics (training time, step spread, speedup, cost, energy) on every row before it is written.
     rows = derive(collected["rows"], collected["steps"], load_catalog_or_none(), MetricSettings.from_plan(plan))
     counts = {s: sum(1 for r in rows if r["status"] == s) for s in (OK, FAILED, SKIPPED)}
@@ -223,7 +243,8 @@ def store(plan, collected: dict) -> dict:
     finally:
         engine.dispose()
     log.info("stored %d result row(s) for run %s: %s", written, run.run_id, counts)
-    return {**counts, "total": len(rows), "run_id": run.run_id}
+    return {**counts, "total": len(rows), "run_id": run.run_id,
+            "every_host_unfit": every_host_unfit(collected["validations"])}
 
 
 # -- compare ----------------------------------------------------------------------------------
@@ -337,14 +358,6 @@ def write_report(plan: dict, stored: dict | None) -> dict:
             **{k: stored.get(k) for k in ("total", OK, FAILED, SKIPPED)}}
 
 
-def check_fleet(validations: list) -> None:
-    """Fail with one clear message when no host of the fleet can run."""
-    valid = [HostVerdict.load(v) for v in validations if v]
-    if valid and all(v.unfit for v in valid):
-        lines = "; ".join(f"{v.host}: {v.reasons}" for v in valid)
-        raise RuntimeError(f"every host is unfit, nothing ran: {lines}")
-
-
 FAILED_TASK_STATES = ("failed", "upstream_failed")
 
 
@@ -354,13 +367,25 @@ def failed_tasks(ti, dag_id: str, run_id: str) -> list[str]:
     return sorted(t for t, state in states.items() if state in FAILED_TASK_STATES)
 
 
-def fail_if_tasks_failed(ti, dag_id: str, run_id: str) -> None:
-    """Fail (no retry) naming the run's failed tasks; their cases are recorded with a failure class all the same."""
+def every_host_unfit(validations: list) -> str | None:
+    """When every host of the run is unfit (nothing ran): one message naming each host and why; else None."""
+    verdicts = [HostVerdict.load(v) for v in validations if v]
+    if verdicts and all(v.unfit for v in verdicts):
+        return "every host is unfit, nothing ran: " + "; ".join(f"{v.host}: {v.reasons}" for v in verdicts)
+    return None
+
+
+def fail_if_tasks_failed(ti, dag_id: str, run_id: str, every_host_unfit: str | None = None) -> None:
+    """Fail (no retry) with one message when every host of the run was unfit (`every_host_unfit`, the store
+    task's), or naming the run's failed tasks; their cases are recorded with a failure class all the same."""
     from airflow.sdk.exceptions import AirflowFailException
 
+    problems = [every_host_unfit] if every_host_unfit else []
     failed = failed_tasks(ti, dag_id, run_id)
     if failed:
         shown = ", ".join(failed[:20]) + (f" and {len(failed) - 20} more" if len(failed) > 20 else "")
-        raise AirflowFailException(f"{len(failed)} task(s) of this run failed: {shown}; "
-                                   "their cases are recorded in the warehouse with the failure class")
+        problems.append(f"{len(failed)} task(s) of this run failed: {shown}; "
+                        "their cases are recorded in the warehouse with the failure class")
+    if problems:
+        raise AirflowFailException(". ".join(problems))
     log.info("no task of run %s failed", run_id)

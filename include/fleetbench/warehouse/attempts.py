@@ -9,8 +9,8 @@ container outcome, the container's start and end as the engine reported them).
 Storing a (run, host, case) (`decide`, inside `store_run`'s one transaction):
 
 - nothing stored yet: attempt 1 (or the number after the highest superseded one);
-- the stored attempt has the same identity: it is the same execution written again (the store or
-  collect task retried, `fleetbench results` of a re-collected run): it is replaced in place, its
+- the stored attempt has the same identity: it is the same execution written again (the store task
+  retried or cleared, `fleetbench results` of a re-collected run): it is replaced in place, its
   number kept;
 - another identity (the run was cleared and ran again, or a backfill with `--reprocess-behavior
   completed` or `failed`): a new attempt. The stored one moves to `superseded_results` whole (with its
