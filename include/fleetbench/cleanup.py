@@ -1,4 +1,5 @@
-"""Maintenance: remove stopped containers, orphaned case containers and superseded baked images that fleetbench created.
+"""Maintenance: remove stopped containers, orphaned case containers, superseded baked images and the telemetry
+wrapper's volumes of other versions that fleetbench created.
 
 "Labelled `org.fleetbench.managed=true`" is not enough to tell: labels are inherited. Every image
 built from fleetbench's base or smoke image carries that label, and so does every container
@@ -49,6 +50,7 @@ ORPHAN_GRACE_S = 300  # past its timeout plus this, a running case container has
 class CleanupReport:
     removed_containers: list[dict] = field(default_factory=list)  # {id, name, reason}
     removed_images: list[dict] = field(default_factory=list)  # {id, tags, reason}
+    removed_volumes: list[dict] = field(default_factory=list)  # {name, reason}
     kept: list[dict] = field(default_factory=list)  # fleetbench objects left in place, with the reason
     errors: list[str] = field(default_factory=list)
     dry_run: bool = False
@@ -226,11 +228,36 @@ def clean_engine(api: docker.APIClient, container_max_age_s: float = 24 * 3600, 
             report.removed_images.append(img)
         except APIError as exc:  # e.g. a child image or a container created meanwhile
             report.errors.append(f"image {img['id'][:19]}: {exc.explanation or exc}")
+    if scope is None:  # the telemetry wrapper's volumes are the engine's, not one DAG's or test's
+        _clean_telemetry_volumes(api, report, dry_run)
     for k in report.kept:
         log.info("keep %s: %s", k.get("name") or ", ".join(k.get("tags", [])) or k["id"][:19], k["reason"])
     for e in report.errors:
         log.warning("cleanup: %s", e)
     return report
+
+
+def _clean_telemetry_volumes(api: docker.APIClient, report: CleanupReport, dry_run: bool) -> None:
+    """Remove the telemetry wrapper's volumes of other wrapper versions (`fleetbench.telemetry.ensure_volume`);
+    one a container still uses stays (Docker refuses), and the next cleanup removes it."""
+    from fleetbench import telemetry
+
+    current = telemetry.volume_name()
+    listed = api.volumes(filters={"label": telemetry.VOLUME_LABEL}).get("Volumes") or []
+    for v in listed:
+        if v["Name"] == current:
+            continue
+        reason = "the telemetry wrapper of another fleetbench version"
+        log.info("%sremove volume %s: %s", "would " if dry_run else "", v["Name"], reason)
+        if not dry_run:
+            try:
+                api.remove_volume(v["Name"])
+            except NotFound:
+                continue
+            except APIError as exc:  # in use by a container
+                report.errors.append(f"volume {v['Name']}: {exc.explanation or exc}")
+                continue
+        report.removed_volumes.append({"name": v["Name"], "reason": reason})
 
 
 def clean_url(docker_url: str, container_max_age_h: float, image_max_age_h: float, scope: dict[str, str] | None = None,

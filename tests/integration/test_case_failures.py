@@ -3,6 +3,7 @@ the log is kept, and no container is left behind."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 import time
@@ -215,6 +216,69 @@ def test_the_shipped_pynvml_imports_in_the_container(case_run, smoke_image):
     outcome, _ = case_run(probe, image=smoke_image, telemetry_period_s=0.2)
     log = Path(outcome["log_path"]).read_text()
     assert outcome["exit_code"] == 0 and "unavailable: nvmlInit failed" in log, log
+
+
+def test_the_wrapper_comes_from_one_volume_per_version_with_the_whole_bundle(case_run, smoke_image, docker_api,
+                                                                           monkeypatch):
+    """Cases mount the bundle's volume read-only instead of each copying it in: the volume is made once (with the
+    bundle's exact bytes, and no helper container or image left), reused by later cases, and a new wrapper
+    version gets a volume of its own."""
+    import io
+    import tarfile
+
+    from fleetbench import telemetry
+
+    def gone(name):
+        try:
+            docker_api.remove_volume(name, force=True)
+        except Exception:
+            pass
+
+    name = telemetry.volume_name()
+    gone(name)
+    images_before = {i["Id"] for i in docker_api.images(all=True)}
+    outcome, fields = case_run(HARNESS, image=smoke_image, telemetry_period_s=0.2)
+    assert fields["status"] == "ok" and json.loads(fields["telemetry_json"])["cpu"]["usage_s"] > 0
+    volume = docker_api.inspect_volume(name)
+    assert volume["Labels"] == {telemetry.VOLUME_LABEL: name[len(telemetry.VOLUME_PREFIX):]}
+    assert {i["Id"] for i in docker_api.images(all=True)} == images_before  # the imported image is gone
+    assert docker_api.containers(all=True, filters={"label": telemetry.VOLUME_LABEL}) == []  # so is the helper
+    # the volume holds the bundle byte for byte, and a case cannot write to it
+    expected = {m.name: tarfile.open(fileobj=io.BytesIO(telemetry.bundle())).extractfile(m).read()
+                for m in tarfile.open(fileobj=io.BytesIO(telemetry.bundle())) if m.isfile()}
+    probe = ["python3", "-c", "import hashlib, os, sys\nfor root, _, files in os.walk('/opt/fleetbench-telemetry'):\n"
+             "    for f in sorted(files):\n        p = os.path.join(root, f)\n"
+             "        print(p.lstrip('/'), hashlib.sha256(open(p, 'rb').read()).hexdigest())\n"
+             "try:\n    open('/opt/fleetbench-telemetry/x', 'w')\n"
+             "except OSError as exc:\n    print('read-only:', exc.errno)"]
+    outcome, _ = case_run(probe, image=smoke_image, telemetry_period_s=0.2, case_key="probe")
+    lines = Path(outcome["log_path"]).read_text().splitlines()
+    listed = dict(line.split() for line in lines if line.startswith("opt/"))
+    assert listed == {path: hashlib.sha256(data).hexdigest() for path, data in expected.items()}
+    assert "read-only: 30" in lines  # EROFS
+    created = volume["CreatedAt"]
+    assert docker_api.inspect_volume(name)["CreatedAt"] == created  # the second case reused it
+
+    # another wrapper version gets another volume; cleanup removes the other versions' volumes, not the current
+    from fleetbench.cleanup import CleanupReport, _clean_telemetry_volumes
+
+    monkeypatch.setattr(telemetry, "bundle", lambda: b"not the same bundle")
+    old = telemetry.volume_name()
+    assert old != name
+    monkeypatch.undo()
+    docker_api.create_volume(old, labels={telemetry.VOLUME_LABEL: "old"})
+    try:
+        dry = CleanupReport(dry_run=True)
+        _clean_telemetry_volumes(docker_api, dry, dry_run=True)
+        assert dry.removed_volumes == [{"name": old, "reason": "the telemetry wrapper of another fleetbench version"}]
+        assert docker_api.inspect_volume(old)
+        report = CleanupReport()
+        _clean_telemetry_volumes(docker_api, report, dry_run=False)
+        assert [v["name"] for v in report.removed_volumes] == [old] and not report.errors
+        assert docker_api.volumes(filters={"name": old})["Volumes"] in (None, [])
+        assert docker_api.inspect_volume(name)["CreatedAt"] == created
+    finally:
+        gone(old)
 
 
 def test_telemetry_wrapper_keeps_crash_and_timeout_classes(case_run):

@@ -320,10 +320,10 @@ class BenchmarkCaseOperator(DockerOperator):
         t0 = self._started_at = datetime.now(timezone.utc)
         rapl = None
         try:
+            if self.telemetry_period_s:  # the wrapper, from its volume on the engine (made once per version)
+                self.mounts = [*self.mounts, telemetry.volume_mount(self.cli)]
             self.container = self._create_container()
             cid = self.container["Id"]
-            if self.telemetry_period_s:
-                self.cli.put_archive(cid, "/", telemetry.bundle())
             rapl = self._rapl_start(outcome)
             self.cli.start(cid)
         except APIError as exc:

@@ -3,8 +3,10 @@ and how to ship it into a container; `rapl` reads a host's CPU energy counters."
 
 from __future__ import annotations
 
+import hashlib
 import io
 import tarfile
+from functools import lru_cache
 from pathlib import Path
 
 from fleetbench.telemetry.wrapper import MARKER, NvmlSource, NvmlUnavailable, Sampler, parse_report
@@ -12,10 +14,13 @@ from fleetbench.telemetry.wrapper import MARKER, NvmlSource, NvmlUnavailable, Sa
 CONTAINER_DIR = "/opt/fleetbench-telemetry"
 WRAPPER = Path(__file__).with_name("wrapper.py")
 
-__all__ = ["CONTAINER_DIR", "MARKER", "NvmlSource", "NvmlUnavailable", "Sampler", "bundle", "parse_report",
-           "wrap_command"]
+__all__ = ["CONTAINER_DIR", "MARKER", "NvmlSource", "NvmlUnavailable", "Sampler", "bundle", "ensure_volume",
+           "parse_report", "volume_mount", "wrap_command"]
+VOLUME_PREFIX = "fleetbench-telemetry-"
+VOLUME_LABEL = "org.fleetbench.telemetry"  # on the volume: its bundle digest (fleetbench.cleanup keeps the current)
 
 
+@lru_cache(maxsize=1)
 def bundle() -> bytes:
     """A tar of the wrapper plus nvidia-ml-py's `pynvml` module, for `put_archive(cid, "/", ...)` into a
     created container.
@@ -40,3 +45,52 @@ def wrap_command(command: list[str], period_s: float, gpu: bool = True) -> list[
     """The case's argv under the wrapper; `gpu=False` (a CPU case) leaves NVML alone."""
     return ["python3", f"{CONTAINER_DIR}/wrapper.py", "--period", f"{period_s:g}", *([] if gpu else ["--no-gpu"]),
             "--", *command]
+
+
+def volume_name() -> str:
+    """The engine's volume with this version of the wrapper and pynvml: named by the bundle's digest, so a new
+    wrapper gets a new volume and a volume never changes once it has its files."""
+    return VOLUME_PREFIX + hashlib.sha256(bundle()).hexdigest()[:16]
+
+
+def ensure_volume(api) -> str:
+    """The volume that holds the bundle on this engine (`api`, a docker APIClient), made the first time a case of
+    this wrapper version runs there. Each case then mounts it read-only instead of copying the bundle into its
+    own container (`put_archive` took ~50 ms a case; `inspect_volume` a few).
+
+    It is filled the way Docker fills any empty named volume: from the image a container mounting it is created
+    from. That image is the bundle itself (`docker import` of its tar, an image only once it is whole), and the
+    volume is created with its files in the same call that creates the (never started) helper container, so a
+    volume of that name always holds the whole bundle. The helper and the image are removed at once; the volume
+    stays for the next cases (`fleetbench cleanup` removes those of other wrapper versions)."""
+    from docker.errors import NotFound
+    from docker.types import Mount
+
+    name = volume_name()
+    try:
+        api.inspect_volume(name)
+        return name
+    except NotFound:
+        pass
+    tag = name[len(VOLUME_PREFIX):]
+    image = f"fleetbench/telemetry:{tag}"
+    api.import_image_from_data(bundle(), repository="fleetbench/telemetry", tag=tag)
+    try:
+        helper = api.create_container(image, command=["/never-started"], network_disabled=True,
+                                      labels={VOLUME_LABEL: tag},
+                                      host_config=api.create_host_config(mounts=[
+                                          Mount(CONTAINER_DIR, name, type="volume", labels={VOLUME_LABEL: tag})]))
+        api.remove_container(helper["Id"], force=True)
+    finally:
+        try:
+            api.remove_image(image, force=True)
+        except NotFound:
+            pass
+    return name
+
+
+def volume_mount(api):
+    """The read-only mount of the bundle's volume at CONTAINER_DIR, for a case's container on this engine."""
+    from docker.types import Mount
+
+    return Mount(CONTAINER_DIR, ensure_volume(api), type="volume", read_only=True)
