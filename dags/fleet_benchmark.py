@@ -26,7 +26,6 @@ import pendulum
 from airflow.sdk import DAG, Asset, Param, TaskGroup, TriggerRule, get_current_context, task
 
 from fleetbench.airflow import parse_speed, pipeline
-from fleetbench.airflow.multinode import MultiNodeCaseOperator, MultiNodeCasesOperator
 from fleetbench.airflow.operators import LANE_IMAGES, LANE_VALIDATION, BenchmarkCaseOperator, LaneCasesOperator
 from fleetbench.airflow.operators import all_items as items
 from fleetbench.config import load_config_once
@@ -164,6 +163,8 @@ with DAG(
         outcomes.append(runs.output)
         lane_runs.append(runs)
     if MULTINODE:  # README "Multi-node cases": after every lane, one case at a time (holds all its hosts)
+        from fleetbench.airflow.multinode import MultiNodeCaseOperator, MultiNodeCasesOperator  # only then
+
         with TaskGroup(group_id="multinode", tooltip="cases that span hosts"):
             multi = MultiNodeCasesOperator(task_id="cases", retries=0, plan=p, lanes=LANES,
                                            trigger_rule=TriggerRule.ALL_DONE)

@@ -36,11 +36,9 @@ from docker import APIClient
 from docker.errors import APIError, NotFound
 from docker.types import DeviceRequest, LogConfig, Ulimit
 
-from fleetbench import capacity, runs, telemetry
+from fleetbench import runs, telemetry
 from fleetbench.airflow import pipeline
 from fleetbench.airflow.connections import docker_tls_files
-from fleetbench.engines import docker_api_client
-from fleetbench.hosts.devices import assign
 from fleetbench.run_model import CaseOutcome, HostImages, HostVerdict, Measurement, RunPlan, by_host
 from fleetbench.runs import log_path as case_log_path
 from fleetbench.runs import outcome_path
@@ -48,6 +46,8 @@ from fleetbench.telemetry.container_memory import PeakMemory
 from fleetbench.telemetry.rapl import RaplMeter, RaplUnavailable
 
 log = logging.getLogger(__name__)
+# Capacity, device assignment and the TLS engine client are imported where they run: every task process of a
+# run imports this module with the DAG file, and most of its tasks need none of them.
 
 STOP_GRACE_S = 10
 CASE_LOG_MAX_SIZE, CASE_LOG_MAX_FILES = "100m", "3"
@@ -79,6 +79,9 @@ def start_error_class(exc: APIError) -> str:
 def case_kwargs(plan, validations: list, prepared: list, host: str | None = None) -> list[dict]:
     """Per-case arguments for a host lane's mapped BenchmarkCaseOperator: only cases whose host and image are ready
     (a case that spans hosts runs in the `multinode` group instead)."""
+    from fleetbench import capacity
+    from fleetbench.hosts.devices import assign
+
     plan = RunPlan.load(plan)
     run = plan.run
     verdicts = by_host(HostVerdict.load(v) for v in validations if v)
@@ -253,6 +256,8 @@ class BenchmarkCaseOperator(DockerOperator):
         """The engine's client: DockerOperator's hook, or over TLS one with the Airflow Connection's certificates."""
         if not self._tls:
             return self.hook.api_client
+        from fleetbench.engines import docker_api_client
+
         return docker_api_client(self.docker_url, self._tls, timeout=self.timeout, version=self.api_version)
 
     def on_kill(self) -> None:
