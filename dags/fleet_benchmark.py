@@ -51,14 +51,11 @@ def every_host(results: list) -> list:
     return out
 
 
-def from_lanes(key: str, hosts=None) -> list:
-    """`validation` or `images` of each lane (of `hosts`, else of every host; None where the run has no case on
-    the host or the lane failed first), read when the task runs: handed over as arguments they would be
-    2,000 more dependency edges in a 1,000-host DAG."""
-    task_ids = [LANES[h] for h in hosts] if hosts is not None else list(LANES.values())
-    if not task_ids:
-        return []
-    return list(get_current_context()["ti"].xcom_pull(task_ids=task_ids, key=key) or [])
+def from_lanes(key: str) -> list:
+    """`validation` or `images` of every lane (None where the run has no case on the host or the lane failed
+    first), read when the task runs: handed over as arguments they would be 2,000 more dependency edges in a
+    1,000-host DAG."""
+    return list(get_current_context()["ti"].xcom_pull(task_ids=list(LANES.values()), key=key) or [])
 
 
 # Cases that span hosts (benchmarks with nodes > 1) get the `multinode` group; without them, no extra task.

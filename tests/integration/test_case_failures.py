@@ -8,8 +8,10 @@ import json
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import docker
 import pytest
 
 from fleetbench.airflow.operators import BenchmarkCaseOperator
@@ -258,6 +260,18 @@ def test_the_wrapper_comes_from_one_volume_per_version_with_the_whole_bundle(cas
     assert "read-only: 30" in lines  # EROFS
     created = volume["CreatedAt"]
     assert docker_api.inspect_volume(name)["CreatedAt"] == created  # the second case reused it
+
+    # two cases on one engine making it at once (two lanes, two DAGs): both get the whole volume, nothing is left
+    gone(name)
+    clients = [docker.APIClient(version="auto") for _ in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(telemetry.ensure_volume, clients)) == [name] * 4
+    assert {i["Id"] for i in docker_api.images(all=True)} == images_before
+    assert docker_api.containers(all=True, filters={"label": telemetry.VOLUME_LABEL}) == []
+    outcome, _ = case_run(probe, image=smoke_image, telemetry_period_s=0.2, case_key="probe2")
+    assert dict(line.split() for line in Path(outcome["log_path"]).read_text().splitlines()
+                if line.startswith("opt/")) == listed
+    created = docker_api.inspect_volume(name)["CreatedAt"]
 
     # another wrapper version gets another volume; cleanup removes the other versions' volumes, not the current
     from fleetbench.cleanup import CleanupReport, _clean_telemetry_volumes

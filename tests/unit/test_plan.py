@@ -90,24 +90,38 @@ def test_steps_after_a_failed_plan_say_so(tmp_path, monkeypatch):
 
 
 def test_a_host_check_that_does_not_end_is_a_verdict_not_a_hung_lane(tmp_path, monkeypatch):
-    """The lane's bound on the host check (`host_check_timeout_s`): a check still running when it passes ends
-    with an unfit verdict that says why, and the lane goes on (to record the host's cases as unfit)."""
+    """The lane's bound on the host check (`host_check_timeout_s`): a probe still running when it passes is killed,
+    the check ends with an unfit verdict that says why, and the lane goes on (to record the host's cases as
+    unfit). The probes' runners catch OSErrors (TimeoutError is one) to record a failed probe and go on: the
+    deadline must get through them, or the next probe could hang in its turn."""
+    import signal
     import time
 
-    import fleetbench.hosts
     from fleet_configs import write_config
     from fleetbench.airflow.pipeline import make_plan, validate_host
     from fleetbench.run_model import HostVerdict
 
     monkeypatch.setenv("FLEETBENCH_DATA_DIR", str(tmp_path / "data"))
-    plan = make_plan({"dag_id": "fleet_benchmark", "run_id": "r1"}, str(write_config(tmp_path / "f.yaml", config())))
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "uname").write_text("#!/bin/sh\nexec /bin/sleep 30\n")  # the first probe hangs
+    (fake / "uname").chmod(0o755)
+    cfg = config()
+    cfg["hosts"] = [{"name": "a", "connection": "local", "probe_path": [str(fake)]}]
+    plan = make_plan({"dag_id": "fleet_benchmark", "run_id": "r1"}, str(write_config(tmp_path / "f.yaml", cfg)))
 
-    def hangs(*args, **kwargs):
-        time.sleep(30)
-
-    monkeypatch.setattr(fleetbench.hosts, "gather", hangs)
-    started = time.monotonic()
-    verdict = HostVerdict.load(validate_host(plan["hosts"][0], plan["run"], timeout_s=0.5))
-    assert time.monotonic() - started < 5
-    assert verdict.verdict == "unfit"
-    assert "did not end within 0.5 s" in verdict.reasons
+    fired = []
+    previous = signal.signal(signal.SIGALRM, lambda *_: fired.append(1))  # an outer alarm, as execution_timeout's
+    signal.setitimer(signal.ITIMER_REAL, 4.0)
+    try:
+        started = time.monotonic()
+        verdict = HostVerdict.load(validate_host(plan["hosts"][0], plan["run"], timeout_s=1))
+        took = time.monotonic() - started
+        assert took < 3, took  # one probe's deadline, not a 30 s sleep per probe
+        assert verdict.verdict == "unfit"
+        assert "did not end within 1 s" in verdict.reasons
+        time.sleep(4.5 - took)
+        assert fired == [1]  # the outer alarm was set again for the time it had left
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

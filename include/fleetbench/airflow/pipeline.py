@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from contextlib import ExitStack, contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -89,7 +90,7 @@ def validate_host(host, run, timeout_s: float | None = None) -> dict:
             gather(runner_for(host.connection, host.docker_url), folder, gpu_smoke_image=smoke_image, extra=health,
                    path=tuple(host.probe_path))
         facts = facts_from_dir(folder)
-    except Exception as exc:  # e.g. the artifact folder cannot be written: still a verdict, with the reason
+    except (Exception, DeadlinePassed) as exc:  # e.g. the artifact folder cannot be written: still a verdict
         log.exception("gathering facts on %s failed", host.name)
         facts = HostFacts(unreachable=f"facts could not be gathered: {exc}")
     checks = evaluate(facts, needs)
@@ -100,24 +101,33 @@ def validate_host(host, run, timeout_s: float | None = None) -> dict:
     return result.to_xcom()
 
 
+class DeadlinePassed(BaseException):
+    """Raised by `deadline` when its time is up. Not an Exception (and so not an OSError, as TimeoutError is): the
+    probes' runners turn OSErrors into a failed probe or an unreachable host and go on, which would swallow it."""
+
+
 @contextmanager
 def deadline(seconds: float | None, message: str):
-    """Raise TimeoutError(message) in this thread once `seconds` have passed (SIGALRM: the main thread of a task's
-    process, where an operator runs). None, or not the main thread: no deadline."""
+    """Raise DeadlinePassed(message) in this thread once `seconds` have passed (SIGALRM: the main thread of a task's
+    process, where an operator runs). None, or not the main thread: no deadline. An alarm already set (Airflow's
+    execution_timeout) is set again afterwards for the time it had left."""
     if not seconds or threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def expired(signum, frame):
-        raise TimeoutError(message)
+        raise DeadlinePassed(message)
 
+    started = time.monotonic()
     previous = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        if outer:
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - started), 0.001))
 
 
 # -- prepare image ----------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import tarfile
 from functools import lru_cache
 from pathlib import Path
@@ -22,8 +23,8 @@ VOLUME_LABEL = "org.fleetbench.telemetry"  # on the volume: its bundle digest (f
 
 @lru_cache(maxsize=1)
 def bundle() -> bytes:
-    """A tar of the wrapper plus nvidia-ml-py's `pynvml` module, for `put_archive(cid, "/", ...)` into a
-    created container.
+    """A tar of the wrapper plus nvidia-ml-py's `pynvml` module under CONTAINER_DIR: the image its volume is
+    filled from (`ensure_volume`).
 
     pynvml goes into a `fallback/` folder that the wrapper appends to sys.path last, so an image's own
     pynvml wins.
@@ -73,8 +74,11 @@ def ensure_volume(api) -> str:
     except NotFound:
         pass
     tag = name[len(VOLUME_PREFIX):]
-    image = f"fleetbench/telemetry:{tag}"
-    api.import_image_from_data(bundle(), repository="fleetbench/telemetry", tag=tag)
+    # Untagged, by its id: cases making the volume at once on one engine each use and remove their own image.
+    imported = api.import_image_from_data(bundle())
+    image = json.loads(imported.strip().splitlines()[-1])["status"]
+    if not image.startswith("sha256:"):
+        raise RuntimeError(f"importing the telemetry bundle into the engine answered {imported!r}")
     try:
         helper = api.create_container(image, command=["/never-started"], network_disabled=True,
                                       labels={VOLUME_LABEL: tag},
