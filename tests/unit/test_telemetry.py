@@ -143,6 +143,24 @@ def test_cli_usage_and_report_parsing():
     assert proc.returncode == 2 and "usage" in proc.stderr
     assert parse_report("noise\nFLEETBENCH_TELEMETRY {\"nvml\": false}\n") == {"nvml": False}
     assert parse_report("FLEETBENCH_TELEMETRY {cut") is None and parse_report("") is None
-    assert wrap_command(["python3", "b.py"], 0.5) == ["python3", "/opt/fleetbench-telemetry/wrapper.py", "--period",
-                                                      "0.5", "--", "python3", "b.py"]
+    assert wrap_command(["python3", "b.py"], 0.5) == ["python3", "-S", "/opt/fleetbench-telemetry/wrapper.py",
+                                                      "--period", "0.5", "--", "python3", "b.py"]
     json.dumps(parse_report('x FLEETBENCH_TELEMETRY {"a": 1}'))
+
+
+def test_under_python_S_the_gpu_path_still_finds_the_images_pynvml_before_the_shipped_one(tmp_path):
+    """Cases start the wrapper with `python3 -S`: a CPU case's wrapper imports no site-packages at all, a GPU
+    case's adds them before the shipped pynvml (`fallback/`, last), so an image's own pynvml still wins."""
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import wrapper as tw;"
+             "print(any('site-packages' in p for p in sys.path));"
+             "tw.pynvml_path(); import pynvml;"
+             "print(pynvml.__file__); print(sys.path[-1] == tw.FALLBACK)")
+    out = subprocess.run([sys.executable, "-S", "-c", probe, os.path.dirname(tw.__file__)], capture_output=True,
+                         text=True, check=True).stdout.split()
+    assert out[0] == "False"  # nothing from site-packages before the GPU path asks
+    assert "site-packages" in out[1] and "fallback" not in out[1]  # the environment's own nvidia-ml-py
+    assert out[2] == "True"
+    # and the wrapper as a case runs it, CPU case: exit code and telemetry line as without -S
+    proc = subprocess.run([sys.executable, "-S", tw.__file__, "--no-gpu", "--", sys.executable, "-c",
+                           "import sys; sys.exit(3)"], capture_output=True, text=True)
+    assert proc.returncode == 3 and parse_report(proc.stdout)["reason"] == "a CPU case: GPUs not sampled"

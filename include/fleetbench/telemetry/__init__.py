@@ -43,8 +43,9 @@ def bundle() -> bytes:
 
 
 def wrap_command(command: list[str], period_s: float, gpu: bool = True) -> list[str]:
-    """The case's argv under the wrapper; `gpu=False` (a CPU case) leaves NVML alone."""
-    return ["python3", f"{CONTAINER_DIR}/wrapper.py", "--period", f"{period_s:g}", *([] if gpu else ["--no-gpu"]),
+    """The case's argv under the wrapper; `gpu=False` (a CPU case) leaves NVML alone. `-S`: the wrapper needs the
+    image's site-packages only for NVML, and adds them itself then (`wrapper.pynvml_path`)."""
+    return ["python3", "-S", f"{CONTAINER_DIR}/wrapper.py", "--period", f"{period_s:g}", *([] if gpu else ["--no-gpu"]),
             "--", *command]
 
 

@@ -1,4 +1,4 @@
-"""Telemetry around a benchmark command: `python3 wrapper.py [--period 0.5] [--no-gpu] -- CMD ARGS...`.
+"""Telemetry around a benchmark command: `python3 -S wrapper.py [--period 0.5] [--no-gpu] -- CMD ARGS...`.
 
 Runs inside the benchmark container, so it is one stdlib-only file (Python >= 3.6). It starts the
 command as a child, passes its output and exit code through unchanged, forwards SIGTERM/SIGINT to
@@ -30,8 +30,19 @@ import threading
 import time
 
 MARKER = "FLEETBENCH_TELEMETRY "
-# nvidia-ml-py's pynvml shipped next to this file; the image's own pynvml, if any, comes first.
-sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "fallback"))
+FALLBACK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fallback")
+
+
+def pynvml_path() -> None:
+    """Where `import pynvml` looks: the image's site-packages first, then nvidia-ml-py's pynvml shipped next to
+    this file. Cases start the wrapper with `python3 -S` (no site-packages: the interpreter starts ~20 ms
+    sooner in a stock Python image, and a CPU case never needs them); the GPU path adds them here."""
+    if sys.flags.no_site:
+        import site
+
+        site.main()
+    if FALLBACK not in sys.path:
+        sys.path.append(FALLBACK)
 
 
 class NvmlUnavailable(Exception):
@@ -42,6 +53,7 @@ class NvmlSource:
     """The seam: everything fleetbench asks NVML. One instance per process."""
 
     def __init__(self):
+        pynvml_path()
         try:
             import pynvml  # nvidia-ml-py's module (the image's own, else the copy mounted next to this file)
         except ImportError as exc:
