@@ -245,7 +245,6 @@ class BenchmarkCaseOperator(DockerOperator):
         # TLS: the connection's certificates as files for as long as the case runs; `cli` uses them.
         try:
             with docker_tls_files(self.docker_tls_conn_id) as self._tls:
-                self._remove_stale_container()
                 return self.run_case()
         except AirflowTaskTimeout:  # the task runner calls on_kill next: it says why
             self._execution_timeout = True
@@ -468,7 +467,7 @@ class BenchmarkCaseOperator(DockerOperator):
         command = self.format_command(self.command)
         if self.telemetry_period_s:  # the wrapper runs the harness as its child and passes everything through
             command = telemetry.wrap_command(list(command), self.telemetry_period_s, gpu=bool(self.num_gpus))
-        return self.cli.create_container(
+        settings = dict(
             command=command,
             name=self.container_name,
             environment={**self.environment, **self._private_environment},
@@ -495,6 +494,15 @@ class BenchmarkCaseOperator(DockerOperator):
             hostname=self.hostname,
             labels=self.labels,
         )
+        try:
+            return self.cli.create_container(**settings)
+        except APIError as exc:
+            # The name is taken: an earlier try's container (a retry, a task cleared in the UI) is still there.
+            # Removed only then, rather than looked up before every case (a round trip each).
+            if exc.status_code != 409 or not self.container_name:
+                raise
+        self._remove_stale_container()
+        return self.cli.create_container(**settings)
 
     def _stream_logs(self, cid: str) -> None:
         """Copy the container's output into the task log and the case's log file as it comes (best effort):
