@@ -454,7 +454,7 @@ def _report(args: argparse.Namespace) -> int:
         raise UsageError(f"--out {out}: cannot write the report: {exc}") from None
     s = written["summary"]
     print(written["html"])
-    print(f"{s['results']} result(s) of {s['runs']} run(s) on {s['hosts']} host(s); {len(written['pngs'])} plot(s) "
+    print(f"{s['results']} result(s) of {s['runs']} run(s) on {s['hosts']} host(s); {len(written['plots'])} plot(s) "
           f"as PNG next to it, the data in {Path(written['json']).name}")
     for note in written["notes"]:
         print(f"note: {note}")

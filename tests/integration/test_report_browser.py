@@ -320,7 +320,7 @@ def test_html_report_file_in_the_browser(browser, pg_warehouse, tmp_path):
     assert latest == {k: v[-1]["images_per_sec"] for k, v in expected_throughput(engine).items()}
     # the file report has every DAG, private's model too: throughput of resnet50 on 1, 2 and 4 GPUs, vgg16 and
     # secretnet, then scaling, images per joule, cost per million and failures
-    assert len(written["pngs"]) == len(seen["plots"]) == 9
+    assert len(written["plots"]) == len(seen["plots"]) == 9
     assert {k for k in seen["plots"] if k.startswith("plot-throughput-")} == {
         f"plot-throughput-{m}" for m in ("resnet50_g1", "resnet50_g2", "resnet50_g4", "vgg16_g1", "secretnet_g1")}
 
@@ -356,6 +356,9 @@ def test_fleet_dag_writes_the_report_and_updates_the_asset(browser, airflow_db, 
     assert dag_run.state == "success"
     report = data_dir / "reports" / "report.html"
     assert report.is_file() and (data_dir / "reports" / "report.json").is_file()
+    # the DAG's plots as SVG files (the page's own drawing; PNGs are `fleetbench report`'s)
+    plots = sorted(p.name for p in (data_dir / "reports").glob("plot-*"))
+    assert plots and all(p.endswith(".svg") for p in plots), plots
 
     from airflow.models.asset import AssetEvent, AssetModel
     from airflow.utils.session import create_session

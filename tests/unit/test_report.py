@@ -155,7 +155,7 @@ def test_bad_filters_name_the_field(kwargs, field, text):
 def test_warehouse_without_tables(engine, tmp_path):
     written, page = written_page(tmp_path, engine)
     assert written["state"] == page.state == "no_tables"
-    assert written["pngs"] == [] and page.plots == {} and page.tables == {}
+    assert written["plots"] == [] and page.plots == {} and page.tables == {}
     assert any("No results yet" in n for n in page.notes)
     from sqlalchemy import inspect
 
@@ -187,7 +187,7 @@ def test_one_run_only(engine, tmp_path):
     assert all(page.markers[k] == [] for k in page.plots if k.startswith("throughput-"))  # one night: no change
     assert all(r["previous"] == ("–", None) and r["change_pct"] == ("–", None) for r in page.tables["throughput-table"])
     assert "regressions-table-empty" in page.empties
-    assert Path(written["pngs"][0]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert Path(written["plots"][0]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_host_with_only_failures(engine, tmp_path):
@@ -209,7 +209,7 @@ def test_host_with_only_failures(engine, tmp_path):
     assert failures == {"gpu_oom": ("failed", 1, "sick ×1"), "nonzero_exit": ("failed", 1, "sick ×1"),
                         "host_unfit": ("skipped", 1, "sick ×1")}
     assert sorted(page.plots["failures"]["cases"]) == [1.0, 1.0, 1.0]
-    assert [Path(p).name for p in written["pngs"]] == ["plot-failures.png"]
+    assert [Path(p).name for p in written["plots"]] == ["plot-failures.png"]
 
 
 def model_plots(page, model: str) -> dict[str, list]:
@@ -287,7 +287,7 @@ def test_history_report_shows_the_warehouse_numbers(history, tmp_path):
     assert hosts["gpu-c"]["ok"][1] == 0 and hosts["gpu-c"]["failed"][1] == 10
     assert any(n.startswith("Host gpu-c has no ok result") for n in page.notes)
     # files: one PNG per plot, the JSON with the same data
-    assert sorted(Path(p).name for p in written["pngs"]) == sorted(f"plot-{k}.png" for k in page.plots)
+    assert sorted(Path(p).name for p in written["plots"]) == sorted(f"plot-{k}.png" for k in page.plots)
     data = json.loads(Path(written["json"]).read_text())
     assert data["summary"] == {"runs": 5, "results": 36, "ok": 25, "failed": 11, "skipped": 0, "hosts": 3, "models": 2,
                                "first": NIGHTS[0].isoformat(), "last": NIGHTS[4].isoformat()}
@@ -341,8 +341,8 @@ def test_stale_pngs_are_removed(history, tmp_path):
     first = write_report(out, engine=history)
     (out / "notes.txt").write_text("mine")
     second = write_report(out, parse_filters(model="vgg16"), engine=history)
-    assert len(first["pngs"]) > len(second["pngs"])
-    assert sorted(p.name for p in out.glob("*.png")) == sorted(Path(p).name for p in second["pngs"])
+    assert len(first["plots"]) > len(second["plots"])
+    assert sorted(p.name for p in out.glob("*.png")) == sorted(Path(p).name for p in second["plots"])
     assert (out / "notes.txt").read_text() == "mine"  # only its own files are touched
     assert not list(out.glob(".*"))  # no temporary files left
 
@@ -621,6 +621,25 @@ def test_pipeline_report_writes_into_the_data_dir(history, data_dir):
                        "report": str(data_dir / "reports" / "report.html"),
                        "state": "ok", "total": 8, "ok": 5, "failed": 3, "skipped": 0}
     assert json.dumps(summary)  # the asset event's extra must be JSON
+    # its plots are the page's own SVG as files (no matplotlib in the nightly run); a PNG of an earlier
+    # `fleetbench report` into the same folder goes, so the folder is one report
+    import xml.etree.ElementTree as ET
+
+    from fleetbench.report.queries import parse_filters
+
+    out = data_dir / "reports"
+    svgs = sorted(out.glob("plot-*.svg"))
+    assert svgs and not list(out.glob("plot-*.png"))
+    for svg in svgs:
+        root = ET.parse(svg).getroot()
+        assert root.tag == "{http://www.w3.org/2000/svg}svg" and root.get("id") == svg.stem
+    html = (out / "report.html").read_text()
+    assert all(f'href="{svg.name}"' in html for svg in svgs)
+    from fleetbench.report import write_report as write_file_report
+
+    write_file_report(out, parse_filters(dag_id="fleet_benchmark"), engine=history)
+    assert sorted(p.stem for p in out.glob("plot-*.png")) == [p.stem for p in svgs]
+    assert not list(out.glob("plot-*.svg"))
     with pytest.raises(RuntimeError, match="were not stored"):
         write_report(plan, None)  # store failed: nothing new to report
 

@@ -42,7 +42,7 @@ def test_capacity_section_plots_points_fit_ooms_and_misses(tmp_path):
     assert 'data-label="OOM (at the memory it had)"' in svg and 'data-x="8192.0"' in svg
     assert 'data-label="miss: predicted to fit, died of OOM"' in svg and 'class="fit"' in svg
     assert "batch 8192 with 256 MiB" in html
-    assert any(p.endswith(".png") and "capacity-trivial" in p for p in written["pngs"])
+    assert any(p.endswith(".png") and "capacity-trivial" in p for p in written["plots"])
 
 
 def test_capacity_section_reads_only_the_dags_the_reader_may_see(tmp_path):

@@ -342,8 +342,8 @@ WAREHOUSE_ASSET_URI = "x-fleetbench://warehouse/benchmark_results"
 
 
 def write_report(plan: dict, stored: dict | None) -> dict:
-    """Write the fleet's report (`fleetbench.report.write_report`: HTML, PNGs, JSON; this DAG's results
-    of the last 30 days with results) into `<FLEETBENCH_DATA_DIR>/reports/` once the run's rows are stored.
+    """Write the fleet's report (`fleetbench.report.write_report`: HTML, a `plot-*.svg` per plot, JSON; this DAG's
+    results of the last 30 days with results) into `<FLEETBENCH_DATA_DIR>/reports/` once the run's rows are stored.
     Returns where it is and the run's counts: the extra of the `fleetbench_warehouse` asset event.
 
     A report that cannot be written fails this task, never the rows: they are stored (and compared)
@@ -361,9 +361,10 @@ def write_report(plan: dict, stored: dict | None) -> dict:
     from fleetbench.capacity import settings_of
 
     # The capacity section fits with the fleet's own capacity settings (window, margin, points), as the plan did.
-    written = write(filters=parse_filters(dag_id=run.dag_id), capacity_settings=settings_of(run.fleet_settings))
+    written = write(filters=parse_filters(dag_id=run.dag_id), capacity_settings=settings_of(run.fleet_settings),
+                    plot_format="svg")
     log.info("report of %d result(s) of %d run(s) written to %s (%d plot(s))", written["summary"]["results"],
-             written["summary"]["runs"], written["html"], len(written["pngs"]))
+             written["summary"]["runs"], written["html"], len(written["plots"]))
     return {"dag_id": run.dag_id, "run_id": run.run_id, "report": written["html"], "state": written["state"],
             **{k: stored.get(k) for k in ("total", OK, FAILED, SKIPPED)}}
 

@@ -171,14 +171,14 @@ def _left_out(report: dict, element_id: str, why: str) -> str:
             "</div>")
 
 
-def _plots(charts: Sequence[Chart], prefix: str, png: dict[str, str] | None) -> str:
+def _plots(charts: Sequence[Chart], prefix: str, plot_files: dict[str, str] | None) -> str:
     chosen = [c for c in charts if c.id.startswith(prefix)]
     if not chosen:
         return ""
     items = []
     for c in chosen:
-        link = (f'<div class="meta"><a href="{escape(png[c.id])}">{escape(png[c.id])}</a></div>'
-                if png and c.id in png else "")
+        link = (f'<div class="meta"><a href="{escape(plot_files[c.id])}">{escape(plot_files[c.id])}</a></div>'
+                if plot_files and c.id in plot_files else "")
         items.append(f"<figure style=\"margin:0\">{to_svg(c)}{link}</figure>")
     return f'<div class="plots">{"".join(items)}</div>'
 
@@ -237,9 +237,10 @@ def _filters_form(report: dict, values: dict[str, str]) -> str:
 
 
 def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str, str] | None = None,
-                png: dict[str, str] | None = None, error: str | None = None, title: str = "fleetbench report") -> str:
-    """The page. `form_values`: show the filter form (the UI view) with these values; `png`: chart id ->
-    file name of its PNG (the file report); `error`: a message shown above everything (bad filters)."""
+                plot_files: dict[str, str] | None = None, error: str | None = None,
+                title: str = "fleetbench report") -> str:
+    """The page. `form_values`: show the filter form (the UI view) with these values; `plot_files`: chart id ->
+    file name of its plot file (the file report); `error`: a message shown above everything (bad filters)."""
     s = report["summary"]
     w = report["window"]
     meta = [f"generated {report['generated_at']}"]
@@ -286,7 +287,7 @@ def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str,
                      'hosts that ran the case on that GPU type (min and max: the lowest and highest single result in '
                      'this range); dashed red lines mark nights on which hosts reported a new driver. Filter by host '
                      'for one host\'s series.</p>')
-        parts.append(_plots(charts, "throughput-", png))
+        parts.append(_plots(charts, "throughput-", plot_files))
         parts.append(table("throughput-table", [
             ("model", "model", "text"), ("case", "case_key", "text"), ("GPU model", "gpu", "text"),
             ("GPUs", "num_gpus", "int"), ("batch/GPU", "batch_size_per_device", "int"), ("nights", "n", "int"),
@@ -301,7 +302,7 @@ def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str,
                          'a latency, a team\'s own metric), one chart per model, device count and metric with its '
                          'unit on the axis; ↑ higher is better, ↓ lower is better. Dashed red lines mark nights on '
                          'which a host reported a new driver.</p>')
-        parts.append(_plots(charts, "throughput-", png))
+        parts.append(_plots(charts, "throughput-", plot_files))
         parts.append(table("throughput-table", [
             ("model", "model", "text"), ("host", "host", "text"), ("case", "case_key", "text"),
             ("metric", "metric_text", "text"), ("GPUs", "num_gpus", "int"), ("MIG profile", "mig_profile", "text"),
@@ -331,7 +332,7 @@ def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str,
     parts.append("<h2>Scaling efficiency per GPU count</h2>")
     parts.append('<p class="meta">N-GPU images/sec ÷ (N × 1-GPU images/sec) of the same host, model, batch and run; '
                  '1.0 is linear.</p>')
-    parts.append(_plots(charts, "scaling", png))
+    parts.append(_plots(charts, "scaling", plot_files))
     parts.append(table("scaling-table", [("model", "model", "text"), ("GPUs", "num_gpus", "int"), ("cases", "n", "int"),
                                          ("hosts", "hosts", "int"), ("mean", "mean", "num"), ("min", "min", "num"),
                                          ("max", "max", "num")],
@@ -354,7 +355,7 @@ def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str,
     parts.append("<h2>Energy and cost per GPU model</h2>")
     parts.append('<p class="meta">CPU cases are the rows of GPU model “none (CPU)”; energy measured (NVML, RAPL) or '
                  'estimated (TDP × utilisation).</p>')
-    parts.append(_plots(charts, "images-per-joule", png) + _plots(charts, "cost-per-million", png))
+    parts.append(_plots(charts, "images-per-joule", plot_files) + _plots(charts, "cost-per-million", plot_files))
     parts.append(table("efficiency-table", [("GPU model", "gpu", "text"), ("model", "model", "text"),
                                             ("cases", "n", "int"), ("images/J (mean)", "images_per_joule", "num"),
                                             ("USD per 10⁶ images (mean)", "cost_per_million_images_usd", "num"),
@@ -383,7 +384,7 @@ def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str,
                      f'run {escape(run["run_id"])} '
                      f'({escape(run["dag_id"])}, {_v(run["logical_date"], "date")}): {run["total"]} case(s), '
                      f'{run["ok"]} ok, {run["failed"]} failed, {run["skipped"]} skipped</p>')
-    parts.append(_plots(charts, "failures", png))
+    parts.append(_plots(charts, "failures", plot_files))
     rows = [{**f, "hosts_text": ", ".join(f"{h} ×{n}" for h, n in sorted(f["hosts"].items()))}
             for f in report["failures"]]
     parts.append(table("failures-table", [("failure class", "failure_class", "text"), ("status", "status", "text"),
@@ -413,13 +414,13 @@ def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str,
     parts.append("<h3>Improvements</h3>")
     parts.append(table("improvements-table", [("status", "status", "text")] + columns[1:],
                        _findings(report.get("improvements", [])), empty="No improvements on the newest nights."))
-    parts += _capacity_section(report, charts, png)
+    parts += _capacity_section(report, charts, plot_files)
     parts.append("</body></html>")
     return "".join(parts)
 
 
 
-def _capacity_section(report: dict, charts: Sequence[Chart], png: dict[str, str] | None) -> list[str]:
+def _capacity_section(report: dict, charts: Sequence[Chart], plot_files: dict[str, str] | None) -> list[str]:
     """Capacity profiles (fleetbench.capacity): the line per profile and its evidence, plots of memory vs batch."""
     profiles = report.get("capacity") or []
     rows = [{"profile": f"{p['model']} · {p['precision']} · {p['device']} · {p['harness']}",
@@ -436,7 +437,7 @@ def _capacity_section(report: dict, charts: Sequence[Chart], png: dict[str, str]
             'or the container\'s for CPU cases) of ok results against the batch per device, a Theil-Sen line '
             '(± its spread), OOMs at the memory they had, and misses (an OOM the plan predicted to fit). All '
             'results of the model, not only this window\'s.</p>',
-            _plots(charts, "capacity-", png),
+            _plots(charts, "capacity-", plot_files),
             table("capacity-table", [("profile", "profile", "text"), ("peak MiB per device", "line", "text"),
                                      ("points", "n", "int"), ("± MiB", "spread", "num"),
                                      ("OOMs on record", "ooms", "text"), ("misses", "misses", "int"),
