@@ -1,5 +1,5 @@
 """fleet_benchmark: plan -> per host: validate, pull and pin images, run each case in a container -> collect and
-store -> compare -> report -> outcome.
+store -> compare with baselines and report; beside the report, outcome.
 
 Wiring only; every step is a function in `fleetbench.airflow.pipeline`. The fleet config
 (`include/config/fleet.yaml`, or `FLEETBENCH_CONFIG`) is read here for the schedule, the timeouts
@@ -125,19 +125,17 @@ with DAG(
         collected = pipeline.collect(the_plan, validations, from_lanes(LANE_IMAGES), every_host(outcomes))
         return pipeline.store(the_plan, collected)
 
-    @task(retries=0, multiple_outputs=False)
-    def compare(the_plan: dict, stored: dict) -> dict:
-        """Each stored (host, case) against its baseline: regressions stored, logged, mailed if configured; then the
-        `accept_baselines` of the run accepted."""
-        return pipeline.detect_regressions(the_plan, stored, get_current_context()["dag_run"].triggering_user_name)
-
-    @task(trigger_rule=TriggerRule.ALL_DONE, outlets=[WAREHOUSE], multiple_outputs=False)
-    def report(the_plan: dict, stored: dict) -> dict:
-        """HTML report with plots in <data dir>/reports/; marks the warehouse asset updated (also when compare
-        failed)."""
-        summary = pipeline.write_report(the_plan, stored)
-        get_current_context()["outlet_events"][WAREHOUSE].extra = summary
-        return summary
+    # Retried by hand only (clear `report`): a retry would compare the night again and could mail its news twice.
+    @task(trigger_rule=TriggerRule.ALL_DONE, outlets=[WAREHOUSE], retries=0, multiple_outputs=False)
+    def report(the_plan: dict, stored: dict | None) -> dict:
+        """Each stored (host, case) against its baseline (regressions stored, logged, mailed if configured; the
+        run's `accept_baselines` accepted), then the HTML report with plots in <data dir>/reports/, which marks
+        the warehouse asset updated. A failed comparison still gets its report, then fails the task
+        (`pipeline.assess_and_report`)."""
+        ctx = get_current_context()
+        summary, regressions = pipeline.assess_and_report(the_plan, stored, ctx["dag_run"].triggering_user_name)
+        ctx["outlet_events"][WAREHOUSE].extra = summary
+        return {**summary, "regressions": regressions}
 
     p = plan()
     # Every host's lane is `cases` -> `run_case`; the lanes' outcomes travel to store as one list.
@@ -175,12 +173,10 @@ with DAG(
             ).expand_kwargs(multi.output)
         outcomes.append(multi_runs.output)
     stored = store(p, outcomes)
-    regressions = compare(p, stored)
-    rep = report(p, stored)
-    regressions >> rep
+    report(p, stored)
 
     @task(trigger_rule=TriggerRule.ALL_DONE, retries=0, multiple_outputs=False)
-    def outcome(stored: dict | None, regressions: dict | None) -> dict:
+    def outcome(stored: dict | None) -> dict:
         """Fails the run when every host was unfit or a task of it failed (leaves with all_done would hide it);
         else returns the run's summary.
 
@@ -190,9 +186,9 @@ with DAG(
         ctx = get_current_context()
         pipeline.fail_if_tasks_failed(ctx["ti"], ctx["dag_run"].dag_id, ctx["dag_run"].run_id,
                                       every_host_unfit=(stored or {}).get("every_host_unfit"))
-        return {**(stored or {}), "regressions": regressions}
+        return dict(stored or {})
 
-    outcome(stored, regressions)
+    outcome(stored)
 
 # Trigger parameters go on the DAG once its tasks exist: Airflow deep-copies a DAG's params into every
 # task made inside it and serializes each copy (at 1,000 hosts: +1 s parse, +5 s serialization), while

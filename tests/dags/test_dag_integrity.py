@@ -44,8 +44,8 @@ def test_fleet_benchmark_shape(no_services):
     assert dag.default_args["retries"] >= 1
     ids = set(dag.task_ids)
     # Every host's lane is `cases` (host check, images, its runnable cases) -> `run_case`: no task per host
-    # outside it; a run is six tasks plus the mapped cases.
-    assert ids == {"plan", "host_localhost.cases", "host_localhost.run_case", "store", "compare", "report", "outcome"}
+    # outside it; a run is five tasks plus the mapped cases (the comparison with baselines is part of `report`).
+    assert ids == {"plan", "host_localhost.cases", "host_localhost.run_case", "store", "report", "outcome"}
     # One lane per host running one case at a time (no pool needed: a missing pool would stall the night).
     assert dag.get_task("host_localhost.run_case").max_active_tis_per_dag == 1
     assert dag.get_task("host_localhost.run_case").pool == "default_pool"
@@ -57,6 +57,8 @@ def test_fleet_benchmark_shape(no_services):
     assert dag.get_task("outcome").trigger_rule == "all_done"
     assert dag.get_task("outcome").get_flat_relative_ids(upstream=True) == ids - {"outcome", "report"}
     assert dag.get_task("report").trigger_rule == "all_done"
+    assert dag.get_task("report").upstream_task_ids == {"plan", "store"}
+    assert dag.get_task("report").retries == 0  # a retry would compare the night again (and could mail it twice)
     # The trigger form's params live on the DAG (every task's run merges them); no task carries a copy.
     assert {"hosts", "models", "batch_sizes", "num_gpus", "image", "num_batches", "dry_run"} <= set(dag.params)
     assert all(not t.params for t in dag.tasks)

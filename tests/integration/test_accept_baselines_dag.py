@@ -82,7 +82,7 @@ def test_accept_baselines_accepts_like_the_cli(airflow_db, data_dir, smoke_image
     assert measured["case_key"] == tonight and measured["status"] == "ok"
     assert rows[tonight].since.replace(tzinfo=timezone.utc) == datetime.fromisoformat(measured["logical_date"])
     assert f"accepted localhost {SEEDED} from {new_driver_night.isoformat()} on as the new baseline (the open " \
-           "regression's level)" in caplog.text + capfd.readouterr().out  # the compare task's log, wherever it went
+           "regression's level)" in caplog.text + capfd.readouterr().out  # the report task's log, wherever it went
 
     # The same acceptance again through the CLI's function adds nothing (one row per DAG, host, case and since).
     from fleetbench.regression import accept
@@ -107,9 +107,12 @@ def test_an_item_that_matches_nothing_fails_the_run_naming_it(airflow_db, data_d
         **ONE_CASE, "accept_baselines": [f"localhost/{SEEDED}", "localhost/no.such.case"]})
     assert dag_run.state == "failed"
     states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
-    assert states["store"] == "success" and states["compare"] == "failed" and states["report"] == "success"
+    # the comparison fails the report task (a leaf: the run fails), after the report of what is stored is written
+    assert states["store"] == "success" and states["report"] == "failed"
     out = caplog.text + capfd.readouterr().out
     assert "accept_baselines: 'localhost/no.such.case' matched no ok result of fleet_benchmark" in out
+    assert "the report was written; the comparison's error follows" in out
+    assert (data_dir / "reports" / "report.html").is_file()
     # The item that matched was accepted, and the night's findings are stored.
     with engine.connect() as conn:
         assert [r.case_key for r in conn.execute(select(ra))] == [SEEDED]

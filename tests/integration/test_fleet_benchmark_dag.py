@@ -64,7 +64,7 @@ def test_smoke_fleet_stores_one_ok_row_per_case(airflow_db, data_dir, smoke_imag
     assert keys == {("plan", "return_value"), ("host_localhost.cases", "return_value"),
                     ("host_localhost.cases", "validation"), ("host_localhost.cases", "images"),
                     ("host_localhost.run_case", "return_value"), ("store", "return_value"),
-                    ("compare", "return_value"), ("report", "return_value"), ("outcome", "return_value")}
+                    ("report", "return_value"), ("outcome", "return_value")}
 
 
 def check_cpu_energy_and_cost(row: dict) -> None:

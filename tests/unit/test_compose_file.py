@@ -169,7 +169,7 @@ def test_the_warehouse_has_its_own_roles_and_the_view_reads_as_the_reader(compos
     assert {name for name, u in urls.items() if u} == {"airflow-init", "airflow-worker", "airflow-apiserver"}
     writer = {"FLEETBENCH_WAREHOUSE_USER", "FLEETBENCH_WAREHOUSE_PASSWORD", "FLEETBENCH_WAREHOUSE_DB"}
     reader = {"FLEETBENCH_WAREHOUSE_READER_USER", "FLEETBENCH_WAREHOUSE_READER_PASSWORD", "FLEETBENCH_WAREHOUSE_DB"}
-    for name in ("airflow-init", "airflow-worker"):  # migrations; store, compare, report
+    for name in ("airflow-init", "airflow-worker"):  # migrations; store, report
         assert variables(urls[name]["FLEETBENCH_WAREHOUSE_URL"]) == writer, name
     api = urls["airflow-apiserver"]  # the results view only reads: no credential that writes
     assert set(api) == {"FLEETBENCH_WAREHOUSE_URL", "FLEETBENCH_WAREHOUSE_READ_URL"}

@@ -258,7 +258,7 @@ def store(plan, collected: dict) -> dict:
 
 
 # -- compare ----------------------------------------------------------------------------------
-SUMMARY_FINDINGS = 50  # findings listed in the compare task's return value (XCom); all are stored and logged
+SUMMARY_FINDINGS = 50  # findings listed in the report task's return value (XCom); all are stored and logged
 
 
 class NothingToAccept(ValueError):
@@ -346,11 +346,11 @@ def write_report(plan: dict, stored: dict | None) -> dict:
     results of the last 30 days with results) into `<FLEETBENCH_DATA_DIR>/reports/` once the run's rows are stored.
     Returns where it is and the run's counts: the extra of the `fleetbench_warehouse` asset event.
 
-    A report that cannot be written fails this task, never the rows: they are stored (and compared)
-    before it runs. It fails (after its retry) rather than logging and going on, because a report that
-    silently stops updating misleads the people who read it; `outcome` then fails the run, and
-    clearing the `report` task alone writes it again. The asset event is emitted only with a report,
-    so a DAG that reacts to it finds the report in place.
+    A report that cannot be written fails the `report` task, never the rows: they are stored (and compared)
+    before it is written. It fails rather than logging and going on, because a report that silently stops
+    updating misleads the people who read it; the task is a leaf, so the run fails, and clearing it writes the
+    report again. The asset event is emitted only with a report, so a DAG that reacts to it finds the report
+    in place.
     """
     from fleetbench.report import parse_filters
     from fleetbench.report import write_report as write
@@ -367,6 +367,28 @@ def write_report(plan: dict, stored: dict | None) -> dict:
              written["summary"]["runs"], written["html"], len(written["plots"]))
     return {"dag_id": run.dag_id, "run_id": run.run_id, "report": written["html"], "state": written["state"],
             **{k: stored.get(k) for k in ("total", OK, FAILED, SKIPPED)}}
+
+
+def assess_and_report(plan, stored: dict | None, triggered_by: str | None = None) -> tuple[dict, dict]:
+    """The `report` task: the night against its baselines (`detect_regressions`), then the report
+    (`write_report`). Returns (the report's summary, the regressions' summary).
+
+    One task rather than two (a `compare` task before `report`): on a scheduler each task costs about a second
+    of scheduling and process start, on the path from the last case to the end of the run. The report is
+    written also when the comparison fails (from what is stored); the task then fails with the comparison's
+    error, so the run fails and the `fleetbench_warehouse` asset is not marked updated for that night."""
+    if not stored:
+        return write_report(plan, stored), {}  # raises: the rows were not stored, there is nothing to report
+    try:
+        regressions = detect_regressions(plan, stored, triggered_by)
+    except Exception:
+        try:
+            write_report(plan, stored)
+            log.info("the report was written; the comparison's error follows")
+        except Exception as exc:  # the comparison's error is the one the task reports
+            log.error("the report could not be written either: %s", exc)
+        raise
+    return write_report(plan, stored), regressions
 
 
 FAILED_TASK_STATES = ("failed", "upstream_failed")
