@@ -237,6 +237,25 @@ def test_cpu_tdp_from_codecarbons_table():
     assert (out["cpu_tdp_w"], out["mean_power_w"]) == (280.0, 280.0 * 0.375)
 
 
+@pytest.mark.parametrize("name, normalised", [
+    ("Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz", "intel xeon platinum 8375c"),
+    ("Intel(R) Core(TM) i7-8700 CPU @ 3.20GHz", "intel core i7-8700"),
+    ("AMD EPYC 7763 64-Core Processor", "amd epyc 7763"),
+    ("AMD Ryzen 9 5950X 16-Core Processor", "amd ryzen 9 5950x"),
+    ("ARMv8 Processor rev 1 (v8l)", "armv8 rev 1 (v8l)"),
+    ("PROCESSOR 12-core processor", ""),
+    ("Intel Xeon Platinum 8375C", "intel xeon platinum 8375c"),  # the table's own spelling is left as it is
+    ("cpu(tm)  x", "x"),
+    ("", ""),
+])
+def test_cpu_names_normalise_as_the_table_writes_them(name, normalised):
+    """Each pattern runs only where it can match (the table is normalised once a process); the result is the
+    same as running all four on every name."""
+    from fleetbench.metrics import normalise_cpu_name
+
+    assert normalise_cpu_name(name) == normalised
+
+
 def test_cpu_tdp_and_power_model():
     assert cpu_tdp_w(None, 8) == (8 * DEFAULT_CPU_W_PER_THREAD, "default_per_thread")
     assert cpu_tdp_w(205.0, 8) == (205.0, "host")
