@@ -770,14 +770,20 @@ def config_warnings(cfg: FleetConfig) -> list[str]:
     return warnings
 
 
-def load_config(path: str | Path) -> FleetConfig:
-    """Read and validate a fleet config file; raises `ConfigError` naming the file and field."""
+def read_yaml(path: str | Path) -> Any:
+    """A YAML file's data (libyaml where PyYAML has it); an unreadable file, another encoding, a syntax error or a
+    repeated key raises `ConfigError` naming the file and line. The fleet config and the GPU catalog read this way."""
     path = Path(path)
     try:
         blob = path.read_bytes()
     except OSError as exc:
         raise ConfigError(str(path), [f"cannot read file: {exc.strerror or exc}"]) from None
-    return parse_config(_load_yaml(_decode(blob, str(path)), str(path)), str(path))
+    return _load_yaml(_decode(blob, str(path)), str(path))
+
+
+def load_config(path: str | Path) -> FleetConfig:
+    """Read and validate a fleet config file; raises `ConfigError` naming the file and field."""
+    return parse_config(read_yaml(path), str(path))
 
 
 # The last config `load_config_once` read: (file identity, the validated config). One entry: a process parses

@@ -37,7 +37,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fleetbench.paths import PROJECT_ROOT
@@ -312,7 +311,7 @@ def normalise_cpu_name(name: str) -> str:
     2.90GHz' -> 'intel xeon platinum 8375c', 'AMD EPYC 7763 64-Core Processor' -> 'amd epyc 7763'.
 
     Each pattern runs only on a name that can match it: the table's ~4,900 names, normalised once a process
-    when a CPU case is stored, mostly match none (60 -> ~10 ms)."""
+    when a CPU case is stored, mostly match none (13 -> 2 ms)."""
     lower = name.lower()
     if "(" in name:
         name = _TRADEMARK.sub("", name)
@@ -510,17 +509,12 @@ def parse_catalog(data: Any, source: str = "<catalog>") -> GpuCatalog:
 
 def load_catalog(path: str | Path | None = None) -> GpuCatalog:
     """Read and validate the GPU catalog (`catalog_path()` by default); raises `ConfigError` naming the field."""
-    from fleetbench.config import ConfigError
+    from fleetbench.config import read_yaml
 
+    # as the fleet config is read: libyaml (the pure-Python loader took ~20 ms for this file, on every store),
+    # errors with their line, a repeated key named
     path = Path(path) if path is not None else catalog_path()
-    try:
-        # libyaml's loader where PyYAML has it (the pure-Python one took ~70 ms for this file, on every store)
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except OSError as exc:
-        raise ConfigError(str(path), [f"cannot read file: {exc.strerror or exc}"]) from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(str(path), [f"invalid YAML: {exc}"]) from None
-    return parse_catalog(data, str(path))
+    return parse_catalog(read_yaml(path), str(path))
 
 
 def load_catalog_or_none(path: str | Path | None = None) -> GpuCatalog | None:

@@ -151,3 +151,17 @@ def test_a_missing_or_broken_catalog_is_none_for_the_pipeline(tmp_path, caplog):
     assert "GPU catalog not used" in caplog.text
     with pytest.raises(ConfigError, match="cannot read file"):
         load_catalog(tmp_path / "missing.yaml")
+
+
+def test_catalog_yaml_errors_name_the_line_and_a_repeated_key(tmp_path):
+    """The catalog is read as the fleet config is: a syntax error names its line, and a key given twice (YAML would
+    silently keep the last, e.g. a GPU's second `tdp_w`) is an error naming both lines."""
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("gpus: [\n")
+    with pytest.raises(ConfigError, match=r"line \d+, column \d+: invalid YAML"):
+        load_catalog(broken)
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("gpus:\n  - name: X1\n    tdp_w: 100\n    tdp_w: 700\n")
+    with pytest.raises(ConfigError, match=r"line 4, column 5: duplicate key 'tdp_w' \(first on line 3\)") as info:
+        load_catalog(twice)
+    assert str(twice) in str(info.value)
