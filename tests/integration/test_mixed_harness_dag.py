@@ -19,7 +19,16 @@ COMMAND_PROGRAM = (
     "t0 = time.perf_counter(); n = sum(len(str(i)) for i in range(200000)); dt = time.perf_counter() - t0\n"
     "print(json.dumps({'metric': 'chars_per_sec', 'value': n / dt, 'unit': 'items/s', 'better': 'higher'}))\n"
     "print(f'latency {dt * 1000:.3f} ms')\n"
+    # the container's settings arrive as written in the fleet config (not as Jinja templates): else exit 5
+    "import os, sys\n"
+    "seen = (os.environ['BENCH_SCRIPT'], os.environ['BENCH_COUNT'], os.environ['BENCH_BRACES'],"
+    " open('/opt/bench/run.sh').read())\n"
+    "sys.exit(0 if seen == ('/opt/bench/run.sh', 'n=${#items[@]}', '{{ 6 * 7 }}', 'echo run\\n') else 5)\n"
 )
+# Values Jinja would have taken for its own: a template file name (DockerOperator's `.sh`), an unclosed comment
+# (`{#`), an expression.
+COMMAND_CONTAINER = {"environment": {"BENCH_SCRIPT": "/opt/bench/run.sh", "BENCH_COUNT": "n=${#items[@]}",
+                                     "BENCH_BRACES": "{{ 6 * 7 }}"}}
 
 
 @pytest.fixture(scope="session")
@@ -31,7 +40,7 @@ def torch_image(docker_api) -> str:
     return TORCH_IMAGE
 
 
-def mixed_config(image: str) -> dict:
+def mixed_config(image: str, script: str) -> dict:
     config = smoke_config(image, models=("trivial",), batch_sizes=(8,), num_batches=5)
     config["images"].append({"name": "torch-cpu", "ref": TORCH_IMAGE, "pull_policy": "never",
                              "command": ["python3", "/opt/fleetbench/torch_synthetic.py"]})
@@ -44,6 +53,7 @@ def mixed_config(image: str) -> dict:
         "name": "own", "image": "cpu-smoke", "harness": "command", "device": "cpu", "num_gpus": [0],
         "timeout_s": 120, "command": ["python3", "-c", COMMAND_PROGRAM],
         "metrics": {"patterns": [{"metric": "latency", "regex": r"^latency ([0-9.]+) ms$", "unit": "ms"}]},
+        "container": {**COMMAND_CONTAINER, "mounts": [{"source": script, "target": "/opt/bench/run.sh"}]},
     })
     config["benchmarks"].append({  # prints nothing it could measure: a no_result row, the night goes on
         "name": "silent", "image": "cpu-smoke", "harness": "command", "device": "cpu", "num_gpus": [0],
@@ -54,7 +64,9 @@ def mixed_config(image: str) -> dict:
 
 def test_a_fleet_of_several_harnesses_stores_rows_and_metrics_for_each(airflow_db, data_dir, smoke_image, torch_image,
                                                                         docker_api, tmp_path, monkeypatch):
-    config = write_config(tmp_path / "fleet.yaml", mixed_config(smoke_image))
+    script = tmp_path / "run.sh"
+    script.write_text("echo run\n")
+    config = write_config(tmp_path / "fleet.yaml", mixed_config(smoke_image, str(script)))
     dag_run = run_fleet_dag(monkeypatch, config)
     assert dag_run.state == "success"
 

@@ -250,6 +250,16 @@ class BenchmarkCaseOperator(DockerOperator):
             self._execution_timeout = True
             raise
 
+    def render_template(self, content: Any, context: Any, jinja_env: Any = None, seen_oids: Any = None) -> Any:
+        """The case's fields are data (the fleet config and the run's parameters, through the plan), not Jinja
+        templates: they reach Docker as written. Rendered, as DockerOperator's fields are, a `container.mounts`
+        source or an `environment` value ending in `.sh` or `.env` would be looked up as a template file
+        (TemplateNotFound: the case task fails before its container exists), `${#list}` would be an unclosed
+        Jinja comment and `{{ ... }}` would be evaluated. The fields stay in `template_fields`, so the UI still
+        shows them. (Only the values mapped in from the lane's XCom were left alone before; the container
+        settings built from them were rendered, one Jinja compile per string, ~10 ms a case.)"""
+        return content
+
     @cached_property
     def cli(self) -> APIClient:
         """The engine's client: DockerOperator's hook, or over TLS one with the Airflow Connection's certificates."""
