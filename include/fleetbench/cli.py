@@ -212,6 +212,7 @@ def _host_check(args: argparse.Namespace) -> int:
     import re
     import tempfile
 
+    from fleetbench.config import GB, MAX_FREE_GB
     from fleetbench.hosts import (
         HostNeeds,
         LocalRunner,
@@ -228,8 +229,8 @@ def _host_check(args: argparse.Namespace) -> int:
         raise UsageError(f"--image-cuda must look like 12.1, got {args.image_cuda!r}")
     if args.gpus < 0:
         raise UsageError(f"--gpus must be >= 0, got {args.gpus}")
-    if args.min_free_gb < 0:
-        raise UsageError(f"--min-free-gb must be >= 0, got {args.min_free_gb}")
+    if not 0 <= args.min_free_gb <= MAX_FREE_GB:  # also refuses nan and inf
+        raise UsageError(f"--min-free-gb must be a number of GB from 0 to {MAX_FREE_GB:,}, got {args.min_free_gb}")
     if args.gpu_smoke_image is not None:
         if args.facts:
             raise UsageError("--gpu-smoke-image runs a container: use it with --local or --ssh, not --facts")
@@ -262,7 +263,7 @@ def _host_check(args: argparse.Namespace) -> int:
             runner = SSHRunner(args.ssh)
         with contextlib.redirect_stdout(sys.stderr):  # the SSH provider logs to stdout, which is for the JSON
             gather(runner, folder, gpu_smoke_image=args.gpu_smoke_image, extra=health, path=tuple(args.probe_path))
-    needs = HostNeeds(gpus=args.gpus, image_cuda=args.image_cuda, min_free_bytes=int(args.min_free_gb * 1024**3))
+    needs = HostNeeds(gpus=args.gpus, image_cuda=args.image_cuda, min_free_bytes=int(args.min_free_gb * GB))
     facts = facts_from_dir(folder)
     for name, problem in facts.probe_problems.items():  # the facts it held are unknown; say why, beside the JSON
         print(f"fleetbench host-check: note: {folder / name}: {problem}", file=sys.stderr)
@@ -557,7 +558,8 @@ def build_parser() -> argparse.ArgumentParser:
     hc.add_argument("--save", help="keep the probe outputs in this folder")
     hc.add_argument("--image-cuda", help="CUDA version the image needs, e.g. 12.1")
     hc.add_argument("--gpus", type=int, default=0, help="GPUs the host's cases need")
-    hc.add_argument("--min-free-gb", type=float, default=2.0, help="free space Docker's data root must have")
+    hc.add_argument("--min-free-gb", type=float, default=2.0,
+                    help="free space Docker's data root must have, in GB (10^9 bytes) as the config's min_free_gb")
     hc.add_argument("--gpu-smoke-image", metavar="IMAGE",
                     help="with --local/--ssh: run `docker run --rm --gpus all IMAGE nvidia-smi -L`")
     hc.add_argument("--format", choices=["json", "table"], default="json",

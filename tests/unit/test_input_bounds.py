@@ -291,3 +291,20 @@ def test_a_huge_failed_log_is_classified_from_its_head_and_tail(tmp_path, monkey
     assert parsed(oom + filler).failure_class == "oom"  # in the head
     assert parsed(filler + oom + filler).failure_class != "oom"  # beyond both windows
     assert parse_log(filler + oom + filler, "tf_cnn_benchmarks").failure_class == "oom"  # text in memory: all of it
+
+
+@pytest.mark.parametrize("min_free_gb, status", [("80", "pass"), ("83.7", "fail")])
+def test_host_check_min_free_gb_is_gb_as_in_the_fleet_config(min_free_gb, status, capsys):
+    """83.6 GB (77.9 GiB) free: 80 GB passes, as the DAG's check of `min_free_gb: 80` does (it failed when the CLI
+    counted GiB: 80 GiB is 85.9 GB)."""
+    assert main(["host-check", "--facts", str(HOSTS / "local-vm-nogpu"), "--min-free-gb", min_free_gb]) == 0
+    disk = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}["disk"]
+    assert disk["status"] == status, disk
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1", "1000001"])
+def test_host_check_refuses_a_min_free_gb_that_is_no_size(value, capsys):
+    assert main(["host-check", "--facts", str(HOSTS / "local-vm-nogpu"), "--min-free-gb", value]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fleetbench host-check: --min-free-gb must be a number of GB from 0 to 1,000,000, got ")
+    assert "Traceback" not in err
