@@ -221,8 +221,8 @@ class FleetSettings(_Model):
 
         try:
             ZoneInfo(value)
-        except (ZoneInfoNotFoundError, ValueError):
-            raise ValueError(f"unknown time zone {value!r}") from None
+        except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a folder of zones, such as 'Europe'
+            raise ValueError("unknown time zone (an IANA name, e.g. Europe/Berlin)") from None
         return value
 
     @field_validator("schedule")
@@ -590,7 +590,10 @@ def _multinode_errors(data: dict, hosts: list[tuple[int, dict]], benches: list[t
             errors += _launcher_errors(bench, path, harness)
             updates = []
         else:
-            if harness != "tf_cnn_benchmarks":
+            if harness == "torch_synthetic":
+                errors.append(f"{path}.layout: harness torch_synthetic spans hosts with layout launcher, "
+                              f"got {layout!r}")
+            elif harness != "tf_cnn_benchmarks":
                 errors.append(f"{path}.nodes: cases of several hosts (nodes > 1) run harness tf_cnn_benchmarks "
                               f"(layout ps_worker) or torch_synthetic (layout launcher), not {harness!r}")
             errors += [f"{path}.{f}: a field of layout launcher; this benchmark's layout is ps_worker"
@@ -610,6 +613,7 @@ def _multinode_errors(data: dict, hosts: list[tuple[int, dict]], benches: list[t
             errors.append(f"{path}.workers_per_node: GPU cases run one worker per host with the case's num_gpus "
                           "GPUs (several workers on one host would each see every GPU)")
         names = bench.get("hosts") if isinstance(bench.get("hosts"), list) else list(by_name)
+        names = [n for n in names if isinstance(n, str)]  # another type is the field checks' to report
         spanned = [by_name[n] for n in names if n in by_name]
         # A local host's containers are reached at 127.0.0.1 unless it has an address: fine while every host of
         # the benchmark is this machine, never when a remote host must reach it.

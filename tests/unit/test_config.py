@@ -61,7 +61,14 @@ def test_defaults():
     (lambda d: d["hosts"][0].update(gpus_please=1), "hosts[0].gpus_please: unknown field"),
     (lambda d: d["benchmarks"][0].pop("models"), "benchmarks[0].models: is required"),
     (lambda d: d["benchmarks"][0].update(num_gpus=[0]), "benchmarks[0]: device gpu needs num_gpus >= 1"),
-    (lambda d: d.update(fleet={"timezone": "Mars/Olympus"}), "fleet.timezone: unknown time zone 'Mars/Olympus'"),
+    (lambda d: d.update(fleet={"timezone": "Mars/Olympus"}),
+     "fleet.timezone: unknown time zone (an IANA name, e.g. Europe/Berlin), got 'Mars/Olympus'"),
+    (lambda d: d.update(fleet={"timezone": "Europe"}),  # a folder of zones: was an IsADirectoryError traceback
+     "fleet.timezone: unknown time zone (an IANA name, e.g. Europe/Berlin), got 'Europe'"),
+    (lambda d: d["benchmarks"][0].update(nodes=[2], variable_update=["parameter_server"], hosts=[{"name": "gpu-01"}]),
+     "benchmarks[0].hosts[0]: must be a string"),  # was a TypeError traceback (the multi-node checks)
+    (lambda d: d["benchmarks"][0].update(harness="torch_synthetic", nodes=[1, 2], variable_update=None),
+     "benchmarks[0].layout: harness torch_synthetic spans hosts with layout launcher, got 'ps_worker'"),
     (lambda d: d.update(fleet={"schedule": "every night"}),
      "fleet.schedule: not a valid cron expression: 'every night'"),
     (lambda d: d["benchmarks"][0].update(extra_args=["--x=1; reboot"]), "benchmarks[0].extra_args[0]: must match"),
