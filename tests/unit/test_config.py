@@ -69,6 +69,11 @@ def test_defaults():
      "benchmarks[0].hosts[0]: must be a string"),  # was a TypeError traceback (the multi-node checks)
     (lambda d: d["benchmarks"][0].update(harness="torch_synthetic", nodes=[1, 2], variable_update=None),
      "benchmarks[0].layout: harness torch_synthetic spans hosts with layout launcher, got 'ps_worker'"),
+    (lambda d: d["benchmarks"][0].update(variable_update=["replicated", "distributed_replicated"]),
+     "benchmarks[0].variable_update[1]: distributed_replicated runs across hosts (nodes > 1); tf_cnn_benchmarks "
+     "refuses it in one process"),
+    (lambda d: d["benchmarks"][0].update(variable_update=["horovod"]),
+     "benchmarks[0].num_gpus[1]: 2 with variable_update horovod: tf_cnn_benchmarks runs horovod with one GPU"),
     (lambda d: d.update(fleet={"schedule": "every night"}),
      "fleet.schedule: not a valid cron expression: 'every night'"),
     (lambda d: d["benchmarks"][0].update(extra_args=["--x=1; reboot"]), "benchmarks[0].extra_args[0]: must match"),

@@ -68,6 +68,27 @@ class TfCnnBenchmarks(Harness):
             args += ["--device=gpu", f"--num_gpus={point.num_gpus}"]
         return args + list(bench.extra_args)
 
+    def check(self, bench: dict, path: str) -> list[str]:
+        """Matrix points tf_cnn_benchmarks refuses when a case is one process (benchmark_cnn.py at the upstream
+        commit README cites): distributed_replicated outside a cluster of hosts, and horovod with more than one GPU
+        (upstream runs horovod as one process per GPU under mpirun; a case here is one process). Multi-node
+        benchmarks have their own checks (`config._multinode_errors`)."""
+        updates, nodes, gpus = (bench.get(k, d) for k, d in (("variable_update", ["parameter_server"]),
+                                                             ("nodes", [1]), ("num_gpus", [1])))
+        if not all(isinstance(v, list) for v in (updates, nodes, gpus)):
+            return []  # the field checks report the shape
+        errors = []
+        if "distributed_replicated" in updates and not any(isinstance(n, int) and n > 1 for n in nodes):
+            errors.append(f"{path}.variable_update[{updates.index('distributed_replicated')}]: distributed_replicated "
+                          "runs across hosts (nodes > 1); tf_cnn_benchmarks refuses it in one process (\"Invalid "
+                          "variable_update in local mode\"): use replicated on one host")
+        if "horovod" in updates and bench.get("device", "gpu") == "gpu":
+            errors += [f"{path}.num_gpus[{k}]: {n} with variable_update horovod: tf_cnn_benchmarks runs horovod with "
+                       "one GPU per process (\"Horovod benchmarks require num_gpus=1 on each worker\"), and a case is "
+                       "one process: give horovod its own benchmark with num_gpus [1]"
+                       for k, n in enumerate(gpus) if isinstance(n, int) and n > 1]
+        return errors
+
     def measure(self, path: str, settings: dict) -> Measured:
         from fleetbench.parsing import parse_log_file
 
