@@ -125,9 +125,10 @@ def speedup_efficiency(images_per_sec: float | None, num_gpus: int | None,
     return images_per_sec / (num_gpus * one_gpu_images_per_sec)
 
 
-# What makes two cases comparable for speedup: everything but the GPU count.
+# What makes two cases comparable for speedup: everything but the GPU count (a MIG case's count of instances of
+# its profile: 2 x 3g.40gb scales against 1 x 3g.40gb, not against 1 x 1g.10gb).
 SPEEDUP_MATCH = ("dag_id", "run_id", "host", "benchmark", "image_name", "model", "batch_size_per_device",
-                 "precision", "variable_update", "device")
+                 "precision", "variable_update", "device", "mig_profile")
 
 
 def match_speedup(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], tuple[float, str]]:
@@ -629,7 +630,10 @@ def derive(rows: Sequence[Mapping[str, Any]], steps: Iterable[Mapping[str, Any]]
             pass
         elif gpus > 0 and duration is not None and gpu is not None:
             util = r.get("mean_gpu_util_pct")
-            power = estimated_power_w(gpu.tdp_w, gpus, util / 100.0 if util is not None else 1.0)
+            # num_gpus is per host: a multi-node case draws on every host of its set (at its first host's GPU,
+            # as its cost is at its first host's price), as its images/sec is the set's total
+            power = estimated_power_w(gpu.tdp_w, gpus * (r.get("nodes") or 1),
+                                      util / 100.0 if util is not None else 1.0)
             r["mean_power_w"], r["energy_j"], r["energy_source"] = power, energy_j(power, duration), ESTIMATED
         elif (gpus == 0 and duration is not None and r.get("mean_cpu_util_pct") is not None
               and (tdp := cpu_tdp_w(config.host_cpu_tdp_w.get(r.get("host")), r.get("cpu_threads"), r.get("cpu_model"),

@@ -316,6 +316,30 @@ def test_derive_takes_the_price_from_the_catalog_when_the_host_has_none():
     assert out["energy_kwh"] == pytest.approx(0.08) and out["carbon_g"] is None
 
 
+def test_a_multi_node_case_draws_power_and_pays_on_every_host_of_its_set():
+    one = lambda_row(RESNET_8GPU_V100, "h1", gpu_model="NVIDIA A100-SXM4-80GB", duration_s=100.0,
+                     images_per_sec=1000.0)
+    two = {**one, "case_key": one["case_key"] + ".n2.h1+h2", "nodes": 2, "images_per_sec": 1900.0}
+    one_out, two_out = derive([one, two], [], load_catalog(), MetricSettings(host_prices={"h1": 2.0}))
+    # A100 SXM4 80GB: 400 W TDP. One host: 8 x 400 = 3200 W; the set of two: 6400 W (it was 3200 W, so the
+    # set's 1900 images/s looked 1.9x as efficient per joule while its cost was counted for both hosts).
+    assert (one_out["mean_power_w"], two_out["mean_power_w"]) == (3200.0, 6400.0)
+    assert two_out["energy_j"] == 6400.0 * 100.0 and two_out["energy_source"] == ESTIMATED
+    assert two_out["images_per_joule"] == pytest.approx(1900.0 / 6400.0)
+    assert two_out["cost_usd"] == pytest.approx(2 * one_out["cost_usd"])
+
+
+def test_speedup_of_mig_cases_is_within_one_profile():
+    base = lambda_row(RESNET_1GPU_2080TI, "h100-host", precision="fp32")
+    small = {**base, "case_key": "mig.g1.mig-1g.10gb", "mig_profile": "1g.10gb", "num_gpus": 1, "images_per_sec": 100.0}
+    big1 = {**base, "case_key": "mig.g1.mig-3g.40gb", "mig_profile": "3g.40gb", "num_gpus": 1, "images_per_sec": 300.0}
+    big2 = {**base, "case_key": "mig.g2.mig-3g.40gb", "mig_profile": "3g.40gb", "num_gpus": 2, "images_per_sec": 540.0}
+    matched = match_speedup([small, big1, big2])
+    assert matched[("h100-host", small["case_key"])] == (1.0, small["case_key"])  # was 0.333 against 3g x 1
+    assert matched[("h100-host", big1["case_key"])] == (1.0, big1["case_key"])
+    assert matched[("h100-host", big2["case_key"])] == (pytest.approx(0.9), big1["case_key"])
+
+
 def test_derive_without_a_catalog_estimates_nothing():
     rows, steps = run_rows()
     two = derive(rows, steps, None, None)[1]
