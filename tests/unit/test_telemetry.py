@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from fleetbench.telemetry import parse_report, wrap_command
 from fleetbench.telemetry import wrapper as tw
 
@@ -164,3 +166,96 @@ def test_under_python_S_the_gpu_path_still_finds_the_images_pynvml_before_the_sh
     proc = subprocess.run([sys.executable, "-S", tw.__file__, "--no-gpu", "--", sys.executable, "-c",
                            "import sys; sys.exit(3)"], capture_output=True, text=True)
     assert proc.returncode == 3 and parse_report(proc.stdout)["reason"] == "a CPU case: GPUs not sampled"
+
+
+# An NVML binding as a benchmark image may carry its own: `full` (nvidia-ml-py), `old` (nvidia-ml-py3 7.352: no
+# energy counter call), `lost` (a GPU that answers NVMLError_GPUIsLost when opened), `dies` (one that is lost
+# mid-run: its power reading fails from the third call on).
+FAKE_PYNVML = """
+class NVMLError(Exception):
+    pass
+class NVMLError_GPUIsLost(NVMLError):
+    pass
+NVML_CLOCK_SM = NVML_TEMPERATURE_GPU = 0
+MODE = {mode!r}
+calls = [0]
+def nvmlInit(): pass
+def nvmlShutdown(): pass
+def nvmlDeviceGetCount(): return 1
+def nvmlDeviceGetHandleByIndex(i):
+    if MODE == "lost":
+        raise NVMLError_GPUIsLost("GPU is lost")
+    return i
+def nvmlDeviceGetName(h): return b"Tesla T4"
+def nvmlDeviceGetUUID(h): return b"GPU-0"
+def nvmlDeviceGetPowerUsage(h):
+    calls[0] += 1
+    if MODE == "dies" and calls[0] > 2:
+        raise RuntimeError("the GPU fell off the bus")
+    return 70000
+class _Util: gpu = 90
+def nvmlDeviceGetUtilizationRates(h): return _Util()
+class _Mem: used = 2 ** 30
+def nvmlDeviceGetMemoryInfo(h): return _Mem()
+def nvmlDeviceGetClockInfo(h, clock): return 1590
+def nvmlDeviceGetTemperature(h, sensor): return 60
+if MODE == "full":
+    def nvmlDeviceGetTotalEnergyConsumption(h): return 1000
+"""
+
+
+def _pythons():
+    """This interpreter, and the oldest ones benchmark images carry where this machine has them (on PATH, or
+    installed by pyenv)."""
+    import glob
+    import shutil
+
+    found = [pytest.param(sys.executable, id="this")]
+    for version in ("3.6", "3.7"):
+        candidates = [shutil.which(f"python{version}"),
+                      *sorted(glob.glob(os.path.expanduser(f"~/.pyenv/versions/{version}.*/bin/python{version}")))]
+        working = [c for c in candidates
+                   if c and subprocess.run([c, "-c", "pass"], capture_output=True).returncode == 0]
+        exe, ok = (working[0], True) if working else (None, False)
+        found.append(pytest.param(exe, id=version, marks=() if ok else pytest.mark.skip(
+            reason=f"no python{version} on this machine to run the wrapper with")))
+    return found
+
+
+@pytest.mark.parametrize("python", _pythons())
+@pytest.mark.parametrize("mode", ["full", "old", "lost", "dies"])
+def test_the_wrapper_runs_the_benchmark_whatever_nvml_does(python, mode, tmp_path):
+    (tmp_path / "pynvml.py").write_text(FAKE_PYNVML.format(mode=mode))
+    proc = subprocess.run([python, "-S", tw.__file__, "--period", "0.05", "--", "sh", "-c",
+                           "echo bench ran; sleep 0.3; exit 3"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert proc.returncode == 3 and proc.stdout.startswith("bench ran\n"), (proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    report = parse_report(proc.stdout)
+    if mode == "lost":
+        assert report["nvml"] is False
+        assert report["reason"] == "NVML could not be read: NVMLError_GPUIsLost: GPU is lost"
+        return
+    (gpu,) = report["gpus"]
+    assert report["nvml"] is True and gpu["name"] == "Tesla T4"
+    if mode == "dies":  # what it had before the GPU was lost, and why it stopped
+        assert report["sampling_error"] == "RuntimeError: the GPU fell off the bus"
+        assert gpu["samples"] >= 1 and gpu["mean_power_w"] == 70.0
+    else:
+        assert "sampling_error" not in report and gpu["samples"] >= 4
+        assert gpu["energy_method"] == ("counter" if mode == "full" else "trapezoid")  # old: no counter call
+        assert report["mean_power_w"] == 70.0 and report["peak_mem_used_mib"] == 1024.0
+
+
+def test_unknown_power_and_memory_are_unknown_not_zero():
+    class NoReadings(FakeGpus):
+        def sample(self, index):
+            return {"power_w": None, "util_pct": 90.0, "mem_used_mib": None, "sm_clock_mhz": None, "temp_c": None}
+
+        def energy_mj(self, index):
+            return None
+
+    sampler = tw.Sampler(NoReadings(FakeClock()), period_s=0.5, clock=FakeClock())
+    sampler.sample_once()
+    report = sampler.summary()
+    assert (report["mean_power_w"], report["peak_mem_used_mib"]) == (None, None)  # were 0.0 and 0.0

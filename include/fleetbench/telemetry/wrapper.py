@@ -1,6 +1,8 @@
 """Telemetry around a benchmark command: `python3 -S wrapper.py [--period 0.5] [--no-gpu] -- CMD ARGS...`.
 
-Runs inside the benchmark container, so it is one stdlib-only file (Python >= 3.6). It starts the
+Runs inside the benchmark container, so it is one stdlib-only file that Python 3.6 runs (TensorFlow 1.15 and
+early 2.x images have 3.6; so no `from __future__ import annotations`, and annotations that name generics are
+strings). It starts the
 command as a child, passes its output and exit code through unchanged, forwards SIGTERM/SIGINT to
 it, samples every visible GPU through NVML every `period` seconds (power, utilisation, memory used,
 SM clock, temperature; energy from NVML's total-energy counter where the GPU has one, else the
@@ -8,7 +10,9 @@ trapezoid integral of power), and prints one final line:
 
     FLEETBENCH_TELEMETRY {"nvml": true, "energy_source": "measured", "gpus": [...], "cpu": {...}, ...}
 
-Without NVML (no driver, CPU hosts) the line says `"nvml": false` and why; `--no-gpu` (CPU cases)
+Without NVML (no driver, CPU hosts, an image's own pynvml that lacks a call, a GPU that answers with an error)
+the line says `"nvml": false` and why, and the command runs all the same; sampling that fails mid-run stops,
+says why (`sampling_error`) and keeps what it had. `--no-gpu` (CPU cases)
 leaves NVML alone, so a CPU case on a GPU host does not report the idle GPUs. All NVML calls go
 through one small seam (`NvmlSource`); tests drive the sampler with a fake source.
 
@@ -17,8 +21,6 @@ through one small seam (`NvmlSource`); tests drive the sampler with a fake sourc
 wall time, the logical CPUs the host has, its sockets and their model name: what a CPU case's energy is
 estimated from (TDP x utilisation, `fleetbench.metrics`).
 """
-
-from __future__ import annotations
 
 import json
 import os
@@ -65,7 +67,7 @@ class NvmlSource:
             raise NvmlUnavailable(f"nvmlInit failed: {exc}") from None
         self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
 
-    def devices(self) -> list[dict]:
+    def devices(self) -> "list[dict]":
         out = []
         for i, h in enumerate(self.handles):
             name = self.nv.nvmlDeviceGetName(h)
@@ -94,8 +96,10 @@ class NvmlSource:
         }
 
     def energy_mj(self, index: int):
-        """Total energy since the driver loaded (mJ), Volta and newer; None where unsupported."""
-        return self._try(self.nv.nvmlDeviceGetTotalEnergyConsumption, self.handles[index])
+        """Total energy since the driver loaded (mJ), Volta and newer; None where unsupported (or where the image's
+        own pynvml is too old to ask: nvidia-ml-py3 7.352 has no such call)."""
+        call = getattr(self.nv, "nvmlDeviceGetTotalEnergyConsumption", None)
+        return None if call is None else self._try(call, self.handles[index])
 
     def close(self) -> None:
         self._try(self.nv.nvmlShutdown)
@@ -157,6 +161,16 @@ def _round(value, digits: int = 3):
     return None if value is None else round(value, digits)
 
 
+def _sum_or_none(values):
+    """The sum of the known values; None when no GPU gave one (an unknown is not a zero)."""
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+# CPU time of the sampling thread alone (Python >= 3.7); Python 3.6 has only the process's.
+_thread_time = getattr(time, "thread_time", time.process_time)
+
+
 class Sampler:
     """Samples every GPU of `source` every `period_s` seconds on a background thread."""
 
@@ -169,6 +183,7 @@ class Sampler:
         self._thread = threading.Thread(target=self._loop, name="fleetbench-telemetry", daemon=True)
         self.started = self.stopped = None
         self.cpu_s = 0.0
+        self.error = None  # why sampling stopped early, if it did
 
     def sample_once(self) -> None:
         t = self.clock()
@@ -176,13 +191,16 @@ class Sampler:
             track.add(t, self.source.sample(track.device["index"]))
 
     def _loop(self) -> None:
-        cpu0 = time.thread_time()
+        cpu0 = _thread_time()
         next_t = self.clock()
-        while not self._stop.is_set():
-            self.sample_once()
-            next_t += self.period_s
-            self._stop.wait(max(0.0, next_t - self.clock()))
-        self.cpu_s = time.thread_time() - cpu0
+        try:
+            while not self._stop.is_set():
+                self.sample_once()
+                next_t += self.period_s
+                self._stop.wait(max(0.0, next_t - self.clock()))
+        except Exception as exc:  # a GPU lost mid-run, a call the image's pynvml lacks: the benchmark goes on
+            self.error = f"{type(exc).__name__}: {exc}"
+        self.cpu_s = _thread_time() - cpu0
 
     def start(self) -> "Sampler":
         self.started = self.clock()
@@ -192,10 +210,14 @@ class Sampler:
     def stop(self) -> dict:
         self._stop.set()
         self._thread.join()
-        self.sample_once()  # the last point closes the power integral at the command's end
+        try:
+            if self.error is None:
+                self.sample_once()  # the last point closes the power integral at the command's end
+            for track in self.tracks:
+                track.energy_end_mj = self.source.energy_mj(track.device["index"])
+        except Exception as exc:
+            self.error = self.error or f"{type(exc).__name__}: {exc}"
         self.stopped = self.clock()
-        for track in self.tracks:
-            track.energy_end_mj = self.source.energy_mj(track.device["index"])
         return self.summary()
 
     def summary(self) -> dict:
@@ -209,10 +231,12 @@ class Sampler:
             "period_s": self.period_s,
             "duration_s": _round(wall),
             "energy_j": _round(sum(energies)) if gpus and all(e is not None for e in energies) else None,
-            "mean_power_w": _round(sum(g["mean_power_w"] or 0.0 for g in gpus)) if gpus else None,
-            "peak_mem_used_mib": _round(max((g["peak_mem_used_mib"] or 0.0) for g in gpus)) if gpus else None,
+            "mean_power_w": _round(_sum_or_none(g["mean_power_w"] for g in gpus)),
+            "peak_mem_used_mib": _round(max((g["peak_mem_used_mib"] for g in gpus
+                                             if g["peak_mem_used_mib"] is not None), default=None)),
             "sampler_cpu_s": _round(self.cpu_s, 4),
             "gpus": gpus,
+            **({"sampling_error": self.error} if self.error else {}),
         }
 
 
@@ -283,7 +307,7 @@ class CpuMeter:
                 "model": model, "source": source, "path": self.cg_path if source == "cgroup" else None}
 
 
-def run(command: list[str], period_s: float, source_factory=NvmlSource, gpu: bool = True) -> int:
+def run(command: "list[str]", period_s: float, source_factory=NvmlSource, gpu: bool = True) -> int:
     """Run `command` under telemetry; returns its exit code (128 + signal when a signal ended it)."""
     source = sampler = None
     if not gpu:
@@ -295,6 +319,14 @@ def run(command: list[str], period_s: float, source_factory=NvmlSource, gpu: boo
             unavailable = None
         except NvmlUnavailable as exc:
             unavailable = str(exc)
+        except Exception as exc:  # e.g. NVMLError_GPUIsLost opening a GPU: no telemetry, the benchmark still runs
+            unavailable = f"NVML could not be read: {type(exc).__name__}: {exc}"
+            if source is not None:
+                try:
+                    source.close()
+                except Exception:
+                    pass
+            source = None
     cpu = CpuMeter()
     try:
         child = subprocess.Popen(command)
