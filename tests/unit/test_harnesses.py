@@ -83,6 +83,17 @@ def test_named_regexes_read_a_plain_log_and_the_configured_primary():
     assert measure_lines(lines(metric_line() + "\n"), settings).samples == []
 
 
+def test_the_telemetry_report_is_not_read_as_the_benchmarks_output():
+    """The wrapper's last line (its JSON has `count`, `samples`, `duration_s`, ...) is not the benchmark's: a pattern
+    that would match its keys reads only what the benchmark printed, also where it printed no final newline."""
+    settings = {"json_lines": True, "primary": None, "patterns": [
+        {"metric": "error_count", "regex": r"count\D{0,3}(\d+)", "unit": "count", "better": "lower"}]}
+    report = 'FLEETBENCH_TELEMETRY {"nvml":false,"cpu":{"usage_s":0.01,"count":2,"sockets":1}}'
+    for text in (f"throughput 1234.5\nerror count: 0\n{report}\n", f"throughput 1234.5\nerror count: 0{report}\n"):
+        measured = measure_lines(lines(text), settings)
+        assert {s.metric: s.value for s in measured.samples} == {"error_count": 0.0}, text
+
+
 GROUP = "a repeated group"
 PAIR = "two repeats can match the same characters"
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from fleetbench.files import open_regular
 from fleetbench.harnesses.base import CasePoint, Harness, Measured, SampleSink, default_better
+from fleetbench.telemetry.wrapper import MARKER as TELEMETRY_MARKER
 
 if TYPE_CHECKING:
     from fleetbench.config import BenchmarkSpec
@@ -184,6 +185,9 @@ def measure_lines(lines: Iterable[tuple[str, bool]], settings: dict) -> Measured
     patterns = [(p["metric"], re.compile(p["regex"]), p["unit"], p.get("better")) for p in settings.get("patterns", [])]
     first: str | None = None
     for line, complete in lines:
+        at = line.find(TELEMETRY_MARKER)
+        if at >= 0:  # the telemetry wrapper's report (after what the benchmark printed last): its keys are no metrics
+            line = line[:at]
         stripped = line.strip()
         if json_lines and stripped.startswith("{") and '"metric"' in stripped:
             if not complete or len(stripped) > MAX_JSON_LINE_CHARS:
