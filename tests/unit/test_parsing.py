@@ -361,6 +361,27 @@ def test_horovod_no_total_and_oom():
     assert (log.failure_class, log.failure_detail) == ("oom", oom)
 
 
+@pytest.mark.parametrize("line", [
+    "RuntimeError: CUDA error: out of memory",
+    "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+])
+def test_pytorch_allocations_outside_its_caching_allocator_are_oom(line):
+    log = parse_log(HOROVOD_TF2 + "Traceback (most recent call last):\n" + line + "\n")
+    assert (log.failure_class, log.failure_detail) == ("oom", line)  # were other_error
+
+
+def test_a_fatal_nccl_error_outranks_cumemallocs_info_line():
+    """TF logs CUDA_ERROR_OUT_OF_MEMORY at INFO while it retries smaller chunks: in a run that then dies of NCCL,
+    that line is not the failure (it was: `oom`, which also makes capacity skip later cases)."""
+    info = ("2020-07-10 08:43:17.109212: I tensorflow/stream_executor/cuda/cuda_driver.cc:831] failed to allocate "
+            "2.88G (3091663872 bytes) from device: CUDA_ERROR_OUT_OF_MEMORY: out of memory")
+    lines = (REAL_LOGS / "tfcnn_alexnet_4gpu_lambda-3070-nccl-internalerror.log").read_text().splitlines()
+    log = parse_log("\n".join([*lines[:20], info, *lines[20:]]) + "\n")
+    assert log.failure_class == "nccl", (log.failure_class, log.failure_detail)
+    alone = parse_log(HEADER + "Running warm up\n" + info + "\n")  # with nothing else, it is still the evidence
+    assert (alone.failure_class, alone.failure_detail) == ("oom", info)
+
+
 def test_cuda_driver_too_old():
     log = parse_log(fixture("tf_cnn_cuda_driver_too_old.log"))
     assert (log.status, log.failure_class) == ("failed", "cuda_driver")

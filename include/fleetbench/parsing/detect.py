@@ -180,10 +180,13 @@ mismatch, PyTorch's ``The NVIDIA driver on your system is too old``."""
 
 _OOM_RE = re.compile(
     r"OOM when allocating tensor|Out of memory while trying to allocate"
-    r"|ResourceExhaustedError|CUDA out of memory|OutOfMemoryError"
+    r"|ResourceExhaustedError|CUDA out of memory|OutOfMemoryError|CUDA error: out of memory"
+    r"|CUBLAS_STATUS_ALLOC_FAILED"
 )
 """Fatal GPU out-of-memory: TF's ``Resource exhausted: OOM when allocating tensor``,
-XLA's ``Out of memory while trying to allocate``, PyTorch's ``CUDA out of memory``.
+XLA's ``Out of memory while trying to allocate``, PyTorch's ``CUDA out of memory`` (its caching
+allocator) and ``CUDA error: out of memory`` / ``CUBLAS_STATUS_ALLOC_FAILED`` (a context, cuBLAS or
+cuDNN allocation outside it).
 TF's recoverable ``Allocator (GPU_0_bfc) ran out of memory trying to allocate ...
 The caller indicates that this is not a failure`` does not match."""
 
@@ -235,7 +238,7 @@ as XLA's autotuner running out of memory."""
 # Lowercase words that each failure pattern's every alternative contains: a pattern
 # is only tried on a line that mentions one of them, which most lines do not.
 _CUDA_DRIVER_HINTS = ("driver",)
-_OOM_HINTS = ("oom", "memory", "exhausted")
+_OOM_HINTS = ("oom", "memory", "exhausted", "alloc_failed")
 _OOM_DRIVER_HINTS = ("out_of_memory",)
 _NCCL_HINTS = ("nccl", "unhandled")
 
@@ -243,7 +246,7 @@ _NCCL_HINTS = ("nccl", "unhandled")
 def _may_name_a_failure(lowered: str) -> bool:
     """Whether a lowercased line holds any hint above (a chain of ``in``: the cheapest test per line)."""
     return ("driver" in lowered or "memory" in lowered or "oom" in lowered or "exhausted" in lowered
-            or "nccl" in lowered or "unhandled" in lowered)
+            or "nccl" in lowered or "unhandled" in lowered or "alloc_failed" in lowered)
 
 
 def _may_name_a_death(lowered: str) -> bool:
@@ -366,8 +369,10 @@ class _Evidence:
         ranked = (
             (FAILURE_CUDA_DRIVER, self.cuda_driver.line),
             (FAILURE_IMPORT, self.import_error),
-            (FAILURE_OOM, self.oom.line or self.oom_driver.line),
+            (FAILURE_OOM, self.oom.line),
+            # a fatal NCCL error outranks cuMemAlloc's INFO line, which TF logs while it retries smaller chunks
             (FAILURE_NCCL, self.nccl.line),
+            (FAILURE_OOM, self.oom_driver.line),
             (FAILURE_OTHER, self.last_exception or self.fatal or self.traceback),
         )
         for failure_class, line in ranked:
