@@ -83,6 +83,12 @@ def test_named_regexes_read_a_plain_log_and_the_configured_primary():
     assert measure_lines(lines(metric_line() + "\n"), settings).samples == []
 
 
+def test_a_metric_line_nested_past_the_json_parsers_depth_is_dropped():
+    text = '{"metric": "x", "value": ' + "[" * 5000 + "\n" + metric_line() + "\n"
+    measured = measure_lines(lines(text), {"json_lines": True, "patterns": []})  # was a RecursionError
+    assert [s.metric for s in measured.samples] == ["tokens_per_sec"] and measured.dropped == {"not JSON": 1}
+
+
 def test_the_telemetry_report_is_not_read_as_the_benchmarks_output():
     """The wrapper's last line (its JSON has `count`, `samples`, `duration_s`, ...) is not the benchmark's: a pattern
     that would match its keys reads only what the benchmark printed, also where it printed no final newline."""

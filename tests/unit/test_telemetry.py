@@ -259,3 +259,7 @@ def test_unknown_power_and_memory_are_unknown_not_zero():
     sampler.sample_once()
     report = sampler.summary()
     assert (report["mean_power_w"], report["peak_mem_used_mib"]) == (None, None)  # were 0.0 and 0.0
+
+
+def test_a_report_nested_past_the_json_parsers_depth_is_no_report():
+    assert parse_report("FLEETBENCH_TELEMETRY " + "[" * 100_000 + "\n") is None  # was a RecursionError

@@ -195,7 +195,7 @@ def measure_lines(lines: Iterable[tuple[str, bool]], settings: dict) -> Measured
                 continue
             try:
                 record = json.loads(stripped)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
                 measured.drop("not JSON")
                 continue
             if not isinstance(record, dict):

@@ -362,7 +362,7 @@ def parse_report(text: str):
         if at >= 0:
             try:
                 return json.loads(line[at + len(MARKER):])
-            except ValueError:
+            except (ValueError, RecursionError):  # cut, or nested past the parser's depth: no report
                 return None
     return None
 
