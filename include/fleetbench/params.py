@@ -17,10 +17,12 @@ DEFAULTS: dict[str, Any] = {
     "hosts": [], "models": [], "batch_sizes": [], "num_gpus": [], "image": None, "num_batches": None, "dry_run": False,
     "force_cases": [], "accept_baselines": [],
 }
-# A `force_cases` item: a case_key (on every host) or host/case_key.
-FORCE_CASE_PATTERN = r"^([A-Za-z0-9][A-Za-z0-9_.-]{0,99}/)?[A-Za-z0-9][A-Za-z0-9_.-]{0,249}$"
+# A `force_cases` item: a case_key (on every host) or host/case_key. A multi-node case's key names its set of
+# hosts with `+` (`<point>.n2.gpu-01+gpu-02`, fleetbench.multinode.set_case_key).
+CASE_KEY = r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,249}"
+FORCE_CASE_PATTERN = r"^([A-Za-z0-9][A-Za-z0-9_.-]{0,99}/)?" + CASE_KEY + "$"
 # An `accept_baselines` item: a host (every case of it) or host/case_key.
-CASE_KEY_PART = r"(/[A-Za-z0-9][A-Za-z0-9_.-]{0,249})?"
+CASE_KEY_PART = r"(/" + CASE_KEY + ")?"
 ACCEPT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}" + CASE_KEY_PART + "$"
 
 

@@ -129,6 +129,16 @@ def test_accept_baselines_names_hosts_of_the_config():
     assert accept_targets(["gpu-01", "gpu-02/c.g1"]) == [("gpu-01", None), ("gpu-02", "c.g1")]
 
 
+def test_multi_node_case_keys_can_be_named():
+    """A multi-node case's key names its host set with `+` (fleetbench.multinode.set_case_key): force_cases and
+    accept_baselines take it, at trigger time and at run time (both refused every such key before)."""
+    from fleetbench.multinode import set_case_key
+
+    key = set_case_key("cnn.resnet50.bs64.g1.distributed_replicated", ["gpu-01", "gpu-02"])
+    validate({"force_cases": [key, f"gpu-01/{key}"], "accept_baselines": [f"gpu-01/{key}"]})
+    apply_params(cfg(), {"accept_baselines": [f"gpu-01/{key}"], "force_cases": [key, f"gpu-01/{key}"]})
+
+
 def test_accept_baselines_of_a_large_fleet_is_checked_when_the_run_starts():
     from fleetbench.params import ACCEPT_PATTERN, MAX_HOST_ENUM
 
