@@ -164,8 +164,10 @@ def apply_params(cfg: FleetConfig, params: dict | None, source: str = "params") 
     if not benchmarks:
         raise ConfigError(source, ["no benchmark is left after applying hosts and models"])
     data["benchmarks"] = benchmarks
-    if params["image"]:
-        errors = [e for i, image in enumerate(data["images"]) if (e := override_image(image, params["image"], i))]
+    if params["image"]:  # in place of the images the run's benchmarks use; an image none of them uses is not run
+        used = {bench["image"] for bench in benchmarks}
+        errors = [e for i, image in enumerate(data["images"])
+                  if image["name"] in used and (e := override_image(image, params["image"], i))]
         if errors:
             raise ConfigError(source, errors)
     try:

@@ -95,6 +95,20 @@ def test_subset_and_overrides():
     assert narrowed.images[0].ref == "nvcr.io/nvidia/tensorflow:24.01-tf1-py3"
 
 
+def test_an_image_override_replaces_only_the_images_the_run_uses():
+    """A fleet of two repositories: with the run narrowed to the TF benchmark, a TF tag is a valid override; the
+    PyTorch image the run does not use is neither replaced nor a reason to refuse (it was: same_repository)."""
+    data = cfg().model_dump(mode="json", exclude_none=True)
+    data["images"].append({"name": "pt", "ref": "nvcr.io/nvidia/pytorch:25.01-py3", "command": ["python", "b.py"]})
+    data["benchmarks"].append({"name": "pt", "image": "pt", "harness": "command", "num_gpus": [1]})
+    mixed = parse_config(data)
+    narrowed = apply_params(mixed, {"models": ["vgg16"], "image": "nvcr.io/nvidia/tensorflow:24.01-tf1-py3"})
+    assert {i.name: i.ref for i in narrowed.images} == {"tf1": "nvcr.io/nvidia/tensorflow:24.01-tf1-py3",
+                                                        "pt": "nvcr.io/nvidia/pytorch:25.01-py3"}
+    with pytest.raises(ConfigError, match=r"cannot replace images\[1\] \(pt"):  # the run uses both: still refused
+        apply_params(mixed, {"image": "nvcr.io/nvidia/tensorflow:24.01-tf1-py3"})
+
+
 def test_benchmarks_emptied_by_the_subset_drop_out():
     cases = expand_cases(apply_params(cfg(), {"hosts": ["gpu-02"], "models": ["trivial"]}))
     assert [(c.host, c.model, c.num_gpus) for c in cases] == [("gpu-02", "trivial", 0)]
