@@ -800,6 +800,39 @@ def test_change_map_baseline_is_the_newest_nights_of_the_range(engine, tmp_path,
     assert "change-map-skipped" in page.empties
 
 
+def test_change_map_baseline_of_an_even_count_is_the_mean_of_the_middle_two(engine):
+    from datetime import timedelta
+
+    from fleetbench.warehouse import store_run, upgrade
+
+    upgrade(engine)
+    day0 = datetime(2026, 10, 1, 2, tzinfo=timezone.utc)
+    for night, ips in enumerate((100.0, 100.0, 110.0, 110.0, 105.0)):
+        when = (day0 + timedelta(days=night)).isoformat()
+        common = {"run_id": f"n{night}", "logical_date": when, "started_at": when, "finished_at": when}
+        store_run(engine, {**plain_run_row(f"n{night}"), "logical_date": when}, [],
+                  [result_row("c", host="a", ips=ips, **common)])
+    report = report_of(engine, since="2026-10-01", until="2026-11-01")
+    # baseline median(100, 100, 110, 110) = 105: no change (the upper middle, 110, said -4.5 %)
+    assert report["change_map"]["cells"]["a"]["c"]["delta_pct"] == pytest.approx(0.0)
+
+
+def test_summary_counts_runs_as_dag_and_run_pairs(engine):
+    """Two DAGs on one schedule have the same run ids (scheduled__<logical date>): four runs, not two."""
+    from fleetbench.warehouse import store_run, upgrade
+
+    upgrade(engine)
+    for dag in ("fleet_a", "fleet_b"):
+        for run in ("scheduled__2026-12-01T02:00:00+00:00", "scheduled__2026-12-02T02:00:00+00:00"):
+            when = run.removeprefix("scheduled__")
+            common = {"dag_id": dag, "run_id": run, "logical_date": when, "started_at": when, "finished_at": when}
+            store_run(engine, {**plain_run_row(run, dag), "logical_date": when}, [], [result_row("c", **common)])
+    report = report_of(engine, since="2026-12-01", until="2026-12-03")
+    assert report["summary"]["runs"] == 4
+    assert report_of(engine, since="2026-12-01", until="2026-12-03", host="h1")["summary"]["runs"] == 4
+    assert not any(n.startswith("Only one run so far") for n in report["notes"])
+
+
 def test_report_reads_no_metric_samples(engine):
     """The report and the view answer from benchmark_results' primary metric and the rollups: their latency does not
     grow with result_metrics (5 samples a result over a year is 35 million rows); bench/README says so."""

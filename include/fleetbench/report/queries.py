@@ -42,6 +42,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 from dataclasses import dataclass, replace
 from datetime import date, datetime, time, timedelta, timezone
 from typing import Any
@@ -289,8 +290,11 @@ def summary(conn, f: Filters) -> dict:
     """Runs, results by status, hosts, models, the first and last night: the fleet's from run_case_rollup,
     one host's from run_host_rollup."""
     t = hr if f.host else cr
+    # runs are (DAG, run) pairs: two DAGs on one schedule share their run ids (scheduled__<logical date>)
+    runs = select(t.c.dag_id, t.c.run_id).where(*_scope(f, table=t)).distinct().subquery("runs")
     row = conn.execute(select(
-        func.count(distinct(t.c.run_id)).label("runs"), func.sum(t.c.results).label("results"),
+        select(func.count()).select_from(runs).scalar_subquery().label("runs"),
+        func.sum(t.c.results).label("results"),
         func.sum(t.c.ok).label("ok"), func.sum(t.c.failed).label("failed"), func.sum(t.c.skipped).label("skipped"),
         func.count(distinct(t.c.model)).label("models"),
         _ts(func.min(t.c.logical_date)).label("first"), _ts(func.max(t.c.logical_date)).label("last"),
@@ -793,7 +797,7 @@ def change_map(conn, f: Filters) -> dict:
                 if (n.metric, n.unit, n.driver_version, n.cuda_driver_version, n.image_digest)
                 == (last.metric, last.unit, last.driver_version, last.cuda_driver_version, last.image_digest)
                 and math.isfinite(n.value)]
-        base = sorted(same)[len(same) // 2] if len(same) >= 3 else None
+        base = statistics.median(same) if len(same) >= 3 else None  # of an even count: the mean of the middle two
         delta = (last.value - base) / base * 100.0 if base and math.isfinite(last.value) else None
         cells.setdefault(host, {})[case_key] = {"delta_pct": delta, "status": None, "kind": None,
                                                 "metric": last.metric, "unit": last.unit,
