@@ -24,8 +24,8 @@ from fleetbench.warehouse import (
 from fleetbench.warehouse.schema import benchmark_results, host_facts, regressions, result_metrics, runs, steps
 from warehouse_rows import DERIVED, result_row, run_row, step_rows
 
-HEAD = "0016"  # 0016: partial indexes; 0015: superseded_host_facts; 0014: multi-node cases; 0013: regression units;
-# 0012: MIG
+HEAD = "0017"  # 0017: CPU cases out of the GPU rollups; 0016: partial indexes; 0015: superseded_host_facts;
+# 0014: multi-node cases; 0013: regression units; 0012: MIG
 NEW_RESULT_COLUMNS = set(DERIVED)  # the derived-metric columns revision 0003 adds
 REGRESSION_COLUMNS = {  # name: nullable, as the regression detector expects them
     "id": False, "dag_id": False, "run_id": False, "host": False, "case_key": False, "metric": False,
@@ -705,3 +705,55 @@ def check_samples_of_results_written_earlier_are_upserted(engine):
         store_run(engine, run_row("r3"), [], [result_row(f"c{i}", run_id="r3") for i in range(50)], [],
                   metric_rows=[*many[:-1], metric("c1", "x", 1.0, run_id="r3", better="sideways")])
     assert count(engine, benchmark_results, run_id="r3") == 0 and metrics_of(engine, run_id="r3") == {}
+
+
+def _rollups(engine) -> dict[str, list[tuple]]:
+    """Every rollup row, without ids, sorted: to compare two computations of the same rollups."""
+    out = {}
+    with engine.connect() as conn:
+        for table in ("run_host_rollup", "run_case_rollup", "host_month_rollup"):
+            t = Table(table, MetaData(), autoload_with=conn)
+            cols = [c for c in t.c if c.name != "id"]
+            out[table] = sorted((tuple(r) for r in conn.execute(select(*cols))), key=repr)
+    return out
+
+
+def _gpus(engine, table: str) -> set:
+    with engine.connect() as conn:
+        return {r[0] for r in conn.execute(text(f"SELECT gpu FROM {table}"))}
+
+
+def check_migrate_cpu_cases_out_of_gpu_rollups(engine):
+    """0016 -> 0017: a CPU case on a GPU host (its row records the host's GPU) leaves that GPU's rollups: its
+    rollup rows, its run's and its month's, are recomputed; down to 0016 puts them back. Both ways equal a
+    rebuild of every rollup from the stored results with the expression of that revision."""
+    from fleetbench.warehouse import rollup
+
+    upgrade(engine)
+    gpu = {"gpu_model": "NVIDIA A100-SXM4-40GB"}
+    rows = [result_row("tf.resnet50.g1", gpu_catalog_name="A100 SXM4 40GB", **gpu),
+            result_row("smoke.trivial.g0", num_gpus=0, device="cpu", gpu_catalog_name=None, **gpu)]
+    store_run(engine, run_row("r1"), [], rows)
+    store_run(engine, run_row("r2"), [], [result_row("tf.resnet50.g1", run_id="r2", gpu_catalog_name="A100 SXM4 40GB",
+                                                     **gpu)])  # a run without a CPU case: not touched
+    new = _rollups(engine)
+    for table in ("run_host_rollup", "run_case_rollup", "host_month_rollup"):
+        assert _gpus(engine, table) == {"A100 SXM4 40GB", None}, table
+
+    downgrade(engine, "0016")
+    old = _rollups(engine)
+    for table in ("run_host_rollup", "run_case_rollup", "host_month_rollup"):
+        assert _gpus(engine, table) == {"A100 SXM4 40GB", "NVIDIA A100-SXM4-40GB"}, table  # as 0016 counted it
+    with engine.begin() as conn:  # 0016's code: the old expression over everything
+        old_gpu, rollup.GPU = rollup.GPU, "COALESCE(gpu_catalog_name, gpu_model)"
+        try:
+            rollup.rebuild(conn)
+        finally:
+            rollup.GPU = old_gpu
+    assert _rollups(engine) == old
+
+    upgrade(engine)
+    assert current_revision(engine) == HEAD and _rollups(engine) == new
+    with engine.begin() as conn:
+        rollup.rebuild(conn)
+    assert _rollups(engine) == new

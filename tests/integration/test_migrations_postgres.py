@@ -6,6 +6,7 @@ import pytest
 
 from warehouse_contract import (
     check_failed_migration_rolls_back,
+    check_migrate_cpu_cases_out_of_gpu_rollups,
     check_migrate_cpu_energy_columns,
     check_migrate_empty_database,
     check_migrate_from_previous_revision,
@@ -56,3 +57,7 @@ def test_migrate_to_multinode_keeps_rows_and_downgrades(pg_engine):
     from warehouse_contract import check_migrate_to_multinode
 
     check_migrate_to_multinode(pg_engine)
+
+
+def test_migrate_cpu_cases_out_of_gpu_rollups(pg_engine):
+    check_migrate_cpu_cases_out_of_gpu_rollups(pg_engine)

@@ -282,3 +282,26 @@ def test_the_report_shows_cpu_cases_energy_and_cost(tmp_path):
     assert eff["images_per_joule"] == pytest.approx(statistics.fmean(r["images_per_joule"] for r in derived))
     assert eff["cost_per_million_images_usd"] == pytest.approx(0.40 / (3600 * 400) * 1e6)
     assert "No energy or cost figures" not in render_html(report, [])
+
+
+def test_cpu_cases_on_a_gpu_host_are_not_counted_under_its_gpu(tmp_path):
+    """A CPU case's row records the host's GPU (provenance); the efficiency and unit-cost tables put it under
+    `none (CPU)`, not beside the GPU cases (where the GPU is not in the catalog it was averaged with them)."""
+    from fleetbench.report.queries import CPU_LABEL, build_report
+    from fleetbench.warehouse import get_engine, store_run, upgrade
+    from warehouse_rows import result_row, run_row
+
+    settings = MetricSettings(host_hour_prices={"gpu-01": 2.0})
+    gpu = "Some GPU Not In The Catalog"
+    cpu = cpu_row(host="gpu-01", gpu_model=gpu)
+    gpu_case = {**cpu_row(host="gpu-01", case_key="g1", gpu_model=gpu), "num_gpus": 1, "device": "gpu",
+                "mean_gpu_util_pct": None}
+    derived = derive([cpu, gpu_case], [], None, settings)
+    rows = [{**result_row(r["case_key"], host="gpu-01", value=r["images_per_sec"], metric="images_per_sec",
+                          unit="images/s", better="higher"), **r} for r in derived]
+    engine = get_engine(f"sqlite:///{tmp_path}/w.db")
+    upgrade(engine)
+    store_run(engine, run_row("r1"), [], rows)
+    report = build_report(engine)
+    assert {e["gpu"]: e["n"] for e in report["efficiency"]} == {CPU_LABEL: 1, gpu: 1}
+    assert {u["gpu"] for u in report["unit_costs"]} == {CPU_LABEL, gpu}

@@ -8,6 +8,7 @@ from fleetbench.warehouse import MIGRATIONS, get_engine
 from warehouse_contract import (
     HEAD,
     check_failed_migration_rolls_back,
+    check_migrate_cpu_cases_out_of_gpu_rollups,
     check_migrate_cpu_energy_columns,
     check_migrate_empty_database,
     check_migrate_from_previous_revision,
@@ -122,3 +123,7 @@ def test_migrate_to_multinode_keeps_rows_and_downgrades(tmp_path):
     from warehouse_contract import check_migrate_to_multinode
 
     check_migrate_to_multinode(engine_at(tmp_path))
+
+
+def test_migrate_cpu_cases_out_of_gpu_rollups(tmp_path):
+    check_migrate_cpu_cases_out_of_gpu_rollups(engine_at(tmp_path))

@@ -83,7 +83,8 @@ def upgrade_driver(host: str, day: int) -> str:
 
 # -- expected rollups, in Python from the stored rows -----------------------------------------------------
 def _gpu(r: dict) -> str | None:
-    return r["gpu_catalog_name"] or r["gpu_model"]
+    """The GPU type a result counts under (rollup.GPU): none for a CPU case."""
+    return (r["gpu_catalog_name"] or r["gpu_model"]) if r["num_gpus"] > 0 else None
 
 
 def _max(values):

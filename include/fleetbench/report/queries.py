@@ -623,7 +623,7 @@ def unit_costs(conn, f: Filters, run: dict | None) -> list[dict]:
         return []
     work = br.c.value * br.c.duration_s
     has_energy = br.c.energy_source.in_((MEASURED, ESTIMATED)) & br.c.energy_j.is_not(None)
-    gpu = func.coalesce(br.c.gpu_catalog_name, br.c.gpu_model)
+    gpu = case((br.c.num_gpus > 0, func.coalesce(br.c.gpu_catalog_name, br.c.gpu_model)))  # as rollup.GPU
     rows = conn.execute(select(
         br.c.metric, br.c.unit, gpu.label("gpu"), func.count().label("n"),
         func.sum(case((br.c.cost_usd.is_not(None), br.c.cost_usd))).label("cost"),

@@ -21,7 +21,7 @@ What the report reads from them (`fleetbench.report.queries`):
 - host_month_rollup, run_host_rollup per (dag_id, host, model, gpu, driver_version, calendar month):
   what a window of whole months reads instead of every night (see `fleetbench.report.queries`).
 
-`gpu` is gpu_catalog_name, else gpu_model as reported (the report's GPU model).
+`gpu` is gpu_catalog_name, else gpu_model as reported (the report's GPU model); NULL for CPU cases.
 """
 
 from __future__ import annotations
@@ -33,7 +33,10 @@ from sqlalchemy import DateTime, bindparam, func, select, text, type_coerce
 
 from fleetbench.warehouse.schema import run_host_rollup
 
-GPU = "COALESCE(gpu_catalog_name, gpu_model)"
+# The GPU type a result counts under: its catalog name, else the model as reported; none for a CPU case (num_gpus
+# 0), whose row still records the host's GPU as provenance (revision 0017: before, a CPU case on a GPU host was
+# counted under that GPU).
+GPU = "CASE WHEN num_gpus > 0 THEN COALESCE(gpu_catalog_name, gpu_model) END"
 # Finite images/sec: PostgreSQL floats hold NaN (greater than every number there) and infinities;
 # SQLite stores NaN as NULL.
 FINITE_IPS = "images_per_sec > CAST(-1e308 AS FLOAT) AND images_per_sec < CAST(1e308 AS FLOAT)"
