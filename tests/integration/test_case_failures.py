@@ -13,6 +13,7 @@ from pathlib import Path
 
 import docker
 import pytest
+from airflow.sdk.exceptions import AirflowException
 
 from fleetbench.airflow.operators import BenchmarkCaseOperator
 from fleetbench.measure import measure
@@ -191,6 +192,36 @@ def test_kill_from_airflow_stops_removes_and_records_killed(case_run, docker_api
     fields, _ = measure({"command": ["sleep"]}, outcome)
     assert (fields["status"], fields["failure_class"]) == ("failed", "killed")
     assert outcome["measurement"]["fields"]["failure_class"] == "killed"  # measured once, by the case's task
+
+
+@pytest.mark.parametrize("when", ["while its container is created", "before its container starts"])
+def test_a_kill_before_the_case_runs_leaves_no_container(case_run, when):
+    """Airflow's SIGTERM handler calls on_kill and returns to the task's code; SIGKILL follows 5 s later. A kill
+    that came before the container existed, or before it started, left it to be created and started and then
+    run on after the process died (the fixture checks that no container is left)."""
+    op = case_run.build(["sleep", "5"])
+    if when == "while its container is created":
+        create = op._create_container
+
+        def killed_during_create():
+            op.on_kill()  # the container does not exist yet: nothing for on_kill to remove
+            return create()
+
+        op._create_container = killed_during_create
+    else:
+        rapl_start = op._rapl_start
+
+        def killed_before_start(outcome):
+            op.on_kill()  # removes the created container: start then finds none
+            return rapl_start(outcome)
+
+        op._rapl_start = killed_before_start
+    started = time.monotonic()
+    with pytest.raises(AirflowException, match="was killed from Airflow"):
+        op.execute({})
+    assert time.monotonic() - started < 5  # it did not run the case
+    outcome = json.loads((Path(op.log_dir) / f"{op.case['case_key']}.outcome.json").read_text())
+    assert outcome["killed_by_airflow"] is True and outcome["measurement"]["fields"]["failure_class"] == "killed"
 
 
 def test_telemetry_wrapper_passes_everything_through(case_run, smoke_image):

@@ -293,6 +293,8 @@ class BenchmarkCaseOperator(DockerOperator):
         if self.container is not None:
             self.log.info("task killed: killing and removing container %s", self.container["Id"][:12])
             self._remove(self.container["Id"], stop_first=False)
+        elif self.container_name:  # killed while it was being created: gone by name if it exists (run_case checks too)
+            self._remove(self.container_name, stop_first=False)
 
     # -- the run loop ---------------------------------------------------------------------
     def _paths(self) -> tuple[Path, Path]:
@@ -336,13 +338,18 @@ class BenchmarkCaseOperator(DockerOperator):
         try:
             if self.telemetry_period_s:  # the wrapper, from its volume on the engine (made once per version)
                 self.mounts = [*self.mounts, telemetry.volume_mount(self.cli)]
+            self._end_if_killed(None)
             self.container = self._create_container()
             cid = self.container["Id"]
+            self._end_if_killed(cid)
             rapl = self._rapl_start(outcome)
             self.cli.start(cid)
+            self._end_if_killed(cid, rapl)
         except APIError as exc:
             if rapl is not None:
                 rapl.stop()
+            if self._killed:  # on_kill removed the container under create or start: it recorded the case
+                self._end_if_killed(self.container["Id"] if self.container is not None else None)
             outcome["start_error_class"] = start_error_class(exc)
             outcome["error"] = str(exc)
             self.log.error("case %s could not start: %s", self.case["case_key"], exc)
@@ -405,6 +412,20 @@ class BenchmarkCaseOperator(DockerOperator):
                       ", OOM-killed" if outcome["oom_killed"] else "", ", timed out" if outcome["timed_out"] else "",
                       outcome["duration_s"] or 0.0, log_path)
         return outcome
+
+    def _end_if_killed(self, cid: str | None, rapl: RaplMeter | None = None) -> None:
+        """The task was killed (on_kill ran) before its container was there to remove, or before it started:
+        Airflow's SIGTERM handler returns to this code, and its SIGKILL 5 s later would leave a container that
+        was created or started after on_kill running on the host's GPUs. Remove it, and end as killed (on_kill
+        recorded the outcome)."""
+        if not self._killed:
+            return
+        if rapl is not None:
+            rapl.stop()
+        if cid is not None:
+            self._remove(cid, stop_first=False)
+        raise AirflowException(f"case {self.case['case_key']} was killed from Airflow before it ran; its outcome is "
+                               "recorded")
 
     def _rapl_start(self, outcome: dict) -> RaplMeter | None:
         """A CPU case on this machine's engine: its CPU energy from the host's RAPL counters, from here to the
