@@ -31,7 +31,7 @@ from fleetbench.airflow.operators import all_items as items
 from fleetbench.config import load_config_once
 from fleetbench.params import param_specs
 from fleetbench.paths import default_config_path
-from fleetbench.runs import pool_name
+from fleetbench.runs import lane_id, pool_name
 
 CONFIG = load_config_once(default_config_path())
 parse_speed.cache_operator_defaults()  # before the first .partial(): see fleetbench/airflow/parse_speed.py
@@ -39,7 +39,7 @@ parse_speed.fast_edges()  # before the first dependency edge (same module)
 
 
 # Every host's lane starts with its `cases` task, which validates and prepares the host too.
-LANES = {h.name: f"host_{h.name}.cases" for h in CONFIG.hosts}
+LANES = {h.name: f"{lane_id(h.name)}.cases" for h in CONFIG.hosts}
 
 
 def every_host(results: list) -> list:
@@ -74,7 +74,7 @@ MAX_GROUPED_LANES = 100
 @contextmanager
 def lane(host: str):
     """A host's lane: yields `in_lane(step) -> task id` giving `host_<host>.<step>` either way."""
-    group_id = f"host_{host}"
+    group_id = lane_id(host)
     if len(CONFIG.hosts) <= MAX_GROUPED_LANES:
         with TaskGroup(group_id=group_id, tooltip=f"cases on {host}"):
             yield lambda step: step

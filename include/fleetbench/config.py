@@ -553,6 +553,15 @@ def _cross_check(data: dict) -> list[str]:
             if name in seen:
                 errors.append(f"{section}[{i}].name: duplicate name {name!r}")
             seen.add(name)
+    lanes: dict[str, str] = {}  # a host's lane is task group host_<name> with "." as "_" (fleetbench.runs.lane_id)
+    for i, item in items("hosts"):
+        name = item.get("name")
+        if not isinstance(name, str):
+            continue
+        other = lanes.setdefault(name.replace(".", "_"), name)
+        if other != name:
+            errors.append(f"hosts[{i}].name: {name!r} and {other!r} would share the task group "
+                          f"host_{name.replace('.', '_')} (a '.' is written '_' there): rename one")
     host_names, image_names = names("hosts"), names("images")
     image_commands = {item["name"]: item.get("command") for _, item in items("images")
                       if isinstance(item.get("name"), str)}

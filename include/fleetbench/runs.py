@@ -72,6 +72,13 @@ def case_labels(dag_id: str, run_id: str, host: str, case_key: str, timeout_s: i
     }
 
 
+def lane_id(host: str) -> str:
+    """The task group (id prefix) of a host's lane: `host_<name>`, a `.` of the name (an FQDN such as gpu01.lab)
+    as `_`, since Airflow's group ids take letters, digits, `_` and `-` only. The config check refuses two hosts
+    whose names give one id (fleetbench.config)."""
+    return "host_" + host.replace(".", "_")
+
+
 def pool_name(host: str) -> str:
     """The Airflow pool of a host's lane: one slot, so one benchmark at a time on the host's GPUs."""
     return f"fleetbench_{safe_name(host)}"

@@ -98,6 +98,21 @@ def test_a_large_fleet_has_the_same_lanes_without_task_groups(tmp_path, monkeypa
     assert sorted(t.task_id for t in dag.leaves) == ["outcome", "report"]
 
 
+def test_hosts_named_by_their_fqdn_get_lanes(tmp_path, monkeypatch, no_services):
+    """Airflow's group ids take no '.': a host named gpu01.lab has the lane host_gpu01_lab (the DAG did not
+    import, with an error that named no config field)."""
+    cfg = {"fleet": {"host_pools": True}, "hosts": [{"name": "gpu01.lab"}, {"name": "gpu02.lab"}],
+           "images": [{"name": "i", "ref": "127.0.0.1:5000/x:1", "command": ["python3"]}],
+           "benchmarks": [{"name": "b", "image": "i", "models": ["resnet50"], "batch_sizes": [32]}]}
+    monkeypatch.setenv("FLEETBENCH_CONFIG", str(write_config(tmp_path / "fleet.yaml", cfg)))
+    bag = load_bag()
+    assert bag.import_errors == {}
+    dag = bag.dags["fleet_benchmark"]
+    cases, run = dag.get_task("host_gpu01_lab.cases"), dag.get_task("host_gpu01_lab.run_case")
+    assert cases.host == "gpu01.lab" and run.pool == "fleetbench_gpu01.lab"
+    assert set(run.upstream_task_ids) == {cases.task_id} and cases.task_group.group_id == "host_gpu01_lab"
+
+
 def test_a_changed_config_is_picked_up_on_the_next_parse(tmp_path, monkeypatch, no_services):
     """The DAG files share one read of an unchanged config per process; an edit shows on the next parse of both."""
     def fleet(*hosts):

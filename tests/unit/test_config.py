@@ -74,6 +74,8 @@ def test_defaults():
      "refuses it in one process"),
     (lambda d: d["benchmarks"][0].update(variable_update=["horovod"]),
      "benchmarks[0].num_gpus[1]: 2 with variable_update horovod: tf_cnn_benchmarks runs horovod with one GPU"),
+    (lambda d: d["hosts"].extend([{"name": "gpu-01.lab"}, {"name": "gpu-01_lab"}]),
+     "hosts[2].name: 'gpu-01_lab' and 'gpu-01.lab' would share the task group host_gpu-01_lab"),
     (lambda d: d.update(fleet={"schedule": "every night"}),
      "fleet.schedule: not a valid cron expression: 'every night'"),
     (lambda d: d["benchmarks"][0].update(extra_args=["--x=1; reboot"]), "benchmarks[0].extra_args[0]: must match"),
