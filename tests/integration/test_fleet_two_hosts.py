@@ -85,6 +85,9 @@ def test_ssh_host_runs_its_cases_while_the_unfit_local_host_is_skipped(airflow_d
     assert ssh_facts.gpu_count == 0 and ssh_facts.nvidia_runtime is not None and not ssh_facts.nvidia_runtime
     checks = {c["name"]: c for c in json.loads(ssh_facts.checks_json)}
     assert checks["reachable"] == {"name": "reachable", "status": "pass", "detail": "probes ran (ssh:fleet_ssh)"}
+    # the sshd is on this machine, so its docker_url (this machine's socket) is the host's own engine
+    assert checks["engine"] == {"name": "engine", "status": "pass",
+                                "detail": "docker_url is the host's own Docker engine"}
     assert facts["localhost"].verdict == "unfit"
 
     # the probe outputs were kept, one file per command, in the run's artifact folder
@@ -94,6 +97,58 @@ def test_ssh_host_runs_its_cases_while_the_unfit_local_host_is_skipped(airflow_d
     assert json.loads((folder / "probes.json").read_text())["runner"] == "ssh:fleet_ssh"
     assert (folder / "uname-r.txt").read_text().strip() == os.uname().release
     assert containers_of(docker_api, dag_run.run_id) == []
+
+
+@pytest.fixture()
+def another_engine():
+    """A Docker engine API on 127.0.0.1 that is not this machine's engine: it answers `version` and `info` (the
+    ID of another engine) and nothing else (a pull or a container there would fail the test)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    asked = []
+
+    class Engine(BaseHTTPRequestHandler):
+        def do_GET(self):
+            asked.append(self.path)
+            body = ({"ApiVersion": "1.41", "Version": "24.0.0"} if self.path.endswith("/version")
+                    else {"ID": "another-engine-0000", "ServerVersion": "24.0.0"} if self.path.endswith("/info")
+                    else None)
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(json.dumps(body or {"message": "not here"}).encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"tcp://127.0.0.1:{server.server_address[1]}", asked
+    server.shutdown()
+
+
+def test_an_ssh_host_whose_docker_url_is_another_engine_is_unfit(
+        airflow_db, data_dir, smoke_image, docker_api, sshd, another_engine, tmp_path, monkeypatch):  # noqa: F811
+    """The probes run on the host over SSH; images and cases go to its docker_url. When that is another machine's
+    engine (e.g. the default unix:// socket, the Airflow worker's own), its cases would run there under the host's
+    name: the host check compares the two engines' IDs and makes the host unfit instead."""
+    url, asked = another_engine
+    conn_id = define_ssh_connection(monkeypatch, "fleet_ssh_other")
+    cfg = smoke_config(smoke_image, models=("trivial",), batch_sizes=(8,), hosts=[
+        {"name": "sshhost", "connection": conn_id, "docker_url": url}])
+    dag_run = run_fleet_dag(monkeypatch, write_config(tmp_path / "fleet.yaml", cfg))
+    assert dag_run.state == "failed"  # every host unfit
+
+    rows, facts = results_and_host_facts(dag_run.run_id)
+    row = rows["sshhost"]
+    assert (row["status"], row["failure_class"]) == ("skipped", "host_unfit")
+    own = docker_api.info()["ID"]
+    assert f"engine: docker_url reaches Docker engine another-engine-0000, not the host's own ({own[:40]}" in (
+        row["failure_detail"])
+    checks = {c["name"]: c for c in json.loads(facts["sshhost"].checks_json)}
+    assert checks["engine"]["status"] == "fail"
+    assert [p for p in asked if not p.endswith(("/version", "/info"))] == []  # nothing was pulled or run there
 
 
 def test_one_host_check_that_dies_does_not_take_the_other_hosts_with_it(airflow_db, data_dir, smoke_image, docker_api,

@@ -191,3 +191,18 @@ def test_every_capture_gives_the_contract_and_one_line_details(folder):
         assert set(check) == {"name", "status", "detail"}
         assert check["status"] in ("pass", "warn", "fail", "unknown")
         assert check["detail"] and "\n" not in check["detail"], check
+
+
+def test_the_engine_check_compares_the_hosts_engine_with_the_one_its_cases_use():
+    facts = facts_from_dir(HOSTS / "ssh-vm-nogpu")
+    own = "O27T:2KJ5:YZKF:EKIN:24NY:LAHI:ZP55:SN3X:QAXA:T6LC:V5MO:A4A6"  # `docker info` over SSH (its ID)
+    assert facts.docker_engine_id == own and facts.case_engine_id is None
+    assert "engine" not in {c.name for c in evaluate(facts, HostNeeds())}  # not asked (a local host, the CLI)
+    facts.case_engine_id = own
+    assert [c for c in evaluate(facts, HostNeeds()) if c.name == "engine"] == [
+        Check("engine", "pass", "docker_url is the host's own Docker engine")]
+    facts.case_engine_id = "another-engine"
+    checks = evaluate(facts, HostNeeds())
+    assert verdict(checks) == "unfit"
+    assert reasons(checks).startswith(f"engine: docker_url reaches Docker engine another-engine, not the host's own "
+                                      f"({own}, from `docker info` on the host)")

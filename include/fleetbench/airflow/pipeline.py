@@ -93,12 +93,28 @@ def validate_host(host, run, timeout_s: float | None = None) -> dict:
     except (Exception, DeadlinePassed) as exc:  # e.g. the artifact folder cannot be written: still a verdict
         log.exception("gathering facts on %s failed", host.name)
         facts = HostFacts(unreachable=f"facts could not be gathered: {exc}")
+    if host.connection != "local" and facts.docker_engine_id and not facts.unreachable:
+        facts.case_engine_id = case_engine_id(host)  # the `engine` check: are the probes' and the cases' one?
     checks = evaluate(facts, needs)
     result = HostVerdict(host=host.name, verdict=verdict(checks), reasons=reasons(checks),
                          checks=[c.to_dict() for c in checks], facts=facts.to_dict(), facts_dir=str(folder),
                          collected_at=datetime.now(timezone.utc).isoformat())
     log.info("host %s: %s%s", host.name, result.verdict, f" ({result.reasons})" if result.reasons else "")
     return result.to_xcom()
+
+
+def case_engine_id(host) -> str | None:
+    """The ID of the Docker engine at the host's docker_url (the one its images and cases go to), as `docker info`
+    gives it; None when it does not answer (the image step then says so: docker_unreachable)."""
+    from fleetbench.engines import engine_client
+
+    try:
+        with engine_client(host.docker_url, host.docker_tls_conn_id, timeout=60) as api:
+            engine_id = api.info().get("ID")
+    except Exception as exc:  # noqa: BLE001 - unreachable, TLS settings: not this check's verdict
+        log.warning("host %s: the Docker engine at %s did not say its ID: %s", host.name, host.docker_url, exc)
+        return None
+    return engine_id if isinstance(engine_id, str) and engine_id else None
 
 
 class DeadlinePassed(BaseException):

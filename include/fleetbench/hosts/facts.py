@@ -122,6 +122,10 @@ class HostFacts:
     gpu_smoke: str | None = None  # pass | fail | unknown; None: not run
     gpu_smoke_detail: str | None = None
     docker_unreachable: bool = False  # the docker probes ran and failed (as opposed to: not captured)
+    docker_engine_id: str | None = None  # `docker info`'s ID: the engine the probes saw on the host
+    # The ID of the engine at the host's docker_url, which runs its cases, when that is asked separately (an SSH
+    # host: validate_host in fleetbench.airflow.pipeline); the `engine` check compares the two.
+    case_engine_id: str | None = None
     runner: str | None = None  # "local" or "ssh:<conn_id>", from probes.json
     unreachable: str | None = None  # why the host could not be reached at all
     # GPU health (see gpu_health.py); None: not captured, or unknown (then `unknown` says why).
@@ -293,7 +297,7 @@ def parse_docker_info_json(text: str) -> dict | None:
         return None
     return {"docker_version": _text(info.get("ServerVersion")), "runtimes": _names(info.get("Runtimes")),
             "default_runtime": _text(info.get("DefaultRuntime")), "cdi_spec_dirs": _names(info.get("CDISpecDirs")),
-            "root_dir": _text(info.get("DockerRootDir"))}
+            "root_dir": _text(info.get("DockerRootDir")), "engine_id": _text(info.get("ID")) or None}
 
 
 def _text(value: object) -> str | None:
@@ -314,7 +318,7 @@ def parse_docker_info_text(text: str) -> dict | None:
     lines = text.splitlines()
     for i, line in enumerate(lines):
         key, sep, value = line.strip().partition(":")
-        if sep and key in ("Server Version", "Runtimes", "Default Runtime", "Docker Root Dir"):
+        if sep and key in ("Server Version", "Runtimes", "Default Runtime", "Docker Root Dir", "ID"):
             fields[key] = value.strip()
         elif sep and key == "CDI spec directories" and not cdi:
             cdi = list(itertools.islice(_cdi_dirs(lines[i + 1:]), 8))
@@ -322,7 +326,7 @@ def parse_docker_info_text(text: str) -> dict | None:
         return None
     return {"docker_version": fields["Server Version"], "runtimes": fields.get("Runtimes", "").split(),
             "default_runtime": fields.get("Default Runtime"), "cdi_spec_dirs": cdi,
-            "root_dir": fields.get("Docker Root Dir")}
+            "root_dir": fields.get("Docker Root Dir"), "engine_id": _short(fields.get("ID")) or None}
 
 
 def _cdi_dirs(lines: list[str]):
@@ -544,6 +548,7 @@ def _docker_facts(src: _Folder, facts: HostFacts) -> None:
         facts.nvidia_runtime = any("nvidia" in r for r in info["runtimes"])
         facts.default_runtime = info["default_runtime"]
         facts.cdi_spec_dirs = info["cdi_spec_dirs"]
+        facts.docker_engine_id = info["engine_id"]
     else:
         facts.unknown["docker"] = reasons[0] if reasons else "docker-info.json: not captured"
         if text := src.output("docker-version.txt", "docker_version"):

@@ -159,6 +159,20 @@ def check_docker(facts: HostFacts, needs: HostNeeds) -> Check:
     return Check("docker", status, f"Docker {facts.docker_version} is older than 19.03 (no GPU device requests)")
 
 
+def check_engine(facts: HostFacts) -> Check | None:
+    """The probes ran on the host (over SSH) and saw its Docker engine; the cases run on the engine at its
+    docker_url. Are they one engine? Asked only where both IDs are known (an SSH host whose docker_url answered)."""
+    here, there = facts.docker_engine_id, facts.case_engine_id
+    if here is None or there is None:
+        return None
+    if here == there:
+        return Check("engine", "pass", "docker_url is the host's own Docker engine")
+    return Check("engine", "fail", f"docker_url reaches Docker engine {there[:80]}, not the host's own ({here[:80]}, "
+                                   "from `docker info` on the host): its images and cases would be on another "
+                                   "machine (a unix:// docker_url is the Airflow worker's engine); give the host's "
+                                   "engine (tcp:// with docker_tls_conn_id) or a queue whose worker runs on the host")
+
+
 def check_disk(facts: HostFacts, needs: HostNeeds) -> Check:
     free = facts.docker_root_free_bytes
     if free is None:
@@ -230,7 +244,8 @@ def evaluate(facts: HostFacts, needs: HostNeeds) -> list[Check]:
     reachable = check_reachable(facts)
     if facts.unreachable:
         return [reachable]
-    checks = [c for c in (reachable, check_kernel(facts), check_docker(facts, needs), check_disk(facts, needs)) if c]
+    checks = [c for c in (reachable, check_kernel(facts), check_docker(facts, needs), check_engine(facts),
+                          check_disk(facts, needs)) if c]
     if needs.gpus == 0:
         return checks
     checks += [check_nvidia_driver(facts), check_driver_library(facts)]
