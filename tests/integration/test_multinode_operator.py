@@ -120,3 +120,23 @@ def test_containers_left_by_an_earlier_try_are_removed_through_a_removal_in_prog
     op._clients = {role["host"]: Busy() for role in op.roles}
     op._remove_stale()
     assert Busy.refused == 1 and labelled(docker_api, run_id) == []
+
+
+def test_a_chief_that_prints_a_flood_after_joining_is_not_a_rendezvous_timeout(smoke_image, docker_api, tmp_path):
+    """The chief says it joined, then prints thousands of lines before the next look at its log (NCCL_DEBUG=INFO
+    ranks do): each look reads what came since the last, so the marker is seen and the case runs to its end. A
+    tail of the last 400 lines missed it, and the case was killed at rendezvous_timeout_s."""
+    from fleetbench.airflow.multinode import MultiNodeCaseOperator
+
+    run_id = f"mn-flood-{uuid.uuid4().hex[:8]}"
+    op = operator(smoke_image, tmp_path, run_id)
+    flood = ("import sys, time; time.sleep(0.5); print('Running warm up', flush=True); "
+             "[print('NCCL INFO channel', i) for i in range(5000)]; sys.stdout.flush(); time.sleep(6)")
+    op = MultiNodeCaseOperator(task_id=op.task_id, case=op.case, command=["python3", "-c", flood], roles=op.roles,
+                               cluster={"base_port": 24750, "rendezvous_timeout_s": 3}, timeout_s=60,
+                               log_dir=op.log_dir, container={})
+    outcome = op.execute({})
+    fields = outcome["measurement"]["fields"]
+    assert fields["failure_class"] != "rendezvous_timeout", fields["failure_detail"]
+    assert outcome["exit_code"] == 0 and fields["failure_class"] == "no_result"  # it ran to its end (no benchmark)
+    assert labelled(docker_api, run_id) == []

@@ -339,7 +339,7 @@ class MultiNodeCaseOperator(BaseOperator):
         case's timeout passed: (reason, the failed role)."""
         start = time.monotonic()
         rendezvous_s = float(self.cluster.get("rendezvous_timeout_s", 300))
-        joined, next_marker = False, 0.0
+        joined, next_marker, read_since = False, 0.0, None
         chief, marker = self.roles[0], multinode.joined_marker(self.cluster.get("layout"))
         while not self._killed:
             elapsed = time.monotonic() - start
@@ -357,9 +357,7 @@ class MultiNodeCaseOperator(BaseOperator):
             if all(s.get("Status") in ("exited", "dead") for s in workers):
                 return "done", None
             if not joined and elapsed >= next_marker:
-                tail = self._cli(chief).logs(self._cids[multinode.role_name(chief)], tail=400).decode(
-                    errors="replace")
-                joined = marker in tail
+                joined, read_since = self._chief_printed(chief, marker, read_since)
                 next_marker = elapsed + MARKER_EVERY_S
             if not joined and elapsed > rendezvous_s:
                 return "rendezvous_timeout", None
@@ -368,6 +366,22 @@ class MultiNodeCaseOperator(BaseOperator):
                 return "timeout", None
             time.sleep(POLL_S)
         return "killed", None
+
+    def _chief_printed(self, chief: dict, marker: str, since: float | None) -> tuple[bool, float | None]:
+        """Whether the chief has printed `marker` since `since` (the engine's time of the last line read before:
+        each look reads only what came after it, so a chief that prints thousands of lines between two looks, as
+        NCCL_DEBUG=INFO ranks do, cannot hide it; a fixed tail could). Returns it and the new `since`, the
+        engine's own timestamp of the last line (the worker's clock may differ from a remote engine's)."""
+        from fleetbench.airflow.operators import docker_time
+
+        text = self._cli(chief).logs(self._cids[multinode.role_name(chief)], timestamps=True,
+                                     since=since).decode(errors="replace")
+        last = text.rstrip("\n").rpartition("\n")[2].partition(" ")[0]
+        try:
+            at = datetime.fromisoformat(docker_time(last)).timestamp() - 0.001 if last else None
+        except (TypeError, ValueError):  # not a timestamp: read from the start again next time
+            at = None
+        return marker in text, at if at is not None and at > 0 else since
 
     def _stop_running(self) -> set[str]:
         """Stop (kill: a ps never exits by itself) every container still running; their role names."""
