@@ -35,9 +35,21 @@ def host_sets(hosts: Sequence[str], nodes: int) -> list[list[str]]:
     return [list(hosts[i:i + nodes]) for i in range(0, len(hosts) - nodes + 1, nodes)]
 
 
+MAX_CASE_KEY = 250  # benchmark_results.case_key (String(250)): PostgreSQL refuses a longer one, and the night's store
+
+
 def set_case_key(point_key: str, host_set: Sequence[str]) -> str:
-    """`<point key>.n<N>.<host>+<host>...`: the matrix point, the number of hosts and the set, by name."""
-    return f"{point_key}.n{len(host_set)}.{'+'.join(host_set)}"
+    """`<point key>.n<N>.<host>+<host>...`: the matrix point, the number of hosts and the set, by name. A set too
+    long to spell within MAX_CASE_KEY (e.g. 32 hosts) is named by its first host, how many more, and a digest of
+    the whole set, `<point>.n32.gpu-01+31more.<digest>` (the row's host_set keeps every name)."""
+    key = f"{point_key}.n{len(host_set)}.{'+'.join(host_set)}"
+    if len(key) <= MAX_CASE_KEY:
+        return key
+    import hashlib
+
+    digest = hashlib.sha256("+".join(host_set).encode()).hexdigest()[:12]
+    short = f"{point_key}.n{len(host_set)}.{host_set[0]}+{len(host_set) - 1}more.{digest}"
+    return short if len(short) <= MAX_CASE_KEY else f"{point_key}.n{len(host_set)}.{digest}"
 
 
 def layout(host_set: Sequence[str], ps_per_node: int, workers_per_node: int, ps_nodes: str = "all") -> list[dict]:

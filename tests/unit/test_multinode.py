@@ -125,6 +125,22 @@ def test_host_sets_are_consecutive_disjoint_and_named_by_the_case_key():
     assert [c.host_set for c in kept] == [["a", "b"]]
 
 
+def test_a_set_too_long_to_spell_in_the_case_key_is_named_by_a_digest():
+    """benchmark_results.case_key holds 250 characters (PostgreSQL refuses more, and the night's store with it):
+    32 hosts of 11 characters would be 414."""
+    point = "cnn.resnet50.bs64.g8.distributed_replicated"
+    hosts = [f"gpu-a100-{i:02d}" for i in range(32)]
+    key = multinode.set_case_key(point, hosts)
+    assert len(key) <= multinode.MAX_CASE_KEY
+    assert key.startswith(f"{point}.n32.gpu-a100-00+31more.") and len(key.rsplit(".", 1)[1]) == 12
+    assert key == multinode.set_case_key(point, hosts)  # the same set, the same key, night after night
+    assert key != multinode.set_case_key(point, hosts[:31] + ["gpu-a100-99"])
+    assert multinode.set_case_key(point, hosts[:2]) == f"{point}.n2.gpu-a100-00+gpu-a100-01"  # short: spelled out
+    long_names = ["h" + "x" * 62 + str(i) for i in range(4)]
+    key = multinode.set_case_key("b" * 63 + "." + "m" * 63 + ".bs64.g8.distributed_replicated", long_names)
+    assert len(key) <= multinode.MAX_CASE_KEY
+
+
 def test_nodes_without_1_plans_no_single_host_case_and_build_plan_keeps_every_spanned_host():
     cfg = parse_config(config(hosts=("a", "b", "c"), nodes=[3]))
     plan = build_plan(cfg, {"dag_id": "d", "run_id": "r"})
