@@ -257,7 +257,7 @@ def _cached_in_registry(api: docker.APIClient, remote: str, tag: str, inputs: st
     """Pull `<remote>:<tag>` if the fleet's registry has it (another host baked it); tag it as `ref`."""
     try:
         pull_with_progress(api, f"{remote}:{tag}", auth)
-    except DockerException as exc:
+    except (DockerException, requests.RequestException) as exc:  # requests: the engine's connection broke
         kind = classify_pull_error(exc)
         (log.info if kind == "image_not_found" else log.warning)(
             "bake: %s:%s not in the registry (%s)", remote, tag, kind)
@@ -343,7 +343,7 @@ def push(api: docker.APIClient, image_id: str, remote: str, tag: str, auth: dict
                 digest = (event.get("aux") or {}).get("Digest", digest)
             log.info("bake: pushed %s:%s (%s)", remote, tag, digest)
             return f"{remote}@{digest}"
-        except DockerException as exc:
+        except (DockerException, requests.RequestException) as exc:  # requests: the engine's connection broke
             kind = classify_pull_error(exc)
             if kind in PERMANENT or attempt == attempts:
                 raise BakeError(kind, f"push {remote}:{tag}: {getattr(exc, 'explanation', None) or exc}") from None

@@ -24,6 +24,7 @@ from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 
 from fleetbench import failures
 from fleetbench.config import GB
+from fleetbench.registry import repository_of
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,8 @@ def classify_pull_error(exc: Exception) -> str:
                                "connection reset", "no route to host", "unexpected eof", "tls handshake",
                                "service unavailable", "bad gateway", "503", "502")):
         return "registry_unreachable"
+    if isinstance(exc, requests.RequestException) and not isinstance(exc, DockerException):  # not an answer (an
+        return "docker_unreachable"  # APIError is one, an HTTPError): the connection to the engine itself broke
     return "pull_failed"
 
 
@@ -201,8 +204,11 @@ def pull_with_progress(api: docker.APIClient, ref: str, auth_config: dict | None
 
 
 def free_disk_bytes(api: docker.APIClient) -> int | None:
-    """Free bytes on the engine's data root when the engine runs on this machine (unix socket), else None."""
-    if not str(getattr(api, "base_url", "")).startswith("http+docker://"):
+    """Free bytes on the engine's data root when the engine runs on this machine (unix socket), else None.
+
+    docker-py names a unix socket's engine `http+docker://localhost`; an `ssh://` engine is `http+docker://ssh`,
+    on another machine, whose data root this machine's disk says nothing about."""
+    if str(getattr(api, "base_url", "")) != "http+docker://localhost":
         return None
     try:
         root = api.info().get("DockerRootDir") or "/var/lib/docker"
@@ -258,7 +264,7 @@ def prepare_image(api: docker.APIClient, name: str, ref: str, pull_policy: str =
                 result.pulled = True
                 result.failure_class = result.error = None
                 break
-            except DockerException as exc:
+            except (DockerException, requests.RequestException) as exc:  # requests: the engine's connection
                 result.fail(classify_pull_error(exc), f"pull {ref}: {_reason(exc)}")
                 if result.failure_class in PERMANENT or attempt == attempts:
                     log.error("pull %s failed (%s) after %d attempt(s): %s", ref, result.failure_class, attempt,
@@ -285,7 +291,11 @@ def _pin(api: docker.APIClient, result: PreparedImage, digest: str | None) -> Pr
         return result.fail("image_not_found", f"inspect {ref}: {exc}")
     result.image_id = info.get("Id")
     if not digest:
-        digests = [d.split("@", 1)[1] for d in info.get("RepoDigests") or [] if d.split("@", 1)[0] == repo]
+        # RepoDigests are in Docker's short form (`ubuntu@sha256:...` for docker.io/library/ubuntu): compared as
+        # Docker normalises names, so a reference written in full is pinned too
+        want = repository_of(repo)
+        digests = [d.split("@", 1)[1] for d in info.get("RepoDigests") or []
+                   if repository_of(d.split("@", 1)[0]) == want]
         if len(digests) > 1:
             log.warning("image %s has %d digests for %s; pinning the first: %s", ref, len(digests), repo, digests[0])
         digest = digests[0] if digests else None

@@ -260,3 +260,53 @@ benchmarks: [{name: b, image: i, models: [m], batch_sizes: [1]}]
          "hosts": ["gpu-c"]},
         {"queue": None, "docker_url": "tcp://gpu-7:2376", "docker_tls_conn_id": "certs", "hosts": ["remote"]},
     ]
+
+
+class _Engine:
+    """Docker Hub's side of an engine, which this machine cannot reach: an image that is there, as `inspect` shows
+    it (RepoDigests in Docker's short form), and a pull that fails as `pull_error` says."""
+
+    base_url = "http+docker://localhost"
+
+    def __init__(self, repo_digests=(), pull_error=None):
+        self.repo_digests, self.pull_error, self.pulls = list(repo_digests), pull_error, 0
+
+    def inspect_image(self, ref):
+        return {"Id": "sha256:" + "e" * 64, "RepoDigests": self.repo_digests}
+
+    def pull(self, ref, **kwargs):
+        self.pulls += 1
+        raise self.pull_error
+
+    def info(self):
+        return {"DockerRootDir": "/"}
+
+
+@pytest.mark.parametrize("ref", ["docker.io/library/ubuntu:22.04", "library/ubuntu:22.04", "ubuntu:22.04"])
+def test_a_docker_hub_reference_written_in_full_is_pinned_to_its_digest(ref):
+    from fleetbench.images import prepare_image
+
+    digest = "sha256:" + "1" * 64
+    result = prepare_image(_Engine([f"ubuntu@{digest}"]), "u", ref, pull_policy="if-missing")
+    assert (result.digest, result.pinned_ref) == (digest, f"{ref.rsplit(':', 1)[0]}@{digest}")  # was the image id
+
+
+def test_a_connection_that_breaks_mid_pull_is_retried_and_named_not_raised():
+    import requests
+
+    from fleetbench.images import prepare_image
+
+    engine = _Engine(pull_error=requests.exceptions.ConnectionError("('Connection aborted.', RemoteDisconnected())"))
+    result = prepare_image(engine, "u", "ubuntu:22.04", pull_policy="always", attempts=3, backoff_s=0)
+    assert (result.failure_class, result.pull_attempts, engine.pulls) == ("docker_unreachable", 3, 3)
+    assert classify_pull_error(requests.exceptions.ReadTimeout("Read timed out. (read timeout=600)")) == (
+        "registry_unreachable")  # a pull that stalls at the registry
+
+
+def test_the_disk_is_measured_here_only_for_this_machines_engine():
+    from fleetbench.images import free_disk_bytes
+
+    assert free_disk_bytes(_Engine()) is not None  # a unix socket: this machine
+    ssh = _Engine()
+    ssh.base_url = "http+docker://ssh"  # docker-py's name for an ssh:// engine: another machine's disk
+    assert free_disk_bytes(ssh) is None
