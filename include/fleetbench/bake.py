@@ -151,6 +151,23 @@ def baked_tag(base_ref: str, inputs: str) -> str:
 
 
 # -- git on the worker ------------------------------------------------------------------------
+def public_url(url: str) -> str:
+    """`url` without the user and password an https URL may carry (a token: https://bot:ghp_...@host/x.git): what
+    the image's labels, its commit message, XCom, the rows, the logs and errors say of the source. Only the git
+    calls see `url` itself."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+        if parts.username is None and parts.password is None:
+            return url
+        host = parts.hostname or ""
+        host = f"[{host}]" if ":" in host else host  # IPv6
+        return urlunsplit(parts._replace(netloc=f"{host}:{parts.port}" if parts.port else host))
+    except ValueError:  # not a URL urlsplit can read (e.g. a bad port): say nothing of it
+        return "<git url>"
+
+
 def _git(*args: str, cwd: str | None = None) -> str:
     env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "true"}
     try:
@@ -158,7 +175,11 @@ def _git(*args: str, cwd: str | None = None) -> str:
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise BakeError("bake_failed", f"git {args[0]}: {exc}") from None
     if proc.returncode != 0:
-        raise BakeError("bake_failed", f"git {args[0]} exited with {proc.returncode}: {_tail(proc.stderr)}")
+        stderr = proc.stderr
+        for arg in args:  # git may print the URL as given, token and all
+            if (public := public_url(arg)) != arg:
+                stderr = stderr.replace(arg, public)
+        raise BakeError("bake_failed", f"git {args[0]} exited with {proc.returncode}: {_tail(stderr)}")
     return proc.stdout
 
 
@@ -169,7 +190,7 @@ def git_revision(url: str, branch: str) -> str:
         sha, _, ref = line.partition("\t")
         if ref == f"refs/heads/{branch}":
             return sha
-    raise BakeError("bake_failed", f"git: branch {branch!r} not found in {url}")
+    raise BakeError("bake_failed", f"git: branch {branch!r} not found in {public_url(url)}")
 
 
 # -- the harness as a tar archive for put_archive ----------------------------------------------
@@ -204,8 +225,8 @@ def bake_image(api: docker.APIClient, name: str, spec: BakeSpec, base_ref: str, 
     copies = [{"dest": c.dest, "sha256": tree_hash(p)} for c, p in sources]
     git = None
     if spec.git:
-        git = {"url": spec.git.url, "branch": spec.git.branch, "dest": spec.git.dest,
-               "revision": git_revision(spec.git.url, spec.git.branch)}
+        git = {"url": public_url(spec.git.url), "branch": spec.git.branch, "dest": spec.git.dest,
+               "revision": git_revision(spec.git.url, spec.git.branch)}  # the clone uses spec.git.url (_bake)
     inputs = inputs_hash(base_digest, copies, git, list(spec.run), spec.network)
     repo, tag = baked_repository(name), baked_tag(base_ref, inputs)
     ref = f"{repo}:{tag}"
@@ -285,7 +306,8 @@ def _bake(api: docker.APIClient, name: str, spec: BakeSpec, base_pinned_ref: str
             with tarfile.open(fileobj=buf, mode="w") as tar:
                 if git:
                     checkout = Path(tmp) / "checkout"
-                    _git("clone", "--quiet", "--depth", "1", "--branch", git["branch"], "--", git["url"], str(checkout))
+                    _git("clone", "--quiet", "--depth", "1", "--branch", git["branch"], "--", spec.git.url,
+                         str(checkout))
                     head = _git("rev-parse", "HEAD", cwd=str(checkout)).strip()
                     if head != git["revision"]:
                         raise BakeError("bake_failed", f"git: {git['branch']} moved from {git['revision'][:12]} "

@@ -310,3 +310,36 @@ def test_the_disk_is_measured_here_only_for_this_machines_engine():
     ssh = _Engine()
     ssh.base_url = "http+docker://ssh"  # docker-py's name for an ssh:// engine: another machine's disk
     assert free_disk_bytes(ssh) is None
+
+
+@pytest.mark.parametrize("url, public", [
+    ("https://ci-bot:ghp_SECRET@github.com/org/benchmarks.git", "https://github.com/org/benchmarks.git"),
+    ("https://ghp_SECRET@git.example.com:8443/org/b.git", "https://git.example.com:8443/org/b.git"),
+    ("https://github.com/tensorflow/benchmarks.git", "https://github.com/tensorflow/benchmarks.git"),
+    ("file:///srv/git/benchmarks.git", "file:///srv/git/benchmarks.git"),
+])
+def test_the_bakes_source_never_carries_the_git_urls_credentials(url, public):
+    from fleetbench.bake import public_url
+
+    assert public_url(url) == public
+
+
+def test_a_failed_git_call_does_not_print_the_token():
+    from fleetbench.bake import git_revision
+
+    with pytest.raises(BakeError) as info:  # nothing listens on port 1: git fails at once, naming the URL
+        git_revision("https://ci-bot:ghp_SECRET@127.0.0.1:1/org/benchmarks.git", "master")
+    assert "ghp_SECRET" not in str(info.value) and "ci-bot" not in str(info.value)
+
+
+def test_a_git_url_with_a_token_is_a_config_warning():
+    from fleetbench.config import config_warnings
+
+    cfg = parse_config(_config({"git": {"url": "https://ci-bot:ghp_SECRET@github.com/org/b.git", "branch": "main",
+                                        "dest": "/opt/b"}}))
+    assert [w for w in config_warnings(cfg) if "bake.git.url" in w] == [
+        "images[0].bake.git.url: carries a password or token: it stays out of the image, its labels, rows and logs, "
+        "but the config and the run's plan (XCom) hold it; use a deploy key (ssh://) or git's credential helper on "
+        "the workers"]
+    plain = parse_config(_config({"git": {"url": "https://github.com/org/b.git", "branch": "main", "dest": "/opt/b"}}))
+    assert not [w for w in config_warnings(plain) if "bake.git.url" in w]
