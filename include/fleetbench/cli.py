@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -173,13 +174,13 @@ def _write_results(args: argparse.Namespace) -> int:
             print(f"wrote {len(frame)} row(s) to {args.out}")
         return 0
     if args.format == "json":
-        json.dump(rows, sys.stdout, indent=2, default=str)
-        print()
+        _json_out(rows)
     elif args.format == "csv":
         if rows:
             from fleetbench.report.render import csv_cell  # text that starts like a formula is quoted
 
-            writer = csv.DictWriter(sys.stdout, fieldnames=list(rows[0]))
+            fields = list(dict.fromkeys(k for r in rows for k in r))  # every row's columns, in first-seen order
+            writer = csv.DictWriter(sys.stdout, fieldnames=fields, restval="")
             writer.writeheader()
             writer.writerows({k: csv_cell(v) for k, v in r.items()} for r in rows)
     else:
@@ -334,6 +335,23 @@ def _regression_settings(config: str | None):
         return RegressionSettings()
 
 
+def _finite(value):
+    """JSON has no NaN or infinity (Python writes `NaN`, `Infinity`, which other parsers refuse): null instead,
+    e.g. the bounds of a shift with too few nights for an interval (regression.compare)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _json_out(value) -> None:
+    json.dump(_finite(value), sys.stdout, indent=2, default=str, allow_nan=False)
+    print()
+
+
 def _warehouse_error(exc) -> UsageError:
     from fleetbench.warehouse import warehouse_display_url
 
@@ -361,8 +379,7 @@ def _compare(args: argparse.Namespace) -> int:
     finally:
         engine.dispose()
     if args.format == "json":
-        json.dump(rows, sys.stdout, indent=2, default=str)
-        print()
+        _json_out(rows)
     elif not rows:
         print(f"no host and case has ok results both for {args.before} and for {args.after}")
     else:
@@ -499,8 +516,7 @@ def _capacity(args: argparse.Namespace) -> int:
             known.setdefault(key_of(r), set()).add(float(r["capacity_mib"]))
     items = suggest(fit_profiles(rows, settings), settings, memory_mib, device, known)
     if args.format == "json":
-        json.dump(items, sys.stdout, indent=2, default=str)
-        print()
+        _json_out(items)
     elif not items:
         print(f"no memory readings{' of model ' + args.model if args.model else ''} in the warehouse yet")
     else:

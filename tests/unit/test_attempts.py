@@ -132,6 +132,27 @@ def test_cli_results_and_compare_across_attempts(tmp_path, monkeypatch, capsys):
                       ("b", 1): ("550.127.05", "ready", "2026-11-01T01:00:00+00:00"),
                       ("a", 2): ("590.48.01", "degraded", "2026-11-10T01:00:00+00:00"),
                       ("b", 2): ("590.48.01", "degraded", "2026-11-10T01:00:00+00:00")}
+    # one night against one: no interval; the JSON says null for its bounds (it said -Infinity/Infinity, which
+    # JSON parsers other than Python's refuse)
+    def strict(text):
+        def refuse(name):
+            raise ValueError(f"not JSON: {name}")
+        return json.loads(text, parse_constant=refuse)
+
+    assert main(["compare", "--before", "2026-11-01", "--after", "2026-11-02", "--format", "json"]) == 0
+    one = strict(capsys.readouterr().out)
+    assert one and one[0]["verdict"] == "not enough nights to tell"
+    assert one[0]["ci_low_pct"] is None and one[0]["ci_high_pct"] is None
+
+    # as CSV: current and superseded rows have the same columns (superseded ones carried an internal
+    # host_collected_at, and a CSV whose first row was a current one raised ValueError)
+    import csv
+    import io
+
+    assert main(["results", "--run-id", "night3", "--attempts", "--format", "csv"]) == 0
+    table = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert len(table) == 4 and {r["current"] for r in table} == {"True", "False"}
+    assert "host_collected_at" not in table[0] and all(None not in r for r in table)
 
 
 def test_report_counts_current_attempts_and_marks_remeasured_nights(tmp_path):

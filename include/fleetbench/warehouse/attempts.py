@@ -277,8 +277,9 @@ def fetch_attempts(engine, run_id: str | None = None, dag_id: str | None = None)
     rows = []
     for r in past:
         r.pop("id", None)
+        collected = utc(r.pop("host_collected_at"))  # popped before r is copied: a current row has no such key
         rows.append({**r, "current": False, **_check_fields(checks.get((r["dag_id"], r["run_id"], r["host"]), {})
-                                                            .get(utc(r.pop("host_collected_at"))))})
+                                                            .get(collected))})
     for r in current:
         r.pop("id", None)
         check = checks.get((r["dag_id"], r["run_id"], r["host"]), {}).get("current")
