@@ -190,12 +190,15 @@ def _ranks_per_node(row: Mapping[str, Any]) -> int:
 
 
 _FP16_FLAG = re.compile(r"^--(use_fp16|auto_mixed_precision)(?:=(.*))?$")
+_PRECISION_FLAG = re.compile(r"^--precision=(fp32|fp16|bf16)$")  # torch_synthetic's precision axis
 _FALSE = {"false", "0", "no", "off", "f", "n"}
 
 
 def precision_of(command: Sequence[str] | str | None) -> str | None:
-    """'fp16' when the tf_cnn_benchmarks command line turns on `--use_fp16` or `--auto_mixed_precision`,
-    else 'fp32' (the harness's default); None without a command. Accepts a list or its JSON text."""
+    """torch_synthetic's `--precision=fp32|fp16|bf16`; 'fp16' when the tf_cnn_benchmarks command line turns on
+    `--use_fp16` or `--auto_mixed_precision`; else 'fp32' (the harnesses' default); None without a command.
+    Accepts a list or its JSON text. (Precision splits speedup baselines and capacity profiles: a bf16 case is
+    neither scaled against nor predicted from fp32 ones.)"""
     if command is None:
         return None
     if isinstance(command, str):
@@ -206,6 +209,8 @@ def precision_of(command: Sequence[str] | str | None) -> str | None:
     if not isinstance(command, (list, tuple)):
         return None
     for arg in command:
+        if (m := _PRECISION_FLAG.match(str(arg))) is not None:
+            return m.group(1)
         m = _FP16_FLAG.match(str(arg))
         if m and (m.group(2) is None or m.group(2).strip().lower() not in _FALSE):
             return "fp16"

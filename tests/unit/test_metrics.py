@@ -193,6 +193,9 @@ def test_speedup_needs_the_same_host_batch_and_precision():
     (["python", "tf_cnn_benchmarks.py", "--use_fp16=false"], "fp32"),
     (["python", "tf_cnn_benchmarks.py", "--auto_mixed_precision=True"], "fp16"),
     ('["python", "x.py", "--use_fp16=1"]', "fp16"),  # as the warehouse stores it (JSON text)
+    (["python3", "torch_synthetic.py", "--model=resnet50", "--precision=bf16"], "bf16"),  # was fp32
+    (["python3", "torch_synthetic.py", "--precision=fp16", "--channels_last=1"], "fp16"),
+    (["python3", "torch_synthetic.py", "--precision=fp32"], "fp32"),
     (None, None),
 ])
 def test_precision_of_the_command_line(command, expected):
