@@ -163,3 +163,47 @@ def test_a_host_measured_without_a_check_has_zero_open_regressions(tmp_path):
     regs = {(dict(k)["host"], dict(k)["severity"]): v for k, v in got["fleetbench_open_regressions"].items()}
     assert regs == {("lonely", "major"): 0, ("lonely", "minor"): 0}
     assert got["fleetbench_host_verdict"] == {}
+
+
+def test_a_retired_hosts_open_regression_drops_out_with_its_results(history):
+    """gpu-a has an open regression; 60 days later only gpu-b is measured. gpu-a's results leave the window, and so
+    do its findings (its major regression was reported for ever, firing the README's example alert)."""
+    from warehouse_rows import result_row
+    from warehouse_rows import run_row as plain_run_row
+
+    later = NIGHTS[4] + timedelta(days=60)
+    when = later.isoformat()
+    store_run(history, {**plain_run_row("later", DAG), "logical_date": when},
+              [], [result_row("tf.resnet50.bs64.g1.replicated", run_id="later", host="gpu-b", logical_date=when,
+                              dag_id=DAG)])
+    got = parse(openmetrics.render(openmetrics.collect(history, now=later + timedelta(hours=1))))
+    regs = {(dict(k)["host"], dict(k)["severity"]): v for k, v in got["fleetbench_open_regressions"].items()}
+    assert regs == {("gpu-b", "major"): 0, ("gpu-b", "minor"): 0}
+    assert {dict(k)["host"] for k in got["fleetbench_images_per_second"]} == {"gpu-b"}
+
+
+def test_a_warehouse_without_tables_is_an_answer_not_an_outage(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from fleetbench.report.web import create_app
+
+    engine = get_engine(f"sqlite:///{tmp_path}/new.db")  # nothing stored yet: no tables
+    assert openmetrics.collect(engine) == []
+    with TestClient(create_app(engine_factory=lambda: engine)) as c:
+        resp = c.get("/metrics")
+    assert resp.status_code == 200 and resp.text == "# EOF\n"  # was 503 "not reachable"
+
+
+def test_a_warehouse_url_that_is_no_url_is_a_503_naming_the_setting(monkeypatch, caplog):
+    from fastapi.testclient import TestClient
+
+    from fleetbench.report.web import MISCONFIGURED, create_app
+
+    monkeypatch.delenv("FLEETBENCH_WAREHOUSE_READ_URL", raising=False)
+    monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", "notaurl")
+    with TestClient(create_app(), raise_server_exceptions=False) as c, caplog.at_level("WARNING"):
+        page, metrics = c.get("/"), c.get("/metrics")
+    assert (page.status_code, metrics.status_code) == (503, 503)  # were 500
+    assert metrics.json()["detail"] == MISCONFIGURED
+    assert "The warehouse&#x27;s URL is not valid (FLEETBENCH_WAREHOUSE_READ_URL" in page.text  # escaped in the page
+    assert "not a database URL" in caplog.text

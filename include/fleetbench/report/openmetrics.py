@@ -121,7 +121,12 @@ def latest_runs(conn, f: Filters) -> list[dict]:
 
 
 def collect(engine, f: Filters | None = None, now: datetime | None = None) -> list[Family]:
-    """Every family, read in one connection."""
+    """Every family, read in one connection. A warehouse without tables yet (nothing stored) has none: the page is
+    just `# EOF`, an answer, not an outage."""
+    from sqlalchemy import inspect
+
+    if "benchmark_results" not in inspect(engine).get_table_names():
+        return []
     f = f or Filters()
     now = now or datetime.now(timezone.utc)
     ips = Family("fleetbench_images_per_second", "Throughput of the newest ok result of each host and case.")
@@ -152,7 +157,8 @@ def collect(engine, f: Filters | None = None, now: datetime | None = None) -> li
             cost.add(labels, r["cost_usd"])
             night.add(labels, _epoch(r["logical_date"]))
         verdicts = latest_verdicts(conn, f, since)
-        found = open_regressions(conn, Filters(dag_ids=f.dag_ids)) if newest is not None else []
+        # as the results: a host without a result in the window (retired) drops out, its old findings with it
+        found = open_regressions(conn, Filters(dag_ids=f.dag_ids, since=since)) if newest is not None else []
         run_rows = latest_runs(conn, f)
     hosts = sorted(set(verdicts) | measured | {(r["dag_id"], r["host"]) for r in found})
     for dag_id, host in hosts:

@@ -43,6 +43,8 @@ TITLE = "fleetbench results"
 MAX_PARAM_LEN = 250
 UNREACHABLE = "The warehouse is not reachable: the results cannot be read now. The api-server's log has the details."
 UNREADABLE = "The warehouse could not be read: the results cannot be shown now. The api-server's log has the details."
+MISCONFIGURED = ("The warehouse's URL is not valid (FLEETBENCH_WAREHOUSE_READ_URL or FLEETBENCH_WAREHOUSE_URL): the "
+                 "results cannot be read. The api-server's log has the details.")
 
 
 def filters_from(request: Request) -> tuple[Filters, dict[str, str]]:
@@ -98,9 +100,13 @@ def create_app(engine_factory: Callable | None = None, readable_dags: Callable =
         with lock:
             if "engine" not in state:
                 if engine_factory is None:
-                    from fleetbench.warehouse import get_engine, warehouse_read_url
+                    from fleetbench.warehouse import WarehouseURLError, get_engine, warehouse_read_url
 
-                    state["engine"] = get_engine(warehouse_read_url())
+                    try:
+                        state["engine"] = get_engine(warehouse_read_url())
+                    except WarehouseURLError as exc:  # the message names no password
+                        log.warning("fleetbench view: %s", exc)
+                        raise HTTPException(503, MISCONFIGURED) from None
                 else:
                     state["engine"] = engine_factory()
             return state["engine"]
