@@ -133,8 +133,15 @@ def plan_cleanup(containers: list[dict], images: list[dict], now: float, contain
                 kept.append({"id": img["Id"], "tags": tags,
                              "reason": f"superseded {age:.0f} s old, younger than {image_max_age_s:.0f} s"})
             else:
-                remove_i.append({"id": img["Id"], "tags": tags,
-                                 "reason": f"superseded bake of {name}, {age:.0f} s old"})
+                # fleetbench's own tags of it (`[registry/]fleetbench/<name>:...`) go; a tag someone else gave it
+                # (`docker tag ... teamb/harness:prod`) keeps the image
+                own = re.compile(rf"^(.+/)?fleetbench/{re.escape(name)}:")
+                theirs = [t for t in tags if not own.match(t)]
+                reason = f"superseded bake of {name}, {age:.0f} s old"
+                if theirs:
+                    reason += f"; only fleetbench's tags removed, the image stays for {', '.join(theirs)}"
+                remove_i.append({"id": img["Id"], "tags": [t for t in tags if own.match(t)], "reason": reason,
+                                 "keep_image": bool(theirs)})
     return remove_c, remove_i, kept
 
 
@@ -217,6 +224,9 @@ def clean_engine(api: docker.APIClient, container_max_age_s: float = 24 * 3600, 
         try:
             for tag in img["tags"]:  # untag one by one (no force): the last untag deletes the image
                 api.remove_image(tag)
+            if img.get("keep_image"):  # tagged by someone else too: their tag keeps it
+                report.removed_images.append(img)
+                continue
             try:
                 api.remove_image(img["id"])
             except NotFound:

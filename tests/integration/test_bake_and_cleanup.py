@@ -232,6 +232,25 @@ def _exists(api, kind: str, ref: str) -> bool:
         return False
 
 
+def test_cleanup_leaves_a_superseded_bake_that_someone_else_tagged(docker_api, smoke_image, scope):
+    """`docker tag <an old bake> teamb/...:prod`: cleanup removes fleetbench's tags of it, and the image stays for
+    the other team's tag (cleanup removed every tag, then the image)."""
+    api = docker_api
+    name = unique("test-theirs")
+    old, new = (prepare(api, bake_spec(name, smoke_image, run=["sh", "-c", f"echo {i} > /v"]), extra_labels=scope)
+                for i in (1, 2))
+    assert old.ok and new.ok, (old.error, new.error)
+    theirs = f"other/{name}-harness"
+    api.tag(old.baked_id, theirs, "prod")
+    try:
+        report = clean_engine(api, 0, 0, scope=scope)
+        assert report.errors == [] and [i["id"] for i in report.removed_images] == [old.baked_id]
+        assert api.inspect_image(old.baked_id)["RepoTags"] == [f"{theirs}:prod"]  # only fleetbench's tags went
+        assert _exists(api, "image", new.baked_id)
+    finally:
+        api.remove_image(f"{theirs}:prod")
+
+
 def test_cleanup_removes_only_stopped_fleetbench_containers_and_superseded_bakes(
         docker_api, smoke_image, scope, airflow_db, tmp_path, monkeypatch):
     api = docker_api

@@ -217,6 +217,13 @@ def test_cleanup_plan_removes_only_old_superseded_bakes_and_stopped_fleetbench_c
     rc, ri, _ = plan_cleanup(containers, [old, current], now, 3600, 3600, scope={"org.fleetbench.run_id": "other"})
     assert rc == [] and ri == []
 
+    # a superseded bake someone else tagged too (`docker tag ... teamb/tf-harness:prod`): only fleetbench's tags go,
+    # the image stays for theirs (every tag and then the image were removed)
+    shared = {**old, "RepoTags": [*old["RepoTags"], "teamb/tf-harness:prod"]}
+    _, ri, _ = plan_cleanup([], [shared, current], now, 3600, 3600)
+    assert [(i["id"], i["tags"], i["keep_image"]) for i in ri] == [("sha256:old", sorted(old["RepoTags"]), True)]
+    assert ri[0]["reason"].endswith("only fleetbench's tags removed, the image stays for teamb/tf-harness:prod")
+
 
 def test_cleanup_plan_stops_case_containers_running_past_their_timeout():
     """An orphan of a SIGKILLed worker: running, with a run mark and its own timeout label, for longer than
