@@ -45,6 +45,10 @@ PREDICTED_OOM = "predicted_oom"
 MAD_TO_SIGMA = 1.4826
 SPREAD_SIGMAS = 3.0
 SPREAD_FLOOR = 0.02  # of the median reading: no reading is more exact than that (page cache, allocator slack)
+# A reading this close to its device's memory is what the framework reserved, not what the batch needed: TensorFlow
+# takes nearly all of a GPU up front unless told to grow (TF_FORCE_GPU_ALLOW_GROWTH=true, tf_cnn_benchmarks
+# --allow_growth). A profile whose every reading is that is no line: fitted, it predicted every batch an OOM.
+AT_CAPACITY = 0.95
 _BYTES = re.compile(r"^([0-9]+)([bkmgBKMG]?)$")
 _UNIT = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 
@@ -91,6 +95,8 @@ class Profile:
     ooms: dict[float, int] = field(default_factory=dict)  # capacity MiB -> smallest batch that OOMed with it
     misses: list[dict] = field(default_factory=list)  # OOM rows whose prediction said the case fits
     dropped: dict[str, int] = field(default_factory=dict)  # readings left out, by why
+    at_capacity: int = 0  # points at AT_CAPACITY of their device's memory or more (of those whose memory is known)
+    capacity_known: int = 0
     slope: float | None = None  # MiB per sample of per-device batch
     intercept: float | None = None  # MiB
     spread_mib: float | None = None
@@ -157,6 +163,11 @@ def fit(profile: Profile, settings: Settings) -> Profile:
     profile.points = profile.points[: settings.window]
     if profile.n < max(2, settings.min_points):
         profile.reason = f"{profile.n} usable point(s), fewer than min_points {max(2, settings.min_points)}"
+    elif profile.capacity_known and profile.at_capacity == profile.capacity_known:
+        profile.reason = (f"every reading is at its device's memory ({profile.at_capacity} of {profile.capacity_known} "
+                          f"within {100 - AT_CAPACITY * 100:g} %): the framework reserved the memory up front, so "
+                          "the readings say nothing of what a batch needs (TensorFlow: set TF_FORCE_GPU_ALLOW_GROWTH="
+                          "true in the benchmark's container.environment)")
     elif len(profile.batches) < 2:
         profile.reason = f"every point is at one batch size ({profile.batches[0]}): no slope"
     else:
@@ -203,6 +214,9 @@ def fit_profiles(rows: Iterable[Mapping[str, Any]], settings: Settings = Setting
             p.dropped[why] = p.dropped.get(why, 0) + 1
             continue
         p.points.append((batch, value))
+        if (cap := valid_mib(row.get("capacity_mib"))) is not None:
+            p.capacity_known += 1
+            p.at_capacity += value >= AT_CAPACITY * cap
     return {k: fit(p, settings) for k, p in profiles.items()}
 
 

@@ -97,6 +97,21 @@ def test_bad_input_gives_no_prediction_with_the_reason(rows, reason):
     assert reason in p.explain()
 
 
+def test_readings_at_the_devices_memory_are_no_profile():
+    """TensorFlow reserves nearly all of a GPU unless told to grow: every reading sits at the card's memory,
+    whatever the batch. Fitted, that line predicted every batch an OOM and skipped every case from the second
+    night; it is no prediction, saying why, and the cases run."""
+    card = 81920.0
+    flat = [row(b, card - 1500 + b / 10, capacity_mib=card) for b in (32, 64, 128, 256) for _ in range(2)]
+    p = fit_profiles(flat)[KEY]
+    assert not p.fitted and "every reading is at its device's memory (8 of 8 within 5 %)" in p.reason
+    assert "TF_FORCE_GPU_ALLOW_GROWTH=true" in p.reason
+    grown = [row(b, 2000 + 250 * b, capacity_mib=card) for b in (32, 64, 128, 256)]  # with allow_growth: a line
+    assert fit_profiles(grown)[KEY].fitted
+    mixed = flat + [row(16, 6000.0, capacity_mib=card)]  # one reading below: the line stands
+    assert fit_profiles(mixed)[KEY].fitted
+
+
 def test_bad_readings_are_dropped_and_counted():
     p = fit_profiles(line([8, 16, 32]) + [row(64, -1.0), row(64, 1e12), row(64, float("inf"))])[KEY]
     assert p.n == 3 and p.slope == 40.0
