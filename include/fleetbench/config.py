@@ -501,9 +501,14 @@ class BenchmarkSpec(_Model):
     rendezvous_timeout_s: int = Field(300, ge=10, le=MAX_TIMEOUT_S)
 
     def container_settings(self) -> ContainerSpec:
-        if self.container is not None:
+        """The benchmark's `container`; a GPU benchmark's takes NGC's shm_size and ulimits where it does not set
+        them itself (a `container` with only an environment variable dropped them: a 64 MB /dev/shm for NCCL)."""
+        if self.container is None:
+            return NGC_GPU_CONTAINER if self.device == "gpu" else ContainerSpec()
+        if self.device != "gpu":
             return self.container
-        return NGC_GPU_CONTAINER if self.device == "gpu" else ContainerSpec()
+        return self.container.model_copy(update={k: getattr(NGC_GPU_CONTAINER, k) for k in ("shm_size", "ulimits")
+                                                 if not getattr(self.container, k)})  # unset: None, {}
 
     @model_validator(mode="after")
     def _cpu_needs_no_gpus(self) -> "BenchmarkSpec":

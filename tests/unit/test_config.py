@@ -404,3 +404,20 @@ def test_load_config_once_reports_a_bad_file_on_every_parse(tmp_path):
         load_config_once(tmp_path / "missing.yaml")
     _fleet_file(path, "gpu-05")  # fixed: read
     assert [h.name for h in load_config_once(path).hosts] == ["gpu-05"]
+
+
+def test_a_gpu_benchmarks_container_keeps_ngcs_flags_it_does_not_set():
+    """`container: {environment: ...}` on a GPU benchmark (e.g. TF_FORCE_GPU_ALLOW_GROWTH) keeps NGC's shm_size and
+    ulimits (it dropped them: Docker's 64 MB /dev/shm for NCCL), also after the run's parameters are applied."""
+    from fleetbench.params import apply_params
+
+    data = good()
+    data["benchmarks"][0]["container"] = {"environment": {"TF_FORCE_GPU_ALLOW_GROWTH": "true"}}
+    for cfg in (parse_config(data), apply_params(parse_config(data), {"num_batches": 5})):
+        c = cfg.benchmarks[0].container_settings()
+        assert (c.shm_size, c.ulimits) == ("1g", {"memlock": -1, "stack": 67108864})
+        assert c.environment == {"TF_FORCE_GPU_ALLOW_GROWTH": "true"}
+    data["benchmarks"][0]["container"] = {"shm_size": "8g", "ulimits": {"nofile": 65536}}
+    c = parse_config(data).benchmarks[0].container_settings()
+    assert (c.shm_size, c.ulimits) == ("8g", {"nofile": 65536})  # what it sets is its own
+
