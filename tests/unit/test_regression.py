@@ -523,3 +523,38 @@ def test_assess_series_gives_the_night_by_night_findings(seed, monkeypatch):
     slow = _night_by_night(rows, accepted, "t")
     monkeypatch.undo()
     assert repr(fast) == repr(slow)
+
+
+def _night_finding(run_id: str, metric: str, severity: str, status: str = "confirmed", **extra) -> dict:
+    return {"dag_id": "fleet_benchmark", "run_id": run_id, "host": "h1", "case_key": "c", "metric": metric,
+            "direction": "higher" if metric == "images_per_sec" else "lower", "baseline_value": 100.0, "value": 85.0,
+            "delta_pct": -15.0, "z_score": -9.0, "p_value": None, "baseline_n": 7, "baseline_window": [],
+            "changes": {}, "severity": severity, "detected_at": "2026-12-02T03:00:00+00:00", "kind": "regression",
+            "status": status, "same_change_as": None, **extra}
+
+
+@pytest.mark.parametrize("yesterday, tonight, mailed", [
+    ([], [("images_per_sec", "major")], True),                                     # newly confirmed, major
+    ([("images_per_sec", "minor")], [("images_per_sec", "major")], True),          # turned major: mailed now (never)
+    ([("images_per_sec", "major")], [("images_per_sec", "major")], False),         # mailed yesterday
+    ([("duration_s", "major")], [("images_per_sec", "major")], False),             # same change, other metric (twice)
+    ([("images_per_sec", "major", "suspected")], [("images_per_sec", "major")], True),  # confirmed tonight
+    ([], [("images_per_sec", "minor")], False),                                    # below min_severity
+])
+def test_each_change_is_mailed_once_the_first_night_it_is_confirmed_at_the_minimum_severity(
+        tmp_path, yesterday, tonight, mailed):
+    from fleetbench.regression import store_findings
+    from fleetbench.regression.store import to_mail
+    from fleetbench.warehouse import get_engine, store_run, upgrade
+    from warehouse_rows import result_row, run_row
+
+    engine = get_engine(f"sqlite:///{tmp_path}/w.db")
+    upgrade(engine)
+    for night, findings in ((1, yesterday), (2, tonight)):
+        when = f"2026-12-0{night}T02:00:00+00:00"
+        store_run(engine, {**run_row(f"n{night}"), "logical_date": when}, [],
+                  [result_row("c", run_id=f"n{night}", logical_date=when)])
+        store_findings(engine, "fleet_benchmark", f"n{night}",
+                       [_night_finding(f"n{night}", *f) for f in findings])
+    night2 = [_night_finding("n2", *f) for f in tonight]
+    assert bool(to_mail(engine, "fleet_benchmark", night2, "major")) is mailed

@@ -293,6 +293,7 @@ def detect_regressions(plan, stored: dict, triggered_by: str | None = None) -> d
     from fleetbench.notify import notify
     from fleetbench.params import accept_targets
     from fleetbench.regression import accept_many, assess_run, describe, store_findings
+    from fleetbench.regression.store import to_mail
     from fleetbench.warehouse import get_engine
 
     run = RunPlan.load(plan).run
@@ -332,8 +333,16 @@ def detect_regressions(plan, stored: dict, triggered_by: str | None = None) -> d
     for f in result.regressions:
         if f["status"] == "suspected":
             log.info("suspected (one night, not confirmed): %s", describe(f))
-    # Mailed: regressions confirmed on this night for the first time, once per change (not again as cost, energy).
-    news = [f for f in confirmed if f.get("newly_confirmed") and not f.get("same_change_as")]
+    # Mailed: each change once, the first night it is confirmed at notify.min_severity or worse (not again as cost
+    # or energy, nor the next night through another metric): fleetbench.regression.store.to_mail
+    if fleet.notify is not None:
+        engine = get_engine()
+        try:
+            news = to_mail(engine, run.dag_id, confirmed, fleet.notify.min_severity)
+        finally:
+            engine.dispose()
+    else:
+        news = [f for f in confirmed if f.get("newly_confirmed") and not f.get("same_change_as")]
     sent = notify(news, fleet.notify, run.to_xcom())
     if unmatched:
         raise NothingToAccept("accept_baselines: " + "; ".join(
@@ -341,7 +350,8 @@ def detect_regressions(plan, stored: dict, triggered_by: str | None = None) -> d
     return {
         "run_id": run.run_id, "checked": result.checked, "insufficient_history": len(result.insufficient_history),
         "regressions": len(confirmed), "changes": sum(1 for f in confirmed if not f.get("same_change_as")),
-        "newly_confirmed": len(news), "major": sum(1 for f in confirmed if f["severity"] == "major"),
+        "newly_confirmed": sum(1 for f in confirmed if f.get("newly_confirmed") and not f.get("same_change_as")),
+        "major": sum(1 for f in confirmed if f["severity"] == "major"),
         "suspected": sum(1 for f in result.regressions if f["status"] == "suspected"),
         "improvements": len(result.improvements), "mailed": sent["mailed"], "accepted": accepted,
         "findings": [{k: (round(f[k], 3) if isinstance(f[k], float) else f[k])

@@ -317,6 +317,42 @@ def group_findings(findings: list[dict], primary: str | None = "images_per_sec")
                     first[key] = metric
 
 
+def to_mail(engine, dag_id: str, findings: Sequence[Mapping[str, Any]], min_severity: str) -> list[Mapping[str, Any]]:
+    """The night's findings to mail: each confirmed change once (the first metric of its chain, `group_findings`),
+    at `min_severity` or worse, on the first night it is that, unless it was mailed already: the case's previous
+    night (its newest earlier ok result) had a confirmed finding of the same kind at `min_severity` or worse,
+    through any metric. So a change first confirmed as minor is mailed the night it turns major (with min_severity
+    major it was never mailed), and one confirmed through duration_s one night and through images/sec the next is
+    mailed once (it was mailed twice)."""
+    from sqlalchemy import and_, select
+
+    from fleetbench.regression.detect import SEVERITIES
+    from fleetbench.warehouse.schema import benchmark_results as br
+    from fleetbench.warehouse.schema import regressions as rg
+
+    floor = SEVERITIES.index(min_severity)
+    candidates = [f for f in findings if f["status"] == "confirmed" and not f.get("same_change_as")
+                  and SEVERITIES.index(f["severity"]) >= floor]
+    if not candidates:
+        return []
+    out = []
+    with engine.connect() as conn:
+        for f in candidates:
+            tonight = (select(br.c.logical_date).where(br.c.dag_id == dag_id, br.c.run_id == f["run_id"],
+                                                       br.c.host == f["host"], br.c.case_key == f["case_key"])
+                       .scalar_subquery())
+            previous = (select(br.c.run_id).where(br.c.dag_id == dag_id, br.c.host == f["host"],
+                                                  br.c.case_key == f["case_key"], br.c.status == "ok",
+                                                  br.c.logical_date < tonight)
+                        .order_by(br.c.logical_date.desc()).limit(1).scalar_subquery())
+            before = conn.execute(select(rg.c.severity).where(and_(
+                rg.c.dag_id == dag_id, rg.c.run_id == previous, rg.c.host == f["host"],
+                rg.c.case_key == f["case_key"], rg.c.kind == f["kind"], rg.c.status == "confirmed"))).scalars().all()
+            if not any(s in SEVERITIES and SEVERITIES.index(s) >= floor for s in before):
+                out.append(f)
+    return out
+
+
 def _db_row(finding: Mapping[str, Any]) -> dict:
     from fleetbench.warehouse.schema import regressions
 
