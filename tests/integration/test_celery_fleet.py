@@ -111,15 +111,20 @@ def test_tls_engine_is_reached_only_with_the_connection_certificates(certs, tls_
         return {"name": "remote", "connection": SSH_CONN, "docker_url": tls_engine.url, "docker_tls_conn_id": conn_id,
                 "needs": {"gpus": 0, "image_cuda": None}, "images": [image]}
 
-    # Validation probes the host itself over SSH, its docker CLI included: the TLS engine and its
-    # certificates take no part (an incomplete TLS connection does not change the verdict).
+    # Validation probes the host itself over SSH, its docker CLI included; the TLS engine is asked only for its ID,
+    # with the connection's certificates, to check it is the host's own engine (check `engine`). An incomplete TLS
+    # connection does not change the verdict (the engine is not asked; the image step names the problem).
     verdict = pipeline.validate_host(host(TLS_CONN), run)
     assert verdict["verdict"] == "ready", verdict
     checks = {c["name"]: c for c in verdict["checks"]}
     assert checks["reachable"]["detail"] == f"probes ran (ssh:{SSH_CONN})"
+    assert checks["engine"] == {"name": "engine", "status": "pass",
+                                "detail": "docker_url is the host's own Docker engine"}
     assert verdict["facts"]["docker_version"] == docker_api.version()["Version"]
-    assert pipeline.validate_host(host("fb_docker_tls_half"), run)["verdict"] == "ready"
-    assert tls_engine.clients == []
+    assert tls_engine.clients == ["fleetbench-central-worker"]
+    half_verdict = pipeline.validate_host(host("fb_docker_tls_half"), run)
+    assert half_verdict["verdict"] == "ready" and "engine" not in {c["name"] for c in half_verdict["checks"]}
+    assert tls_engine.clients == ["fleetbench-central-worker"]
 
     # Pull and pin go through the TLS engine, with the connection's certificates (PEM text or file paths).
     prepared = {}
