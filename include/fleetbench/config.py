@@ -786,8 +786,11 @@ def config_warnings(cfg: FleetConfig) -> list[str]:
                             "(fleet.host_pools); within fleet_benchmark they never overlap a host's other cases, "
                             "but another DAG's task in a spanned host's pool can")
     for i, image in enumerate(cfg.images):
-        url = image.bake.git.url if image.bake and image.bake.git else ""
-        if "@" in url.split("://", 1)[-1].split("/", 1)[0] and ":" in url.split("://", 1)[-1].split("@", 1)[0]:
+        if not (image.bake and image.bake.git):
+            continue
+        from fleetbench.bake import public_url  # the CLI's config check only: bake imports docker
+
+        if public_url(image.bake.git.url) != image.bake.git.url:  # a user, a password or a bare token
             warnings.append(f"images[{i}].bake.git.url: carries a password or token: it stays out of the image, its "
                             "labels, rows and logs, but the config and the run's plan (XCom) hold it; use a deploy "
                             "key (ssh://) or git's credential helper on the workers")

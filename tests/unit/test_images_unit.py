@@ -348,5 +348,8 @@ def test_a_git_url_with_a_token_is_a_config_warning():
         "images[0].bake.git.url: carries a password or token: it stays out of the image, its labels, rows and logs, "
         "but the config and the run's plan (XCom) hold it; use a deploy key (ssh://) or git's credential helper on "
         "the workers"]
+    bare = parse_config(_config({"git": {"url": "https://ghp_SECRET@github.com/org/b.git", "branch": "main",
+                                         "dest": "/opt/b"}}))
+    assert [w for w in config_warnings(bare) if "bake.git.url" in w]  # a token alone, without a user
     plain = parse_config(_config({"git": {"url": "https://github.com/org/b.git", "branch": "main", "dest": "/opt/b"}}))
     assert not [w for w in config_warnings(plain) if "bake.git.url" in w]

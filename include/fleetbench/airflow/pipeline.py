@@ -320,6 +320,10 @@ def detect_regressions(plan, stored: dict, triggered_by: str | None = None) -> d
                     accepted.append(f"{a['host']}/{a['case_key']} since {a['since'].isoformat()}")
             result = assess_run(engine, run.dag_id, run.run_id, fleet.regressions)
             store_findings(engine, run.dag_id, run.run_id, result.findings)
+        # Mailed: each change once, the first night it is confirmed at notify.min_severity or worse (not again as
+        # cost or energy, nor the next night through another metric): fleetbench.regression.store.to_mail
+        news = (to_mail(engine, run.dag_id, result.confirmed, fleet.notify.min_severity) if fleet.notify is not None
+                else [f for f in result.confirmed if f.get("newly_confirmed") and not f.get("same_change_as")])
     finally:
         engine.dispose()
     confirmed = result.confirmed
@@ -333,16 +337,6 @@ def detect_regressions(plan, stored: dict, triggered_by: str | None = None) -> d
     for f in result.regressions:
         if f["status"] == "suspected":
             log.info("suspected (one night, not confirmed): %s", describe(f))
-    # Mailed: each change once, the first night it is confirmed at notify.min_severity or worse (not again as cost
-    # or energy, nor the next night through another metric): fleetbench.regression.store.to_mail
-    if fleet.notify is not None:
-        engine = get_engine()
-        try:
-            news = to_mail(engine, run.dag_id, confirmed, fleet.notify.min_severity)
-        finally:
-            engine.dispose()
-    else:
-        news = [f for f in confirmed if f.get("newly_confirmed") and not f.get("same_change_as")]
     sent = notify(news, fleet.notify, run.to_xcom())
     if unmatched:
         raise NothingToAccept("accept_baselines: " + "; ".join(
