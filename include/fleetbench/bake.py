@@ -254,12 +254,36 @@ def bake_image(api: docker.APIClient, name: str, spec: BakeSpec, base_ref: str, 
         if not check_disk(probe, min_free_gb, free if free is not None else free_bytes_hint, "baking"):
             raise BakeError(probe.failure_class, probe.error)
         image_id = _bake(api, name, spec, base_pinned_ref, sources, git, repo, tag, labels, source, revision)
-    api.tag(image_id, repo, "current", force=True)  # what cleanup keeps: the image this name last prepared
+    make_current(api, repo, image_id)
     result = BakeResult(ref=ref, image_id=image_id, cache_hit=cache_hit, inputs=inputs, source=source,
                         revision=revision, labels=labels)
     if spec.push_to:
         result.pushed_ref = push(api, image_id, f"{spec.push_to}/{repo}", tag, push_auth_config)
     return result
+
+
+SUPERSEDED_TAG = "superseded-"  # + when the bake stopped being `current` (Unix time) + its ID: cleanup ages from then
+
+
+def make_current(api: docker.APIClient, repo: str, image_id: str) -> None:
+    """Tag `image_id` `<repo>:current` (the bake cleanup keeps). The bake that was current until now gets
+    `<repo>:superseded-<unix time>-<id12>`: cleanup ages a superseded bake from that moment, not from its build, so a
+    run that pinned it before this bake (and still has cases to run) keeps its image for `image_max_age_h`."""
+    try:
+        previous = api.inspect_image(f"{repo}:current")
+    except NotFound:
+        previous = None
+    if previous is not None and previous["Id"] != image_id:
+        stale = [t for t in previous.get("RepoTags") or [] if t.startswith(f"{repo}:{SUPERSEDED_TAG}")]
+        # the image's own ID in the tag: two bakes superseded within a second must not share (and move) one tag
+        short = previous["Id"].split(":", 1)[-1][:12]
+        api.tag(previous["Id"], repo, f"{SUPERSEDED_TAG}{int(time.time())}-{short}", force=True)
+        for tag in stale:  # one stamp per image: the latest supersession counts
+            try:
+                api.remove_image(tag)
+            except (NotFound, APIError):
+                pass
+    api.tag(image_id, repo, "current", force=True)
 
 
 def _cached(api: docker.APIClient, ref: str, inputs: str) -> str | None:

@@ -15,7 +15,9 @@ started from one, whoever started it. So the rules look for marks only fleetbenc
   is the deterministic bake tag `[registry/]fleetbench/<name>:<...>-<inputs[:12]>` (an image built
   FROM a baked image inherits the labels, not the tag). Per image name, the one tagged
   `fleetbench/<name>:current` (else the newest) is kept; the others are *superseded* and removed
-  when older than the image age limit and not used by any container.
+  when not used by any container and superseded longer ago than the image age limit: aged from the
+  `fleetbench/<name>:superseded-<unix time>-<id12>` tag the next bake gave it when it took `current` (else from
+  its build), so a run that pinned a bake before a newer one took over keeps its image.
 
 `scope` narrows everything to objects carrying all the given labels (one DAG's, one test's).
 The decisions are pure functions over the engine's listings (`plan_cleanup`), so they are tested
@@ -123,7 +125,7 @@ def plan_cleanup(containers: list[dict], images: list[dict], now: float, contain
         current = current or max(group, key=lambda i: i.get("Created", 0))
         for img in group:
             tags = sorted(img.get("RepoTags") or [])
-            age = now - img.get("Created", now)
+            age = now - max(img.get("Created", now), superseded_at(img, name) or 0)
             if img is current:
                 kept.append({"id": img["Id"], "tags": tags, "reason": f"current bake of {name}"})
             elif img["Id"] in in_use:
@@ -143,6 +145,14 @@ def plan_cleanup(containers: list[dict], images: list[dict], now: float, contain
                 remove_i.append({"id": img["Id"], "tags": [t for t in tags if own.match(t)], "reason": reason,
                                  "keep_image": bool(theirs)})
     return remove_c, remove_i, kept
+
+
+def superseded_at(image: dict, name: str) -> float | None:
+    """When the bake stopped being `current` (its `fleetbench/<name>:superseded-<unix time>-<id12>` tag, see
+    `bake.make_current`); None for a bake superseded before fleetbench stamped that (aged by its build time)."""
+    stamp = re.compile(rf"^(.+/)?fleetbench/{re.escape(name)}:superseded-(\d+)(-[0-9a-f]+)?$")
+    times = [int(m.group(2)) for m in map(stamp.match, image.get("RepoTags") or []) if m]
+    return max(times) if times else None
 
 
 def _overdue(c: dict, grace_s: float) -> str | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -259,6 +260,11 @@ def test_cleanup_removes_only_stopped_fleetbench_containers_and_superseded_bakes
              for i in (1, 2, 3)]
     assert all(b.ok for b in bakes), [b.error for b in bakes]
     v1, v2, v3 = (b.baked_id for b in bakes)  # v3 is current
+    # each took `current` from the one before, which got its one stamp of when (cleanup ages it from then)
+    stamps = {v: [t for t in api.inspect_image(v)["RepoTags"] if t.startswith(f"fleetbench/{name}:superseded-")]
+              for v in (v1, v2, v3)}
+    assert len(stamps[v1]) == len(stamps[v2]) == 1 and stamps[v3] == [], stamps
+    assert abs(int(stamps[v2][0].rsplit("-", 2)[1]) - time.time()) < 300 and stamps[v2][0].endswith(v2[7:19])
     helper = _container(api, v3, scope)
     child = api.commit(helper, repository=f"other/{name}-child", tag="1")["Id"]  # an image FROM a bake, made by someone
     api.remove_container(helper)

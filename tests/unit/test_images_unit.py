@@ -225,6 +225,23 @@ def test_cleanup_plan_removes_only_old_superseded_bakes_and_stopped_fleetbench_c
     assert ri[0]["reason"].endswith("only fleetbench's tags removed, the image stays for teamb/tf-harness:prod")
 
 
+def test_a_superseded_bake_is_aged_from_when_it_stopped_being_current():
+    """A bake built 30 days ago that a newer bake superseded an hour ago may still be pinned by a run in progress:
+    it stays for the image age limit from its `superseded-<unix time>` stamp (it was removed by its build time)."""
+    now = 10_000_000
+    old = _baked("sha256:old", "tf1", "a" * 64, now - 30 * 86400,
+                 ["fleetbench/tf1:23.03-aaaaaaaaaaaa", f"fleetbench/tf1:superseded-{now - 3600}-0123456789ab"])
+    current = _baked("sha256:cur", "tf1", "b" * 64, now - 3600, ["fleetbench/tf1:23.03-bbbbbbbbbbbb",
+                                                               "fleetbench/tf1:current"])
+    unstamped = _baked("sha256:older", "tf1", "c" * 64, now - 30 * 86400, ["fleetbench/tf1:23.03-cccccccccccc"])
+    _, ri, kept = plan_cleanup([], [old, current, unstamped], now, 3600, image_max_age_s=7 * 86400)
+    assert [i["id"] for i in ri] == ["sha256:older"]  # no stamp: aged by its build, as before
+    assert {k["id"]: k["reason"] for k in kept}["sha256:old"] == "superseded 3600 s old, younger than 604800 s"
+    # past the limit from the stamp it goes, with its stamp tag
+    _, ri, _ = plan_cleanup([], [old, current], now + 7 * 86400, 3600, image_max_age_s=7 * 86400)
+    assert [(i["id"], i["tags"]) for i in ri] == [("sha256:old", sorted(old["RepoTags"]))]
+
+
 def test_cleanup_plan_stops_case_containers_running_past_their_timeout():
     """An orphan of a SIGKILLed worker: running, with a run mark and its own timeout label, for longer than
     the timeout plus the grace. A case still within it, or a container without the label, is kept."""
