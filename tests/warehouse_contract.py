@@ -167,8 +167,8 @@ def check_capacity_features(engine):
 
 def check_capacity_reads_profiles_bounds_and_misses(engine):
     """`capacity.read_rows`: ok readings newest first, each profile per harness (a torch_synthetic resnet50 is not
-    a tf_cnn_benchmarks one), one bound per OOM memory size with its smallest batch, every miss as stored, and
-    only the DAGs asked for; the profile fitted from them is the one the rows make."""
+    a tf_cnn_benchmarks one), one bound row per OOM memory size and batch with its newest night, every miss as
+    stored, and only the DAGs asked for; the profile fitted from them is the one the rows make."""
     from fleetbench.capacity import Settings, fit_profiles, read_rows
 
     upgrade(engine)
@@ -188,9 +188,10 @@ def check_capacity_reads_profiles_bounds_and_misses(engine):
               [dict(result_row("x", run_id="r2", model="vgg16", peak_gpu_mem_mib=9000.0), dag_id="other")], [])
 
     got = read_rows(engine, ["resnet50"])
-    # 6 readings, 2 bounds (40960 MiB: batch 512; 81920 MiB: the miss, stored without a precision: by its
-    # command), 1 miss
-    assert {r["model"] for r in got} == {"resnet50"} and len(got) == 6 + 2 + 1
+    # 6 readings, 3 bound rows (40960 MiB: batches 512 and 1024; 81920 MiB: the miss, stored without a precision:
+    # by its command), 1 miss
+    assert {r["model"] for r in got} == {"resnet50"} and len(got) == 6 + 3 + 1
+    assert {r["logical_date"] is not None for r in got} == {True}
     profiles = fit_profiles(got, Settings())
     tf = profiles[("tf_cnn_benchmarks", "resnet50", "fp32", "gpu")]
     torch = profiles[("torch_synthetic", "resnet50", "fp32", "gpu")]

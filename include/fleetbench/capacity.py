@@ -9,7 +9,8 @@ median intercept) because a handful of nightly readings is all a profile has, an
 hand. Next to the line: how many points, at how many batch sizes, and the residual spread
 (`spread_mib`, 3 x 1.4826 x the median absolute residual, at least 2 % of the median reading), so
 a prediction is `predicted_mib +- spread_mib`. And the smallest batch known to have died of OOM per
-memory size (`ooms`): an OOM at batch b with C MiB means every batch >= b OOMs on C MiB or less.
+memory size (`ooms`): an OOM at batch b with C MiB means every batch >= b OOMs on C MiB or less, unless an
+ok result of a later night (a `force_cases` rerun, a night after a fix) ran batch b or more on C MiB or less.
 
 The plan asks `assess` for each case on a host whose memory is known (the container's `mem_limit`
 for a CPU case; the GPUs' memory from the host's last stored facts for a GPU case). The case is
@@ -187,17 +188,18 @@ def fit(profile: Profile, settings: Settings) -> Profile:
 def fit_profiles(rows: Iterable[Mapping[str, Any]], settings: Settings = Settings()) -> dict[Key, Profile]:
     """Profiles from result rows (newest first: the window keeps the newest points)."""
     profiles: dict[Key, Profile] = {}
+    rows = [r for r in rows if isinstance(b := r.get("batch_size_per_device"), int) and not isinstance(b, bool)
+            and b >= 1]
+    ran = _ok_runs(rows)
     for row in rows:
-        batch = row.get("batch_size_per_device")
-        if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
-            continue
+        batch = row["batch_size_per_device"]
         key = key_of(row)
         p = profiles.setdefault(key, Profile(key))
         if row.get("failure_class") in OOM_CLASSES:
             if row.get("failure_class") != PROFILED_OOM.get(key[3]):
                 continue  # another memory ran out: no bound on this profile's
             cap = valid_mib(row.get("capacity_mib"))
-            if cap is not None:
+            if cap is not None and not _ran_since(ran.get(key, ()), batch, cap, row.get("logical_date")):
                 p.ooms[cap] = min(batch, p.ooms.get(cap, batch))
             if str(row.get("capacity_note") or "").startswith("fits"):
                 p.misses.append({k: row.get(k) for k in ("run_id", "host", "case_key", "batch_size_per_device",
@@ -218,6 +220,24 @@ def fit_profiles(rows: Iterable[Mapping[str, Any]], settings: Settings = Setting
             p.capacity_known += 1
             p.at_capacity += value >= AT_CAPACITY * cap
     return {k: fit(p, settings) for k, p in profiles.items()}
+
+
+def _ok_runs(rows: list[Mapping[str, Any]]) -> dict[Key, list[tuple[int, float, Any]]]:
+    """(batch, capacity MiB, logical date) of each ok result with a known capacity, per profile."""
+    ran: dict[Key, list[tuple[int, float, Any]]] = {}
+    for row in rows:
+        if row.get("status") == "ok" and row.get("logical_date") is not None:
+            if (cap := valid_mib(row.get("capacity_mib"))) is not None:
+                ran.setdefault(key_of(row), []).append((row["batch_size_per_device"], cap, row["logical_date"]))
+    return ran
+
+
+def _ran_since(ran, batch: int, capacity_mib: float, oom_date: Any) -> bool:
+    """An ok result newer than the OOM (a `force_cases` rerun, a night after a fix) ran this batch or a larger one
+    on this much memory or less: the OOM was not the batch's, so it bounds nothing."""
+    if oom_date is None:
+        return False
+    return any(b >= batch and c <= capacity_mib and d > oom_date for b, c, d in ran)
 
 
 # -- the plan ----------------------------------------------------------------------------------
@@ -315,8 +335,9 @@ def read_rows(engine, models: Iterable[str] | None = None, dag_ids: Iterable[str
     own partial index (revision 0016), so a year of results is not scanned:
 
     - ok results with a memory reading, newest first, at most MAX_ROWS (a profile keeps its `window` newest);
-    - every OOM's bound: per harness, model, precision, device, memory size and OOM class, the smallest batch
-      that died (one row each, `status` failed, no run; from the index alone). Rows stored before revision
+    - every OOM's bound: per harness, model, precision, device, memory size, OOM class and batch, the newest
+      night it died (one row each, `status` failed, no run; on the OOM rows' own index): a newer ok result at
+      that batch or above on that much memory or less lifts it (`_ran_since`). Rows stored before revision
       0003 have no precision: theirs is grouped by command too, as `key_of` reads it from the command;
     - OOMs whose plan said "fits" (the misses), newest first, at most MAX_ROWS, each as stored."""
     from sqlalchemy import text
@@ -336,10 +357,12 @@ def read_rows(engine, models: Iterable[str] | None = None, dag_ids: Iterable[str
     newest = f"ORDER BY logical_date DESC, run_id DESC LIMIT {MAX_ROWS}"
     queries = [
         f"SELECT {columns} FROM benchmark_results WHERE {MEMORY_READING_ROWS}{where} {newest}",
-        f"SELECT {bound}, MIN(batch_size_per_device) AS batch_size_per_device, 'failed' AS status "
-        f"FROM benchmark_results WHERE {OOM_ROWS}{where} AND precision IS NOT NULL GROUP BY {bound}",
-        f"SELECT {bound}, command, MIN(batch_size_per_device) AS batch_size_per_device, 'failed' AS status "
-        f"FROM benchmark_results WHERE {OOM_ROWS}{where} AND precision IS NULL GROUP BY {bound}, command",
+        f"SELECT {bound}, batch_size_per_device, MAX(logical_date) AS logical_date, 'failed' AS status "
+        f"FROM benchmark_results WHERE {OOM_ROWS}{where} AND precision IS NOT NULL "
+        f"GROUP BY {bound}, batch_size_per_device",
+        f"SELECT {bound}, command, batch_size_per_device, MAX(logical_date) AS logical_date, 'failed' AS status "
+        f"FROM benchmark_results WHERE {OOM_ROWS}{where} AND precision IS NULL "
+        f"GROUP BY {bound}, command, batch_size_per_device",
         f"SELECT {columns} FROM benchmark_results WHERE {MISSED_OOM_ROWS}{where} {newest}",
     ]
     with engine.connect() if hasattr(engine, "connect") else nullcontext(engine) as conn:

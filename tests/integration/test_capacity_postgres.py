@@ -35,6 +35,13 @@ def test_profiles_from_postgres(pg_engine):
     assert profile.ooms == {40960.0: 512} and [m["case_key"] for m in profile.misses] == [
         "cnn.resnet50.bs512.g1.replicated"]
     assert read_gpu_memory(pg_engine, ["h1", "h2"]) == {"h1": 40960.0}
+    # the next night a forced rerun runs batch 512 on 40 GiB: the bound is lifted, the miss stays on record
+    later = "2026-12-02T02:00:00+00:00"
+    store_run(pg_engine, {**run_row("r3"), "logical_date": later}, [],
+              [result_row("cnn.resnet50.bs512.g1.replicated", run_id="r3", logical_date=later,
+                          batch_size_per_device=512, capacity_mib=40960.0, peak_gpu_mem_mib=31700.0)], [])
+    (profile,) = fit_profiles(read_rows(pg_engine, ["resnet50"]), Settings()).values()
+    assert profile.ooms == {} and len(profile.misses) == 1 and profile.n == 5
     with pg_engine.connect() as conn:
         assert [p["model"] for p in report_section(conn, dag_ids={"fleet_benchmark"})] == ["resnet50"]
         assert {p["model"] for p in report_section(conn)} == {"resnet50", "vgg16"}

@@ -157,6 +157,54 @@ def test_smallest_oom_batch_per_memory_size_and_misses():
     assert p.largest_fitting(81920.0, 10.0) == int((81920 * 0.9 - p.spread_mib - 1000) // 40)
 
 
+def test_a_newer_ok_result_at_the_batch_lifts_an_oom_bound():
+    """A stray OOM at batch 64 on 16 GiB, then a `force_cases` rerun that ran 64 ok on 16 GiB: the bound is gone
+    (it made every later night a `known OOM` again). An ok older than the OOM, at a smaller batch or on more
+    memory proves nothing, and the miss stays a miss."""
+    oom = row(64, None, status="failed", capacity_mib=16384.0, logical_date="2026-12-02T02:00:00+00:00",
+              capacity_note="fits: 3560 +- 20 MiB of 14746 MiB", run_id="r2")
+
+    def ok(batch, day, cap=16384.0):
+        return row(batch, 1000.0 + 40 * batch, capacity_mib=cap, logical_date=f"2026-12-{day:02d}T02:00:00+00:00")
+
+    base = [ok(8, 1), ok(16, 1), ok(32, 1)]
+    assert fit_profiles([ok(64, 3), *base, oom])[KEY].ooms == {}  # forced the next night: ran
+    assert fit_profiles([ok(128, 3), *base, oom])[KEY].ooms == {}  # a larger batch ran on as much memory
+    lifted = fit_profiles([ok(64, 3), *base, oom])[KEY]
+    assert lifted.known_oom(64, 16384.0) is None and [m["run_id"] for m in lifted.misses] == ["r2"]
+    for evidence in (ok(64, 1), ok(32, 3), ok(64, 3, cap=40960.0)):  # older; smaller batch; more memory
+        assert fit_profiles([evidence, *base, oom])[KEY].ooms == {16384.0: 64}, evidence
+    assert fit_profiles([*base, {**oom, "logical_date": None}, ok(64, 3)])[KEY].ooms == {16384.0: 64}
+
+
+def test_the_warehouse_read_lifts_an_oom_bound_a_later_night_disproved(tmp_path):
+    """Through a real SQLite warehouse (`read_rows` groups OOM rows per batch with their newest night)."""
+    from fleetbench.capacity import read_rows
+    from fleetbench.warehouse import get_engine, store_run, upgrade
+    from warehouse_rows import result_row, run_row
+
+    engine = get_engine(f"sqlite:///{tmp_path}/w.db")
+    upgrade(engine)
+
+    def night(run: str, day: int, *rows: dict) -> None:
+        date = f"2026-12-{day:02d}T02:00:00+00:00"
+        store_run(engine, {**run_row(run), "logical_date": date},
+                  [], [{**r, "run_id": run, "logical_date": date} for r in rows], [])
+
+    def case(batch: int, ok: bool = True) -> dict:
+        return result_row(f"cnn.resnet50.bs{batch}.g1.replicated", batch_size_per_device=batch, capacity_mib=16384.0,
+                          status="ok" if ok else "failed", ips=100.0 if ok else None,
+                          peak_gpu_mem_mib=1000.0 + 40 * batch if ok else None)
+
+    night("r1", 1, case(8), case(16), case(64))
+    night("r2", 2, case(8), case(16), case(64, ok=False))  # a stray OOM after an ok night
+    assert fit_profiles(read_rows(engine, ["resnet50"]))[KEY].ooms == {16384.0: 64}
+    night("r3", 3, case(64))  # forced: ran
+    assert fit_profiles(read_rows(engine, ["resnet50"]))[KEY].ooms == {}
+    night("r4", 4, case(128, ok=False))  # a real bound later on still counts
+    assert fit_profiles(read_rows(engine, ["resnet50"]))[KEY].ooms == {16384.0: 128}
+
+
 # -- the plan's verdict per case ------------------------------------------------------------------------
 def plan_cfg(batches, on_predicted_oom="skip", mem_limit="256m", **capacity) -> dict:
     return {

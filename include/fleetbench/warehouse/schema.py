@@ -29,8 +29,9 @@ STEP_KEY = ("dag_id", "run_id", "host", "case_key", "step")
 # The rows of benchmark_results that report sections and the plan read, each with its partial index (revision
 # 0016): a query that names the same condition, word for word, reads only those rows (SQLite matches a partial
 # index's WHERE term by term, with literals, not bound parameters). Results with a memory reading (the capacity
-# profiles' points), OOMs (their bounds: the index holds every column the bounds' GROUP BY reads, so it is
-# answered from the index alone), OOMs the plan said would fit (the misses), and multi-node results (the
+# profiles' points), OOMs (their bounds: the index holds every column the bounds' GROUP BY reads; the night of
+# each, which a later ok result must beat to lift it, comes from the few OOM rows themselves), OOMs the plan said
+# would fit (the misses), and multi-node results (the
 # "Scaling across nodes" table).
 MEMORY_READING_ROWS = "status = 'ok' AND (peak_gpu_mem_mib IS NOT NULL OR peak_mem_mib IS NOT NULL)"
 OOM_ROWS = "failure_class IN ('gpu_oom', 'oom_killed')"
