@@ -140,12 +140,14 @@ def test_each_cases_primary_metric_with_its_unit_and_direction(tmp_path):
         result_row("nccl", ips=None, harness="nccl_tests", metric="avg_busbw", value=180.5, unit="GB/s",
                    better="higher"),
         result_row("lat", ips=None, harness="command", metric="p99_latency", value=12.5, unit="ms", better="lower"),
-        result_row("old", ips=99.0)])  # no primary metric recorded: images/sec only
+        result_row("old", ips=99.0),  # no primary metric recorded: images/sec only
+        result_row("cpu", ips=50.0, num_gpus=0, device="cpu")])  # on a GPU host: the row keeps its GPU as provenance
     got = parse(openmetrics.render(openmetrics.collect(engine, Filters(dag_ids=frozenset({"fleet_benchmark"})))))
     values = {(dict(k)["case_key"], dict(k)["metric"], dict(k)["unit"], dict(k)["better"]): v
               for k, v in got["fleetbench_case_value"].items()}
     assert values == {("nccl", "avg_busbw", "GB/s", "higher"): 180.5, ("lat", "p99_latency", "ms", "lower"): 12.5}
-    assert [dict(k)["case_key"] for k in got["fleetbench_images_per_second"]] == ["old"]
+    assert {dict(k)["case_key"]: dict(k)["gpu"] for k in got["fleetbench_images_per_second"]} == {
+        "old": "NVIDIA A100-SXM4-40GB", "cpu": ""}  # a CPU case is not counted under the host's GPU
     engine.dispose()
 
 

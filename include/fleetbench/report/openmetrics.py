@@ -12,8 +12,10 @@ What a fleet operator alerts on, one scrape's worth (not the history: that is th
     fleetbench_last_run_age_seconds{dag_id}                               how long ago that was
     fleetbench_last_run_cases{dag_id,status}                              that run's cases by status
 
-Results and host checks older than `WINDOW_DAYS` before the newest result are left out (a retired host
-or case drops out of the scrape). Only the DAGs in `Filters.dag_ids` are read, as in the rest of the view.
+`gpu` is the result's GPU (catalog name, else the model as reported), empty for a CPU case (`num_gpus` 0: the
+host's GPU idled, as in the rollups). Results and host checks older than `WINDOW_DAYS` before the newest result
+are left out (a retired host or case drops out of the scrape). Only the DAGs in `Filters.dag_ids` are read, as
+in the rest of the view.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
-from sqlalchemy import and_, func, select
+from sqlalchemy import and_, case, func, select
 
 from fleetbench.report.queries import Filters, aware, open_regressions
 from fleetbench.warehouse.schema import benchmark_results as br
@@ -88,7 +90,8 @@ def latest_results(conn, f: Filters, since: datetime | None) -> list[dict]:
               .where(*conds).group_by(br.c.dag_id, br.c.host, br.c.case_key).subquery())
     rows = conn.execute(
         select(br.c.dag_id, br.c.host, br.c.case_key, br.c.model, br.c.num_gpus,
-               func.coalesce(br.c.gpu_catalog_name, br.c.gpu_model).label("gpu"), br.c.images_per_sec,
+               case((br.c.num_gpus > 0, func.coalesce(br.c.gpu_catalog_name, br.c.gpu_model))).label("gpu"),
+               br.c.images_per_sec,
                br.c.metric, br.c.value, br.c.unit, br.c.better, br.c.energy_j, br.c.cost_usd, br.c.logical_date)
         .join(newest, and_(br.c.dag_id == newest.c.dag_id, br.c.host == newest.c.host,
                            br.c.case_key == newest.c.case_key, br.c.logical_date == newest.c.d))
