@@ -24,8 +24,8 @@ from fleetbench.warehouse import (
 from fleetbench.warehouse.schema import benchmark_results, host_facts, regressions, result_metrics, runs, steps
 from warehouse_rows import DERIVED, result_row, run_row, step_rows
 
-HEAD = "0017"  # 0017: CPU cases out of the GPU rollups; 0016: partial indexes; 0015: superseded_host_facts;
-# 0014: multi-node cases; 0013: regression units; 0012: MIG
+HEAD = "0018"  # 0018: torch_synthetic precision from --precision; 0017: CPU cases out of the GPU rollups;
+# 0016: partial indexes; 0015: superseded_host_facts; 0014: multi-node cases; 0013: regression units; 0012: MIG
 NEW_RESULT_COLUMNS = set(DERIVED)  # the derived-metric columns revision 0003 adds
 REGRESSION_COLUMNS = {  # name: nullable, as the regression detector expects them
     "id": False, "dag_id": False, "run_id": False, "host": False, "case_key": False, "metric": False,
@@ -758,3 +758,41 @@ def check_migrate_cpu_cases_out_of_gpu_rollups(engine):
     with engine.begin() as conn:
         rollup.rebuild(conn)
     assert _rollups(engine) == new
+
+
+def check_migrate_torch_precision(engine):
+    """0017 -> 0018: torch_synthetic results stored as fp32 whatever their `--precision=` (current and superseded
+    attempts) get the command's precision; rows already right, tf_cnn_benchmarks' and commands without the flag
+    keep theirs; down to 0017 changes nothing."""
+    from fleetbench.warehouse.schema import superseded_results
+
+    upgrade(engine, "0017")
+
+    def torch(case: str, flag: str | None, stored: str, attempt: str, **extra) -> dict:
+        command = ["python3", "/opt/fleetbench/torch_synthetic.py", "--model=resnet50", *([flag] if flag else [])]
+        return result_row(case, harness="torch_synthetic", precision=stored, command=command,
+                          attempt_id=f"{attempt}-{case}", **extra)
+
+    first = [torch("bf16", "--precision=bf16", "fp32", "A"), torch("fp16", "--precision=fp16", "fp32", "A")]
+    store_run(engine, run_row("r1"), [], first)
+    store_run(engine, run_row("r1"), [], [  # the run again: A's attempts are superseded
+        torch("bf16", "--precision=bf16", "fp32", "B"), torch("fp16", "--precision=fp16", "fp16", "B"),
+        torch("plain", None, "fp32", "B"),
+        result_row("tf", precision="fp16", command=["python", "tf_cnn_benchmarks.py", "--use_fp16"])])
+
+    def precisions(table) -> dict:
+        with engine.connect() as conn:
+            return {(r.case_key, r.attempt): r.precision
+                    for r in conn.execute(select(table.c.case_key, table.c.attempt, table.c.precision))}
+
+    before = (precisions(benchmark_results), precisions(superseded_results))
+    assert before[1] == {("bf16", 1): "fp32", ("fp16", 1): "fp32"}
+    upgrade(engine)
+    assert current_revision(engine) == HEAD
+    assert precisions(benchmark_results) == {("bf16", 2): "bf16", ("fp16", 2): "fp16", ("plain", 1): "fp32",
+                                             ("tf", 1): "fp16"}
+    assert precisions(superseded_results) == {("bf16", 1): "bf16", ("fp16", 1): "fp16"}
+    downgrade(engine, "0017")
+    assert precisions(benchmark_results)[("bf16", 2)] == "bf16" and current_revision(engine) == "0017"
+    upgrade(engine)
+

@@ -61,3 +61,10 @@ def test_migrate_to_multinode_keeps_rows_and_downgrades(pg_engine):
 
 def test_migrate_cpu_cases_out_of_gpu_rollups(pg_engine):
     check_migrate_cpu_cases_out_of_gpu_rollups(pg_engine)
+
+
+def test_migrate_torch_precision(pg_engine):
+    from warehouse_contract import check_migrate_torch_precision
+
+    check_migrate_torch_precision(pg_engine)
+

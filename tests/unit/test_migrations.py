@@ -127,3 +127,10 @@ def test_migrate_to_multinode_keeps_rows_and_downgrades(tmp_path):
 
 def test_migrate_cpu_cases_out_of_gpu_rollups(tmp_path):
     check_migrate_cpu_cases_out_of_gpu_rollups(engine_at(tmp_path))
+
+
+def test_migrate_torch_precision(tmp_path):
+    from warehouse_contract import check_migrate_torch_precision
+
+    check_migrate_torch_precision(engine_at(tmp_path))
+
