@@ -55,6 +55,21 @@ def log_path(log_dir: str | Path, case_key: str) -> Path:
     return Path(log_dir) / f"{case_key}.log"
 
 
+def push_killed_outcome(ti, outcome: dict | None, log) -> None:
+    """A case killed from Airflow fails its task, so nothing returns its outcome: push it as the task's return
+    value, so `store` on another machine records it `killed` with its detail without a shared folder (the
+    outcome file stays too). Called from the task's main thread only: after Airflow's SIGTERM handler (on_kill)
+    returned, or from on_kill where the task runner calls it after an execution_timeout, never from a signal
+    handler, which may have interrupted a request to the supervisor. Best effort: a push that fails is logged."""
+    if ti is None or outcome is None:
+        return
+    try:
+        ti.xcom_push(key="return_value", value=outcome)
+    except Exception as exc:  # the outcome file remains
+        log.warning("case %s: the killed case's outcome could not be pushed to XCom (%s); store reads its outcome "
+                    "file where it shares the folder", outcome.get("case_key"), exc)
+
+
 def container_name(dag_id: str, run_id: str, host: str, case_key: str) -> str:
     return safe_name(f"fb-{run_token(dag_id, run_id)}-{host}-{case_key}")
 

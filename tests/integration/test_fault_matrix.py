@@ -321,8 +321,29 @@ def wait_running(docker_api, token: str, proc: subprocess.Popen | None = None, t
     raise AssertionError(f"the case container did not start in {timeout_s} s")
 
 
-def assert_killed_and_collected(case: dict, docker_api, kinds=("killed",)) -> dict:
-    """The outcome file says the case was killed, no container is left, and collect makes it a failed row."""
+def pushed_outcome(engine, token: str) -> dict | None:
+    """The kill DAG's run_case return value of the case with this token (its container name), as the metadata
+    database holds it; None when nothing was pushed. (The module's tests share one metadata database.)"""
+    from sqlalchemy import text
+
+    with engine.connect() as conn:
+        values = conn.execute(text("SELECT value FROM xcom WHERE dag_id = :d AND task_id = 'run_case' "
+                                   "AND key = 'return_value'"), {"d": KILL_DAG_ID}).scalars().all()
+    outcomes = []
+    for value in values:
+        while isinstance(value, (str, bytes)):  # JSON text (SQLite), possibly encoded twice
+            value = json.loads(value)
+        if token in str(value.get("container_name")):
+            outcomes.append(value)
+    assert len(outcomes) <= 1, outcomes
+    return outcomes[0] if outcomes else None
+
+
+def assert_killed_and_collected(case: dict, docker_api, kinds=("killed",), engine=None) -> dict:
+    """The outcome file says the case was killed, no container is left, and collect makes it a failed row. With
+    the run's metadata database (`engine`): the killed task pushed that outcome as its return value too, and
+    collect makes the same row from it with the outcome file gone (`store` on a machine that does not share the
+    folder; before, it recorded `task_failed`)."""
     from fleetbench.airflow.pipeline import collect
     from fleetbench.runs import log_path, outcome_path
 
@@ -336,7 +357,21 @@ def assert_killed_and_collected(case: dict, docker_api, kinds=("killed",)) -> di
     assert (row["case_key"], row["status"]) == (case["case_key"], "failed")
     assert row["failure_class"] in kinds, row
     assert "case started" in log_path(case["log_dir"], case["case_key"]).read_text()  # what it printed until then
+    if engine is not None:
+        pushed = pushed_outcome(engine, case["token"])
+        assert pushed is not None and pushed["killed_by_airflow"] and pushed["case_key"] == case["case_key"], pushed
+        path.rename(path.with_suffix(".elsewhere"))
+        [alone] = collect(case["plan"], case["validations"], case["prepared"], [pushed])["rows"]
+        assert {k: alone[k] for k in ("status", "failure_class", "failure_detail")} == {
+            k: row[k] for k in ("status", "failure_class", "failure_detail")}, alone
     return row
+
+
+def metadata_db(env: dict):
+    """The `airflow` CLI environment's SQLite metadata database."""
+    from sqlalchemy import create_engine
+
+    return create_engine(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
 
 
 @pytest.mark.dagrun
@@ -350,7 +385,8 @@ def test_execution_timeout_of_the_task_runner_kills_the_case(task_runner_airflow
     out = proc.stdout + proc.stderr
     assert "AirflowTaskTimeout" in out and "DagRun failed" in out, out[-4000:]
     assert time.monotonic() - started < 240
-    row = assert_killed_and_collected(killed_case, docker_api, kinds=("killed", "timeout"))
+    row = assert_killed_and_collected(killed_case, docker_api, kinds=("killed", "timeout"),
+                                      engine=metadata_db(task_runner_airflow))
     assert "execution_timeout of 0:00:04 passed" in row["failure_detail"], row
 
 
@@ -371,7 +407,7 @@ def test_sigterm_to_the_task_runner_kills_the_case(task_runner_airflow, killed_c
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
-    row = assert_killed_and_collected(killed_case, docker_api)
+    row = assert_killed_and_collected(killed_case, docker_api, engine=metadata_db(task_runner_airflow))
     assert "stopped answering" not in (row["failure_detail"] or ""), row  # a kill, not a lost engine
 
 
@@ -414,7 +450,11 @@ def test_task_marked_failed_in_a_deployment_kills_the_case(tmp_path, pg_url, kil
         while time.monotonic() < deadline and docker_api.containers(all=True, filters=label):
             time.sleep(0.5)
         try:
-            assert_killed_and_collected(killed_case, docker_api)
+            metadata = airflow.metadata()
+            try:
+                assert_killed_and_collected(killed_case, docker_api, engine=metadata)
+            finally:
+                metadata.dispose()
         finally:  # what the kill left, removed here so the fixture's check reports this test's failure only once
             for c in docker_api.containers(all=True, filters=label):
                 docker_api.remove_container(c["Id"], force=True)

@@ -160,11 +160,14 @@ class MultiNodeCaseOperator(BaseOperator):
         self._clients: dict[str, Any] = {}
         self._cids: dict[str, str] = {}  # role name -> container id
         self._killed = False
+        self._killed_outcome: dict | None = None  # what on_kill recorded, pushed from the main thread
+        self._ti = None
         self._execution_timeout = False
         self._started_at: datetime | None = None
 
     # -- Airflow entry points -------------------------------------------------------------
     def execute(self, context: Any) -> dict:
+        self._ti = context.get("ti") if hasattr(context, "get") else None
         try:
             with ExitStack() as stack:
                 self._open_clients(stack)
@@ -181,9 +184,12 @@ class MultiNodeCaseOperator(BaseOperator):
         why = (f"the task's execution_timeout of {self.execution_timeout} passed" if self._execution_timeout
                else "the task was killed from Airflow (UI or CLI) while the case ran")
         try:
-            self._finish({**self._blank_outcome(), "killed_by_airflow": True, "error": why,
-                          "started_at": started.isoformat(), "finished_at": now.isoformat(),
-                          "duration_s": round((now - started).total_seconds(), 3)}, [], None)
+            self._killed_outcome = {**self._blank_outcome(), "killed_by_airflow": True, "error": why,
+                                    "started_at": started.isoformat(), "finished_at": now.isoformat(),
+                                    "duration_s": round((now - started).total_seconds(), 3)}
+            self._finish(self._killed_outcome, [], None)
+            if self._execution_timeout:  # the task runner calls on_kill from its main thread after the timeout
+                runs.push_killed_outcome(self._ti, self._killed_outcome, self.log)
         finally:
             self._remove_all()
 
@@ -296,6 +302,7 @@ class MultiNodeCaseOperator(BaseOperator):
             reason, dead = self._watch(t0)
             stopped = self._stop_running()
             if self._killed:
+                runs.push_killed_outcome(self._ti, self._killed_outcome, self.log)
                 raise AirflowException(f"case {self.case['case_key']} was killed from Airflow; its outcome is recorded")
             role_outcomes = self._role_outcomes(stopped, t0)
         except ENGINE_LOST as exc:

@@ -230,11 +230,14 @@ class BenchmarkCaseOperator(DockerOperator):
         self.docker_tls_conn_id = docker_tls_conn_id
         self._tls: dict | None = None
         self._killed = False
+        self._killed_outcome: dict | None = None  # what on_kill recorded, pushed from the main thread
+        self._ti = None
         self._execution_timeout = False
         self._started_at: datetime | None = None
 
     # -- Airflow entry points -------------------------------------------------------------
     def execute(self, context: Any) -> dict:
+        self._ti = context.get("ti") if hasattr(context, "get") else None
         self._normalize_mounts()
         # JSON-able settings from the plan -> docker SDK types (-1 = unlimited, soft = hard).
         self.ulimits = [Ulimit(name=name, soft=value, hard=value) for name, value in self.ulimit_map.items()]
@@ -287,9 +290,12 @@ class BenchmarkCaseOperator(DockerOperator):
                    else "the task was killed from Airflow (UI or CLI) while the case ran")
             now = datetime.now(timezone.utc)
             started = self._started_at or now
-            self._finish({**self._blank_outcome(), "killed_by_airflow": True, "error": why,
-                          "started_at": started.isoformat(), "finished_at": now.isoformat(),
-                          "duration_s": round((now - started).total_seconds(), 3)})
+            self._killed_outcome = {**self._blank_outcome(), "killed_by_airflow": True, "error": why,
+                                    "started_at": started.isoformat(), "finished_at": now.isoformat(),
+                                    "duration_s": round((now - started).total_seconds(), 3)}
+            self._finish(self._killed_outcome)
+            if self._execution_timeout:  # the task runner calls on_kill from its main thread after the timeout
+                runs.push_killed_outcome(self._ti, self._killed_outcome, self.log)
         if self.container is not None:
             self.log.info("task killed: killing and removing container %s", self.container["Id"][:12])
             self._remove(self.container["Id"], stop_first=False)
@@ -385,6 +391,7 @@ class BenchmarkCaseOperator(DockerOperator):
             if rapl is not None:
                 outcome["rapl"] = rapl.stop()
             if self._killed:  # on_kill recorded the case and removed its container: the task fails, as killed
+                runs.push_killed_outcome(self._ti, self._killed_outcome, self.log)
                 raise AirflowException(f"case {self.case['case_key']} was killed from Airflow; its outcome is recorded")
             state = self.cli.inspect_container(cid)["State"]
             outcome["oom_killed"] = bool(state.get("OOMKilled")) or (
@@ -424,6 +431,7 @@ class BenchmarkCaseOperator(DockerOperator):
             rapl.stop()
         if cid is not None:
             self._remove(cid, stop_first=False)
+        runs.push_killed_outcome(self._ti, self._killed_outcome, self.log)
         raise AirflowException(f"case {self.case['case_key']} was killed from Airflow before it ran; its outcome is "
                                "recorded")
 
