@@ -72,6 +72,44 @@ def test_a_case_killed_from_airflow_removes_every_container_and_records_killed(s
     assert labelled(docker_api, run_id) == []
 
 
+@pytest.mark.parametrize("when", ["while its first container is created", "before its containers start"])
+def test_a_kill_before_the_case_runs_creates_and_starts_nothing_more(smoke_image, docker_api, tmp_path, when):
+    """Airflow's SIGTERM handler calls on_kill and returns to the task's code, SIGKILL 5 s later: a kill while the
+    roles were created went on to create and start every role (running on the GPUs until the SIGKILL, then
+    removed only if the task got that far). Now nothing is started after the kill, and nothing is left."""
+    from airflow.sdk.exceptions import AirflowException
+
+    run_id = f"mn-early-{uuid.uuid4().hex[:8]}"
+    op = operator(smoke_image, tmp_path, run_id)
+    since = time.time()
+    if when == "while its first container is created":
+        create = op._create
+
+        def killed_during_create(role, command):
+            if not op._killed:
+                op.on_kill()
+            return create(role, command)
+
+        op._create = killed_during_create
+    else:
+        end_if_killed, calls = op._end_if_killed, []
+
+        def killed_before_start():
+            calls.append(1)
+            if len(calls) == len(op.roles) + 1:  # every role created, none started
+                op.on_kill()
+            end_if_killed()
+
+        op._end_if_killed = killed_before_start
+    with pytest.raises(AirflowException, match="was killed from Airflow"):
+        op.execute({})
+    started = {"type": "container", "event": "start", "label": f"org.fleetbench.run_id={run_id}"}
+    events = docker_api.events(since=since, until=time.time() + 1, decode=True, filters=started)
+    assert list(events) == [] and labelled(docker_api, run_id) == []
+    outcome = json.loads((tmp_path / "sleep.n2.h1+h2.outcome.json").read_text())
+    assert outcome["killed_by_airflow"] and outcome["measurement"]["fields"]["failure_class"] == "killed"
+
+
 def test_a_case_past_its_timeout_is_stopped_whole(smoke_image, docker_api, tmp_path):
     run_id = f"mn-timeout-{uuid.uuid4().hex[:8]}"
     outcome = operator(smoke_image, tmp_path, run_id, timeout_s=4).execute({})

@@ -286,8 +286,10 @@ class MultiNodeCaseOperator(BaseOperator):
                       ", ".join(f"{multinode.role_name(r)}@{r['host']}:{p}" for r, p in zip(self.roles, ports)))
         try:
             for role in self.roles:
+                self._end_if_killed()
                 self._cids[multinode.role_name(role)] = self._create(role, commands[multinode.role_name(role)])
             for role in self.roles:  # all created first, then started together
+                self._end_if_killed()
                 self._cli(role).start(self._cids[multinode.role_name(role)])
         except APIError as exc:
             from fleetbench.airflow.operators import start_error_class
@@ -332,6 +334,15 @@ class MultiNodeCaseOperator(BaseOperator):
         self.log.info("case %s: %s in %.1f s; logs in %s", self.case["case_key"], reason, outcome["duration_s"] or 0,
                       self.log_dir)
         return outcome
+
+    def _end_if_killed(self) -> None:
+        """Killed (on_kill ran: Airflow's SIGTERM handler returns to this code) before every role was created and
+        started: create or start no more (they would run on the GPUs until the SIGKILL), end as killed; the caller
+        removes what exists."""
+        if self._killed:
+            runs.push_killed_outcome(self._ti, self._killed_outcome, self.log)
+            raise AirflowException(f"case {self.case['case_key']} was killed from Airflow before it ran; its outcome "
+                                   "is recorded")
 
     def _not_started(self, outcome: dict, failure_class: str, error: str, t0: datetime) -> dict:
         outcome.update({"start_error_class": failure_class, "error": error, "started_at": t0.isoformat(),
