@@ -59,8 +59,14 @@ class Case:
 
     @property
     def batch_size_global(self) -> int | None:
+        """One step's batch across the case: per device x devices. Every worker of a multi-node case (on its
+        num_gpus devices) or rank of a launcher case trains its own batch, and the chief's images/sec is the
+        cluster's: tf_cnn_benchmarks' own log says `Batch size: 16 global` for 2 workers at batch 8."""
         if self.batch_size_per_device is None:
             return None
+        if self.nodes > 1 and self.roles:
+            return self.batch_size_per_device * sum(r.get("procs", max(self.num_gpus, 1)) for r in self.roles
+                                                    if r["job"] in ("worker", "node"))
         return self.batch_size_per_device * max(self.num_gpus, 1)
 
     def to_dict(self) -> dict:

@@ -209,6 +209,23 @@ def test_each_role_of_a_real_ps_worker_run_ends_ok_and_the_chief_gives_the_resul
     assert (fields["status"], fields["images_per_sec"], len(steps)) == ("ok", 139.24, 3)
 
 
+
+def test_the_global_batch_of_a_multi_node_case_counts_every_workers_batch_as_the_real_log_does():
+    from fleetbench.metrics import time_for_batches_s
+    from fleetbench.parsing import parse_log_file
+
+    data = config(hosts=("a", "b"), device="cpu", models=["trivial"], batch_sizes=[8], num_gpus=[0], nodes=[2],
+                  num_batches=20, ps_nodes="first")
+    [case] = expand_cases(parse_config(data))  # the fixture's run: 2 workers and a ps, batch 8 on one CPU each
+    log = parse_log_file(str(DIST / "dist-w0.log"), "tf_cnn_benchmarks")  # "Batch size:  16 global"
+    assert case.batch_size_global == log.batch_size_global == 16
+    assert time_for_batches_s(case.num_batches, case.batch_size_global, log.total_images_per_sec) == (
+        pytest.approx(20 * 16 / 139.24, rel=1e-3))
+    data["benchmarks"][0]["workers_per_node"] = 2
+    assert expand_cases(parse_config(data))[0].batch_size_global == 8 * 2 * 2
+    gpu = [c for c in expand_cases(parse_config(config(hosts=("a", "b"), num_gpus=[8]))) if c.nodes == 2]
+    assert [c.batch_size_global for c in gpu] == [64 * 8 * 2]  # a worker per host on 8 GPUs each
+
 def test_a_killed_worker_is_a_peer_failure_naming_it_and_its_own_class(tmp_path):
     log = tmp_path / "w1.log"
     log.write_text("".join((DIST / "dist-w1.log").read_text().splitlines(keepends=True)[:30]))  # cut mid-run

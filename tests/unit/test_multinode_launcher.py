@@ -80,6 +80,17 @@ def test_launcher_plans_a_node_per_host_with_its_ranks_and_the_backend():
     assert gpu[2].cluster["backend"] == "nccl"
 
 
+
+def test_the_global_batch_of_a_launcher_case_counts_every_rank():
+    [cpu] = [c for c in expand_cases(parse_config(config(procs_per_node=2))) if c.nodes == 2]
+    assert cpu.batch_size_global == 32 * 2 * 2
+    gpu = {c.nodes: c for c in expand_cases(parse_config(config(device="gpu", batch_sizes=[64], num_gpus=[8])))}
+    assert (gpu[1].batch_size_global, gpu[2].batch_size_global) == (64 * 8, 64 * 8 * 2)  # 8 ranks per host
+    # the real 2-rank run: batch 4 per rank, and its images/sec is the group's (4 x 2 per step)
+    assert "x2 ranks model resnet18 batch 4 per rank" in (LOGS / "node0.log").read_text()
+    [real] = [c for c in expand_cases(parse_config(config(batch_sizes=[4]))) if c.nodes == 2]
+    assert real.batch_size_global == 4 * 2
+
 def test_torchrun_command_of_each_host():
     roles = multinode.launcher_layout(["a", "b"], 2)
     addresses = {"a": "10.0.0.1", "b": "10.0.0.2"}
