@@ -702,7 +702,24 @@ def _harness_errors(bench: dict, path: str, image_commands: dict[str, Any]) -> l
         errors.append(f"{path}.device: harness {name} runs on GPUs only")
     if bench.get("mig_profiles") and bench.get("device") == "cpu":
         errors.append(f"{path}.mig_profiles: MIG instances are GPU devices; a device cpu benchmark cannot ask for them")
-    return errors + harness.check(bench, path)
+    return errors + _extra_args_errors(bench, path, harness) + harness.check(bench, path)
+
+
+def _extra_args_errors(bench: dict, path: str, harness: Any) -> list[str]:
+    """`extra_args` that repeat a flag the harness sets (`Harness.own_flags`), or a prefix the program would read
+    as one: the last value wins, so the case would run with other settings than its key and row say."""
+    own = harness.own_flags(bench)
+    extra = bench.get("extra_args")
+    errors = []
+    for j, arg in enumerate(extra if isinstance(extra, list) else []):
+        if not (isinstance(arg, str) and arg.startswith("--") and len(arg) > 2):
+            continue  # the field checks report it
+        flag = arg[2:].partition("=")[0]
+        hit = flag if flag in own else next((f for f in own if harness.abbreviated_flags and f.startswith(flag)), None)
+        if hit:
+            errors.append(f"{path}.extra_args[{j}]: --{flag}" + (f" (a prefix of --{hit})" if hit != flag else "")
+                          + f" is set by harness {harness.name} ({own[hit]}), got {arg!r}")
+    return errors
 
 
 _MESSAGES = {

@@ -486,3 +486,39 @@ def test_no_warmup_is_allowed_for_eager_torch_cases():
     data = fleet({**TORCH, "compile": [False], "num_warmup_batches": 0})
     data["images"][1]["command"] = ["python", "/opt/fleetbench/torch_synthetic.py"]
     assert parse_config(data, "fleet.yaml").benchmarks[0].num_warmup_batches == 0
+
+
+def test_extra_args_that_repeat_a_flag_the_harness_sets_name_the_item_and_its_value():
+    """The programs keep a flag's last value, and extra_args come last: `--batch_size=64` would run every case at
+    batch 64 under keys, rows and container requests that say otherwise."""
+    import subprocess
+    import sys
+
+    from fleetbench.config import parse_config
+
+    smoke = Path(__file__).resolve().parents[2] / "include" / "images" / "cpu-smoke" / "tf_cnn_benchmarks.py"
+    out = subprocess.run([sys.executable, str(smoke), "--model=trivial", "--batch_size=16", "--num_batches=2",
+                          "--num_warmup_batches=1", "--device=cpu", "--num_gpus=1", "--data_format=NHWC",
+                          "--batch_size=64"], capture_output=True, text=True, timeout=120).stdout
+    assert "Batch size:  64 global" in out  # the last one wins
+    assert config_errors(fleet({**CNN, "extra_args": ["--use_fp16=True", "--num_gpus=8", "--batch_size=64"]})) == [
+        "benchmarks[0].extra_args[1]: --num_gpus is set by harness tf_cnn_benchmarks (from num_gpus), got "
+        "'--num_gpus=8'",
+        "benchmarks[0].extra_args[2]: --batch_size is set by harness tf_cnn_benchmarks (from batch_sizes), got "
+        "'--batch_size=64'"]
+    cpu = {**CNN, "device": "cpu", "num_gpus": [0]}
+    assert config_errors(fleet({**cpu, "extra_args": ["--data_format=NCHW"]})) == [
+        "benchmarks[0].extra_args[0]: --data_format is set by harness tf_cnn_benchmarks (NHWC with device cpu), got "
+        "'--data_format=NCHW'"]
+    parse_config(fleet({**CNN, "extra_args": ["--data_format=NHWC", "--use_fp16=True"]}))  # GPU cases leave it be
+    torch = {**TORCH, "image": "tf1"}
+    assert config_errors(fleet({**torch, "extra_args": ["--image_size=32", "--batch=8", "--precision=fp32"]})) == [
+        "benchmarks[0].extra_args[1]: --batch (a prefix of --batch_size) is set by harness torch_synthetic (from "
+        "batch_sizes), got '--batch=8'",
+        "benchmarks[0].extra_args[2]: --precision is set by harness torch_synthetic (from precisions), got "
+        "'--precision=fp32'"]
+    assert config_errors(fleet({**NCCL, "extra_args": ["--ngpus=2", "--op=sum"]})) == [
+        "benchmarks[0].extra_args[0]: --ngpus is set by harness nccl_tests (-g, from num_gpus), got '--ngpus=2'"]
+    assert config_errors(fleet({**CNN, "nodes": [2], "extra_args": ["--task_index=1"]}))[-1] == (
+        "benchmarks[0].extra_args[0]: --task_index is set by harness tf_cnn_benchmarks (a cluster flag of nodes > 1), "
+        "got '--task_index=1'")

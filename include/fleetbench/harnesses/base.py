@@ -150,6 +150,7 @@ class Harness:
     fields: tuple[str, ...] = ()  # the harness-specific BenchmarkSpec fields it reads (command, metrics, ...)
     needs_argv: bool = True  # runs the image's command (or the benchmark's): it must not be empty
     gpu_only: bool = False
+    abbreviated_flags: bool = False  # the program reads an unambiguous prefix as the flag (argparse, getopt_long)
 
     def points(self, bench: "BenchmarkSpec") -> list[CasePoint]:
         raise NotImplementedError
@@ -177,3 +178,9 @@ class Harness:
     def check(self, bench: dict, path: str) -> list[str]:
         """Harness-specific config errors of a raw benchmark mapping, each `path.field: message`."""
         return []
+
+    def own_flags(self, bench: dict) -> dict[str, str]:
+        """The `--flags` `command` gives the cases of a raw benchmark mapping, each with where its value comes from.
+        `extra_args` go after them and the programs keep a flag's last value, so repeating one would run other
+        settings than the case's key, row and container request say: the config check refuses it."""
+        return {}

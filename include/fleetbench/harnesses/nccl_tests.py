@@ -28,6 +28,7 @@ class NcclTests(Harness):
     gpu_only = True
     primary = ("avg_busbw", "GB/s", HIGHER)
     description = "nccl-tests: average bus bandwidth, busbw/algbw at the largest size"
+    abbreviated_flags = True  # getopt_long takes --min for --minbytes
 
     def points(self, bench: "BenchmarkSpec") -> list[CasePoint]:
         return [CasePoint(f"{bench.name}.{coll}.g{gpus}.{rng.replace(':', '-')}", coll, None, gpus, None,
@@ -41,6 +42,11 @@ class NcclTests(Harness):
         binary = f"{bench.nccl_tests_dir.rstrip('/')}/{point.model}_perf"
         return [*(bench.command or []), binary, "-b", low, "-e", high, "-f", "2", "-g", str(point.num_gpus),
                 "-c", "1", *bench.extra_args]
+
+    def own_flags(self, bench: dict) -> dict[str, str]:
+        """The long forms of -b, -e, -f, -g and -c."""
+        return {"minbytes": "-b, from size_ranges", "maxbytes": "-e, from size_ranges", "stepfactor": "-f 2",
+                "ngpus": "-g, from num_gpus", "check": "-c 1"}
 
     def measure(self, path: str, settings: dict) -> Measured:
         from fleetbench.parsing.source import file_lines

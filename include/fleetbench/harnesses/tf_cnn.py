@@ -89,6 +89,15 @@ class TfCnnBenchmarks(Harness):
                        for k, n in enumerate(gpus) if isinstance(n, int) and n > 1]
         return errors
 
+    def own_flags(self, bench: dict) -> dict[str, str]:
+        flags = {"model": "from models", "batch_size": "from batch_sizes", "num_batches": "from num_batches",
+                 "num_warmup_batches": "from num_warmup_batches", "variable_update": "from variable_update",
+                 "device": "from device", "num_gpus": "from num_gpus"}
+        if bench.get("device") == "cpu":
+            flags["data_format"] = "NHWC with device cpu"
+        cluster = "a cluster flag of nodes > 1"
+        return {**flags, **dict.fromkeys(("job_name", "ps_hosts", "worker_hosts", "task_index"), cluster)}
+
     def measure(self, path: str, settings: dict) -> Measured:
         from fleetbench.parsing import parse_log_file
 

@@ -33,6 +33,7 @@ class TorchSynthetic(Harness):
     required = ("models", "batch_sizes")
     primary = ("images_per_sec", "images/s", HIGHER)
     description = "PyTorch synthetic-data training: images/sec of torchvision models"
+    abbreviated_flags = True  # torch_synthetic.py's argparse takes --batch for --batch_size
 
     def points(self, bench: "BenchmarkSpec") -> list[CasePoint]:
         return [CasePoint(case_key(bench.name, model, bs, gpus, prec, cl, comp), model, bs, gpus, None,
@@ -59,6 +60,12 @@ class TorchSynthetic(Harness):
             return [f"{path}.num_warmup_batches: 0 with compile true would time torch.compile's compilation in the "
                     "first steps (seconds to minutes); give 1 or more, got 0"]
         return []
+
+    def own_flags(self, bench: dict) -> dict[str, str]:
+        return {"model": "from models", "batch_size": "from batch_sizes", "num_batches": "from num_batches",
+                "num_warmup_batches": "from num_warmup_batches", "precision": "from precisions",
+                "channels_last": "from channels_last", "compile": "from compile", "device": "from device",
+                "num_gpus": "from num_gpus", "dist_backend": "from backend, with nodes > 1"}
 
     def measure(self, path: str, settings: dict) -> Measured:
         from fleetbench.parsing.source import file_lines
