@@ -784,7 +784,33 @@ def parse_config(data: Any, source: str = "<config>") -> FleetConfig:
         raise ConfigError(source, format_validation_error(exc) + errors) from None
     if errors:
         raise ConfigError(source, errors)
+    errors = _case_key_errors(cfg)
+    if errors:
+        raise ConfigError(source, errors)
     return cfg
+
+
+def _case_key_errors(cfg: FleetConfig) -> list[str]:
+    """A case key two benchmarks would both plan: keys join a benchmark's name and its axis values with dots,
+    which names may hold (benchmark `cnn` with model `resnet50.v1`, benchmark `cnn.resnet50` with model `v1`),
+    and the plan, the warehouse and the regression history know a case by its key. Multi-node keys carry `.n<N>`
+    and their host set, so they are compared per number of hosts."""
+    from fleetbench.harnesses import get as get_harness
+    from fleetbench.plan import mig_case_key
+
+    first: dict[tuple[str, int], int] = {}
+    clashes: dict[tuple[int, int], list[str]] = {}  # (benchmark, the earlier one) -> the keys both plan
+    for i, bench in enumerate(cfg.benchmarks):
+        for point in get_harness(bench.harness).points(bench):
+            keys = [(mig_case_key(point.case_key, m), 1) for m in bench.mig_profiles or [None]] if 1 in bench.nodes \
+                else []
+            for key in keys + [(point.case_key, n) for n in bench.nodes if n > 1]:
+                j = first.setdefault(key, i)
+                if j != i:
+                    clashes.setdefault((i, j), []).append(key[0] if key[1] == 1 else f"{key[0]}.n{key[1]}.<host set>")
+    return [f"benchmarks[{i}].name: case key {keys[0]!r}" + (f" (and {len(keys) - 1} more)" if len(keys) > 1 else "")
+            + f" is also planned by benchmarks[{j}] ({cfg.benchmarks[j].name!r}): rename one"
+            for (i, j), keys in clashes.items()]
 
 
 def config_warnings(cfg: FleetConfig) -> list[str]:

@@ -134,6 +134,32 @@ def test_field_errors_and_references_come_in_one_round():
     ])
 
 
+
+def test_a_case_key_two_benchmarks_would_plan_names_both_at_parse_time(tmp_path):
+    """Keys join names and axis values with dots, which names may hold: the clash is a config error naming both
+    benchmarks, not a ValueError of every run's plan task."""
+    from fleetbench.plan import expand_cases
+
+    data = good()
+    data["benchmarks"] = [
+        {"name": "cnn", "image": "tf1", "models": ["resnet50.v1"], "batch_sizes": [64, 128]},
+        {"name": "cnn.resnet50", "image": "tf1", "models": ["v1", "v2"], "batch_sizes": [64, 128]},
+        {"name": "cnn.resnet50.v2", "image": "tf1", "models": ["bs64"], "batch_sizes": [8], "num_gpus": [2]}]
+    data["hosts"][0]["address"] = "10.0.0.1"
+    assert errors_of(data) == [
+        "benchmarks[1].name: case key 'cnn.resnet50.v1.bs64.g1.parameter_server' (and 1 more) is also planned by "
+        "benchmarks[0] ('cnn'): rename one"]
+    data["benchmarks"][0]["nodes"] = [2]  # cnn's keys are now ...n2.<hosts>: no clash with one-host keys
+    expand_cases(parse_config(data))
+    data["benchmarks"][1]["nodes"] = [1, 2]
+    assert errors_of(data) == [
+        "benchmarks[1].name: case key 'cnn.resnet50.v1.bs64.g1.parameter_server.n2.<host set>' (and 1 more) is also "
+        "planned by benchmarks[0] ('cnn'): rename one"]
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump(data))
+    proc = subprocess.run([*FLEETBENCH, "config", "check", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "is also planned by benchmarks[0]" in proc.stderr
+
 def test_config_check_warns_on_a_plain_tcp_engine(tmp_path):
     data = good()
     data["hosts"].append({"name": "gpu-02", "connection": "ssh_gpu_02", "docker_url": "tcp://gpu-02:2376",
