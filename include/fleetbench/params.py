@@ -111,6 +111,8 @@ def accept_targets(items: list[str]) -> list[tuple[str, str | None]]:
 def apply_params(cfg: FleetConfig, params: dict | None, source: str = "params") -> FleetConfig:
     """The fleet config narrowed and overridden by a run's parameters, validated again as a whole.
 
+    `hosts` keeps the hosts and only drops the benchmarks that run on none of them: the plan takes the cases of
+    those hosts (`plan.build_plan`), from multi-node sets formed as configured, not paired anew.
     Raises ConfigError naming the parameter and the value (unknown host or model, bad values).
     """
     params = {**DEFAULTS, **{k: v for k, v in (params or {}).items() if v is not None or k in ("image", "num_batches")}}
@@ -142,14 +144,11 @@ def apply_params(cfg: FleetConfig, params: dict | None, source: str = "params") 
         raise ConfigError(source, errors)
 
     data = cfg.model_dump(mode="json", by_alias=True, exclude_none=True)
-    if params["hosts"]:
-        data["hosts"] = [h for h in data["hosts"] if h["name"] in params["hosts"]]
+    asked = set(params["hosts"] or [])
     benchmarks = []
     for bench in data["benchmarks"]:
-        if bench.get("hosts") is not None:
-            bench["hosts"] = [h for h in bench["hosts"] if h in {x["name"] for x in data["hosts"]}]
-            if not bench["hosts"]:
-                continue
+        if asked and asked.isdisjoint(bench["hosts"] if bench.get("hosts") is not None else known_hosts):
+            continue
         if params["models"]:  # a benchmark without models (nccl_tests, command) is not among those asked for
             bench["models"] = [m for m in bench.get("models") or [] if m in params["models"]]
             if not bench["models"]:

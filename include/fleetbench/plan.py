@@ -6,6 +6,7 @@ from validated names only, as an argument list (never a shell string).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Iterable
@@ -14,6 +15,8 @@ from fleetbench.config import FleetConfig
 
 if TYPE_CHECKING:
     from fleetbench.run_model import RunPlan
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,9 @@ def mig_case_key(case_key: str, profile: str | None) -> str:
 def expand_cases(cfg: FleetConfig, hosts: Iterable[str] | None = None,
                  models: Iterable[str] | None = None) -> list[Case]:
     """Every host x every point of each benchmark's matrix (its harness's axes, and its `mig_profiles`), in config
-    order. `models` keeps only the cases of those models (harnesses without models are kept)."""
+    order. `hosts` keeps only the cases on those hosts: a multi-node case when every host of its set (as the
+    config forms them) is among them. `models` keeps only the cases of those models (harnesses without models are
+    kept)."""
     from fleetbench.harnesses import get as get_harness
 
     only_hosts = set(hosts) if hosts is not None else None
@@ -146,7 +151,11 @@ def expand_cases(cfg: FleetConfig, hosts: Iterable[str] | None = None,
 
 def _multinode_cases(cfg: FleetConfig, points: dict, only_hosts: set | None, only_models: set | None) -> list[Case]:
     """The cases of N > 1 hosts: per benchmark and N, its hosts in config order in consecutive disjoint sets
-    (`fleetbench.multinode.host_sets`), each set one case per matrix point, on host networking."""
+    (`fleetbench.multinode.host_sets`), each set one case per matrix point, on host networking.
+
+    `only_hosts` (the run's `hosts` parameter) keeps the sets all of whose hosts it names: the sets are the
+    configured ones, so a rerun runs the nightly's sets and none the nightly never runs (with no history). A set
+    it names only some hosts of is left out, and logged."""
     from fleetbench.harnesses import get as get_harness
     from fleetbench.multinode import DEFAULT_BACKEND, LAUNCHER, host_sets, launcher_layout, layout, set_case_key
 
@@ -155,8 +164,7 @@ def _multinode_cases(cfg: FleetConfig, points: dict, only_hosts: set | None, onl
         sizes = [n for n in bench.nodes if n > 1]
         if not sizes:
             continue
-        names = [h.name for h in cfg.hosts if (bench.hosts is None or h.name in bench.hosts)
-                 and (only_hosts is None or h.name in only_hosts)]
+        names = [h.name for h in cfg.hosts if bench.hosts is None or h.name in bench.hosts]
         image = cfg.image(bench.image)
         harness = get_harness(bench.harness)
         container = {**bench.container_settings().model_dump(mode="json"), "network_mode": "host"}
@@ -166,6 +174,11 @@ def _multinode_cases(cfg: FleetConfig, points: dict, only_hosts: set | None, onl
             cluster["backend"] = DEFAULT_BACKEND[bench.device] if bench.backend == "auto" else bench.backend
         for n in sizes:
             for hosts in host_sets(names, n):
+                if only_hosts is not None and not only_hosts.issuperset(hosts):
+                    if only_hosts.intersection(hosts):
+                        log.warning("hosts parameter: benchmark %s's set %s is left out: %s not asked for",
+                                    bench.name, "+".join(hosts), ", ".join(h for h in hosts if h not in only_hosts))
+                    continue
                 for point in points[bench.name]:
                     if only_models is not None and point.model not in only_models:
                         continue
@@ -187,12 +200,13 @@ def _multinode_cases(cfg: FleetConfig, points: dict, only_hosts: set | None, onl
 
 def build_plan(cfg: FleetConfig, run: dict, params: dict | None = None) -> "RunPlan":
     """The run's plan: its cases, and per host with cases the host's settings, what its cases need (most
-    GPUs, newest CUDA of its images) and the images they run. `cfg` has the run's parameters applied;
-    `run` holds dag_id, run_id, logical_date, run_type."""
+    GPUs, newest CUDA of its images) and the images they run. `cfg` has the run's parameters applied
+    (`fleetbench.params.apply_params`) but for `hosts`, which is applied here; `run` holds dag_id, run_id,
+    logical_date, run_type."""
     from fleetbench import __version__
     from fleetbench.run_model import CaseNeeds, PlannedHost, RunInfo, RunPlan
 
-    cases = expand_cases(cfg)
+    cases = expand_cases(cfg, hosts=(params or {}).get("hosts") or None)
     hosts = []
     for host in cfg.hosts:
         host_cases = [c for c in cases if host.name in c.hosts]

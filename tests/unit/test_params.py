@@ -7,7 +7,7 @@ import pytest
 
 from fleetbench.config import ConfigError, parse_config
 from fleetbench.params import apply_params, param_specs
-from fleetbench.plan import expand_cases
+from fleetbench.plan import build_plan, expand_cases
 
 
 def cfg():
@@ -20,6 +20,11 @@ def cfg():
                        {"name": "cpu", "image": "tf1", "device": "cpu", "models": ["trivial"], "batch_sizes": [8],
                         "num_gpus": [0], "hosts": ["gpu-02"]}],
     })
+
+
+def planned(config, params: dict) -> list:
+    """The cases of a run with these parameters, as the plan task draws them."""
+    return build_plan(apply_params(config, params), {"dag_id": "d", "run_id": "r"}, params).cases
 
 
 def validate(params: dict) -> None:
@@ -86,10 +91,10 @@ def test_unknown_names_are_refused_again_at_run_time():
 
 
 def test_subset_and_overrides():
-    narrowed = apply_params(cfg(), {"hosts": ["gpu-01"], "models": ["vgg16"], "batch_sizes": [128],
-                                    "num_gpus": [4], "num_batches": 20,
-                                    "image": "nvcr.io/nvidia/tensorflow:24.01-tf1-py3"})
-    cases = expand_cases(narrowed)
+    params = {"hosts": ["gpu-01"], "models": ["vgg16"], "batch_sizes": [128], "num_gpus": [4], "num_batches": 20,
+              "image": "nvcr.io/nvidia/tensorflow:24.01-tf1-py3"}
+    narrowed = apply_params(cfg(), params)
+    cases = planned(cfg(), params)
     assert [(c.host, c.case_key) for c in cases] == [("gpu-01", "cnn.vgg16.bs128.g4.parameter_server")]
     assert "--num_batches=20" in cases[0].command
     assert narrowed.images[0].ref == "nvcr.io/nvidia/tensorflow:24.01-tf1-py3"
@@ -110,7 +115,7 @@ def test_an_image_override_replaces_only_the_images_the_run_uses():
 
 
 def test_benchmarks_emptied_by_the_subset_drop_out():
-    cases = expand_cases(apply_params(cfg(), {"hosts": ["gpu-02"], "models": ["trivial"]}))
+    cases = planned(cfg(), {"hosts": ["gpu-02"], "models": ["trivial"]})
     assert [(c.host, c.model, c.num_gpus) for c in cases] == [("gpu-02", "trivial", 0)]
     with pytest.raises(ConfigError, match="no benchmark is left"):
         apply_params(cfg(), {"hosts": ["gpu-01"], "models": ["trivial"]})
@@ -166,3 +171,28 @@ def test_accept_baselines_of_a_large_fleet_is_checked_when_the_run_starts():
     jsonschema.validate(["gpu-9999"], schema)
     with pytest.raises(ConfigError, match="unknown host 'gpu-9999'"):
         apply_params(big, {"accept_baselines": ["gpu-9999"]})
+
+
+def test_the_hosts_parameter_keeps_the_configured_multi_node_sets_it_names_every_host_of(caplog):
+    """Nightly, gpu-01..04 with nodes [1, 2] pair gpu-01+gpu-02 and gpu-03+gpu-04. A rerun of gpu-01, gpu-03 and
+    gpu-04 runs gpu-03+gpu-04, not gpu-01+gpu-03 (a set the nightly never runs, with no history), and logs the
+    set it leaves out."""
+    data = cfg().model_dump(mode="json", exclude_none=True)
+    data["hosts"] = [{"name": f"gpu-0{i}", "address": f"10.0.0.{i}", "connection": f"ssh_{i}"} for i in range(1, 5)]
+    data["benchmarks"] = [{"name": "cnn", "image": "tf1", "models": ["resnet50"], "batch_sizes": [64],
+                           "num_gpus": [8], "nodes": [1, 2]}]
+    fleet = parse_config(data)
+    nightly = {c.case_key for c in planned(fleet, {}) if c.nodes > 1}
+    assert nightly == {"cnn.resnet50.bs64.g8.parameter_server.n2.gpu-01+gpu-02",
+                       "cnn.resnet50.bs64.g8.parameter_server.n2.gpu-03+gpu-04"}
+    with caplog.at_level("WARNING", logger="fleetbench.plan"):
+        rerun = planned(fleet, {"hosts": ["gpu-01", "gpu-03", "gpu-04"]})
+    assert sorted((c.host, c.case_key) for c in rerun) == [
+        ("gpu-01", "cnn.resnet50.bs64.g8.parameter_server"), ("gpu-03", "cnn.resnet50.bs64.g8.parameter_server"),
+        ("gpu-03", "cnn.resnet50.bs64.g8.parameter_server.n2.gpu-03+gpu-04"),
+        ("gpu-04", "cnn.resnet50.bs64.g8.parameter_server")]
+    assert "benchmark cnn's set gpu-01+gpu-02 is left out: gpu-02 not asked for" in caplog.text
+    assert [c.case_key for c in planned(fleet, {"hosts": ["gpu-01"]}) if c.nodes > 1] == []
+    plan = build_plan(apply_params(fleet, {"hosts": ["gpu-04", "gpu-03"]}), {"dag_id": "d", "run_id": "r"},
+                      {"hosts": ["gpu-04", "gpu-03"]})
+    assert [h.name for h in plan.hosts] == ["gpu-03", "gpu-04"]  # only the asked hosts are validated and run
