@@ -26,6 +26,8 @@ CASE_KEY_PART = r"(/" + CASE_KEY + ")?"
 ACCEPT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}" + CASE_KEY_PART + "$"
 
 
+MAX_NUM_BATCHES = 1_000_000
+
 # Up to this many hosts, the trigger form offers the host names: a multi-select (Airflow's form draws one for an
 # array with `examples`) and an enum of the items, checked at trigger time. The form sends null for a
 # multi-select emptied again, so null is allowed and means "all", as [] does.
@@ -67,8 +69,10 @@ def param_specs(cfg: FleetConfig) -> dict[str, dict]:
                                  "(as each image's allow_override permits; an overridden image is not baked).",
                   "schema": {"type": ["null", "string"], "pattern": IMAGE_REF_PATTERN, "maxLength": 500}},
         "num_batches": {"default": None, "title": "Number of batches",
-                        "description": "Override num_batches for every benchmark.",
-                        "schema": {"type": ["null", "integer"], "minimum": 1, "maximum": 1000000}},
+                        "description": "Run the tf_cnn_benchmarks and torch_synthetic benchmarks with this many "
+                                       "batches. A case run with another number than its benchmark's is a case of "
+                                       "its own (<case_key>.nb<N>), apart from the nightly's history.",
+                        "schema": {"type": ["null", "integer"], "minimum": 1, "maximum": MAX_NUM_BATCHES}},
         "force_cases": {"default": [], "title": "Force cases",
                         "description": "Run these cases even when their capacity profile predicts an OOM: "
                                        "case_key (every host) or host/case_key.",
@@ -112,7 +116,9 @@ def apply_params(cfg: FleetConfig, params: dict | None, source: str = "params") 
     """The fleet config narrowed and overridden by a run's parameters, validated again as a whole.
 
     `hosts` keeps the hosts and only drops the benchmarks that run on none of them: the plan takes the cases of
-    those hosts (`plan.build_plan`), from multi-node sets formed as configured, not paired anew.
+    those hosts (`plan.build_plan`), from multi-node sets formed as configured, not paired anew. `num_batches` is
+    checked here and applied by the plan too, which knows each benchmark's own number (a case run with another
+    has a key of its own, `plan.batches_case_key`).
     Raises ConfigError naming the parameter and the value (unknown host or model, bad values).
     """
     params = {**DEFAULTS, **{k: v for k, v in (params or {}).items() if v is not None or k in ("image", "num_batches")}}
@@ -124,6 +130,10 @@ def apply_params(cfg: FleetConfig, params: dict | None, source: str = "params") 
         for i, value in enumerate(params[name] or []):
             if value not in known:
                 errors.append(f"{name}[{i}]: unknown {what} {value!r} (known: {', '.join(sorted(known))})")
+    batches = params["num_batches"]
+    if batches is not None and (isinstance(batches, bool) or not isinstance(batches, int)
+                                or not 1 <= batches <= MAX_NUM_BATCHES):
+        errors.append(f"num_batches: must be an integer from 1 to {MAX_NUM_BATCHES}, got {batches!r}")
     force = params["force_cases"]
     if not isinstance(force, list):
         errors.append(f"force_cases: must be a list of case keys, not {force!r}")
@@ -157,8 +167,6 @@ def apply_params(cfg: FleetConfig, params: dict | None, source: str = "params") 
             bench["batch_sizes"] = list(params["batch_sizes"])
         if params["num_gpus"] and bench.get("device", "gpu") == "gpu":
             bench["num_gpus"] = list(params["num_gpus"])
-        if params["num_batches"] is not None:
-            bench["num_batches"] = params["num_batches"]
         benchmarks.append(bench)
     if not benchmarks:
         raise ConfigError(source, ["no benchmark is left after applying hosts and models"])

@@ -88,16 +88,33 @@ def mig_case_key(case_key: str, profile: str | None) -> str:
     return f"{case_key}.mig-{profile.replace('+', '_')}" if profile else case_key
 
 
+def batches_case_key(case_key: str, num_batches: int | None) -> str:
+    """A case run with another number of batches than its benchmark's (a manual run's `num_batches` parameter):
+    `<point key>.nb<N>`, a case of its own. Its duration, cost and share of warm-up are not the nightly case's,
+    whose regression history and baselines it must not join."""
+    return f"{case_key}.nb{num_batches}" if num_batches is not None else case_key
+
+
 def expand_cases(cfg: FleetConfig, hosts: Iterable[str] | None = None,
-                 models: Iterable[str] | None = None) -> list[Case]:
+                 models: Iterable[str] | None = None, num_batches: int | None = None) -> list[Case]:
     """Every host x every point of each benchmark's matrix (its harness's axes, and its `mig_profiles`), in config
     order. `hosts` keeps only the cases on those hosts: a multi-node case when every host of its set (as the
     config forms them) is among them. `models` keeps only the cases of those models (harnesses without models are
-    kept)."""
+    kept). `num_batches` runs the benchmarks whose harness passes it with that many batches; where it is not the
+    configured number, their keys say so (`batches_case_key`)."""
     from fleetbench.harnesses import get as get_harness
 
     only_hosts = set(hosts) if hosts is not None else None
     only_models = set(models) if models is not None else None
+    overridden: dict[str, int] = {}  # benchmark -> the run's num_batches, where it is not the configured one
+    if num_batches is not None:
+        benchmarks = []
+        for bench in cfg.benchmarks:
+            if num_batches != bench.num_batches and get_harness(bench.harness).passes_num_batches:
+                bench = bench.model_copy(update={"num_batches": num_batches})
+                overridden[bench.name] = num_batches
+            benchmarks.append(bench)
+        cfg = cfg.model_copy(update={"benchmarks": benchmarks})
     points = {bench.name: get_harness(bench.harness).points(bench) for bench in cfg.benchmarks}
     cases: list[Case] = []
     for host in cfg.hosts:
@@ -119,7 +136,7 @@ def expand_cases(cfg: FleetConfig, hosts: Iterable[str] | None = None,
                 cases.append(
                     Case(
                         host=host.name,
-                        case_key=mig_case_key(point.case_key, profile),
+                        case_key=mig_case_key(batches_case_key(point.case_key, overridden.get(bench.name)), profile),
                         benchmark=bench.name,
                         image=image.name,
                         model=point.model,
@@ -141,7 +158,7 @@ def expand_cases(cfg: FleetConfig, hosts: Iterable[str] | None = None,
                         mig_profile=profile,
                     )
                 )
-    cases += _multinode_cases(cfg, points, only_hosts, only_models)
+    cases += _multinode_cases(cfg, points, only_hosts, only_models, overridden)
     keys = [(c.host, c.case_key) for c in cases]
     if len(keys) != len(set(keys)):
         dupes = sorted({k for k in keys if keys.count(k) > 1})
@@ -149,7 +166,8 @@ def expand_cases(cfg: FleetConfig, hosts: Iterable[str] | None = None,
     return cases
 
 
-def _multinode_cases(cfg: FleetConfig, points: dict, only_hosts: set | None, only_models: set | None) -> list[Case]:
+def _multinode_cases(cfg: FleetConfig, points: dict, only_hosts: set | None, only_models: set | None,
+                     overridden: dict[str, int]) -> list[Case]:
     """The cases of N > 1 hosts: per benchmark and N, its hosts in config order in consecutive disjoint sets
     (`fleetbench.multinode.host_sets`), each set one case per matrix point, on host networking.
 
@@ -183,7 +201,8 @@ def _multinode_cases(cfg: FleetConfig, points: dict, only_hosts: set | None, onl
                     if only_models is not None and point.model not in only_models:
                         continue
                     cases.append(Case(
-                        host=hosts[0], case_key=set_case_key(point.case_key, hosts), benchmark=bench.name,
+                        host=hosts[0], benchmark=bench.name,
+                        case_key=set_case_key(batches_case_key(point.case_key, overridden.get(bench.name)), hosts),
                         image=image.name, model=point.model, batch_size_per_device=point.batch_size,
                         num_gpus=point.num_gpus, variable_update=point.variable_update, device=bench.device,
                         num_batches=bench.num_batches, num_warmup_batches=bench.num_warmup_batches,
@@ -201,12 +220,13 @@ def _multinode_cases(cfg: FleetConfig, points: dict, only_hosts: set | None, onl
 def build_plan(cfg: FleetConfig, run: dict, params: dict | None = None) -> "RunPlan":
     """The run's plan: its cases, and per host with cases the host's settings, what its cases need (most
     GPUs, newest CUDA of its images) and the images they run. `cfg` has the run's parameters applied
-    (`fleetbench.params.apply_params`) but for `hosts`, which is applied here; `run` holds dag_id, run_id,
-    logical_date, run_type."""
+    (`fleetbench.params.apply_params`) but for `hosts` and `num_batches`, which the plan applies; `run` holds
+    dag_id, run_id, logical_date, run_type."""
     from fleetbench import __version__
     from fleetbench.run_model import CaseNeeds, PlannedHost, RunInfo, RunPlan
 
-    cases = expand_cases(cfg, hosts=(params or {}).get("hosts") or None)
+    params = params or {}
+    cases = expand_cases(cfg, hosts=params.get("hosts") or None, num_batches=params.get("num_batches"))
     hosts = []
     for host in cfg.hosts:
         host_cases = [c for c in cases if host.name in c.hosts]
@@ -223,7 +243,7 @@ def build_plan(cfg: FleetConfig, run: dict, params: dict | None = None) -> "RunP
         hosts.append(PlannedHost(**dict(host), needs=needs, images=images))
     info = RunInfo(**run, fleet=cfg.fleet.name, config_digest=cfg.digest(),
                    started_at=datetime.now(timezone.utc).isoformat(),
-                   fleetbench_version=__version__, dry_run=bool((params or {}).get("dry_run")), params=params or {},
+                   fleetbench_version=__version__, dry_run=bool(params.get("dry_run")), params=params,
                    fleet_settings=cfg.fleet)
     return RunPlan(run=info, hosts=hosts, cases=cases)
 

@@ -95,7 +95,7 @@ def test_subset_and_overrides():
               "image": "nvcr.io/nvidia/tensorflow:24.01-tf1-py3"}
     narrowed = apply_params(cfg(), params)
     cases = planned(cfg(), params)
-    assert [(c.host, c.case_key) for c in cases] == [("gpu-01", "cnn.vgg16.bs128.g4.parameter_server")]
+    assert [(c.host, c.case_key) for c in cases] == [("gpu-01", "cnn.vgg16.bs128.g4.parameter_server.nb20")]
     assert "--num_batches=20" in cases[0].command
     assert narrowed.images[0].ref == "nvcr.io/nvidia/tensorflow:24.01-tf1-py3"
 
@@ -196,3 +196,39 @@ def test_the_hosts_parameter_keeps_the_configured_multi_node_sets_it_names_every
     plan = build_plan(apply_params(fleet, {"hosts": ["gpu-04", "gpu-03"]}), {"dag_id": "d", "run_id": "r"},
                       {"hosts": ["gpu-04", "gpu-03"]})
     assert [h.name for h in plan.hosts] == ["gpu-03", "gpu-04"]  # only the asked hosts are validated and run
+
+
+def test_a_num_batches_override_plans_cases_of_their_own_apart_from_the_nightly():
+    """A quick check with 10 batches must not join the 100-batch nightly's history under its keys (its duration
+    and cost would be a false improvement at once): a case run with another number than its benchmark's has the
+    key `<key>.nb<N>`. The same number as configured is the nightly case; harnesses that do not pass num_batches
+    (nccl_tests, command) keep theirs."""
+    data = cfg().model_dump(mode="json", exclude_none=True)
+    data["hosts"] = [{"name": h, "address": f"10.0.0.{i}", "connection": f"ssh_{i}"}
+                     for i, h in enumerate(("gpu-01", "gpu-02"))]
+    data["benchmarks"][0].update(models=["vgg16"], batch_sizes=[32], num_gpus=[1], nodes=[1, 2])
+    data["images"].append({"name": "pt", "ref": "nvcr.io/nvidia/pytorch:25.01-py3", "command": ["python", "t.py"]})
+    data["benchmarks"] += [
+        {"name": "pt", "image": "pt", "harness": "torch_synthetic", "models": ["resnet50"], "batch_sizes": [32],
+         "num_batches": 10, "mig_profiles": ["1g.10gb"]},
+        {"name": "nccl", "image": "pt", "harness": "nccl_tests", "collectives": ["all_reduce"]}]
+    fleet = parse_config(data)
+    nightly = {(c.host, c.case_key): c for c in planned(fleet, {})}
+    manual = {(c.host, c.case_key): c for c in planned(fleet, {"num_batches": 10})}
+    assert {k: c.num_batches for k, c in manual.items() if k[0] == "gpu-01"} == {
+        ("gpu-01", "cnn.vgg16.bs32.g1.parameter_server.nb10"): 10,
+        ("gpu-01", "cnn.vgg16.bs32.g1.parameter_server.nb10.n2.gpu-01+gpu-02"): 10,
+        ("gpu-01", "pt.resnet50.bs32.g1.fp32.nchw.eager.mig-1g.10gb"): 10,  # its own number: the nightly case
+        ("gpu-01", "nccl.all_reduce.g1.8-128M"): 100}  # nccl-tests takes no number of batches
+    cnn = manual[("gpu-01", "cnn.vgg16.bs32.g1.parameter_server.nb10")]
+    assert "--num_batches=10" in cnn.command and "--num_batches=100" in nightly[
+        ("gpu-01", "cnn.vgg16.bs32.g1.parameter_server")].command
+    changed = {k for k, c in manual.items() if c.num_batches != nightly.get(k, c).num_batches}
+    assert not changed and not {k for k, c in manual.items() if c.harness == "tf_cnn_benchmarks"} & set(nightly)
+    hundred = {c.benchmark: c for c in planned(fleet, {"num_batches": 100}) if c.host == "gpu-01" and c.nodes == 1}
+    assert hundred["cnn"] == nightly[("gpu-01", "cnn.vgg16.bs32.g1.parameter_server")]  # cnn's own number
+    assert hundred["pt"].case_key == "pt.resnet50.bs32.g1.fp32.nchw.eager.nb100.mig-1g.10gb"
+    for bad in (0, True, "10", 10**7):
+        with pytest.raises(ConfigError) as info:
+            apply_params(fleet, {"num_batches": bad})
+        assert info.value.errors == [f"num_batches: must be an integer from 1 to 1000000, got {bad!r}"]

@@ -151,6 +151,7 @@ class Harness:
     needs_argv: bool = True  # runs the image's command (or the benchmark's): it must not be empty
     gpu_only: bool = False
     abbreviated_flags: bool = False  # the program reads an unambiguous prefix as the flag (argparse, getopt_long)
+    passes_num_batches: bool = False  # `command` passes the benchmark's num_batches (the num_batches parameter's)
 
     def points(self, bench: "BenchmarkSpec") -> list[CasePoint]:
         raise NotImplementedError

@@ -44,6 +44,7 @@ class TfCnnBenchmarks(Harness):
     required = ("models", "batch_sizes")
     primary = ("images_per_sec", "images/s", HIGHER)
     description = "TensorFlow tf_cnn_benchmarks: total images/sec, accuracy, step throughput"
+    passes_num_batches = True
 
     def points(self, bench: "BenchmarkSpec") -> list[CasePoint]:
         return [CasePoint(case_key(bench.name, model, bs, gpus, vu), model, bs, gpus, vu,

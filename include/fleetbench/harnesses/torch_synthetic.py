@@ -34,6 +34,7 @@ class TorchSynthetic(Harness):
     primary = ("images_per_sec", "images/s", HIGHER)
     description = "PyTorch synthetic-data training: images/sec of torchvision models"
     abbreviated_flags = True  # torch_synthetic.py's argparse takes --batch for --batch_size
+    passes_num_batches = True
 
     def points(self, bench: "BenchmarkSpec") -> list[CasePoint]:
         return [CasePoint(case_key(bench.name, model, bs, gpus, prec, cl, comp), model, bs, gpus, None,
