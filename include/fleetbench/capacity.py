@@ -345,7 +345,7 @@ def read_rows(engine, models: Iterable[str] | None = None, dag_ids: Iterable[str
     from fleetbench.warehouse.schema import MEMORY_READING_ROWS, MISSED_OOM_ROWS, OOM_ROWS
 
     where, params = "", {}
-    models = sorted(set(models or []))
+    models = sorted({m for m in models or [] if m is not None})  # a command benchmark's cases have no model
     if models:
         where += " AND model IN :models"
         params["models"] = models
@@ -444,7 +444,8 @@ def plan_capacity(plan, engine=None):
             engine = get_engine()
         try:
             if has_results(engine):  # a new warehouse has no tables yet: nothing learned, every case runs
-                profiles = fit_profiles(read_rows(engine, {c.model for c in plan.cases}), settings)
+                models = {c.model for c in plan.cases if c.model is not None}
+                profiles = fit_profiles(read_rows(engine, models), settings) if models else {}
                 gpu_mib = read_gpu_memory(engine, {c.host for c in plan.cases if c.device == "gpu"})
         finally:
             if own:

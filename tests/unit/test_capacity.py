@@ -297,6 +297,28 @@ def test_unreadable_warehouse_runs_everything_with_the_reason(tmp_path):
     assert case.capacity["capacity_mib"] == 256.0
 
 
+def test_a_model_less_command_benchmark_leaves_the_others_predicted(tmp_path):
+    """A `command` benchmark's cases have no model: next to a tf_cnn benchmark they must not make the warehouse
+    read fail, which took the prediction of every case of the run."""
+    from fleetbench.warehouse import get_engine, store_run, upgrade
+    from warehouse_rows import result_row, run_row
+
+    engine = get_engine(f"sqlite:///{tmp_path}/w.db")
+    upgrade(engine)
+    store_run(engine, run_row("r0"), [], [
+        result_row(f"smoke.trivial.bs{r['batch_size_per_device']}.g0.parameter_server", run_id="r0", **r,
+                   harness="tf_cnn_benchmarks", peak_gpu_mem_mib=None) for r in cpu_rows([2048, 3072, 4096, 5120, 6144])
+    ], [])
+    cfg = plan_cfg([5120, 8192])
+    cfg["benchmarks"].append({"name": "serve", "image": "cpu", "harness": "command", "device": "cpu",
+                              "command": ["python3", "serve.py"], "num_gpus": [0]})
+    plan = plan_capacity(build_plan(parse_config(cfg), {"dag_id": "d", "run_id": "r"}), engine=engine)
+    notes = {c.case_key: c.capacity["note"] for c in plan.cases}
+    assert notes["smoke.trivial.bs5120.g0.parameter_server"].startswith("fits: 198 +- 3 MiB")
+    assert notes["smoke.trivial.bs8192.g0.parameter_server"].startswith("predicted OOM: 306 +- 3 MiB")
+    assert not notes["serve.g0"].startswith("no prediction: the warehouse could not be read"), notes["serve.g0"]
+
+
 def test_gpu_case_on_a_host_of_unknown_memory_is_not_predicted():
     from fleetbench.plan import Case
 
