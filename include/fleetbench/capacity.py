@@ -408,6 +408,7 @@ def settings_of(fleet_settings) -> Settings:
 
 def forced_cases(plan, force: Iterable[str]) -> set[tuple[str, str]]:
     """`force_cases` items ("case_key" on every host, or "host/case_key") -> the (host, case_key)s they name.
+    A multi-node case runs on every host of its set, so any of them names it (it is planned under the first).
 
     Raises ConfigError naming an item that matches no planned case."""
     from fleetbench.config import ConfigError
@@ -415,7 +416,7 @@ def forced_cases(plan, force: Iterable[str]) -> set[tuple[str, str]]:
     out, errors = set(), []
     for i, item in enumerate(force):
         host, _, key = item.rpartition("/")
-        hits = {(c.host, c.case_key) for c in plan.cases if c.case_key == key and host in ("", c.host)}
+        hits = {(c.host, c.case_key) for c in plan.cases if c.case_key == key and host in ("", *c.hosts)}
         if not hits:
             errors.append(f"force_cases[{i}]: {item!r} is not a case of this run's plan")
         out |= hits

@@ -340,6 +340,19 @@ def test_forced_cases_expand_a_bare_case_key_to_every_host():
         ("h1", "smoke.trivial.bs8192.g0.parameter_server"), ("h2", "smoke.trivial.bs8192.g0.parameter_server")}
 
 
+def test_forced_cases_name_a_multi_node_case_by_any_host_of_its_set():
+    cfg = plan_cfg([8192])
+    cfg["hosts"] += [{"name": "h2"}, {"name": "h3"}]
+    cfg["benchmarks"][0].update(nodes=[2])
+    plan = build_plan(parse_config(cfg), {"dag_id": "d", "run_id": "r"})
+    key = "smoke.trivial.bs8192.g0.parameter_server.n2.h1+h2"
+    assert key in {c.case_key for c in plan.cases}
+    for host in ("h1", "h2"):
+        assert forced_cases(plan, [f"{host}/{key}"]) == {("h1", key)}
+    with pytest.raises(ConfigError, match=r"force_cases\[0\]: 'h3/smoke.*n2.h1\+h2' is not a case of this run's plan"):
+        forced_cases(plan, [f"h3/{key}"])
+
+
 @pytest.mark.parametrize("value, expected", [("256m", 256.0), ("2g", 2048.0), ("1048576", 1.0), ("512k", 0.5),
                                              (None, None), ("0", None), ("lots", None)])
 def test_mem_limit_mib(value, expected):
