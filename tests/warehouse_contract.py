@@ -167,7 +167,8 @@ def check_capacity_features(engine):
 
 def check_capacity_reads_profiles_bounds_and_misses(engine):
     """`capacity.read_rows`: ok readings newest first, each profile per harness (a torch_synthetic resnet50 is not
-    a tf_cnn_benchmarks one), one bound row per OOM memory size and batch with its newest night, every miss as
+    a tf_cnn_benchmarks one) and torch_synthetic's per compile and channels_last (its OOMs' bounds grouped by
+    command, which says them), one bound row per OOM memory size and batch with its newest night, every miss as
     stored, and only the DAGs asked for; the profile fitted from them is the one the rows make."""
     from fleetbench.capacity import Settings, fit_profiles, read_rows
 
@@ -178,6 +179,10 @@ def check_capacity_reads_profiles_bounds_and_misses(engine):
                         peak_gpu_mem_mib=500.0 + 10 * b) for b in (32, 64, 128)]
     rows += [result_row(f"cnn.resnet50.bs{b}.g1.replicated", batch_size_per_device=b, harness="tf_cnn_benchmarks",
                         status="failed", ips=None, capacity_mib=40960.0, precision="fp32") for b in (512, 1024)]
+    rows += [result_row(f"torch.resnet50.bs{b}.{mode}", host=host, batch_size_per_device=b, harness="torch_synthetic",
+                        status="failed", ips=None, capacity_mib=40960.0, precision="fp32",
+                        command=["python", "torch_synthetic.py", f"--compile={int(mode == 'compiled')}"])
+             for b, mode, host in ((256, "eager", "h1"), (256, "eager", "h2"), (512, "compiled", "h1"))]
     rows.append(result_row("cnn.resnet50.bs768.g1.replicated", batch_size_per_device=768, harness="tf_cnn_benchmarks",
                            status="failed", ips=None, capacity_mib=81920.0, predicted_mem_mib=47080.0,
                            capacity_note="fits: 47080 +- 50 MiB"))
@@ -188,15 +193,16 @@ def check_capacity_reads_profiles_bounds_and_misses(engine):
               [dict(result_row("x", run_id="r2", model="vgg16", peak_gpu_mem_mib=9000.0), dag_id="other")], [])
 
     got = read_rows(engine, ["resnet50"])
-    # 6 readings, 3 bound rows (40960 MiB: batches 512 and 1024; 81920 MiB: the miss, stored without a precision:
-    # by its command), 1 miss
-    assert {r["model"] for r in got} == {"resnet50"} and len(got) == 6 + 3 + 1
+    # 6 readings, 5 bound rows (tf_cnn_benchmarks, 40960 MiB: batches 512 and 1024; 81920 MiB: the miss, stored
+    # without a precision: by its command; torch_synthetic: eager 256 (two hosts, one command), compiled 512), 1 miss
+    assert {r["model"] for r in got} == {"resnet50"} and len(got) == 6 + 5 + 1
     assert {r["logical_date"] is not None for r in got} == {True}
     profiles = fit_profiles(got, Settings())
-    tf = profiles[("tf_cnn_benchmarks", "resnet50", "fp32", "gpu")]
-    torch = profiles[("torch_synthetic", "resnet50", "fp32", "gpu")]
+    tf = profiles[("tf_cnn_benchmarks", "resnet50", "fp32", "gpu", "")]
+    torch = profiles[("torch_synthetic", "resnet50", "fp32", "gpu", "channels_last=0,compile=0")]
     assert (tf.slope, tf.intercept, tf.n) == (60.0, 1000.0, 3) and (torch.slope, torch.intercept) == (10.0, 500.0)
-    assert tf.ooms == {40960.0: 512, 81920.0: 768} and not torch.ooms
+    assert tf.ooms == {40960.0: 512, 81920.0: 768} and torch.ooms == {40960.0: 256}
+    assert profiles[("torch_synthetic", "resnet50", "fp32", "gpu", "channels_last=0,compile=1")].ooms == {40960.0: 512}
     assert [m["case_key"] for m in tf.misses] == ["cnn.resnet50.bs768.g1.replicated"]
     assert {r["model"] for r in read_rows(engine)} == {"resnet50", "vgg16"}
     assert {r["model"] for r in read_rows(engine, dag_ids={"other"})} == {"vgg16"}
@@ -216,6 +222,8 @@ def check_report_reads_through_partial_indexes(engine):
     rows = [result_row(f"c{i}", host=f"h{i % 7}") for i in range(300)]
     rows += [result_row("m", nodes=2, host_set="h1,h2"), result_row("r", peak_gpu_mem_mib=900.0),
              result_row("o", status="failed", ips=None, capacity_mib=40960.0, precision="fp32"),
+             result_row("t", status="failed", ips=None, capacity_mib=40960.0, precision="fp32",
+                        harness="torch_synthetic"),  # its bound grouped by command, as its compile says
              result_row("f", status="failed", ips=None, capacity_mib=40960.0, capacity_note="fits: 900 +- 9 MiB")]
     store_run(engine, run_row("r1"), [], rows, [])
     with engine.begin() as conn:

@@ -1,12 +1,15 @@
 """Capacity profiles: peak memory against batch size, fitted from the warehouse, used before a case runs.
 
-A profile per (harness, model, precision, device kind) is a Theil-Sen line through the (per-device
+A profile per (harness, model, precision, device kind, memory variant) is a Theil-Sen line through the (per-device
 batch, peak memory per device) points of its ok results: peak GPU memory for GPU cases, the
 container's peak memory for CPU cases. Theil-Sen (the median of the pairwise slopes, then the
 median intercept) because a handful of nightly readings is all a profile has, and one bad reading
 (a neighbour's process on the GPU, a page-cache spike) must not tilt the line: it ignores up to
 ~29 % of outliers, needs no tuning constant (Huber needs a scale) and the answer can be checked by
-hand. Next to the line: how many points, at how many batch sizes, and the residual spread
+hand. The memory variant is the harness's other axes that change peak memory (`Harness.memory_flags`:
+torch_synthetic's channels_last and compile, read from the command as the precision is; "" for the rest): an
+eager case's OOM must not skip the compiled case at that batch, nor its readings predict the compiled ones.
+Next to the line: how many points, at how many batch sizes, and the residual spread
 (`spread_mib`, 3 x 1.4826 x the median absolute residual, at least 2 % of the median reading), so
 a prediction is `predicted_mib +- spread_mib`. And the smallest batch known to have died of OOM per
 memory size (`ooms`): an OOM at batch b with C MiB means every batch >= b OOMs on C MiB or less, unless an
@@ -32,6 +35,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any, Iterable, Mapping
 
+from fleetbench.harnesses import HARNESSES
 from fleetbench.metrics import precision_of
 from fleetbench.telemetry.container_memory import MAX_MIB
 
@@ -53,7 +57,7 @@ AT_CAPACITY = 0.95
 _BYTES = re.compile(r"^([0-9]+)([bkmgBKMG]?)$")
 _UNIT = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 
-Key = tuple[str, str, str, str]  # harness, model, precision, device kind
+Key = tuple[str, str, str, str, str]  # harness, model, precision, device kind, memory variant
 
 
 @dataclass(frozen=True)
@@ -69,8 +73,15 @@ class Settings:
 
 def key_of(row: Mapping[str, Any]) -> Key:
     """A result row's (or a case's dict's) profile key."""
-    return (row.get("harness") or DEFAULT_HARNESS, str(row.get("model")),
-            row.get("precision") or precision_of(row.get("command")) or "fp32", row.get("device") or "gpu")
+    harness = row.get("harness") or DEFAULT_HARNESS
+    return (harness, str(row.get("model")), row.get("precision") or precision_of(row.get("command")) or "fp32",
+            row.get("device") or "gpu", variant_of(harness, row.get("command")))
+
+
+def variant_of(harness: str, command: Any) -> str:
+    """The memory variant of a case of that harness with that command ("" for a harness without one)."""
+    h = HARNESSES.get(harness)
+    return h.memory_variant(command) if h is not None else ""
 
 
 def reading(row: Mapping[str, Any]) -> Any:
@@ -137,7 +148,7 @@ class Profile:
         return max(best, 0)
 
     def explain(self) -> str:
-        name = "/".join(self.key)
+        name = "/".join(part for part in self.key if part)
         if not self.fitted:
             return f"{name}: no prediction: {self.reason}"
         return (f"{name}: peak MiB = {self.intercept:.1f} + {self.slope:.4f} x batch per device, +- "
@@ -145,6 +156,7 @@ class Profile:
 
     def to_dict(self) -> dict:
         return {"harness": self.key[0], "model": self.key[1], "precision": self.key[2], "device": self.key[3],
+                "variant": self.key[4],
                 "n": self.n, "batches": self.batches, "slope_mib_per_sample": self.slope,
                 "intercept_mib": self.intercept, "spread_mib": self.spread_mib, "reason": self.reason,
                 "ooms": [{"capacity_mib": c, "batch": b} for c, b in sorted(self.ooms.items())],
@@ -278,7 +290,9 @@ def assess(case, profiles: Mapping[Key, Profile], gpu_mib: Mapping[str, float | 
     if capacity is None:
         return {**out, "note": f"no prediction: {what}"}
     if profile is None:
-        return {**out, "note": "no prediction: no result of this harness, model, precision and device yet"}
+        variant = key_of(case_row(case))[4]
+        return {**out, "note": "no prediction: no result of this harness, model, precision and device"
+                               f"{f' ({variant})' if variant else ''} yet"}
     oom = profile.known_oom(batch, capacity)
     predicted = profile.predict(batch)
     out.update(predicted_mem_mib=predicted, spread_mib=profile.spread_mib)
@@ -328,6 +342,10 @@ READ_COLUMNS = ("dag_id", "run_id", "logical_date", "host", "case_key", "harness
                 "capacity_mib", "predicted_mem_mib", "capacity_note")
 # An OOM bound is the smallest batch per (profile features, memory size, OOM class): `fit_profiles` keeps no more.
 BOUND_COLUMNS = ("harness", "model", "precision", "device", "capacity_mib", "failure_class")
+# OOM rows whose profile key needs their command: stored without a precision (before revision 0003), or of a
+# harness with a memory variant (`memory_flags`, on the command line). The rest group on the OOM index alone.
+BY_COMMAND = ("(precision IS NULL OR COALESCE(harness, '') IN ("
+              + ", ".join(f"'{name}'" for name, h in sorted(HARNESSES.items()) if h.memory_flags) + "))")
 
 
 def read_rows(engine, models: Iterable[str] | None = None, dag_ids: Iterable[str] | None = None) -> list[dict]:
@@ -338,7 +356,8 @@ def read_rows(engine, models: Iterable[str] | None = None, dag_ids: Iterable[str
     - every OOM's bound: per harness, model, precision, device, memory size, OOM class and batch, the newest
       night it died (one row each, `status` failed, no run; on the OOM rows' own index): a newer ok result at
       that batch or above on that much memory or less lifts it (`_ran_since`). Rows stored before revision
-      0003 have no precision: theirs is grouped by command too, as `key_of` reads it from the command;
+      0003 have no precision, and a harness with a memory variant has it on the command line (torch_synthetic's
+      compile and channels_last): theirs are grouped by command too, as `key_of` reads both from the command;
     - OOMs whose plan said "fits" (the misses), newest first, at most MAX_ROWS, each as stored."""
     from sqlalchemy import text
 
@@ -358,10 +377,10 @@ def read_rows(engine, models: Iterable[str] | None = None, dag_ids: Iterable[str
     queries = [
         f"SELECT {columns} FROM benchmark_results WHERE {MEMORY_READING_ROWS}{where} {newest}",
         f"SELECT {bound}, batch_size_per_device, MAX(logical_date) AS logical_date, 'failed' AS status "
-        f"FROM benchmark_results WHERE {OOM_ROWS}{where} AND precision IS NOT NULL "
+        f"FROM benchmark_results WHERE {OOM_ROWS}{where} AND NOT {BY_COMMAND} "
         f"GROUP BY {bound}, batch_size_per_device",
         f"SELECT {bound}, command, batch_size_per_device, MAX(logical_date) AS logical_date, 'failed' AS status "
-        f"FROM benchmark_results WHERE {OOM_ROWS}{where} AND precision IS NULL "
+        f"FROM benchmark_results WHERE {OOM_ROWS}{where} AND {BY_COMMAND} "
         f"GROUP BY {bound}, command, batch_size_per_device",
         f"SELECT {columns} FROM benchmark_results WHERE {MISSED_OOM_ROWS}{where} {newest}",
     ]

@@ -194,19 +194,24 @@ _PRECISION_FLAG = re.compile(r"^--precision=(fp32|fp16|bf16)$")  # torch_synthet
 _FALSE = {"false", "0", "no", "off", "f", "n"}
 
 
-def precision_of(command: Sequence[str] | str | None) -> str | None:
-    """torch_synthetic's `--precision=fp32|fp16|bf16`; 'fp16' when the tf_cnn_benchmarks command line turns on
-    `--use_fp16` or `--auto_mixed_precision`; else 'fp32' (the harnesses' default); None without a command.
-    Accepts a list or its JSON text. (Precision splits speedup baselines and capacity profiles: a bf16 case is
-    neither scaled against nor predicted from fp32 ones.)"""
-    if command is None:
-        return None
+def command_argv(command: Sequence[str] | str | None) -> list | None:
+    """A stored command as its argv: the list itself, or its JSON text (other text split on blanks); None when
+    there is none."""
     if isinstance(command, str):
         try:
             command = json.loads(command)
         except ValueError:
             command = command.split()
-    if not isinstance(command, (list, tuple)):
+    return list(command) if isinstance(command, (list, tuple)) else None
+
+
+def precision_of(command: Sequence[str] | str | None) -> str | None:
+    """torch_synthetic's `--precision=fp32|fp16|bf16`; 'fp16' when the tf_cnn_benchmarks command line turns on
+    `--use_fp16` or `--auto_mixed_precision`; else 'fp32' (the harnesses' default); None without a command.
+    Accepts a list or its JSON text. (Precision splits speedup baselines and capacity profiles: a bf16 case is
+    neither scaled against nor predicted from fp32 ones.)"""
+    command = command_argv(command)
+    if command is None:
         return None
     for arg in command:
         if (m := _PRECISION_FLAG.match(str(arg))) is not None:

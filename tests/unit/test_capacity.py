@@ -21,7 +21,7 @@ from fleetbench.params import apply_params
 from fleetbench.plan import build_plan
 from fleetbench.telemetry.container_memory import PeakMemory, cgroup_files, mib, stats_peak_mib
 
-KEY = ("tf_cnn_benchmarks", "resnet50", "fp32", "gpu")
+KEY = ("tf_cnn_benchmarks", "resnet50", "fp32", "gpu", "")
 
 
 def row(batch: int, mem, status: str = "ok", device: str = "gpu", **extra) -> dict:
@@ -79,8 +79,9 @@ def test_profiles_are_per_harness_model_precision_and_device():
             + [row(b, 100.0 + b, device="cpu") for b in (8, 16, 32)])
     profiles = fit_profiles(rows)
     assert {k: p.slope for k, p in profiles.items()} == {
-        KEY: 40.0, ("tf_cnn_benchmarks", "vgg16", "fp32", "gpu"): 80.0,
-        ("tf_cnn_benchmarks", "resnet50", "fp16", "gpu"): 20.0, ("tf_cnn_benchmarks", "resnet50", "fp32", "cpu"): 1.0}
+        KEY: 40.0, ("tf_cnn_benchmarks", "vgg16", "fp32", "gpu", ""): 80.0,
+        ("tf_cnn_benchmarks", "resnet50", "fp16", "gpu", ""): 20.0,
+        ("tf_cnn_benchmarks", "resnet50", "fp32", "cpu", ""): 1.0}
 
 
 # -- bad input: no prediction and the reason, never a crash ------------------------------------------------
@@ -134,7 +135,7 @@ def test_an_oom_bounds_only_the_memory_that_ran_out():
     cpu_rows = [row(b, 100.0 + b, device="cpu") for b in (8, 16, 32)] + [
         row(64, None, device="cpu", **{**killed, "capacity_mib": 256.0}),
         row(128, None, device="cpu", status="failed", failure_class="gpu_oom", capacity_mib=256.0)]
-    cpu = fit_profiles(cpu_rows)[KEY[:3] + ("cpu",)]
+    cpu = fit_profiles(cpu_rows)[KEY[:3] + ("cpu", "")]
     assert cpu.ooms == {256.0: 64} and len(cpu.misses) == 1
 
 
@@ -203,6 +204,56 @@ def test_the_warehouse_read_lifts_an_oom_bound_a_later_night_disproved(tmp_path)
     assert fit_profiles(read_rows(engine, ["resnet50"]))[KEY].ooms == {}
     night("r4", 4, case(128, ok=False))  # a real bound later on still counts
     assert fit_profiles(read_rows(engine, ["resnet50"]))[KEY].ooms == {16384.0: 128}
+
+
+def test_torch_synthetic_compile_and_channels_last_are_profiles_of_their_own(tmp_path):
+    """Eager and compiled (and channels_last) cases need very different memory at one batch: an eager OOM must not
+    skip the compiled case that ran at that batch, a compiled ok must not lift the eager bound, and eager readings
+    must not tilt the compiled line. Through a real SQLite warehouse: `read_rows` groups these bounds by command."""
+    from fleetbench.capacity import read_rows
+    from fleetbench.warehouse import get_engine, store_run, upgrade
+    from warehouse_rows import result_row, run_row
+
+    cfg = {"hosts": [{"name": "g"}],
+           "images": [{"name": "pt", "ref": "127.0.0.1:5000/pt:1", "command": ["python", "torch_synthetic.py"]}],
+           "benchmarks": [{"name": "pt", "image": "pt", "harness": "torch_synthetic", "models": ["resnet50"],
+                           "batch_sizes": [64, 128, 256], "num_gpus": [1], "precisions": ["bf16"],
+                           "compile": [False, True], "channels_last": [False, True]}]}
+    plan = build_plan(parse_config(cfg), {"dag_id": "d", "run_id": "r"})
+    cases = {tuple(c.case_key.split(".")[-2:]) + (c.batch_size_per_device,): c for c in plan.cases}
+    need = {"eager": lambda b: 1500.0 + 160 * b, "compiled": lambda b: 1000.0 + 94 * b}  # MiB; eager 256: 42460
+    engine = get_engine(f"sqlite:///{tmp_path}/w.db")
+    upgrade(engine)
+
+    def night(run: str, day: int, keys) -> None:
+        date = f"2026-12-{day:02d}T02:00:00+00:00"
+        rows = []
+        for layout, mode, batch in keys:
+            case, mib = cases[(layout, mode, batch)], need[mode](batch)
+            ok = mib < 40960.0 and layout == "nchw"  # every channels_last case died: its own bound, nobody else's
+            rows.append(result_row(case.case_key, run_id=run, host="g", logical_date=date, model="resnet50",
+                                   batch_size_per_device=batch, harness="torch_synthetic", precision="bf16",
+                                   command=case.command, capacity_mib=40960.0, status="ok" if ok else "failed",
+                                   ips=100.0 if ok else None, peak_gpu_mem_mib=mib if ok else None))
+        store_run(engine, {**run_row(run), "logical_date": date}, [], rows, [])
+
+    night("r1", 1, [(layout, mode, b) for layout in ("nchw", "nhwc") for mode in need for b in (64, 128, 256)])
+    night("r2", 2, [("nchw", "compiled", 256)])  # compiled 256 ran again after the eager OOM: not eager's evidence
+    profiles = fit_profiles(read_rows(engine, ["resnet50"]))
+    assert {k[4]: p.ooms for k, p in profiles.items()} == {
+        "channels_last=0,compile=0": {40960.0: 256}, "channels_last=0,compile=1": {},
+        "channels_last=1,compile=0": {40960.0: 64}, "channels_last=1,compile=1": {40960.0: 64}}
+    compiled = profiles[("torch_synthetic", "resnet50", "bf16", "gpu", "channels_last=0,compile=1")]
+    assert (compiled.slope, compiled.intercept) == (94.0, 1000.0)
+
+    def verdict(layout: str, mode: str, batch: int) -> dict:
+        return assess(cases[(layout, mode, batch)], profiles, {"g": 40960.0}, Settings())
+
+    assert verdict("nchw", "compiled", 256)["action"] == "run"
+    assert verdict("nchw", "compiled", 256)["note"].startswith("fits: 25064 +- ")
+    assert verdict("nchw", "eager", 256)["action"] == "skip"
+    assert verdict("nchw", "eager", 256)["note"].startswith("known OOM: batch 256 died of OOM with 40960 MiB")
+    assert verdict("nhwc", "compiled", 64)["note"].startswith("known OOM: batch 64")
 
 
 # -- the plan's verdict per case ------------------------------------------------------------------------

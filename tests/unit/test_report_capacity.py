@@ -80,3 +80,20 @@ def test_capacity_section_fits_with_the_fleets_capacity_settings(tmp_path):
     wide = next(p for p in build_report(engine, capacity_settings=Settings(margin_pct=30.0))["capacity"]
                 if p["model"] == "trivial")
     assert wide["margin_pct"] == 30.0 and wide["fits"][0]["largest_batch"] < default["fits"][0]["largest_batch"]
+
+
+def test_torch_synthetic_eager_and_compiled_profiles_each_have_their_plot_and_row(tmp_path):
+    engine = get_engine(f"sqlite:///{tmp_path}/w.db")
+    upgrade(engine)
+    store_run(engine, run_row("r1"), [], [
+        result_row(f"pt.resnet50.bs{b}.g1.bf16.nchw.{mode}", batch_size_per_device=b, harness="torch_synthetic",
+                   precision="bf16", peak_gpu_mem_mib=base + slope * b,
+                   command=["python", "torch_synthetic.py", f"--compile={int(mode == 'compiled')}"])
+        for mode, base, slope in (("eager", 1500.0, 160.0), ("compiled", 1000.0, 94.0)) for b in (64, 128, 256)], [])
+    report = build_report(engine)
+    assert {(p["variant"], p["slope_mib_per_sample"]) for p in report["capacity"]} == {
+        ("channels_last=0,compile=0", 160.0), ("channels_last=0,compile=1", 94.0)}
+    assert len({c.id for c in capacity_charts(report)}) == 2
+    write_report(tmp_path / "out", engine=engine)
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "resnet50 · bf16 · gpu · torch_synthetic · channels_last=0,compile=1" in html

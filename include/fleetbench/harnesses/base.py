@@ -152,6 +152,9 @@ class Harness:
     gpu_only: bool = False
     abbreviated_flags: bool = False  # the program reads an unambiguous prefix as the flag (argparse, getopt_long)
     passes_num_batches: bool = False  # `command` passes the benchmark's num_batches (the num_batches parameter's)
+    # Matrix axes on the command line (`--flag=value`, and the value the harness takes without one) that change a
+    # case's peak memory beyond its model, batch and precision: capacity profiles are per their values.
+    memory_flags: tuple[tuple[str, str], ...] = ()
 
     def points(self, bench: "BenchmarkSpec") -> list[CasePoint]:
         raise NotImplementedError
@@ -185,3 +188,18 @@ class Harness:
         `extra_args` go after them and the programs keep a flag's last value, so repeating one would run other
         settings than the case's key, row and container request say: the config check refuses it."""
         return {}
+
+    def memory_variant(self, command: Any) -> str:
+        """`memory_flags` as a case's command (a list or its JSON text) sets them, `flag=value` comma-separated
+        (the last of a repeated flag, as the harness's own parser keeps it); "" for a harness without any. Read
+        from the stored command, as its precision is, so results stored before need no new column."""
+        if not self.memory_flags:
+            return ""
+        from fleetbench.metrics import command_argv
+
+        values = dict(self.memory_flags)
+        for arg in command_argv(command) or []:
+            name, eq, value = str(arg).partition("=")
+            if eq and name[:2] == "--" and name[2:] in values:
+                values[name[2:]] = value
+        return ",".join(f"{flag}={value}" for flag, value in values.items())

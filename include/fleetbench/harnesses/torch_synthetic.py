@@ -35,6 +35,9 @@ class TorchSynthetic(Harness):
     description = "PyTorch synthetic-data training: images/sec of torchvision models"
     abbreviated_flags = True  # torch_synthetic.py's argparse takes --batch for --batch_size
     passes_num_batches = True
+    # channels_last and torch.compile change the activations' memory a lot: an eager OOM says nothing of the
+    # compiled case at that batch (include/images/torch-cpu/torch_synthetic.py: both default to 0).
+    memory_flags = (("channels_last", "0"), ("compile", "0"))
 
     def points(self, bench: "BenchmarkSpec") -> list[CasePoint]:
         return [CasePoint(case_key(bench.name, model, bs, gpus, prec, cl, comp), model, bs, gpus, None,

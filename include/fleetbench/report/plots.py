@@ -100,7 +100,8 @@ def capacity_charts(report: dict) -> list[ScatterChart]:
     results), the fitted line, OOMs on record (at the memory they died with) and misses."""
     out = []
     for p in report.get("capacity") or []:
-        name = f"{p['model']} ({p['precision']}, {p['device']}, {p['harness']})"
+        features = (p["precision"], p["device"], p["harness"], p.get("variant"))  # the variant: "" for most
+        name = f"{p['model']} ({', '.join(filter(None, features))})"
         series = [Series("ok: peak memory", points=[(float(b), float(m)) for b, m in p["points"]])]
         if p["ooms"]:
             series.append(Series("OOM (at the memory it had)",

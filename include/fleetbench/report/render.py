@@ -423,7 +423,8 @@ def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str,
 def _capacity_section(report: dict, charts: Sequence[Chart], plot_files: dict[str, str] | None) -> list[str]:
     """Capacity profiles (fleetbench.capacity): the line per profile and its evidence, plots of memory vs batch."""
     profiles = report.get("capacity") or []
-    rows = [{"profile": f"{p['model']} · {p['precision']} · {p['device']} · {p['harness']}",
+    rows = [{"profile": " · ".join(filter(None, (p["model"], p["precision"], p["device"], p["harness"],
+                                                  p.get("variant")))),
              "line": (f"{p['intercept_mib']:.1f} + {p['slope_mib_per_sample']:.4g} × batch"
                       if p["slope_mib_per_sample"] is not None else f"none: {p['reason']}"),
              "n": p["n"], "spread": p["spread_mib"],
@@ -433,7 +434,8 @@ def _capacity_section(report: dict, charts: Sequence[Chart], plot_files: dict[st
                                if f["largest_batch"] is not None) or "–"}
             for p in profiles]
     return ["<h2>Capacity: peak memory per batch</h2>",
-            '<p class="meta">Per harness, model, precision and device kind: peak memory per device (GPU memory, '
+            '<p class="meta">Per harness, model, precision and device kind (and torch_synthetic\'s channels_last '
+            'and compile): peak memory per device (GPU memory, '
             'or the container\'s for CPU cases) of ok results against the batch per device, a Theil-Sen line '
             '(± its spread), OOMs at the memory they had, and misses (an OOM the plan predicted to fit). All '
             'results of the model, not only this window\'s.</p>',
