@@ -45,7 +45,11 @@ def classify(outcome: dict, measured: Measured | ParsedLog | None, log_text: str
     """(status, failure_class, detail) from Docker's view of the container and what the harness read from the log.
 
     `measured` is the harness's reading (a tf_cnn_benchmarks ParsedLog is read as one); `primary` names the
-    primary metric in the no_result detail."""
+    primary metric in the no_result detail. A fatal GPU OOM in the log outranks the exit status (the process
+    died of it), but TF's INFO ``CUDA_ERROR_OUT_OF_MEMORY`` retry line alone does not: a crash (134/139) or a
+    SIGKILL (137) after it is that, not gpu_oom, which capacity would take as an OOM on record."""
+    from fleetbench.parsing.detect import oom_is_fatal
+
     if measured is not None and not isinstance(measured, Measured):
         from fleetbench.harnesses.tf_cnn import from_parsed
 
@@ -63,7 +67,7 @@ def classify(outcome: dict, measured: Measured | ParsedLog | None, log_text: str
         return FAILED, "oom_killed", f"the kernel OOM-killed the container (exit {exit_code})"
     log_class = measured.failure_class if measured is not None else None
     log_detail = measured.failure_detail if measured is not None else None
-    if log_class == "gpu_oom":
+    if log_class == "gpu_oom" and oom_is_fatal(log_detail):
         return FAILED, "gpu_oom", log_detail
     tail = log_text[-4000:]
     if exit_code in (134, 139) or any(m in tail for m in _CORE_DUMP_MARKERS):

@@ -128,3 +128,43 @@ def test_one_failure_vocabulary_for_the_parser_cli_and_the_warehouse(tmp_path):
     log.write_text(OOM_LOG)
     fields, _ = measure({"command": ["x"]}, outcome(exit_code=1, log_path=str(log)))
     assert fields["failure_class"] == "gpu_oom" in FAILURE_CLASSES
+
+
+RETRIES_ONLY = "".join(OOM_LOG.splitlines(keepends=True)[:127])
+"""The real OOM log up to its last recoverable retry: warm-up, TF's INFO ``CUDA_ERROR_OUT_OF_MEMORY`` lines and
+'The caller indicates that this is not a failure' warnings, before any fatal OOM line."""
+
+
+@pytest.mark.parametrize("exit_code, tail, expected", [
+    (139, "", "core_dump"),
+    (137, "", "killed"),
+    (1, "Traceback (most recent call last):\n"
+        "tensorflow.python.framework.errors_impl.InvalidArgumentError: Nan in summary histogram for: gradients\n",
+     "nonzero_exit"),
+    (1, "", "gpu_oom"),  # nothing else explains the end: the retry line stays the evidence
+])
+def test_tfs_recoverable_cuda_oom_line_does_not_hide_how_the_run_ended(tmp_path, exit_code, tail, expected):
+    """A crash, a SIGKILL or another exception after TF's retry lines is that, not gpu_oom (capacity would skip
+    the batch on later nights as an OOM on record)."""
+    assert "CUDA_ERROR_OUT_OF_MEMORY" in RETRIES_ONLY and "not a failure" in RETRIES_ONLY
+    assert "ResourceExhausted" not in RETRIES_ONLY and "OOM when allocating" not in RETRIES_ONLY
+    log = tmp_path / "case.log"
+    log.write_text(RETRIES_ONLY + tail)
+    fields, _ = measure({"command": ["x"]}, outcome(exit_code=exit_code, log_path=str(log)))
+    assert (fields["status"], fields["failure_class"]) == ("failed", expected), fields["failure_detail"]
+    if tail:
+        assert "InvalidArgumentError: Nan in summary histogram" in fields["failure_detail"]
+
+
+@pytest.mark.parametrize("exit_code", [1, 134, 137, 139])
+def test_a_fatal_gpu_oom_outranks_the_exit_status(tmp_path, exit_code):
+    """The real OOM log (ResourceExhausted after the retries), and an exception that raises cuMemAlloc's error,
+    are gpu_oom however the process then ended."""
+    raised = ("tensorflow.python.framework.errors_impl.InternalError: failed initializing StreamExecutor for CUDA "
+              "device ordinal 0: Internal: failed call to cuDevicePrimaryCtxRetain: CUDA_ERROR_OUT_OF_MEMORY: out "
+              "of memory; total memory reported: 11554717696\n")
+    for text in (OOM_LOG, HEADER_ONLY + "Traceback (most recent call last):\n" + raised):
+        log = tmp_path / "case.log"
+        log.write_text(text)
+        fields, _ = measure({"command": ["x"]}, outcome(exit_code=exit_code, log_path=str(log)))
+        assert fields["failure_class"] == "gpu_oom", fields["failure_detail"]

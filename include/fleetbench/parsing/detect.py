@@ -192,7 +192,8 @@ The caller indicates that this is not a failure`` does not match."""
 
 _OOM_DRIVER_RE = re.compile(r"CUDA_ERROR_OUT_OF_MEMORY")
 """cuMemAlloc failing. TF logs it at INFO while it retries smaller chunks, so it is
-only OOM evidence (and only a detail line) when no fatal OOM line exists."""
+only OOM evidence when no other line explains the end (unless an exception or failed
+op reports it: TF 2's ``failed call to cuDevicePrimaryCtxRetain: CUDA_ERROR_OUT_OF_MEMORY``)."""
 
 _NCCL_RE = re.compile(
     r"NCCL (?:error|Error|ERROR|failure)"
@@ -259,7 +260,8 @@ def classify_failure(lines: Iterable[LogLine], header_index: int | None) -> tupl
     """Return ``(failure_class, failure_detail)`` for a run without a result.
 
     Classes by priority: cuda_driver, import_error (only before the header),
-    oom, nccl, other_error; ``(None, None)`` when no error text is found.
+    oom, nccl, other_error, then oom of a bare ``CUDA_ERROR_OUT_OF_MEMORY`` line
+    (see ``oom_is_fatal``); ``(None, None)`` when no error text is found.
     Lines of every rank count: one rank's error kills the job.
     """
     evidence = _Evidence(header_index)
@@ -370,15 +372,27 @@ class _Evidence:
             (FAILURE_CUDA_DRIVER, self.cuda_driver.line),
             (FAILURE_IMPORT, self.import_error),
             (FAILURE_OOM, self.oom.line),
-            # a fatal NCCL error outranks cuMemAlloc's INFO line, which TF logs while it retries smaller chunks
+            (FAILURE_OOM, self.oom_driver.line if self.oom_driver.reporting else None),  # raised, not logged
+            # cuMemAlloc's line, which TF logs while it retries smaller chunks, is the evidence only when nothing
+            # else explains the end: an NCCL error, another exception or a fatal line (a crash) outranks it
             (FAILURE_NCCL, self.nccl.line),
-            (FAILURE_OOM, self.oom_driver.line),
             (FAILURE_OTHER, self.last_exception or self.fatal or self.traceback),
+            (FAILURE_OOM, self.oom_driver.line),
         )
         for failure_class, line in ranked:
             if line is not None:
                 return failure_class, _detail(line)
         return None, None
+
+
+def oom_is_fatal(detail: str | None) -> bool:
+    """Whether the detail of an ``oom`` verdict shows a fatal OOM: a line of ``_OOM_RE``, or one that reports
+    the failure (an exception, a failed op). False for a bare ``CUDA_ERROR_OUT_OF_MEMORY`` line, which TF logs
+    while it retries smaller chunks and survives: it names the failure only when nothing else does, and how the
+    process ended (a crash, a SIGKILL) outranks it."""
+    if not detail or _OOM_RE.search(detail) or not _OOM_DRIVER_RE.search(detail):
+        return True
+    return _EXCEPTION_RE.match(detail) is not None or _REPORTING_RE.search(detail) is not None
 
 
 def _mentions(lowered: str, hints: tuple[str, ...]) -> bool:
