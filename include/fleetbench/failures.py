@@ -74,7 +74,8 @@ _CLASSES = [
                  "parsing, parsing.nccl"),
     FailureClass("wrong_results", "nccl-tests found wrong values (Out of bounds values : N FAILED, #wrong > 0)",
                  "parsing.nccl"),
-    FailureClass("cuda_error", "a CUDA call failed under NCCL (NCCL WARN Cuda failure, Test CUDA failure)",
+    FailureClass("cuda_error", "a CUDA call failed under NCCL (NCCL WARN Cuda failure, Test CUDA failure, "
+                 "Test NCCL failure 'unhandled cuda error')",
                  "parsing.nccl"),
     FailureClass("import_error", "the harness could not import what it needs", "parsing"),
     FailureClass("cuda_driver", "the driver is too old for the image's CUDA, or CUDA could not initialise", "parsing"),

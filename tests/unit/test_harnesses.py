@@ -218,6 +218,21 @@ def test_nccl_warn_cuda_failure_is_a_cuda_error():
     assert samples_of(measured)[("nccl_warnings", None)] == 5
 
 
+def test_nccl_cuda_failure_without_nccl_debug_is_a_cuda_error():
+    """NCCL_DEBUG is unset by default: NCCL then prints no INFO or WARN lines, and the same failure shows only as
+    nccl-tests' 'unhandled cuda error'. It is the same class as with NCCL_DEBUG=INFO, not nccl."""
+    real = (GPU_TOOLS / "nccl_all_reduce_2gpu-1proc_rtx5090_nccl-warn-cuda-failure.log").read_text()
+    quiet = "".join(line for line in real.splitlines(keepends=True)
+                    if "NCCL INFO" not in line and "NCCL WARN" not in line)
+    assert "unhandled cuda error" in quiet and "Cuda failure" not in quiet
+    measured = nccl_measure(lines(quiet))
+    assert measured.failure_class == "cuda_error" == nccl("nccl_all_reduce_2gpu-1proc_rtx5090_nccl-warn-cuda-failure"
+                                                          ".log").failure_class
+    assert measured.failure_detail.startswith("GENOA-06: Test NCCL failure common.cu:392 'unhandled cuda error")
+    system = nccl_measure(lines(quiet.replace("unhandled cuda error", "unhandled system error")))
+    assert system.failure_class == "nccl"
+
+
 def test_nccl_aborts_and_errors_without_a_summary():
     header = ("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw"
               "   busbw #wrong\n")

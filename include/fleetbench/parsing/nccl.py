@@ -5,7 +5,8 @@ and the older one (no `root`, a float `error` column). Lines may carry an MPI la
 (`[1,0]<stdout>:`). What the log shows about correctness and errors:
 
 - `# Out of bounds values : N FAILED`, or a non-zero `#wrong` cell: wrong results;
-- `Test CUDA failure` / `NCCL WARN Cuda failure` / `CUDA error`: a CUDA error;
+- `Test CUDA failure` / `NCCL WARN Cuda failure` / `CUDA error` / a `Test NCCL failure` of an
+  `unhandled cuda error` (what the same fault prints without NCCL_DEBUG): a CUDA error;
 - `Test NCCL failure`, a `Test failure`, `NCCL WARN` or an abort without the closing summary: an NCCL error.
 
 `NCCL WARN` lines in a run that completed, validated and printed its summary (e.g. a topology search's
@@ -26,6 +27,9 @@ _BINARY = re.compile(r"(?:Collective test starting:\s{0,16}|/|^Running:.{0,512}?
 _NGPUS = re.compile(r"^#\s*nThread\s+(\d+)\s+nGpus\s+(\d+)")
 _CUDA = re.compile(r"Test CUDA failure|NCCL WARN Cuda failure|CUDA error|cudaError", re.IGNORECASE)
 _TEST_FAILURE = re.compile(r"Test (?:NCCL )?failure|Test CUDA failure")
+_UNHANDLED_CUDA = "unhandled cuda error"
+"""ncclUnhandledCudaError as nccl-tests prints it (`Test NCCL failure common.cu:392 'unhandled cuda error ...'`):
+without NCCL_DEBUG, the only sign of the CUDA failure that NCCL_DEBUG=INFO shows as `NCCL WARN Cuda failure`."""
 _ABORT = re.compile(r"\bAbort(?:ed|ing)?\b|\babort\(\)|Segmentation fault")
 
 
@@ -104,7 +108,7 @@ def parse_nccl(lines: Iterable[tuple[str, bool]]) -> NcclLog:
             continue
         if _TEST_FAILURE.search(line):
             log.test_failure = log.test_failure or line[:300]
-            if "CUDA" in line and log.cuda_error is None:
+            if ("CUDA" in line or _UNHANDLED_CUDA in line.lower()) and log.cuda_error is None:
                 log.cuda_error = line[:300]
             continue
         if _ABORT.search(line) and log.aborted is None:
