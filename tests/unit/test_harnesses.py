@@ -200,6 +200,25 @@ def test_nccl_mpirun_rank_prefixes():
     assert measured.step_count == 31  # the rank-0 table, 0 B to 1 GiB
 
 
+def test_an_nccl_summary_cut_mid_number_is_no_result(tmp_path):
+    """A log that ends inside `# Avg bus bandwidth    : 1.15327` holds no result (as tf_cnn_benchmarks' cut
+    `total images/sec` line does not): 1.1 GB/s would be stored and compared as a measurement."""
+    full = (GPU_TOOLS / "nccl_all_reduce_2rank-2node_t4-efa_mpirun-prefix_nccl-info.log").read_text()
+    cut = full[: full.index("# Avg bus bandwidth    : 1.15327") + len("# Avg bus bandwidth    : 1.1")]
+    measured = nccl_measure(text_lines(cut))
+    assert measured.primary_sample() is None and "avg_busbw" not in {s.metric for s in measured.samples}
+    assert measured.step_count == 31  # the table rows before it are whole
+    assert "cut off" in measured.failure_detail and "1.1'" in measured.failure_detail
+    log = tmp_path / "cut.log"
+    log.write_text(cut)
+    fields, _ = measure({"harness": "nccl_tests", "command": ["x"]}, {"exit_code": 0, "log_path": str(log)})
+    assert (fields["status"], fields["failure_class"], fields["value"]) == ("failed", "no_result", None)
+    assert nccl_measure(text_lines(cut + "5327\n")).primary_sample().value == 1.15327
+    code, records, _ = run_parse("--format", "nccl_tests", str(log))
+    assert code == 0 and (records[0]["status"], records[0]["failure_class"]) == ("failed", "no_result")
+    assert "cut off" in records[0]["failure_detail"]
+
+
 def test_nccl_wrong_results_fail_the_case():
     measured = nccl("nccl_all_reduce_2rank-2node_gh200_v2.17.8_wrong-4-failed.log")
     assert measured.failure_class == "wrong_results"

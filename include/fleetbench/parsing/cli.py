@@ -102,7 +102,7 @@ def _harness_record(path: str, fmt: str) -> dict[str, Any]:
         raise UnknownFormat(path)
     failure_class, detail = measured.failure_class, measured.failure_detail
     if failure_class is None and measured.primary_sample() is None:
-        failure_class, detail = "no_result", f"printed no {measured.primary or 'metric'}"
+        failure_class, detail = "no_result", detail or f"printed no {measured.primary or 'metric'}"
     dropped = measured.dropped_detail()
     return {"file": path, "format": found, "status": "failed" if failure_class else "ok",
             "failure_class": failure_class, "failure_detail": "; ".join(x for x in (detail, dropped) if x) or None,

@@ -10,7 +10,8 @@ and the older one (no `root`, a float `error` column). Lines may carry an MPI la
 - `Test NCCL failure`, a `Test failure`, `NCCL WARN` or an abort without the closing summary: an NCCL error.
 
 `NCCL WARN` lines in a run that completed, validated and printed its summary (e.g. a topology search's
-"falling back to simple order") are counted, not failures.
+"falling back to simple order") are counted, not failures. A `#` line that the end of the log cut short
+(see ``source``) is not read: its number may be cut too (`# Avg bus bandwidth : 1.1` of `1.15327`).
 """
 
 from __future__ import annotations
@@ -59,9 +60,11 @@ class NcclLog:
     test_failure: str | None = None
     aborted: str | None = None
     layout: str | None = None  # "wrong" (root, #wrong) or "error" (older)
+    cut_summary: str | None = None  # an `Avg bus bandwidth` line the end of the log cut short (no result)
 
     def failure(self) -> tuple[str | None, str | None]:
-        """(row failure class, detail) of what the log shows, or (None, None)."""
+        """(row failure class, detail) of what the log shows, or (None, None); (None, detail) for a log that
+        shows no failure but whose summary the end of the log cut short."""
         if self.oob_failed or self.wrong_cells:
             what = (f"Out of bounds values : {self.out_of_bounds} FAILED" if self.oob_failed
                     else f"{self.wrong_cells} wrong value(s) in the #wrong columns")
@@ -74,6 +77,8 @@ class NcclLog:
         reason = self.nccl_error or self.test_failure or self.aborted
         if reason:
             return "nccl", reason
+        if self.cut_summary and self.avg_busbw is None:  # no failure of its own: why there is no result
+            return None, f"'Avg bus bandwidth' line cut off, the log ends mid-line: {self.cut_summary!r}"
         return None, None
 
 
@@ -93,7 +98,10 @@ def parse_nccl(lines: Iterable[tuple[str, bool]]) -> NcclLog:
         if not line:
             continue
         if line.startswith("#"):
-            _header_line(log, line)
+            if complete:
+                _header_line(log, line)
+            elif _AVG.match(line):
+                log.cut_summary = line[:300]
             cols = line.lstrip("#").split()
             if "size" in cols and "busbw" in cols:
                 header = cols
