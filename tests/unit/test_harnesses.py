@@ -386,6 +386,35 @@ def run_parse(*args: str) -> tuple[int, list[dict], str]:
     return proc.returncode, [json.loads(line) for line in proc.stdout.splitlines()], proc.stderr
 
 
+def test_parse_auto_knows_failed_nccl_tests_and_torch_synthetic_logs_by_their_own_lines(tmp_path):
+    """A failed run has no table rows or step lines, but nccl-tests' `# nThread ... nGpus` and table headers and
+    torch_synthetic's banner are there: `auto` reads them as those harnesses (they were 'no known format')."""
+    import io
+
+    from fleetbench.parsing import cli_parse
+
+    rtx = GPU_TOOLS / "nccl_all_reduce_2gpu-1proc_rtx5090_nccl-warn-cuda-failure.log"
+    banner = ("torch 2.9.1+cu128 torchvision 0.24.1+cu128 device cuda x1 model vit_b_16 batch 256 precision bf16 "
+              "channels_last 1 compile 0\n")  # as torch_synthetic.py prints it (its real CPU banner: fixtures/logs)
+    oom = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.25 GiB. GPU 0 has a total capacity of "
+           "79.10 GiB of which 1.06 GiB is free.")
+    torch_log = tmp_path / "torch_oom.log"
+    torch_log.write_text(banner + "Traceback (most recent call last):\n" + oom + "\n")
+    ddp_log = tmp_path / "torch_ddp_oom.log"
+    ddp_log.write_text("joined process group: rank 0 of 2 backend nccl\n" + banner.replace("x1 model", "x2 ranks model")
+                       + "Traceback (most recent call last):\n" + oom + "\n")
+    out = io.StringIO()
+    assert cli_parse([str(rtx), str(torch_log), str(ddp_log)], "auto", out) == 0
+    records = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(r["format"], r["status"], r["failure_class"]) for r in records] == [
+        ("nccl_tests", "failed", "cuda_error"), ("torch_synthetic", "failed", "gpu_oom"),
+        ("torch_synthetic", "failed", "gpu_oom")]
+    assert records[1]["failure_detail"] == oom
+    plain = tmp_path / "plain.log"
+    plain.write_text("Traceback (most recent call last):\n" + oom + "\n")  # no harness's own line: unknown
+    assert cli_parse([str(plain)], "auto", io.StringIO()) == 2
+
+
 def test_parse_prints_metric_samples_of_every_harness(tmp_path):
     nccl_log = GPU_TOOLS / "nccl_all_reduce_2rank-2node_t4-efa_mpirun-prefix_nccl-info.log"
     wrong = GPU_TOOLS / "nccl_all_reduce_2rank-2node_gh200_v2.17.8_wrong-4-failed.log"

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
-from typing import Any, TextIO
+from typing import Any, Callable, Iterable, Iterator, TextIO
 
 from fleetbench.failures import row_class
 
@@ -77,23 +78,46 @@ def _parse_file(path: str, fmt: str) -> dict[str, Any] | None:
     return record
 
 
+_TORCH_BANNER = re.compile(r"^(?:torch \S{1,100} torchvision \S{1,100} device |joined process group: rank 0 of )")
+"""The first lines of torch_synthetic (include/images/torch-cpu/torch_synthetic.py), printed before its first
+step: its versions and case, and under torchrun rank 0's joining the process group."""
+
+
+class _Seen:
+    """Passes ``(line, complete)`` lines through, noting whether one of them is a harness's own marker line."""
+
+    def __init__(self, marker: Callable[[str], bool]) -> None:
+        self.marker = marker
+        self.seen = False
+
+    def tap(self, lines: Iterable[tuple[str, bool]]) -> Iterator[tuple[str, bool]]:
+        for line, complete in lines:
+            if not self.seen and complete and self.marker(line):
+                self.seen = True
+            yield line, complete
+
+
 def _harness_record(path: str, fmt: str) -> dict[str, Any]:
-    """A log of a harness that `parse_log` does not read; with ``auto``: nccl-tests when its table or summary
-    is there, else torch_synthetic when its step lines are, else JSON metric lines when there are any, else
-    UnknownFormat."""
+    """A log of a harness that `parse_log` does not read; with ``auto``: nccl-tests when its `# nThread` line,
+    table header, table or summary is there, else torch_synthetic when its banner or step lines are, else JSON
+    metric lines when there are any, else UnknownFormat. A failed run is known by its harness's own lines."""
     from fleetbench.harnesses import command, nccl_tests, torch_synthetic
 
+    from .nccl import is_marker as nccl_marker
     from .source import file_lines, open_regular
 
     with open_regular(path) as handle:
         measured, found = None, None
         if fmt in ("auto", "nccl_tests"):
-            measured = nccl_tests.measure_lines(file_lines(handle))
-            found = "nccl_tests" if fmt == "nccl_tests" or measured.step_count or measured.primary_sample() else None
+            seen = _Seen(nccl_marker)
+            measured = nccl_tests.measure_lines(seen.tap(file_lines(handle)))
+            if fmt == "nccl_tests" or seen.seen or measured.step_count or measured.primary_sample():
+                found = "nccl_tests"
         if found is None and fmt in ("auto", "torch_synthetic"):
             handle.seek(0)
-            measured = torch_synthetic.measure_lines(file_lines(handle))
-            found = "torch_synthetic" if fmt == "torch_synthetic" or measured.step_count else None
+            seen = _Seen(lambda line: _TORCH_BANNER.match(line) is not None)
+            measured = torch_synthetic.measure_lines(seen.tap(file_lines(handle)))
+            found = "torch_synthetic" if fmt == "torch_synthetic" or seen.seen or measured.step_count else None
         if found is None and fmt in ("auto", "command"):
             handle.seek(0)
             measured = command.measure_lines(file_lines(handle), {"json_lines": True, "patterns": []})

@@ -136,6 +136,15 @@ def parse_nccl(lines: Iterable[tuple[str, bool]]) -> NcclLog:
     return log
 
 
+def is_marker(raw: str) -> bool:
+    """Whether a line is one that only nccl-tests prints: its `# nThread N nGpus M ...` line or its table header
+    (also in a run that failed before its first row)."""
+    line = _PREFIX.sub("", raw, count=1).strip()
+    if not line.startswith("#"):
+        return False
+    return _NGPUS.match(line) is not None or {"size", "busbw"} <= set(line.lstrip("#").split())
+
+
 def _header_line(log: NcclLog, line: str) -> None:
     if (found := _OOB.match(line)):
         log.out_of_bounds, log.oob_failed = int(found.group(1)), found.group(2) == "FAILED"
