@@ -435,6 +435,24 @@ class CommandMetrics(_Model):
 
 
 SIZE_RANGE_PATTERN = r"^[0-9]{1,12}[KMG]?:[0-9]{1,12}[KMG]?$"
+_SIZE_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}  # as nccl-tests' parsesize reads -b/-e
+
+
+def _size_range(value: str) -> str:
+    """nccl-tests refuses a MIN above MAX (`invalid sizes for 'minbytes' and 'maxbytes'`) before it runs anything:
+    every host would fail that case every night, so the config check names it first."""
+    low, high = value.split(":")
+    if _size_bytes(low) > _size_bytes(high):
+        raise ValueError(f"MIN {low} is larger than MAX {high} ({_size_bytes(low)} > {_size_bytes(high)} bytes)")
+    return value
+
+
+def _size_bytes(size: str) -> int:
+    unit = size[-1] if size[-1] in _SIZE_UNITS else ""
+    return int(size.removesuffix(unit)) * _SIZE_UNITS[unit]
+
+
+SizeRange = Annotated[str, Field(pattern=SIZE_RANGE_PATTERN), AfterValidator(_size_range)]
 
 
 class BenchmarkSpec(_Model):
@@ -457,7 +475,7 @@ class BenchmarkSpec(_Model):
     collectives: Annotated[list[Literal["all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast",
                                         "reduce", "sendrecv", "scatter", "gather", "hypercube"]], Unique] | None = (
         Field(None, min_length=1))
-    size_ranges: Annotated[list[Annotated[str, Field(pattern=SIZE_RANGE_PATTERN)]], Unique] = Field(
+    size_ranges: Annotated[list[SizeRange], Unique] = Field(
         ["8:128M"], min_length=1)
     nccl_tests_dir: str = Field("/opt/nccl-tests/build", pattern=r"^(/[A-Za-z0-9_][A-Za-z0-9_.-]*)+/?$")
     # command: the case's argv (default: the image's command), run as is; and where its metrics come from.

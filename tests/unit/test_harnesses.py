@@ -339,6 +339,8 @@ def test_a_fleet_mixing_harnesses_plans_each_harness_own_cases():
      "benchmarks[0].metrics.patterns[0].unit: unknown unit 'parsecs'"),
     ({**CMD, "metrics": {"json_lines": False}}, "benchmarks[0].metrics: json_lines is off and no patterns are given"),
     ({**NCCL, "size_ranges": ["8-128M"]}, "benchmarks[0].size_ranges[0]: must match"),
+    ({**NCCL, "size_ranges": ["8:128M", "1025:1K"]},
+     "benchmarks[0].size_ranges[1]: MIN 1025 is larger than MAX 1K (1025 > 1024 bytes), got '1025:1K'"),
     ({"name": "pt", "image": "pt", "harness": "torch_synthetic", "models": ["resnet50"], "batch_sizes": [32],
       "compile": [False, True], "num_warmup_batches": 0},
      "benchmarks[0].num_warmup_batches: 0 with compile true would time torch.compile's compilation"),
@@ -346,6 +348,27 @@ def test_a_fleet_mixing_harnesses_plans_each_harness_own_cases():
 def test_each_harness_mistake_names_its_field(bench, expected):
     errors = config_errors(fleet(bench))
     assert any(e.startswith(expected) for e in errors), errors
+
+
+def test_config_check_refuses_an_nccl_size_range_that_nccl_tests_refuses(tmp_path):
+    """nccl-tests stops before it runs (`invalid sizes for 'minbytes' and 'maxbytes'`) when -b is above -e, K/M/G
+    being powers of 1024: the config check names the range instead of every host failing it every night."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from fleetbench.config import parse_config
+
+    fine = parse_config(fleet({**NCCL, "size_ranges": ["1K:1024", "0:8", "8:8G", "1G:1G"]}))
+    assert fine.benchmarks[0].size_ranges == ["1K:1024", "0:8", "8:8G", "1G:1G"]
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump(fleet({**NCCL, "size_ranges": ["8G:8"]})))
+    proc = subprocess.run([str(Path(sys.executable).parent / "fleetbench"), "config", "check", str(path)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert (f"{path}: benchmarks[0].size_ranges[0]: MIN 8G is larger than MAX 8 (8589934592 > 8 bytes), got '8G:8'"
+            in proc.stderr)
 
 
 def test_config_check_exits_2_naming_the_harness_field(tmp_path):
