@@ -79,7 +79,8 @@ _CLASSES = [
                  "parsing.nccl"),
     FailureClass("import_error", "the harness could not import what it needs", "parsing"),
     FailureClass("cuda_driver", "the driver is too old for the image's CUDA, or CUDA could not initialise", "parsing"),
-    FailureClass("no_result", "exited 0 but printed no (valid) primary metric", "measure.classify"),
+    FailureClass("no_result", "exited 0 (or with an unknown status) but printed no (valid) primary metric",
+                 "measure.classify"),
     FailureClass("other_error", "the log shows an error fleetbench has no name for", "parsing"),
     # the warehouse (fleetbench.warehouse.fit)
     FailureClass("store_error", "a value of the row could not be stored as measured (named in the detail)",

@@ -77,10 +77,23 @@ def classify(outcome: dict, measured: Measured | ParsedLog | None, log_text: str
     if log_class:
         return FAILED, log_class, log_detail
     if exit_code not in (0, None):
-        return FAILED, "nonzero_exit", f"exit {exit_code}: " + (_last_line(tail) or "no output")
+        # the line the parser found (the exception), not its account of a missing result, which the exit explains
+        found = log_detail if log_detail and log_detail in log_text else None
+        return FAILED, "nonzero_exit", f"exit {exit_code}: " + _with_last_line(found, _last_line(tail))
     if measured is None or measured.primary_sample() is None:
-        return FAILED, "no_result", f"exited 0 but printed no {primary}" + _dropped(measured)
+        ended = "exited 0" if exit_code == 0 else "exit status unknown"
+        why = f": {log_detail}" if log_detail else f" but printed no {primary}"
+        return FAILED, "no_result", ended + why + _dropped(measured)
     return OK, None, _dropped(measured).removeprefix("; ") or None
+
+
+def _with_last_line(log_detail: str | None, last: str) -> str:
+    """The error line the parser found, then the harness's last words where they say something else."""
+    if not log_detail:
+        return last or "no output"
+    if not last or last in log_detail or log_detail in last:
+        return log_detail
+    return f"{log_detail}; last line: {last}"
 
 
 def _dropped(measured: Measured | None) -> str:

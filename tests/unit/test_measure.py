@@ -168,3 +168,21 @@ def test_a_fatal_gpu_oom_outranks_the_exit_status(tmp_path, exit_code):
         log.write_text(text)
         fields, _ = measure({"command": ["x"]}, outcome(exit_code=exit_code, log_path=str(log)))
         assert fields["failure_class"] == "gpu_oom", fields["failure_detail"]
+
+
+def test_an_unknown_exit_status_never_reads_as_exited_0_and_the_parsers_detail_is_kept():
+    """An outcome without an exit status (e.g. read back without one) is not 'exited 0'; the parser's own detail
+    (the exception it found, how many steps ran) says more than a generic line."""
+    truncated = (REAL_LOGS / "tfcnn_inception3_1gpu_lambda-radeonvii-truncated.log").read_text()
+    status, failure_class, detail = classify({"exit_code": None}, parsed(truncated), truncated)
+    assert (status, failure_class) == ("failed", "no_result")
+    assert "exited 0" not in detail and detail.startswith("exit status unknown")
+    assert parsed(truncated).failure_detail in detail  # how many steps it parsed
+    assert classify({"exit_code": 0}, parsed(truncated), truncated)[2].startswith("exited 0")
+    exception = "tensorflow.python.framework.errors_impl.InvalidArgumentError: Nan in summary histogram for: x"
+    text = HEADER_ONLY + "Traceback (most recent call last):\n" + exception + "\nmpirun: primary job terminated\n"
+    status, failure_class, detail = classify({"exit_code": 1}, parsed(text), text)
+    assert (failure_class, detail) == ("nonzero_exit", f"exit 1: {exception}; last line: mpirun: primary job "
+                                                       "terminated")
+    quiet = HEADER_ONLY + "\nsomething else broke\n"  # no error line: the exit explains the missing result
+    assert classify({"exit_code": 3}, parsed(quiet), quiet)[2] == "exit 3: something else broke"
