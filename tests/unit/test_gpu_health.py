@@ -34,6 +34,7 @@ RTX4060_TXT = FIX / "nvidia-smi-q_2xrtx4060ti_550.54.14_pcie-x4-downtrained.txt"
 TOPO_4H100 = FIX / "nvidia-smi-topo-m_4xh100_nv18_8nic-phb_nic-legend.txt"
 TOPO_8H100 = FIX / "nvidia-smi-topo-m_8xh100_nv18_2numa_spaces.txt"
 TOPO_8V100 = FIX / "nvidia-smi-topo-m_8xv100-pcie_pix-node-sys_2xmlx5.txt"
+TOPO_1H100_ANSI = FIX / "nvidia-smi-topo-m_1xh100_590.48.01_ansi-underlined-header.txt"
 DCGM3 = FIX / "dcgmi-diag-r1_8xh200_dcgm3.1.8_persistence-mode-fail.txt"
 DCGM4 = FIX / "dcgmi-diag-r2_1gpu_dcgm4.4.2_pass_new-format.txt"
 JOURNAL_79 = FIX / "journalctl-k_xid79_gpu-fallen-off-bus.txt"
@@ -126,6 +127,20 @@ def test_topology_two_numa_nodes():
     topo = G.parse_topology(TOPO_8H100.read_text())
     assert topo["affinity"]["GPU0"]["cpu"] == "0-47,96-143" and topo["affinity"]["GPU7"]["numa"] == "1"
     assert topo["summary"] == ["all 28 GPU pairs NVLink (NV18)", "8 GPU(s) on NUMA node(s) 0, 1"]
+
+
+def test_topology_header_underlined_with_ansi_codes(tmp_path):
+    """nvidia-smi writes `ESC[4m`...`ESC[0m` around the header row even into a file (the R590 capture has it)."""
+    assert "\x1b[4mGPU0" in TOPO_1H100_ANSI.read_text()
+    topo = G.parse_topology(TOPO_1H100_ANSI.read_text())
+    assert topo["gpus"] == ["GPU0"] and topo["links"] == {}
+    assert topo["affinity"] == {"GPU0": {"cpu": "0-19", "numa": "0"}}
+    assert topo["summary"] == ["1 GPU(s) on NUMA node(s) 0"]
+    lines = TOPO_8H100.read_text().split("\n")
+    lines[0] = lines[0].replace("GPU0", "\x1b[4mGPU0", 1) + "\x1b[0m"
+    assert G.parse_topology("\n".join(lines))["summary"] == G.parse_topology(TOPO_8H100.read_text())["summary"]
+    facts = facts_from_dir(folder(tmp_path, topo=TOPO_1H100_ANSI.read_text()))
+    assert facts.topology["gpus"] == ["GPU0"] and "nvidia-smi-topo-m.txt" not in facts.probe_unreadable
 
 
 def test_topology_pcie_only_with_named_nics():

@@ -31,6 +31,7 @@ _XID_SOURCE = re.compile(r"^# kernel log: ([a-z]{1,20})([^\n]{0,200})$", re.M)
 _XID_WINDOW = re.compile(r"window (\d{1,9}) s")
 _UPTIME = re.compile(r"uptime (\d{1,10}(?:\.\d{1,9})?)")
 _TOPO_LINK = re.compile(r"^(X|NV\d{1,3}|PIX|PXB|PHB|NODE|SYS|SOC)$")
+_ANSI_SGR = re.compile(r"\x1b\[[0-9;]{0,16}m")
 _DCGM_VERSION = re.compile(r"^(\d{1,3})\.")
 _DCGM_SECTION = re.compile(r"^[|+]-{2,}\s{1,4}(\w[\w ]{0,40}?)\s{1,4}-")
 DCGM_RESULTS = ("Pass", "Fail", "Skip", "Warn")
@@ -307,9 +308,12 @@ def parse_gpu_list(text: str) -> list[dict]:
 # -- nvidia-smi topo -m ------------------------------------------------------------------------
 def parse_topology(text: str) -> dict:
     """`nvidia-smi topo -m` -> {"gpus", "links": {"GPU0-GPU1": "NV18"}, "nics": {"NIC0": "mlx5_0"},
-    "gpu_nic": {"GPU0-NIC0": "PHB"}, "affinity": {"GPU0": {"cpu": "0-79", "numa": "0"}}, "summary": [...]}."""
+    "gpu_nic": {"GPU0-NIC0": "PHB"}, "affinity": {"GPU0": {"cpu": "0-79", "numa": "0"}}, "summary": [...]}.
+
+    nvidia-smi underlines the header row with ANSI codes (`ESC[4m` ... `ESC[0m`) even when its output goes to a
+    file (R590 and later at least), so they are removed first."""
     _check_text(text, "nvidia-smi topo -m")
-    lines = [ln.rstrip() for ln in text.splitlines()]
+    lines = [_ANSI_SGR.sub("", ln).rstrip() for ln in text.splitlines()]
     header_at = next((i for i, ln in enumerate(lines) if ln.split()[:1] == ["GPU0"]), None)
     if header_at is None:
         raise Unreadable("nvidia-smi topo -m: no matrix header starting with GPU0: not a layout this parser knows")
