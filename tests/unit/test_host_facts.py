@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from fleetbench.hosts import facts as F
+from fleetbench.hosts import gpu_health as G
 from fleetbench.hosts.facts import HostFacts, facts_from_dir, has_probe_outputs
 
 HOSTS = Path(__file__).resolve().parents[1] / "fixtures" / "hosts"
@@ -33,11 +34,25 @@ def gpu_summary(facts: HostFacts) -> list[tuple]:
     ("tesla-p4-530-no-toolkit", 89, "530.30.02", "12.1", [(0, "Tesla P4", None, 7680)]),
     ("a10-550-cuda12.4", 91, "550.127.05", "12.4", [(0, "NVIDIA A10", None, 23028)]),
     ("h100-590-cuda13.1", 91, "590.48.01", "13.1", [(0, "NVIDIA H100 80GB HBM3", None, 81559)]),
+    ("rtx2080s-610-cuda13.3", 91, "610.57.04", "13.3", [(0, "NVIDIA GeForce RTX 2080 ...", None, 8192)]),
 ])
 def test_plain_table_layouts(folder, width, driver, cuda, gpus):
     text = (HOSTS / folder / "nvidia-smi.txt").read_text()
     assert max(len(line.rstrip()) for line in text.splitlines() if line.startswith("+")) == width
     assert F.parse_smi_table(text) == (driver, cuda, [F.Gpu(*g) for g in gpus])
+
+
+def test_r610_versions_are_the_kmd_and_cuda_umd_versions_without_the_deprecation_note():
+    """R610 names them "KMD Version"/"CUDA UMD Version" in the banner, and `-q` tags its old "Driver Version" and
+    "CUDA Version" lines "[Deprecated; ...]". The folder has no query CSV, so `-q` is read too."""
+    q = (HOSTS / "rtx2080s-610-cuda13.3" / "nvidia-smi-q.txt").read_text()
+    assert "610.57.04 [Deprecated;" in q and "13.3 [Deprecated;" in q
+    facts = facts_of("rtx2080s-610-cuda13.3")
+    assert (facts.driver_version, facts.cuda_driver_version) == ("610.57.04", "13.3")
+    parsed = G.parse_smi_text(q)
+    assert (parsed["driver_version"], parsed["cuda_version"], parsed["cuda_not_found"]) == ("610.57.04", "13.3", False)
+    old = q.replace("KMD Version", "KMD").replace("CUDA UMD Version", "CUDA UMD")  # only the deprecated lines left
+    assert G.parse_smi_text(old)["driver_version"] == "610.57.04" and G.parse_smi_text(old)["cuda_version"] == "13.3"
 
 
 def test_table_rows_of_the_processes_block_are_not_gpus():

@@ -188,7 +188,7 @@ def test_every_capture_gives_the_contract_and_one_line_details(folder):
     assert result["verdict"] in ("ready", "degraded", "unfit")
     assert set(result["facts"]) == CONTRACT_FACTS
     for check in result["checks"]:
-        assert set(check) == {"name", "status", "detail"}
+        assert {"name", "status", "detail"} <= set(check) <= {"name", "status", "detail", "evidence"}
         assert check["status"] in ("pass", "warn", "fail", "unknown")
         assert check["detail"] and "\n" not in check["detail"], check
 

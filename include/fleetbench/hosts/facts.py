@@ -75,8 +75,9 @@ _SMOKE_FAILURES: tuple[tuple[re.Pattern, str, str], ...] = (
 )
 # Versions: bounded digit runs, so that a garbage line can neither take long to scan nor give a huge number.
 _VERSION = r"[0-9]{1,6}(?:\.[0-9]{1,6}){0,3}(?![0-9])"
-_DRIVER_LINE = re.compile(rf"Driver Version:[ \t]{{0,32}}({_VERSION})")
-_CUDA_LINE = re.compile(r"CUDA Version:[ \t]{0,32}([0-9]{1,4}\.[0-9]{1,4}|N/A)")
+# R610 and later name them "KMD Version" and "CUDA UMD Version" in the table's banner.
+_DRIVER_LINE = re.compile(rf"(?:Driver|KMD) Version:[ \t]{{0,32}}({_VERSION})")
+_CUDA_LINE = re.compile(r"CUDA (?:UMD )?Version:[ \t]{0,32}([0-9]{1,4}\.[0-9]{1,4}|N/A)")
 _NVRM = re.compile(rf"NVRM version:[^\n]{{0,120}}?Kernel Module(?: for \S{{1,40}})?[ \t]{{1,32}}({_VERSION})")
 _NVML_LIBRARY = re.compile(rf"NVML library version:[ \t]{{0,32}}({_VERSION})")
 _SERVER_VERSION_LINE = re.compile(r"\s{0,32}Version:\s{0,32}(\S{1,200})(?!\S)")
@@ -208,7 +209,7 @@ def query_driver_version(text: str) -> str | None:
         return None
     i = _header(rows[0]).index("driver_version")
     value = _short(_value(rows[1][i])) if i < len(rows[1]) else None
-    return value if value and value[0].isdigit() else None
+    return m.group() if value and (m := re.match(_VERSION, value)) else None
 
 
 def _csv_rows(text: str) -> list[list[str]]:
@@ -241,9 +242,9 @@ def _value(cell: str) -> str | None:
 def parse_smi_table(text: str) -> tuple[str | None, str | None, list[Gpu]]:
     """Plain `nvidia-smi`: (driver version, CUDA version, GPUs) from the banner and the GPU rows.
 
-    Handles the 79-, 89- and 91-column layouts, pre-R410 banners without "CUDA Version", and
-    "CUDA Version: N/A" (returned as None). Names longer than the column end in "..." (e.g.
-    "NVIDIA GeForce ..."); the table has no UUIDs.
+    Handles the 79-, 89- and 91-column layouts, pre-R410 banners without "CUDA Version", R610's
+    "KMD Version: ... CUDA UMD Version: ..." banner, and "CUDA Version: N/A" (returned as None). Names
+    longer than the column end in "..." (e.g. "NVIDIA GeForce ..."); the table has no UUIDs.
     """
     driver = m.group(1) if (m := _DRIVER_LINE.search(text)) else None
     cuda = m.group(1) if (m := _CUDA_LINE.search(text)) and m.group(1) != "N/A" else None

@@ -21,6 +21,7 @@ CLOCK_REASONS = ("gpu_idle", "applications_clocks_setting", "sw_power_cap", "hw_
                  "hw_power_brake_slowdown", "sync_boost", "sw_thermal_slowdown", "display_clocks_setting")
 _TEXT_REASONS = {"idle": "gpu_idle", "display_clock_setting": "display_clocks_setting"}
 _NUMBER = re.compile(r"-?\d{1,12}(?:\.\d{1,6})?")
+_VERSION = re.compile(r"[0-9]{1,6}(?:\.[0-9]{1,6}){0,3}(?![0-9])")
 _GPU_HEADER = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])\s*$")
 _KEY_VALUE = re.compile(r"^( {0,40})([^:\n]{1,80}?)\s{0,80}: ?(.{0,300})$")
 _SECTION = re.compile(r"^( {0,40})(\S[^:\n]{0,80}?)\s{0,80}$")
@@ -86,6 +87,16 @@ def _sum(*values: int | None) -> int | None:
     return sum(known) if known else None
 
 
+def _versions(driver: str | None, cuda: str | None) -> dict:
+    """The driver and CUDA versions of the log's head: the leading version only. R610 and later tag the old fields
+    "610.57.04 [Deprecated; will be removed in CUDA 14.0. Use KMD Version instead]" (callers give the new
+    KMD/CUDA UMD fields first); "CUDA Version: Not Found" means the driver has no libcuda."""
+    driver, cuda = (driver or "").strip(), (cuda or "").strip()
+    return {"driver_version": m.group() if (m := _VERSION.match(driver)) else None,
+            "cuda_version": m.group() if (m := _VERSION.match(cuda)) else None,
+            "cuda_not_found": cuda.lower().startswith("not found")}
+
+
 def _check_text(text: str, what: str) -> None:
     if not text.strip():
         raise Unreadable(f"{what}: empty output")
@@ -112,10 +123,8 @@ def parse_smi_xml(text: str) -> dict:
     gpus = root.findall("gpu")
     if not gpus:
         raise Unreadable("nvidia-smi -q -x: no <gpu> element in <nvidia_smi_log>")
-    cuda = (root.findtext("cuda_version") or "").strip()
-    return {"driver_version": (root.findtext("driver_version") or "").strip()[:50] or None,
-            "cuda_version": cuda[:20] if cuda and cuda[0].isdigit() else None,
-            "cuda_not_found": cuda.lower() == "not found",
+    return {**_versions(root.findtext("kmd_version") or root.findtext("driver_version"),
+                        root.findtext("cuda_umd_version") or root.findtext("cuda_version")),
             "gpus": [_xml_gpu(i, gpu) for i, gpu in enumerate(gpus)]}
 
 
@@ -214,10 +223,8 @@ def parse_smi_text(text: str) -> dict:
     if not blocks:
         raise Unreadable("nvidia-smi -q: no GPU section ('GPU 00000000:..') in the output: not a layout this "
                          "parser knows")
-    cuda = head.get(("cuda version",), "")
-    return {"driver_version": head.get(("driver version",), "")[:50] or None,
-            "cuda_version": cuda[:20] if cuda[:1].isdigit() else None,
-            "cuda_not_found": cuda.lower() == "not found",
+    return {**_versions(head.get(("kmd version",)) or head.get(("driver version",)),
+                        head.get(("cuda umd version",)) or head.get(("cuda version",))),
             "gpus": [_text_gpu(i, bus, fields) for i, (bus, fields) in enumerate(blocks)]}
 
 
