@@ -31,6 +31,8 @@ FIX = Path(__file__).resolve().parents[1] / "fixtures" / "gpu-tools"
 P100_XML = FIX / "nvidia-smi-q-x_1xteslap100_510.47.03_ecc-aggregate-sbe.xml"
 V100_TXT = FIX / "nvidia-smi-q-i1_v100-pcie-32gb_470.129.06_retired-pages-sbe1.txt"
 RTX4060_TXT = FIX / "nvidia-smi-q_2xrtx4060ti_550.54.14_pcie-x4-downtrained.txt"
+H100_MIG_TXT = FIX / "nvidia-smi-q_1xh100_590.48.01_mig-4-devices.txt"
+H100_MIG_LIST = FIX / "nvidia-smi-L_1xh100_590.48.01_mig-3g-2g-2x1g.txt"
 TOPO_4H100 = FIX / "nvidia-smi-topo-m_4xh100_nv18_8nic-phb_nic-legend.txt"
 TOPO_8H100 = FIX / "nvidia-smi-topo-m_8xh100_nv18_2numa_spaces.txt"
 TOPO_8V100 = FIX / "nvidia-smi-topo-m_8xv100-pcie_pix-node-sys_2xmlx5.txt"
@@ -107,6 +109,21 @@ def test_text_rtx4060ti_clocks_event_reasons_layout_and_downtrained_link():
     assert g0["ecc_mode"] is None and g0["aggregate_correctable"] is None  # ECC Mode: N/A on GeForce
     assert (g0["power_limit_w"], g0["default_power_limit_w"]) == (165.0, 165.0)  # "GPU Power Readings" (R550)
     assert g0["brand"] == "GeForce" and g0["persistence"] is False
+
+
+def test_text_r590_mig_device_blocks_are_counted(tmp_path):
+    """R590 prints each MIG instance as a "MIG Device" block right in the GPU's block (no "MIG devices" section);
+    the same run's `nvidia-smi -L` lists the same four."""
+    text = H100_MIG_TXT.read_text()
+    assert text.count("\n    MIG Device\n") == 4 and "MIG devices" not in text
+    gpu = G.parse_smi_text(text)["gpus"][0]
+    assert (gpu["mig_mode"], gpu["mig_devices"]) == ("Enabled", 4)
+    assert len(G.parse_gpu_list(H100_MIG_LIST.read_text())[0]["mig"]) == 4
+    mig = check_mig([gpu], HealthThresholds())  # no nvidia-smi -L: the count is all there is
+    assert mig.status == "fail" and "GPU 0: 4 MIG device(s), profiles unknown without nvidia-smi -L" in mig.detail
+    assert "no MIG device" not in mig.detail and mig.evidence[0]["value"]["mig_devices"] == 4
+    facts = facts_from_dir(folder(tmp_path, nvidia_smi_q_txt=text))
+    assert facts.gpu_health[0]["mig_devices"] == 4 and facts.driver_version == "590.48.01"
 
 
 def test_xml_and_text_give_the_same_fields():

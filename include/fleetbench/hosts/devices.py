@@ -49,15 +49,21 @@ def mig_gpus(health: list[dict] | None, gpu_list: list[dict] | None) -> dict[int
     return dict(sorted(out.items()))
 
 
-def inventory(mig: dict[int, list[dict]]) -> str:
-    """'GPU 0: 4x 1g.20gb; GPU 1: 2x 3g.40gb, 1x 1g.10gb' ('GPU 2: no MIG device' for one without instances)."""
+def inventory(mig: dict[int, list[dict]], health: list[dict] | None = None) -> str:
+    """'GPU 0: 4x 1g.20gb; GPU 1: 2x 3g.40gb, 1x 1g.10gb' ('GPU 2: no MIG device' for one without instances).
+
+    Profiles come from `nvidia-smi -L`; without its listing, `nvidia-smi -q` still counts a GPU's MIG devices
+    (`health`), and saying "no MIG device" there would be wrong."""
+    counted = {g.get("index"): g.get("mig_devices") for g in health or []}
     parts = []
     for index, devices in mig.items():
         counts: dict[str, int] = {}
         for d in devices:
             counts[d["profile"]] = counts.get(d["profile"], 0) + 1
-        what = ", ".join(f"{n}x {p}" for p, n in counts.items()) or "no MIG device"
-        parts.append(f"GPU {index}: {what}")
+        what = ", ".join(f"{n}x {p}" for p, n in counts.items())
+        if not what and counted.get(index):
+            what = f"{counted[index]} MIG device(s), profiles unknown without nvidia-smi -L"
+        parts.append(f"GPU {index}: {what or 'no MIG device'}")
     return "; ".join(parts) or "no GPU in MIG mode"
 
 
@@ -89,7 +95,7 @@ def assign(case, facts: HostFacts) -> Devices:
         if len(instances) < want:
             return Devices(mig_profile=profile, skip_class="mig_unavailable",
                            skip_detail=f"the case asks for {want} MIG instance(s) of {profile}; the host has "
-                                       f"{len(instances)} ({inventory(mig)})")
+                                       f"{len(instances)} ({inventory(mig, facts.gpu_health)})")
         return Devices(device_ids=tuple(d["uuid"] for d in instances[:want]), mig_profile=profile)
     if not mig:
         return Devices()
@@ -97,7 +103,7 @@ def assign(case, facts: HostFacts) -> Devices:
     if len(whole) < want:
         return Devices(skip_class="mig_enabled",
                        skip_detail=f"the case needs {want} whole GPU(s), and MIG is enabled on GPU "
-                                   f"{', '.join(map(str, mig))} ({inventory(mig)}): {len(whole)} GPU(s) without "
-                                   "MIG (disable MIG there, or give the benchmark mig_profiles to run on the "
-                                   "instances)")
+                                   f"{', '.join(map(str, mig))} ({inventory(mig, facts.gpu_health)}): "
+                                   f"{len(whole)} GPU(s) without MIG (disable MIG there, or give the benchmark "
+                                   "mig_profiles to run on the instances)")
     return Devices(device_ids=tuple(uuid or str(index) for index, uuid in whole[:want]))

@@ -195,11 +195,14 @@ def parse_smi_text(text: str) -> dict:
     """`nvidia-smi -q` text -> the same shape as parse_smi_xml.
 
     Sections nest by indentation; both "Clocks Throttle Reasons" (before R535) and "Clocks Event
-    Reasons" (after), "Power Readings" and "GPU Power Readings", old and new ECC counters.
+    Reasons" (after), "Power Readings" and "GPU Power Readings", old and new ECC counters. MIG devices
+    are "MIG Device" sections, under "MIG devices" or (R590) right in the GPU's block; a GPU's fields
+    keep one value per path, so these sections are counted as they come.
     """
     _check_text(text, "nvidia-smi -q")
     head: dict[tuple[str, ...], str] = {}
     blocks: list[tuple[str, dict[tuple[str, ...], str]]] = []
+    mig_devices: list[int] = []
     current = head
     stack: list[tuple[int, str]] = []
     for line in text.splitlines():
@@ -208,6 +211,7 @@ def parse_smi_text(text: str) -> dict:
         if m := _GPU_HEADER.match(line):
             current = {}
             blocks.append((m.group(1), current))
+            mig_devices.append(0)
             stack = []
             continue
         m = _KEY_VALUE.match(line) or _SECTION.match(line)
@@ -219,16 +223,18 @@ def parse_smi_text(text: str) -> dict:
         path = tuple(k for _, k in stack) + (key,)
         if m.re is _KEY_VALUE:
             current[path] = m.group(3).strip()
+        elif path in (("mig device",), ("mig devices", "mig device")) and blocks:
+            mig_devices[-1] += 1
         stack.append((indent, key))
     if not blocks:
         raise Unreadable("nvidia-smi -q: no GPU section ('GPU 00000000:..') in the output: not a layout this "
                          "parser knows")
     return {**_versions(head.get(("kmd version",)) or head.get(("driver version",)),
                         head.get(("cuda umd version",)) or head.get(("cuda version",))),
-            "gpus": [_text_gpu(i, bus, fields) for i, (bus, fields) in enumerate(blocks)]}
+            "gpus": [_text_gpu(i, bus, fields, mig_devices[i]) for i, (bus, fields) in enumerate(blocks)]}
 
 
-def _text_gpu(index: int, bus_id: str, f: dict[tuple[str, ...], str]) -> dict:
+def _text_gpu(index: int, bus_id: str, f: dict[tuple[str, ...], str], mig_devices: int) -> dict:
     def get(*path: str) -> str | None:
         return f.get(path)
 
@@ -264,7 +270,7 @@ def _text_gpu(index: int, bus_id: str, f: dict[tuple[str, ...], str]) -> dict:
         "memory_total_mib": _int(get("fb memory usage", "total")),
         "persistence": _yes(get("persistence mode")),
         "mig_mode": _mode(get("mig mode", "current")),
-        "mig_devices": sum(1 for p in f if p[0] == "mig devices" and p[-1] == "gpu instance id"),
+        "mig_devices": mig_devices,
         "ecc_mode": _mode(first(("ecc mode", "current"))),
         **ecc,
         "retired_sbe": _int(first(("retired pages", "single bit ecc"),

@@ -165,7 +165,7 @@ def check_mig(gpus: list[dict], t: HealthThresholds, needs: HostNeeds | None = N
           for i, devices in mig.items()]
     total = max(len(gpus), len(gpu_list or []))
     whole, need = total - len(mig), needs.whole if needs else 1
-    what = f"{_named(on)}: MIG enabled ({inventory(mig)})"
+    what = f"{_named(on)}: MIG enabled ({inventory(mig, gpus)})"
     if need > whole and not asks and not t.allow_mig:
         return Check("gpu_mig", "fail", f"{what}, but the cases need {need} whole GPU(s) and {whole} GPU(s) run "
                      "without MIG (disable MIG, or give the benchmarks mig_profiles to run on its instances)",
