@@ -200,11 +200,31 @@ def test_df_of_docker_root():
     ("tesla-p4-530-no-toolkit", "fail", 'could not select device driver "nvidia" with capabilities: [[gpu]]'),
     ("smoke-libnvidia-ml-missing", "fail", "load library failed: libnvidia-ml.so.1"),
     ("smoke-nvml-driver-not-loaded", "fail", "nvml error: driver not loaded"),
+    ("smoke-cuda-requirement-after-pull", "fail", "unsatisfied condition: cuda>=12.8"),
 ])
 def test_gpu_smoke_failures(folder, status, needle):
     facts = facts_of(folder)
     assert facts.gpu_smoke == status
     assert needle in facts.gpu_smoke_detail and "\n" not in facts.gpu_smoke_detail
+
+
+def test_gpu_smoke_failure_after_a_successful_pull_is_a_failure_not_a_pull_problem():
+    """docker prints "Unable to find image '<ref>' locally" and "<tag>: Pulling from <repo>" before every pull, also one
+    that works; the issue quoted only what came after them. Those two lines are hand-written in docker's format."""
+    said = (HOSTS / "smoke-cuda-requirement-after-pull" / "gpu-smoke.txt").read_text()
+    pulled = "Unable to find image 'ghcr.io/synerbi/sirf:petric2' locally\npetric2: Pulling from synerbi/sirf\n" + said
+    status, detail = F.parse_gpu_smoke(pulled, failed=True)
+    assert (status, detail) == F.parse_gpu_smoke(said, failed=True)
+    assert status == "fail" and detail.startswith(
+        "nvidia-container-cli refused the smoke image, whose NVIDIA_REQUIRE_* condition the host does not meet")
+    assert "update the driver" in detail and detail.endswith(
+        "unsatisfied condition: cuda>=12.8, please update your driver to a newer version, or use an earlier cuda "
+        "container")
+    # a pull that failed is still no GPU failure (output as in jackyjsy/CVPR21Chal-SLR#19)
+    denied = ("Unable to find image 'cvpr2021cha_code:latest' locally\ndocker: Error response from daemon: pull access "
+              "denied for cvpr2021cha_code, repository does not exist or may require 'docker login': denied: requested "
+              "access to the resource is denied.\nSee 'docker run --help'.\n")
+    assert F.parse_gpu_smoke(denied, failed=True)[0] == "unknown"
 
 
 def test_gpu_smoke_success_and_unknowns():

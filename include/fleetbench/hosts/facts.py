@@ -67,6 +67,10 @@ _SMOKE_FAILURES: tuple[tuple[re.Pattern, str, str], ...] = (
     (re.compile(r"unknown flag: --gpus"), "fail", "this docker CLI has no --gpus (needs Docker >= 19.03)"),
     (re.compile(r"unknown or invalid runtime name: nvidia|Unknown runtime specified nvidia", re.I), "fail",
      "the nvidia runtime is not registered"),
+    (re.compile(r"nvidia-container-cli: requirement error: ([^\\\n\"]{1,300})"), "fail",
+     "nvidia-container-cli refused the smoke image, whose NVIDIA_REQUIRE_* condition the host does not meet "
+     "(for cuda>=X.Y: update the driver, or "
+     "set the host's gpu_smoke_image to an image of an older CUDA)"),
     (re.compile(r"Unable to find image|pull access denied|manifest unknown|No such image|not found: manifest", re.I),
      "unknown", "the smoke image could not be pulled, so the GPU container was not tried"),
     (re.compile(r"timed out", re.I), "unknown", "the GPU smoke container did not finish in time"),
@@ -86,6 +90,9 @@ _SERVER_VERSION_LINE = re.compile(r"\s{0,32}Version:\s{0,32}(\S{1,200})(?!\S)")
 _TABLE_GPU = re.compile(r"^\|\s{0,16}(\d{1,4})\s{1,16}(\S.{0,80}?)\s{1,64}(?:On|Off|N/A|WDDM|TCC)\s{0,16}\|\s{0,16}"
                         r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d")
 _TABLE_MEMORY = re.compile(r"(?<!\d)(\d{1,9})MiB\s{0,16}/\s{0,16}(\d{1,9})MiB")
+# `docker run` pulls a missing image first ("Unable to find image '<ref>' locally" ... this line); what follows
+# is the container's start.
+_PULLED = re.compile(r"^Status: (?:Downloaded newer image|Image is up to date) for [^\n]{1,300}$", re.M)
 _SMOKE_GPU = re.compile(r"^GPU (\d{1,4}): ([^\n]{1,200}?) \(UUID: (GPU-[0-9a-fA-F-]{1,64})\)", re.M)
 _INT = re.compile(r"(?<!\d)-?\d{1,12}(?!\d)")
 _SMALL_INT = re.compile(r"\d{1,9}")
@@ -350,12 +357,16 @@ def parse_gpu_smoke(text: str, failed: bool | None) -> tuple[str, str]:
 
     Real failures: `could not select device driver "" with capabilities: [[gpu]]` (no NVIDIA
     Container Toolkit), `nvidia-container-cli: initialization error: ...` (driver not loaded,
-    libnvidia-ml.so.1 missing), `unknown flag: --gpus` (docker CLI < 19.03).
+    libnvidia-ml.so.1 missing), `unknown flag: --gpus` (docker CLI < 19.03), `nvidia-container-cli: requirement
+    error: unsatisfied condition: cuda>=12.8` (driver too old for the image). Such a failure may follow a
+    successful pull of the image, whose first line ("Unable to find image ... locally") is no pull failure.
     """
     listed = _SMOKE_GPU.findall(text)
     if listed and not failed:
         return "pass", (f"a GPU container started and saw {len(listed)} GPU(s): "
                         f"{', '.join(sorted({n for _, n, _ in listed}))}")
+    if pulled := _PULLED.search(text):  # the pull worked: its "Unable to find image" line is no pull failure
+        text = text[pulled.end():]
     for pattern, status, meaning in _SMOKE_FAILURES:
         if m := pattern.search(text):
             cause = m.group(1).strip() if m.groups() else _line_at(text, m.start())
