@@ -170,9 +170,11 @@ def test_cli_table_and_strict_exit_codes(hosts, tmp_path):
         return subprocess.run([str(VENV_BIN / "fleetbench"), "host-check", "--gpus", "1", *args],
                               capture_output=True, text=True, timeout=120, env=env)
 
-    # over SSH: this machine's Docker has no NVIDIA runtime, so the host is unfit whatever its GPUs say
+    # over SSH: this machine's Docker has no NVIDIA runtime and its GPU smoke container fails, so the host is unfit
+    # whatever its GPUs say (without the smoke container, a runc-only Docker could still serve --gpus through the
+    # toolkit's hook: nvidia_runtime would be unknown)
     table = cli("--ssh", conn, "--probe-path", str(rtx_bin), "--format", "table", "--strict",
-                "--save", str(tmp_path / "rtx"))
+                "--gpu-smoke-image", "fleetbench/base:bookworm", "--save", str(tmp_path / "rtx"))
     assert table.returncode == 1, (table.stdout, table.stderr[-2000:])
     assert table.stdout.startswith("verdict: unfit")
     lines = table.stdout.splitlines()

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from fleetbench.hosts import HostFacts, HostNeeds, evaluate, facts_from_dir, host_check, reasons, verdict
+from fleetbench.hosts import facts as F
 from fleetbench.hosts.rules import Check, check_driver_for_cuda, min_driver_for_cuda, version_tuple
 
 HOSTS = Path(__file__).resolve().parents[1] / "fixtures" / "hosts"
@@ -158,10 +159,50 @@ def test_disk_needs():
     assert failed.detail == "only 5.0 GB free on Docker's data root, need 20.0 GB"
 
 
-def test_runtime_or_cdi():
-    facts = HostFacts(nvidia_runtime=False, cdi_spec_dirs=["/etc/cdi", "/var/run/cdi"])
-    checks = {c.name: c for c in evaluate(facts, HostNeeds(gpus=1))}
-    assert checks["nvidia_runtime"] == Check("nvidia_runtime", "pass", "CDI available (/etc/cdi, /var/run/cdi)")
+def test_gpu_containers_that_start_through_the_toolkit_hook_pass_without_a_registered_runtime(tmp_path):
+    """The standard NVIDIA Container Toolkit setup serves `--gpus` through its hook: `docker info` lists runc only
+    (the dev VM's real one), and the GPU smoke container starts. The smoke output is the H100 capture's
+    `nvidia-smi -L` line (the command the smoke container runs), next to that capture's driver outputs."""
+    for name in ("docker-info.json", "docker-version.txt", "df-docker-root.txt", "uname-r.txt"):
+        (tmp_path / name).write_text((HOSTS / "local-vm-nogpu" / name).read_text())
+    for name in ("nvidia-smi.txt", "nvidia-smi-query.csv"):
+        (tmp_path / name).write_text((HOSTS / "h100-590-cuda13.1" / name).read_text())
+    (tmp_path / "gpu-smoke.txt").write_text(
+        "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-00000000-0000-0000-0000-000000000000)\n")
+    facts = facts_from_dir(tmp_path)
+    assert facts.nvidia_runtime is False and facts.default_runtime == "runc" and facts.gpu_smoke == "pass"
+    checks = evaluate(facts, HostNeeds(gpus=1, image_cuda="12.1"))
+    assert {c.name: c for c in checks}["nvidia_runtime"] == Check(
+        "nvidia_runtime", "pass", "a --gpus container started: the NVIDIA Container Toolkit works")
+    assert verdict(checks) == "ready"
+
+
+def test_cdi_spec_folders_alone_are_no_nvidia_runtime():
+    """Docker 28 lists its default CDI spec folders on every engine (a real Docker 28.2.0 VM without NVIDIA
+    software); only a discovered nvidia.com/gpu device (docker/cli's own sample output) says the toolkit wrote a
+    spec."""
+    facts = facts_from_dir(HOSTS / "docker-28.2-cdi-dirs-no-toolkit")
+    assert facts.cdi_spec_dirs == ["/etc/cdi", "/var/run/cdi"] and facts.cdi_devices == [] and facts.gpu_smoke is None
+    runtime = {c.name: c for c in evaluate(facts, HostNeeds(gpus=1))}["nvidia_runtime"]
+    assert runtime.status == "unknown"
+    assert runtime.detail.startswith("no nvidia runtime registered in Docker and no NVIDIA CDI device (Docker lists "
+                                     "the CDI spec folders /etc/cdi, /var/run/cdi, but no nvidia.com/gpu device")
+    assert "give the host a gpu_smoke_image, or install the NVIDIA Container Toolkit" in runtime.detail
+    facts.gpu_smoke, facts.gpu_smoke_detail = F.parse_gpu_smoke(
+        (HOSTS / "smoke-could-not-select-device-driver" / "gpu-smoke.txt").read_text(), True)
+    runtime = {c.name: c for c in evaluate(facts, HostNeeds(gpus=1))}["nvidia_runtime"]
+    assert runtime.status == "fail" and "nvidia-ctk runtime configure --runtime=docker" in runtime.detail
+    # the toolkit's hook ran and refused the image: the toolkit is there, the smoke check says what failed
+    facts.gpu_smoke, facts.gpu_smoke_detail = F.parse_gpu_smoke(
+        (HOSTS / "smoke-cuda-requirement-after-pull" / "gpu-smoke.txt").read_text(), True)
+    assert {c.name: c for c in evaluate(facts, HostNeeds(gpus=1))}["nvidia_runtime"].status == "pass"
+
+    golden = HOSTS / "docker-cli-golden-cdi-nvidia-device"
+    for info in (F.parse_docker_info_json((golden / "docker-info.json").read_text()),
+                 F.parse_docker_info_text((golden / "docker-info.txt").read_text())):
+        assert info["runtimes"] == ["runc"] and info["cdi_devices"] == ["com.example.device1", "nvidia.com/gpu=gpu0"]
+    assert checks_of("docker-cli-golden-cdi-nvidia-device", gpus=1)["nvidia_runtime"] == Check(
+        "nvidia_runtime", "pass", "Docker discovered NVIDIA CDI devices (nvidia.com/gpu=gpu0)")
 
 
 def test_unreachable_host_is_unfit_with_only_that_reason():

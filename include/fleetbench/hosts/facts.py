@@ -121,6 +121,9 @@ class HostFacts:
     nvidia_runtime: bool | None = None
     default_runtime: str | None = None
     cdi_spec_dirs: list[str] | None = None
+    # The CDI devices Docker (28+) discovered, e.g. "nvidia.com/gpu=0": unlike the spec folders, which Docker 28 lists
+    # on every engine, an nvidia.com/gpu device says the NVIDIA Container Toolkit wrote a spec.
+    cdi_devices: list[str] | None = None
     docker_root_free_bytes: int | None = None
     driver_error: str | None = None  # what nvidia-smi said instead of a GPU list, for people
     # None when nvidia-smi worked or was not captured; else NOT_INSTALLED, MISMATCH, ...
@@ -305,7 +308,16 @@ def parse_docker_info_json(text: str) -> dict | None:
         return None
     return {"docker_version": _text(info.get("ServerVersion")), "runtimes": _names(info.get("Runtimes")),
             "default_runtime": _text(info.get("DefaultRuntime")), "cdi_spec_dirs": _names(info.get("CDISpecDirs")),
+            "cdi_devices": _cdi_devices(info.get("DiscoveredDevices")),
             "root_dir": _text(info.get("DockerRootDir")), "engine_id": _text(info.get("ID")) or None}
+
+
+def _cdi_devices(value: object) -> list[str]:
+    """`DiscoveredDevices` ([{"Source": "cdi", "ID": "nvidia.com/gpu=0"}, ...]): the IDs of the CDI ones, at most 64."""
+    if not isinstance(value, list):
+        return []
+    return [d["ID"] for d in value[:64] if isinstance(d, dict) and d.get("Source") == "cdi"
+            and isinstance(d.get("ID"), str) and len(d["ID"]) <= MAX_FACT_CHARS]
 
 
 def _text(value: object) -> str | None:
@@ -323,6 +335,7 @@ def parse_docker_info_text(text: str) -> dict | None:
     """Plain `docker info`: old (<= 18.09, flat) and new (>= 19.03, Client:/Server: sections) layouts."""
     fields: dict[str, str] = {}
     cdi: list[str] = []
+    devices: list[str] = []
     lines = text.splitlines()
     for i, line in enumerate(lines):
         key, sep, value = line.strip().partition(":")
@@ -330,10 +343,14 @@ def parse_docker_info_text(text: str) -> dict | None:
             fields[key] = value.strip()
         elif sep and key == "CDI spec directories" and not cdi:
             cdi = list(itertools.islice(_cdi_dirs(lines[i + 1:]), 8))
+        elif sep and key == "Discovered Devices" and not devices:  # "  cdi: nvidia.com/gpu=0", one a line
+            block = itertools.takewhile(lambda ln: ln.startswith("  ") and not ln.startswith("   "), lines[i + 1:])
+            devices = [ln.strip()[5:] for ln in itertools.islice(block, 64)
+                       if ln.strip().startswith("cdi: ") and len(ln.strip()) <= MAX_FACT_CHARS]
     if not _short(fields.get("Server Version")):
         return None
     return {"docker_version": fields["Server Version"], "runtimes": fields.get("Runtimes", "").split(),
-            "default_runtime": fields.get("Default Runtime"), "cdi_spec_dirs": cdi,
+            "default_runtime": fields.get("Default Runtime"), "cdi_spec_dirs": cdi, "cdi_devices": devices,
             "root_dir": fields.get("Docker Root Dir"), "engine_id": _short(fields.get("ID")) or None}
 
 
@@ -560,6 +577,7 @@ def _docker_facts(src: _Folder, facts: HostFacts) -> None:
         facts.nvidia_runtime = any("nvidia" in r for r in info["runtimes"])
         facts.default_runtime = info["default_runtime"]
         facts.cdi_spec_dirs = info["cdi_spec_dirs"]
+        facts.cdi_devices = info["cdi_devices"]
         facts.docker_engine_id = info["engine_id"]
     else:
         facts.unknown["docker"] = reasons[0] if reasons else "docker-info.json: not captured"

@@ -211,14 +211,33 @@ def check_driver_library(facts: HostFacts) -> Check:
 
 
 def check_nvidia_runtime(facts: HostFacts) -> Check:
+    """Can Docker give a container NVIDIA GPUs? Cases ask with a device request (`--gpus`), which the NVIDIA Container
+    Toolkit serves through its runtime hook with no runtime registered in Docker: `docker info` cannot show that
+    setup, so the GPU smoke container decides. Without it, a registered `nvidia` runtime or an `nvidia.com/gpu` CDI
+    device (Docker 28+) says the toolkit is set up; CDI spec folders alone do not (Docker 28 lists its default ones
+    on every engine)."""
+    if facts.gpu_smoke == "pass":
+        return Check("nvidia_runtime", "pass", "a --gpus container started: the NVIDIA Container Toolkit works")
     if facts.nvidia_runtime:
         return Check("nvidia_runtime", "pass", "nvidia runtime registered in Docker")
-    if facts.cdi_spec_dirs:
-        return Check("nvidia_runtime", "pass", f"CDI available ({', '.join(facts.cdi_spec_dirs)})")
+    if nvidia := [d for d in facts.cdi_devices or [] if d.startswith("nvidia.com/gpu=")]:
+        return Check("nvidia_runtime", "pass", f"Docker discovered NVIDIA CDI devices ({', '.join(nvidia[:4])})")
     if facts.nvidia_runtime is None:
         return Check("nvidia_runtime", "unknown", "Docker runtimes unknown")
-    return Check("nvidia_runtime", "fail",
-                 "no NVIDIA runtime registered in Docker and no CDI: install the NVIDIA Container Toolkit")
+    if facts.gpu_smoke == "fail" and "nvidia-container-cli" in (facts.gpu_smoke_detail or ""):
+        return Check("nvidia_runtime", "pass", "the NVIDIA Container Toolkit's hook ran in the GPU smoke container "
+                                               "(which failed for another reason: see gpu_smoke)")
+    missing = "no nvidia runtime registered in Docker and no NVIDIA CDI device" + (
+        f" (Docker lists the CDI spec folders {', '.join(facts.cdi_spec_dirs)}, but no nvidia.com/gpu device in them)"
+        if facts.cdi_spec_dirs else "")
+    if facts.gpu_smoke == "fail":
+        return Check("nvidia_runtime", "fail", f"{missing}, and the GPU smoke container failed: install the NVIDIA "
+                                               "Container Toolkit, run `nvidia-ctk runtime configure --runtime=docker` "
+                                               "and restart Docker")
+    why = "not run" if facts.gpu_smoke is None else "its result is unknown: see gpu_smoke"
+    return Check("nvidia_runtime", "unknown",
+                 f"{missing}; the toolkit's --gpus hook needs neither, but the GPU smoke container ({why}) is what "
+                 "shows it works: give the host a gpu_smoke_image, or install the NVIDIA Container Toolkit")
 
 
 def check_gpu_smoke(facts: HostFacts) -> Check:
