@@ -20,13 +20,13 @@ def checks_of(folder: str, **needs) -> dict[str, Check]:
 
 
 # -- NVIDIA's minimum driver per CUDA toolkit ----------------------------------------------------------
+# CUDA Toolkit Release Notes (13.1), Table 3 "CUDA Toolkit and Corresponding Driver Versions", Linux x86_64, GA rows.
 @pytest.mark.parametrize("cuda, driver", [
-    ("11.0", "450.51.05"),
-    ("11.1", "450.80.02"), ("11.8", "450.80.02"),  # 11.x minor-version compatibility
-    ("12.0", "525.60.13"), ("12.1", "530.30.02"), ("12.2", "535.54.03"),
-    ("12.3", "535.54.03"),  # between rows: the next lower row
-    ("12.4", "550.54.14"), ("12.6", "550.54.14"), ("12.8", "570.26"), ("13.0", "580.65.06"),
-    ("10.2", None), ("x.y", None),
+    ("11.0", "450.51.05"), ("11.1", "455.23"), ("11.4", "470.42.01"), ("11.8", "520.61.05"),
+    ("12.0", "525.60.13"), ("12.1", "530.30.02"), ("12.2", "535.54.03"), ("12.3", "545.23.06"),
+    ("12.4", "550.54.14"), ("12.5", "555.42.02"), ("12.6", "560.28.03"), ("12.8", "570.26"), ("12.9", "575.51.03"),
+    ("13.0", "580.65.06"), ("13.1", "590.44.01"),
+    ("12.7", None), ("13.2", None), ("10.2", None), ("x.y", None),  # no row: no lower row stands in for it
 ])
 def test_min_driver_for_cuda(cuda, driver):
     assert min_driver_for_cuda(cuda) == driver
@@ -34,38 +34,73 @@ def test_min_driver_for_cuda(cuda, driver):
 
 @pytest.mark.parametrize("driver, cuda, status", [
     ("530.30.02", "12.1", "pass"),   # exactly the minimum
-    ("530.30.01", "12.1", "fail"),   # one patch level short, not on a forward-compatibility branch
+    ("530.30.01", "12.1", "warn"),   # one patch level short: CUDA 12.x minor-version compatibility (>= 525.60.13)
     ("525.60.13", "12.0", "pass"),
-    ("525.60.12", "12.0", "fail"),
-    ("450.80.02", "11.8", "pass"),   # minor-version compatibility
+    ("525.60.12", "12.0", "fail"),   # below 12.x minor-version compatibility, R525 below the branch's 525.85
+    ("535.54.03", "12.3", "warn"),   # 12.3 needs 545.23.06: R535 runs it only through minor-version compatibility
+    ("560.28.03", "12.6", "pass"),
+    ("550.54.15", "12.6", "warn"),
+    ("575.51.03", "12.9", "pass"),
+    ("520.61.05", "11.8", "pass"),
+    ("450.80.02", "11.8", "warn"),   # 11.x minor-version compatibility (>= 450.80.02)
     ("450.51.06", "11.8", "warn"),   # below minor-version compatibility, but R450 >= 450.51: forward compatibility
     ("440.33.01", "11.0", "fail"),   # R440 is no forward-compatibility branch
     ("418.87.01", "11.0", "fail"),
     ("580.65.06", "13.0", "pass"),
-    ("570.172.08", "13.0", "fail"),
+    ("580.65.06", "13.1", "warn"),   # 13.1 needs 590.44.01; 13.x minor-version compatibility from 580.65.06
+    ("590.44.01", "13.1", "pass"),
+    ("570.172.08", "13.0", "fail"),  # R570 is below 13.x and no forward-compatibility branch
 ])
 def test_driver_for_cuda_table(driver, cuda, status):
-    assert check_driver_for_cuda(driver, cuda).status == status
+    check = check_driver_for_cuda(driver, cuda)
+    assert check.status == status, check.detail
 
 
-@pytest.mark.parametrize("driver, gpus, status", [
-    ("525.85.12", ["NVIDIA A100-SXM4-40GB"], "warn"),      # R525 >= 525.85: forward compatibility on a data-center GPU
-    ("470.57.02", ["Tesla V100-SXM2-32GB"], "warn"),       # R470 >= 470.57
-    ("510.47.03", [], "warn"),                             # GPU unknown: forward compatibility may apply
-    ("525.85.12", ["NVIDIA GeForce RTX 3090"], "fail"),    # forward compatibility is not for consumer boards
-    ("525.85.12", ["NVIDIA TITAN RTX"], "fail"),
-    ("525.60.13", ["NVIDIA A100-SXM4-40GB"], "fail"),      # R525 but below the branch's 525.85
-    ("520.61.05", ["NVIDIA A100-SXM4-40GB"], "fail"),      # R520 is no forward-compatibility branch
+def test_minor_version_compatibility_says_what_is_limited_and_what_to_do():
+    """The shipped GPU example's 12.8 image on an A100 with the R535 LTSB driver, which NVIDIA supports for CUDA 12.x
+    through minor-version compatibility: runs, with a warning, not unfit."""
+    check = check_driver_for_cuda("535.183.01", "12.8", ["NVIDIA A100-SXM4-80GB"], "12.2")
+    assert check == Check("driver_cuda", "warn",
+                          "driver 535.183.01 runs CUDA 12.8 only through minor-version compatibility (CUDA 12.x on >= "
+                          "525.60.13): PTX newer than the driver cannot be JIT-compiled, so kernels shipped only as "
+                          "PTX fail; update the driver to >= 570.26 for the full feature set")
+    # the same driver family on a GeForce board: minor-version compatibility is not limited to data-center GPUs
+    assert check_driver_for_cuda("550.54.15", "12.8", ["NVIDIA GeForce RTX 4090"]).status == \
+        check_driver_for_cuda("550.54.15", "12.6", ["NVIDIA GeForce RTX 4090"]).status == "warn"
+
+
+@pytest.mark.parametrize("driver, cuda, gpus, status", [
+    ("470.57.02", "12.1", ["Tesla V100-SXM2-32GB"], "warn"),       # R470 >= 470.57: below 12.x, forward compatibility
+    ("510.47.03", "12.1", [], "warn"),                             # GPU unknown: forward compatibility may apply
+    ("470.57.02", "12.1", ["NVIDIA GeForce RTX 3090"], "fail"),    # forward compatibility is not for consumer boards
+    ("470.57.02", "12.1", ["NVIDIA TITAN RTX"], "fail"),
+    ("470.42.01", "12.1", ["Tesla V100-SXM2-32GB"], "fail"),       # R470 but below the branch's 470.57
+    ("520.61.05", "12.1", ["NVIDIA A100-SXM4-40GB"], "fail"),      # R520 is no forward-compatibility branch
+    ("535.183.01", "13.0", ["NVIDIA A100-SXM4-80GB"], "warn"),     # R535 >= 535.86 (NGC: CUDA 13 images)
+    ("550.54.15", "13.0", ["NVIDIA H100 80GB HBM3"], "warn"),      # R550 >= 550.54
+    ("535.54.03", "13.0", ["NVIDIA A100-SXM4-80GB"], "fail"),      # R535 but below 535.86
+    ("550.54.15", "13.0", ["NVIDIA GeForce RTX 4090"], "fail"),
 ])
-def test_forward_compatibility_branches_for_cuda_12_1(driver, gpus, status):
-    check = check_driver_for_cuda(driver, "12.1", gpus)
+def test_forward_compatibility_branches(driver, cuda, gpus, status):
+    check = check_driver_for_cuda(driver, cuda, gpus)
     assert check.status == status, check.detail
 
 
 def test_driver_cuda_falls_back_to_the_reported_cuda_version():
     assert check_driver_for_cuda(None, "12.1", cuda_driver_version="12.2").status == "pass"
-    assert check_driver_for_cuda(None, "12.1", cuda_driver_version="12.0").status == "fail"
+    assert check_driver_for_cuda(None, "12.1", cuda_driver_version="12.0").status == "warn"  # minor-version compat.
+    assert check_driver_for_cuda(None, "12.1", cuda_driver_version="11.8").status == "fail"
     assert check_driver_for_cuda(None, "12.1").status == "unknown"
+
+
+def test_a_cuda_version_newer_than_the_table_is_not_judged_by_an_older_row():
+    """13.2 has no row here: 590.48.01 (which reports 13.1) runs it only through minor-version compatibility, 595.71.05
+    (reports 13.2, as in the RTX 2080 SUPER capture) fully; a CUDA major the table does not know is not judged."""
+    assert check_driver_for_cuda("590.48.01", "13.2", cuda_driver_version="13.1").status == "warn"
+    assert check_driver_for_cuda("595.71.05", "13.2", cuda_driver_version="13.2").status == "pass"
+    assert check_driver_for_cuda("570.172.08", "13.2").status == "fail"
+    unknown = check_driver_for_cuda("610.57.04", "14.0", cuda_driver_version="13.3")
+    assert unknown.status == "unknown" and "check the image's CUDA against the driver by hand" in unknown.detail
 
 
 def test_version_tuple():
@@ -106,15 +141,20 @@ def test_h100_runs_cuda_13_but_not_two_gpu_cases():
 
 
 def test_geforce_on_r525_cannot_use_forward_compatibility():
-    checks = checks_of("geforce-525-79col", gpus=1, image_cuda="12.1")
+    checks = checks_of("geforce-525-79col", gpus=1, image_cuda="13.0")
     assert checks["driver_cuda"].status == "fail" and "data-center" in checks["driver_cuda"].detail
+    assert "update the driver" in checks["driver_cuda"].detail
     assert checks_of("geforce-525-79col", gpus=1, image_cuda="12.0")["driver_cuda"].status == "pass"
+    assert checks_of("geforce-525-79col", gpus=1, image_cuda="12.1")["driver_cuda"].status == "warn"
 
 
-def test_a10_on_r550_needs_a_newer_driver_for_cuda_12_8():
+def test_a10_on_r550_runs_cuda_12_8_through_minor_version_compatibility():
     assert checks_of("a10-550-cuda12.4", gpus=1, image_cuda="12.4")["driver_cuda"].status == "pass"
-    assert checks_of("a10-550-cuda12.4", gpus=1, image_cuda="12.8")["driver_cuda"].detail == \
-        "driver 550.127.05 is too old for CUDA 12.8: needs >= 570.26"
+    assert checks_of("a10-550-cuda12.4", gpus=1, image_cuda="12.8")["driver_cuda"].status == "warn"
+    assert checks_of("a10-550-cuda12.4", gpus=1, image_cuda="13.0")["driver_cuda"].detail == (
+        "driver 550.127.05 is older than CUDA 13.0 needs (>= 580.65.06); runs only through data-center forward "
+        "compatibility (R550 >= 550.54) with the cuda-compat package in the image: update the driver, or make sure "
+        "the image has cuda-compat")
 
 
 def test_driver_library_mismatch_is_its_own_failure():

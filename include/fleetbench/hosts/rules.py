@@ -13,21 +13,23 @@ from typing import Any
 from fleetbench.hosts import facts as F
 from fleetbench.hosts.facts import HostFacts
 
-# Minimum Linux driver per CUDA toolkit (NVIDIA CUDA Toolkit release notes, Table 3).
+# Minimum Linux x86_64 driver of each CUDA toolkit's GA release (NVIDIA CUDA Toolkit Release Notes, Table 3 "CUDA
+# Toolkit and Corresponding Driver Versions"): the driver that runs every feature of that CUDA release.
 CUDA_MIN_DRIVER: dict[str, str] = {
-    "11.0": "450.51.05",
-    "11.8": "520.61.05",
-    "12.0": "525.60.13",
-    "12.1": "530.30.02",
-    "12.2": "535.54.03",
-    "12.4": "550.54.14",
-    "12.8": "570.26",
-    "13.0": "580.65.06",
+    "11.0": "450.51.05", "11.1": "455.23", "11.2": "460.27.03", "11.3": "465.19.01", "11.4": "470.42.01",
+    "11.5": "495.29.05", "11.6": "510.39.01", "11.7": "515.43.04", "11.8": "520.61.05",
+    "12.0": "525.60.13", "12.1": "530.30.02", "12.2": "535.54.03", "12.3": "545.23.06", "12.4": "550.54.14",
+    "12.5": "555.42.02", "12.6": "560.28.03", "12.8": "570.26", "12.9": "575.51.03",
+    "13.0": "580.65.06", "13.1": "590.44.01",
 }
-# CUDA 11.x minor-version compatibility: any 11.x runs on >= 450.80.02.
-CUDA11_MINOR_COMPAT = "450.80.02"
-# Data-center forward-compatibility branches (with the cuda-compat package): runs, but is a warning.
-FORWARD_COMPAT_BRANCHES = {"450": "450.51", "470": "470.57", "510": "510.47", "515": "515.65", "525": "525.85"}
+# Minor-version compatibility (CUDA 11 and later): any X.y runs, with a limited feature set (no JIT of PTX newer than
+# the driver), on a driver >= this one of the same major family (NVIDIA CUDA Compatibility guide; CUDA 11.x from
+# 450.80.02, as its note says).
+MINOR_COMPAT: dict[int, str] = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
+# Data-center forward-compatibility branches: an older branch runs a newer CUDA major only with the cuda-compat package
+# in the image (R535 and R550 as the NGC release notes of CUDA 12.8 and 13.x images list them): a warning.
+FORWARD_COMPAT_BRANCHES = {"450": "450.51", "470": "470.57", "510": "510.47", "515": "515.65", "525": "525.85",
+                           "535": "535.86", "550": "550.54"}
 # Forward compatibility is for data-center GPUs only; these names are consumer boards.
 CONSUMER_GPU_MARKERS = ("GeForce", "TITAN")
 MIN_KERNEL = (3, 10)
@@ -79,53 +81,72 @@ def version_tuple(text: str | None) -> tuple[int, ...] | None:
 
 
 def min_driver_for_cuda(cuda: str) -> str | None:
-    """Minimum driver for a CUDA version; for versions between table rows the next lower row applies."""
+    """The minimum driver of CUDA X.Y's GA release (Table 3); None for a version the table does not have (older than
+    11.0, or newer than its last row: no lower row stands in for it, that row's driver may be too old)."""
     want = version_tuple(cuda)
-    if want is None:
-        return None
-    if want[0] == 11 and want >= (11, 1):
-        return CUDA11_MINOR_COMPAT
-    best = None
-    for known, driver in sorted(CUDA_MIN_DRIVER.items(), key=lambda kv: version_tuple(kv[0])):
-        if version_tuple(known) <= want:
-            best = driver
-    return best
+    return CUDA_MIN_DRIVER.get(f"{want[0]}.{want[1]}") if want and len(want) >= 2 else None
 
 
 def check_driver_for_cuda(driver: str | None, cuda: str, gpu_names: list[str] | None = None,
                           cuda_driver_version: str | None = None) -> Check:
-    """Is the driver new enough for the image's CUDA version (NVIDIA's minimum-driver table)?
+    """Is the driver new enough for the image's CUDA version?
 
-    An older driver on a data-center forward-compatibility branch (R450, R470, R510, R515, R525)
-    runs the image only with the cuda-compat package: a warning. Forward compatibility does not
-    exist on GeForce/TITAN boards, so there it is a failure. Without a driver version, the
-    "CUDA Version" the driver reports is compared instead.
+    At or above the version's minimum driver (Table 3): pass. Below it but at or above its major family's
+    minor-version-compatibility driver: a warning, since the image runs with a limited feature set (PTX newer than
+    the driver cannot be JIT-compiled). An older driver on a data-center forward-compatibility branch (R470, R525,
+    R535, R550, ...) runs the image only with the cuda-compat package: a warning; forward compatibility does not
+    exist on GeForce/TITAN boards, so there it is a failure. A version newer than the table is judged by the CUDA
+    version the driver reports, else by minor-version compatibility. Without a driver version, the reported CUDA
+    version is compared instead.
     """
-    need = min_driver_for_cuda(cuda)
-    have = version_tuple(driver)
-    if need is None:
+    want = version_tuple(cuda)
+    if want is None or len(want) < 2:
         return Check("driver_cuda", "unknown", f"no minimum driver known for CUDA {cuda}")
+    need = min_driver_for_cuda(cuda)
+    minor = MINOR_COMPAT.get(want[0])
+    have = version_tuple(driver)
+    reported = version_tuple(cuda_driver_version)
+    if need is None and minor is None:
+        return Check("driver_cuda", "unknown", f"no minimum driver known for CUDA {cuda} (NVIDIA's table here covers "
+                                               "11.0 to 13.1): check the image's CUDA against the driver by hand")
     if have is None:
-        reported = version_tuple(cuda_driver_version)
-        if reported is not None:
-            ok = reported[:2] >= version_tuple(cuda)[:2]
-            return Check("driver_cuda", "pass" if ok else "fail",
+        if reported is not None and reported[:2] >= want[:2]:
+            return Check("driver_cuda", "pass",
                          f"the driver supports CUDA up to {cuda_driver_version}; the image needs CUDA {cuda}")
-        return Check("driver_cuda", "unknown", f"driver version unknown; CUDA {cuda} needs >= {need}")
-    if have >= version_tuple(need):
+        if reported is not None and reported[0] == want[0] and minor:
+            return Check("driver_cuda", "warn", f"the driver supports CUDA up to {cuda_driver_version}, the image "
+                                                f"needs CUDA {cuda}: it runs through minor-version compatibility "
+                                                f"(limited features) if the driver is >= {minor}; update the driver")
+        if reported is not None:
+            return Check("driver_cuda", "fail", f"the driver supports CUDA up to {cuda_driver_version}; the image "
+                                                f"needs CUDA {cuda}: update the driver")
+        return Check("driver_cuda", "unknown", f"driver version unknown; CUDA {cuda} needs >= {need}" if need else
+                     f"driver version unknown; CUDA {cuda} needs at least >= {minor} (minor-version compatibility)")
+    if need and have >= version_tuple(need):
         return Check("driver_cuda", "pass", f"driver {driver} runs CUDA {cuda} (needs >= {need})")
+    if need is None and reported is not None and reported[:2] >= want[:2]:
+        return Check("driver_cuda", "pass", f"driver {driver} supports CUDA up to {cuda_driver_version}; the image "
+                                            f"needs CUDA {cuda}")
+    wanted = f">= {need}" if need else f"the driver of CUDA {cuda} (newer than the table here)"
+    if minor and have >= version_tuple(minor):
+        return Check("driver_cuda", "warn",
+                     f"driver {driver} runs CUDA {cuda} only through minor-version compatibility (CUDA {want[0]}.x on "
+                     f">= {minor}): PTX newer than the driver cannot be JIT-compiled, so kernels shipped only as PTX "
+                     f"fail; update the driver to {wanted} for the full feature set")
     branch = str(have[0])
     floor = FORWARD_COMPAT_BRANCHES.get(branch)
     if floor and have >= version_tuple(floor):
         consumer = sorted({n for n in gpu_names or [] if any(m.lower() in n.lower() for m in CONSUMER_GPU_MARKERS)})
         if consumer:
             return Check("driver_cuda", "fail",
-                         f"driver {driver} is too old for CUDA {cuda} (needs >= {need}); forward "
-                         f"compatibility is for data-center GPUs, not {', '.join(consumer)}")
+                         f"driver {driver} is too old for CUDA {cuda} (needs {wanted}); forward "
+                         f"compatibility is for data-center GPUs, not {', '.join(consumer)}: update the driver")
         return Check("driver_cuda", "warn",
-                     f"driver {driver} is older than {need} (CUDA {cuda}); runs only through "
-                     f"data-center forward compatibility (R{branch} >= {floor}) with cuda-compat")
-    return Check("driver_cuda", "fail", f"driver {driver} is too old for CUDA {cuda}: needs >= {need}")
+                     f"driver {driver} is older than CUDA {cuda} needs ({wanted}); runs only through "
+                     f"data-center forward compatibility (R{branch} >= {floor}) with the cuda-compat package in the "
+                     "image: update the driver, or make sure the image has cuda-compat")
+    return Check("driver_cuda", "fail", f"driver {driver} is too old for CUDA {cuda}: needs {wanted}; update the "
+                                        "driver or use an image of an older CUDA")
 
 
 # -- one function per check ---------------------------------------------------------------------
