@@ -282,7 +282,8 @@ class HostSpec(_Model):
     cpu_tdp_w: float | None = Field(None, gt=0, le=100000)
     tags: list[Name] = []
     # Host validation: free space Docker's data root must have, and the image of the GPU smoke
-    # container (`docker run --gpus all IMAGE nvidia-smi -L`; default: the host's first benchmark image).
+    # container (`docker run --gpus all IMAGE nvidia-smi -L`; default: the host's benchmark image of the
+    # oldest `cuda`, else its first).
     min_free_gb: float = Field(2.0, ge=0, le=MAX_FREE_GB)  # GB (10^9 bytes)
     gpu_smoke_image: str | None = Field(None, pattern=IMAGE_REF_PATTERN)
     # GPU health checks (run when the host's cases need GPUs) and folders put before PATH for every probe

@@ -30,6 +30,9 @@ _CLASSES = [
     FailureClass("mig_unavailable", "skipped: the case asks for MIG instances of a profile the host has fewer of "
                  "(or no GPU in MIG mode, or its MIG devices unknown); the detail lists what the host has",
                  "devices.assign"),
+    FailureClass("driver_too_old", "skipped: the host's NVIDIA driver cannot run the CUDA version of the case's image "
+                 "(`images[].cuda`), not even through minor-version or forward compatibility; the detail names the "
+                 "driver it needs (update the driver, or use an image of an older CUDA)", "devices.assign"),
     # images (fleetbench.images, fleetbench.bake, fleetbench.prepare)
     FailureClass("image_not_found", "the registry has no such repository, tag or digest (or pull_policy 'never' and "
                  "not on the host)", "images.prepare_image", permanent=True),

@@ -43,6 +43,9 @@ class Case:
     axes: dict = field(default_factory=dict, hash=False)  # the case's point in its benchmark's matrix
     # The MIG profile whose instances the case runs on (num_gpus of them); None: whole GPUs (fleetbench.hosts.devices).
     mig_profile: str | None = None
+    # The CUDA version of the case's image (`images[].cuda`): a GPU case is judged against it on its host
+    # (fleetbench.hosts.devices), not against the newest CUDA of the host's images.
+    cuda: str | None = None
 
     @property
     def mig_instances(self) -> int | None:
@@ -156,6 +159,7 @@ def expand_cases(cfg: FleetConfig, hosts: Iterable[str] | None = None,
                         harness_settings=settings,
                         axes={**point.axes, "mig_profile": profile} if profile else point.axes,
                         mig_profile=profile,
+                        cuda=image.cuda,
                     )
                 )
     cases += _multinode_cases(cfg, points, only_hosts, only_models, overridden)
@@ -213,15 +217,16 @@ def _multinode_cases(cfg: FleetConfig, points: dict, only_hosts: set | None, onl
                         roles=launcher_layout(hosts, (bench.procs_per_node or 1) if bench.device == "cpu"
                                               else point.num_gpus) if bench.layout == LAUNCHER
                         else layout(hosts, bench.ps_per_node, bench.workers_per_node, bench.ps_nodes),
-                        cluster=cluster))
+                        cluster=cluster, cuda=image.cuda))
     return cases
 
 
 def build_plan(cfg: FleetConfig, run: dict, params: dict | None = None) -> "RunPlan":
     """The run's plan: its cases, and per host with cases the host's settings, what its cases need (most
-    GPUs, newest CUDA of its images) and the images they run. `cfg` has the run's parameters applied
-    (`fleetbench.params.apply_params`) but for `hosts` and `num_batches`, which the plan applies; `run` holds
-    dag_id, run_id, logical_date, run_type."""
+    GPUs; the oldest CUDA of its GPU cases' images, below which none of them runs: each GPU case is judged
+    against its own image's CUDA, fleetbench.hosts.devices) and the images they run. `cfg` has the run's
+    parameters applied (`fleetbench.params.apply_params`) but for `hosts` and `num_batches`, which the plan
+    applies; `run` holds dag_id, run_id, logical_date, run_type."""
     from fleetbench import __version__
     from fleetbench.run_model import CaseNeeds, PlannedHost, RunInfo, RunPlan
 
@@ -233,12 +238,12 @@ def build_plan(cfg: FleetConfig, run: dict, params: dict | None = None) -> "RunP
         if not host_cases:
             continue
         images = [cfg.image(n) for n in sorted({c.image for c in host_cases})]
-        cudas = [i.cuda for i in images if i.cuda]
+        cudas = {c.cuda for c in host_cases if c.cuda and c.num_gpus}
         mig: dict[str, int] = {}
         for c in host_cases:
             if c.mig_profile:
                 mig[c.mig_profile] = max(mig.get(c.mig_profile, 0), c.num_gpus)
-        needs = CaseNeeds(gpus=max(c.num_gpus for c in host_cases), image_cuda=max(cudas, key=_vkey) if cudas else None,
+        needs = CaseNeeds(gpus=max(c.num_gpus for c in host_cases), image_cuda=min(cudas, key=_vkey) if cudas else None,
                           whole_gpus=max((c.num_gpus for c in host_cases if not c.mig_profile), default=0), mig=mig)
         hosts.append(PlannedHost(**dict(host), needs=needs, images=images))
     info = RunInfo(**run, fleet=cfg.fleet.name, config_digest=cfg.digest(),

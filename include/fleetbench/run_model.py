@@ -61,7 +61,7 @@ class CaseNeeds(_Xcom):
     """What the host's cases of this run need from it (the lane's host check judges the host against it)."""
 
     gpus: int = 0  # the most devices a case asks for (whole GPUs or MIG instances)
-    image_cuda: str | None = None
+    image_cuda: str | None = None  # the oldest CUDA of the GPU cases' images (each case is judged by its own)
     whole_gpus: int | None = None  # the most whole GPUs a case asks for; None: `gpus` (a plan without MIG cases)
     mig: dict[str, int] = {}  # MIG profile -> the most instances of it a case asks for
 

@@ -59,3 +59,42 @@ def test_the_runbooks_distributed_layout_is_one_case_across_both_hosts():
         ("gpu-a100-01", "ps", 0), ("gpu-rtx3070-01", "ps", 1)]
     assert "--variable_update=distributed_replicated" in case.command and case.container["network_mode"] == "host"
     assert [h.cluster_address() for h in cfg.hosts] == ["gpu-a100-01", "gpu-rtx3070-01"]
+
+
+def test_a_driver_too_old_for_one_image_skips_only_that_images_cases():
+    """The example's PyTorch image moved to a CUDA 13.0 release (NGC 25.08 and later), its RTX 3070 host on an R525
+    GeForce driver (the real 525.125.06 table in tests/fixtures/hosts/geforce-525-79col): R525 runs the TF image's
+    CUDA 12.1 (minor-version compatibility), not 13.0 (no forward compatibility on GeForce). Only the PyTorch image's
+    GPU cases are skipped, as driver_too_old; the host is not unfit."""
+    from fleetbench.airflow.pipeline import smoke_default
+    from fleetbench.config import parse_config, read_yaml
+    from fleetbench.hosts import HostNeeds, evaluate, facts_from_dir, verdict
+    from fleetbench.hosts.devices import assign
+    from fleetbench.measure import SKIPPED, case_fields
+    from fleetbench.plan import build_plan
+    from fleetbench.run_model import HostVerdict
+
+    data = read_yaml(EXAMPLE)
+    next(i for i in data["images"] if i["name"] == "pytorch-nccl")["cuda"] = "13.0"
+    plan = build_plan(parse_config(data), {"dag_id": "d", "run_id": "r", "logical_date": None, "run_type": "manual"})
+    host = plan.host("gpu-rtx3070-01")
+    assert host.needs.image_cuda == "12.1"  # the oldest CUDA of its GPU cases' images
+    assert smoke_default(host.images) == "nvcr.io/nvidia/tensorflow:23.03-tf1-py3"
+    facts = facts_from_dir(ROOT / "tests" / "fixtures" / "hosts" / "geforce-525-79col")
+    assert facts.driver_version == "525.125.06" and facts.gpu_model == "NVIDIA GeForce ..."
+    checks = {c.name: c for c in evaluate(facts, HostNeeds(gpus=1, image_cuda=host.needs.image_cuda))}
+    assert checks["driver_cuda"].status == "warn"
+    v = HostVerdict(host=host.name, verdict=verdict(list(checks.values())), facts=facts.to_dict())
+    assert not v.unfit
+    gpu_cases = [c for c in plan.cases if c.host == host.name and c.num_gpus and c.nodes == 1]
+    by_image: dict[str, set] = {}
+    for case in gpu_cases:
+        fields, _ = case_fields(case, v, {"ref": "x"}, None)
+        by_image.setdefault(case.image, set()).add(fields["failure_class"])
+    assert by_image == {"pytorch-nccl": {"driver_too_old"}, "tf1-benchmarks": {"task_failed"}}  # tf1: would run
+    torch_case = next(c for c in gpu_cases if c.image == "pytorch-nccl")
+    skipped = assign(torch_case, v.host_facts)
+    assert skipped.skip_detail == (
+        "the case's image pytorch-nccl needs CUDA 13.0: driver 525.125.06 is too old for CUDA 13.0 (needs >= "
+        "580.65.06); forward compatibility is for data-center GPUs, not NVIDIA GeForce ...: update the driver")
+    assert case_fields(torch_case, v, {"ref": "x"}, None)[0]["status"] == SKIPPED

@@ -408,6 +408,9 @@ def test_store_writes_derived_metrics_for_every_row(data_dir, tmp_path):
 
     fleet = gpu_fleet(400.0)
     fleet["hosts"] = [{"name": "lambda-2080ti", "price_per_gpu_hour": 0.35}]
+    # The logs' host ran driver 440.64 (CUDA 10.2), which cannot run a CUDA 12.1 image (its cases would be skipped
+    # as driver_too_old): the image's CUDA is left out, as for the image those logs came from.
+    del fleet["images"][0]["cuda"]
     path = tmp_path / "fleet.yaml"
     path.write_text(yaml.safe_dump(fleet))
     plan = make_plan({"dag_id": "fleet_benchmark", "run_id": "manual__1", "logical_date": "2026-12-02T02:00:00+00:00"},

@@ -71,9 +71,9 @@ def validate_host(host, run, timeout_s: float | None = None) -> dict:
     """Gather the host's facts into the run's artifact folder and judge them against the host's needs.
 
     When the host's cases need GPUs, a GPU smoke container runs too (`gpu_smoke_image`, else the
-    host's first benchmark image). An unreachable host is a verdict (`reachable: fail`), not a crash;
-    so is a check that has not ended after `timeout_s` (every probe has its own timeout: this is the
-    backstop for one that hangs regardless, e.g. in an SSH library).
+    host's benchmark image of the oldest CUDA: `smoke_default`). An unreachable host is a verdict
+    (`reachable: fail`), not a crash; so is a check that has not ended after `timeout_s` (every probe
+    has its own timeout: this is the backstop for one that hangs regardless, e.g. in an SSH library).
     """
     from fleetbench.hosts import HostFacts, HostNeeds, evaluate, facts_from_dir, gather, reasons, runner_for, verdict
     from fleetbench.hosts.probes import health_probes
@@ -82,7 +82,7 @@ def validate_host(host, run, timeout_s: float | None = None) -> dict:
     folder = runs.facts_dir(run.dag_id, run.run_id, host.name)
     needs = HostNeeds(gpus=host.needs.gpus, image_cuda=host.needs.image_cuda, min_free_bytes=int(host.min_free_gb * GB),
                       health=host.gpu_health.thresholds(), whole_gpus=host.needs.whole_gpus, mig=dict(host.needs.mig))
-    smoke_image = (host.gpu_smoke_image or next((i.ref for i in host.images), None)) if needs.gpus else None
+    smoke_image = (host.gpu_smoke_image or smoke_default(host.images)) if needs.gpus else None
     health = (health_probes(host.gpu_health.xid_window_hours, host.gpu_health.dcgm_diag_level) if needs.gpus
               else ())
     try:
@@ -101,6 +101,16 @@ def validate_host(host, run, timeout_s: float | None = None) -> dict:
                          collected_at=datetime.now(timezone.utc).isoformat())
     log.info("host %s: %s%s", host.name, result.verdict, f" ({result.reasons})" if result.reasons else "")
     return result.to_xcom()
+
+
+def smoke_default(images) -> str | None:
+    """The GPU smoke container's image when the host names none: of its benchmark images the one of the oldest CUDA
+    (one whose CUDA the driver cannot run would fail the smoke container, and the host with it, for that image
+    alone), else the first."""
+    known = [i for i in images if i.cuda]
+    if known:
+        return min(known, key=lambda i: tuple(int(p) for p in i.cuda.split("."))).ref
+    return images[0].ref if images else None
 
 
 def case_engine_id(host) -> str | None:

@@ -7,7 +7,9 @@ compute instance), and a container given the parent GPU sees no usable device. S
   names the GPUs without MIG by UUID (a plain `--gpus N` may pick a GPU in MIG mode), and with fewer of
   them than it asks for it is skipped as `mig_enabled`;
 - a MIG case (a benchmark with `mig_profiles`) runs on `num_gpus` MIG devices of its profile, named by
-  their `MIG-` UUIDs (`nvidia-smi -L`); a host with fewer of them is skipped as `mig_unavailable`.
+  their `MIG-` UUIDs (`nvidia-smi -L`); a host with fewer of them is skipped as `mig_unavailable`;
+- a GPU case whose image needs a CUDA version the host's driver cannot run (`driver_cuda`'s rules, against the
+  case's own image) is skipped as `driver_too_old`: one new image does not make the whole host unfit.
 
 A GPU is in MIG mode when `nvidia-smi -q` says its current MIG mode is Enabled, or `nvidia-smi -L` lists
 MIG devices under it. Pure functions over a host's facts; the lane runs one case at a time, so every
@@ -19,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fleetbench.hosts.facts import HostFacts
+from fleetbench.hosts.rules import check_driver_for_cuda
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,12 @@ def assign(case, facts: HostFacts) -> Devices:
     profile = getattr(case, "mig_profile", None)
     if not want:
         return Devices()
+    if cuda := getattr(case, "cuda", None):
+        driver = check_driver_for_cuda(facts.driver_version, cuda, [g.name for g in facts.gpus or []],
+                                       facts.cuda_driver_version)
+        if driver.status == "fail":
+            return Devices(mig_profile=profile, skip_class="driver_too_old",
+                           skip_detail=f"the case's image {case.image} needs CUDA {cuda}: {driver.detail}")
     mig = host_mig(facts)
     if profile:
         if facts.gpu_list is None:

@@ -57,7 +57,7 @@ class Check:
 @dataclass(frozen=True)
 class HostNeeds:
     gpus: int = 0  # the most devices a case asks for: whole GPUs or MIG instances (0: CPU cases only)
-    image_cuda: str | None = None
+    image_cuda: str | None = None  # the oldest CUDA of the GPU cases' images (fleetbench.hosts.devices: each case's)
     min_free_bytes: int = 2 * GB
     health: Any = None  # fleetbench.hosts.health.HealthThresholds; None: the defaults
     whole_gpus: int | None = None  # the most whole GPUs a case asks for; None: `gpus` (no MIG case)
