@@ -139,6 +139,30 @@ def check_failed_write_leaves_nothing(engine):
     assert count(engine, runs, run_id="r9") == 0
 
 
+def check_run_counts_are_what_was_stored(engine):
+    """`runs.cases_*` (and what `store_run` returns) count the results as stored: a row that cannot be stored as
+    measured (an exit code beyond INTEGER) is failed / store_error there, so the run counts it failed, not ok;
+    rows given twice under one key count once. A partial write counts the whole run."""
+    from fleetbench.report.openmetrics import collect
+
+    upgrade(engine)
+    given = run_row()  # says 2 ok, as the rows did before fitting
+    stored = store_run(engine, given, [], [result_row("a"), result_row("b", exit_code=2**40), result_row("c"),
+                                           result_row("c", status="skipped", ips=None)])
+    assert stored == {"written": 3, "total": 3, "ok": 1, "failed": 1, "skipped": 1}
+    with engine.connect() as conn:
+        assert conn.execute(select(runs.c.cases_total, runs.c.cases_ok, runs.c.cases_failed, runs.c.cases_skipped)
+                            ).all() == [(3, 1, 1, 1)]
+    assert {r["case_key"]: (r["status"], r["failure_class"]) for r in fetch_results(engine)} == {
+        "a": ("ok", None), "b": ("failed", "store_error"), "c": ("skipped", "gpu_oom")}
+    cases = [f for f in collect(engine) if f.name == "fleetbench_last_run_cases"][0]
+    assert {labels["status"]: value for labels, value in cases.samples} == {"ok": 1, "failed": 1, "skipped": 1}
+    hosts = [{"dag_id": "fleet_benchmark", "run_id": "r1", "host": "h1", "verdict": "ready"}]
+    assert store_run(engine, given, hosts, [], complete=False) == {**stored, "written": 0}
+    assert store_run(engine, given, [], [result_row("d", host="h2")], complete=False) == {
+        "written": 1, "total": 4, "ok": 2, "failed": 1, "skipped": 1}
+
+
 def check_capacity_features(engine):
     upgrade(engine)
     store_run(engine, run_row("r1"), [], [
@@ -558,6 +582,8 @@ def check_concurrent_writers(url: str, rounds: int = 6) -> None:
         # Exactly one row per key, for every key either writer wrote, in every round.
         assert len(per_key) == rounds * len(KEYS) and {n for *_, n in per_key} == {1}
         assert count(engine, runs) == rounds
+        with engine.connect() as conn:  # the run row counts both writers' results: the second counts after the first
+            assert conn.execute(select(runs.c.cases_total, runs.c.cases_ok).distinct()).all() == [(len(KEYS),) * 2]
         # Each case's result row and its steps come from one writer (the one that wrote it last):
         # steps valued 1000 x writer + step, 3 of them from writer 0, 5 from writer 1.
         writer_of = {(run, key): int(ips // 1000) for run, key, ips in written}

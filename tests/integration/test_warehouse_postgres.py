@@ -12,6 +12,7 @@ from warehouse_contract import (
     check_regressions_table,
     check_report_reads_through_partial_indexes,
     check_rerun_with_fewer_cases_leaves_no_stale_rows,
+    check_run_counts_are_what_was_stored,
     check_store_and_rerun_replaces,
 )
 
@@ -31,6 +32,10 @@ def test_delete_keys_in_chunks_removes_exactly_those_keys(pg_engine):
 
 def test_failed_write_leaves_nothing(pg_engine):
     check_failed_write_leaves_nothing(pg_engine)
+
+
+def test_run_counts_are_what_was_stored(pg_engine):
+    check_run_counts_are_what_was_stored(pg_engine)
 
 
 def test_capacity_features_view(pg_engine):

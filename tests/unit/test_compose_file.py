@@ -409,7 +409,7 @@ def check_roles(names, stored_before: int = 0) -> None:
     try:
         upgrade(writer)
         assert current_revision(writer) == ScriptDirectory(str(MIGRATIONS)).get_current_head()
-        assert store_run(writer, run_row("r1"), [], [result_row("c1"), result_row("c2")]) == 2
+        assert store_run(writer, run_row("r1"), [], [result_row("c1"), result_row("c2")])["written"] == 2
         store_findings(writer, "fleet_benchmark", "r1", [])
 
         tables = inspect(reader).get_table_names() + inspect(reader).get_view_names()

@@ -400,11 +400,10 @@ def test_carbon_intensity_is_validated():
 
 
 # -- the pipeline stores derived metrics ----------------------------------------------------------
-def test_store_writes_derived_metrics_for_every_row(data_dir, tmp_path):
-    """collect() -> store() on the two real 2080 Ti logs: the warehouse rows carry the derived metrics."""
-    from fleetbench.airflow.pipeline import collect, make_plan, store
+def _collected_2080ti(tmp_path) -> tuple[dict, dict]:
+    """The plan of two cases (1 and 2 GPUs) on a 2080 Ti host, and collect()'s rows of the two real logs."""
+    from fleetbench.airflow.pipeline import collect, make_plan
     from fleetbench.hosts import Gpu, HostFacts
-    from fleetbench.warehouse import fetch_results, get_engine
 
     fleet = gpu_fleet(400.0)
     fleet["hosts"] = [{"name": "lambda-2080ti", "price_per_gpu_hour": 0.35}]
@@ -425,8 +424,15 @@ def test_store_writes_derived_metrics_for_every_row(data_dir, tmp_path):
     outcomes = [{"host": c["host"], "case_key": c["case_key"], "exit_code": 0, "log_path": str(logs[c["num_gpus"]]),
                  "duration_s": durations[c["num_gpus"]], "started_at": "2026-12-02T02:01:00+00:00",
                  "finished_at": "2026-12-02T02:02:15+00:00", "command": c["command"]} for c in plan["cases"]]
+    return plan, collect(plan, validations, prepared, outcomes)
 
-    collected = collect(plan, validations, prepared, outcomes)
+
+def test_store_writes_derived_metrics_for_every_row(data_dir, tmp_path):
+    """collect() -> store() on the two real 2080 Ti logs: the warehouse rows carry the derived metrics."""
+    from fleetbench.airflow.pipeline import store
+    from fleetbench.warehouse import fetch_results, get_engine
+
+    plan, collected = _collected_2080ti(tmp_path)
     assert store(plan, collected)["ok"] == 2
 
     rows = {r["num_gpus"]: r for r in fetch_results(get_engine(), run_id="manual__1")}
@@ -445,6 +451,28 @@ def test_store_writes_derived_metrics_for_every_row(data_dir, tmp_path):
     assert (two["energy_source"], two["energy_j"]) == ("estimated", 39000.0)
     assert two["carbon_g"] == pytest.approx(4.33333, abs=1e-5) and two["carbon_g_per_kwh"] == 400.0
     assert one["time_for_batches_s"] == pytest.approx(21.8542, abs=1e-4)
+
+
+def test_store_counts_a_row_stored_as_store_error_failed(data_dir, tmp_path):
+    """A measured row with a value beyond its column is stored failed / store_error: the store task's summary and
+    the run's row count it failed, as the results and the rollups do, not ok as it was collected."""
+    from sqlalchemy import text
+
+    from fleetbench.airflow.pipeline import store
+    from fleetbench.warehouse import fetch_results, get_engine
+
+    plan, collected = _collected_2080ti(tmp_path)
+    collected["rows"][0]["num_batches"] = 2**40
+    summary = store(plan, collected)
+    assert {k: summary[k] for k in ("total", "ok", "failed", "skipped")} == {"total": 2, "ok": 1, "failed": 1,
+                                                                            "skipped": 0}
+    engine = get_engine()
+    assert sorted((r["status"], r["failure_class"]) for r in fetch_results(engine, run_id="manual__1")) == [
+        ("failed", "store_error"), ("ok", None)]
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT cases_total, cases_ok, cases_failed, cases_skipped FROM runs")).all() == [
+            (2, 1, 1, 0)]
+    engine.dispose()
 
 
 def test_work_unit_of_rate_metrics_only():

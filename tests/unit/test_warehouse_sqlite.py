@@ -12,6 +12,7 @@ from warehouse_contract import (
     check_regressions_table,
     check_report_reads_through_partial_indexes,
     check_rerun_with_fewer_cases_leaves_no_stale_rows,
+    check_run_counts_are_what_was_stored,
     check_store_and_rerun_replaces,
 )
 
@@ -39,6 +40,10 @@ def test_store_and_rerun_replaces(tmp_path):
 
 def test_failed_write_leaves_nothing(tmp_path):
     check_failed_write_leaves_nothing(get_engine(f"sqlite:///{tmp_path}/w.db"))
+
+
+def test_run_counts_are_what_was_stored(tmp_path):
+    check_run_counts_are_what_was_stored(get_engine(f"sqlite:///{tmp_path}/w.db"))
 
 
 def test_capacity_features_view(tmp_path):

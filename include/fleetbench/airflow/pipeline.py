@@ -274,12 +274,14 @@ def store(plan, collected: dict) -> dict:
     engine = get_engine()
     try:
         upgrade(engine)
-        written = store_run(engine, run_row(run, counts, len(rows)), hosts, rows, collected["steps"],
-                            metric_rows=collected.get("metrics", ()))
+        # The counts as stored: a row that could not be stored as measured is failed (store_error) there.
+        stored = store_run(engine, run_row(run, counts, len(rows)), hosts, rows, collected["steps"],
+                           metric_rows=collected.get("metrics", ()))
     finally:
         engine.dispose()
-    log.info("stored %d result row(s) for run %s: %s", written, run.run_id, counts)
-    return {**counts, "total": len(rows), "run_id": run.run_id,
+    counts = {s: stored[s] for s in (OK, FAILED, SKIPPED)}
+    log.info("stored %d result row(s) for run %s: %s", stored["written"], run.run_id, counts)
+    return {**counts, "total": stored["total"], "run_id": run.run_id,
             "every_host_unfit": every_host_unfit(collected["validations"])}
 
 

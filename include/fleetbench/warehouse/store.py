@@ -18,7 +18,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Iterable
 
-from sqlalchemy import Engine, and_, select
+from sqlalchemy import Engine, and_, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 
@@ -121,8 +121,12 @@ def _columns(table, rows: list[dict]) -> list[str]:
 
 
 def store_run(engine: Engine, run: dict, hosts: Iterable[dict], results: Iterable[dict], step_rows: Iterable[dict] = (),
-              complete: bool = True, metric_rows: Iterable[dict] = ()) -> int:
-    """Upsert one run's rows in one transaction, and its rollups from them; returns the number of result rows written.
+              complete: bool = True, metric_rows: Iterable[dict] = ()) -> dict[str, int]:
+    """Upsert one run's rows in one transaction, and its rollups from them.
+
+    Returns `written` (the result rows written) and the run's case counts as its `runs` row now holds them:
+    `total`, `ok`, `failed`, `skipped`. They count the run's results as stored, after fitting, whatever the given
+    run row says: a row stored as failed / `store_error` is failed, and a partial write counts the whole run.
 
     `metric_rows`: the results' metric samples (`result_metrics`, see `rows.metric_sample_rows`); a result
     written now has exactly these afterwards, like its steps.
@@ -174,8 +178,9 @@ def store_run(engine: Engine, run: dict, hosts: Iterable[dict], results: Iterabl
                 metric_upserts.replace(conn, written)
                 if complete:
                     _delete_rest_of_run(conn, run_row, host_rows.keys, result_rows.keys)
+                counts = _count_cases(conn, run_row)
                 rollup.refresh(conn, run_keys)
-            return len(result_rows.rows)
+            return {"written": len(result_rows.rows), **counts}
         except DBAPIError as exc:
             if attempt == WRITE_ATTEMPTS or not _retryable(exc):
                 raise
@@ -183,6 +188,21 @@ def store_run(engine: Engine, run: dict, hosts: Iterable[dict], results: Iterabl
                         str(exc.orig).splitlines()[0] if exc.orig else exc, attempt, WRITE_ATTEMPTS - 1)
             time.sleep(0.05 * 2 ** attempt)
     raise AssertionError("unreachable")
+
+
+_COUNTS = {"total": "cases_total", "ok": "cases_ok", "failed": "cases_failed", "skipped": "cases_skipped"}
+
+
+def _count_cases(conn, run_row: dict) -> dict[str, int]:
+    """The run's stored results by status, written to its `runs` row (caller's transaction): the counts of what
+    is stored, not of the rows as given, which fitting may have turned into failed / `store_error`."""
+    of_run = (benchmark_results.c.dag_id == run_row["dag_id"], benchmark_results.c.run_id == run_row["run_id"])
+    by_status = dict(conn.execute(select(benchmark_results.c.status, func.count()).where(*of_run)
+                                  .group_by(benchmark_results.c.status)).all())
+    counts = {"total": sum(by_status.values()), **{s: by_status.get(s, 0) for s in ("ok", "failed", "skipped")}}
+    conn.execute(runs.update().where(runs.c.dag_id == run_row["dag_id"], runs.c.run_id == run_row["run_id"])
+                 .values({_COUNTS[k]: v for k, v in counts.items()}))
+    return counts
 
 
 def _delete_rest_of_run(conn, run_row: dict, host_keys: list[tuple], result_keys: list[tuple]) -> None:
