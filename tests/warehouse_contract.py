@@ -163,6 +163,45 @@ def check_run_counts_are_what_was_stored(engine):
         "written": 1, "total": 4, "ok": 2, "failed": 1, "skipped": 1}
 
 
+def check_timestamps_read_back_in_utc(engine):
+    """Timestamps read back are ISO text in UTC and a pivot's `date` is the logical date's UTC day, whatever zone
+    the database gives its sessions (PostgreSQL's default is the server's: initdb takes the machine's). The
+    engine's sessions are in UTC; rows read through a session in another zone are converted all the same."""
+    from sqlalchemy import create_engine
+
+    from fleetbench.warehouse.attempts import fetch_attempts
+    from fleetbench.warehouse.frames import pivot, results_frame
+
+    upgrade(engine)
+    engines = [engine]
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as conn:
+            conn.exec_driver_sql(f"ALTER DATABASE \"{engine.url.database}\" SET timezone TO 'America/Los_Angeles'")
+            conn.commit()
+        engine.dispose()  # new sessions, which take the database's zone unless told otherwise
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("SHOW TimeZone").scalar() == "UTC"
+        engines.append(create_engine(engine.url))  # a session in the database's zone
+        with engines[1].connect() as conn:
+            assert conn.exec_driver_sql("SHOW TimeZone").scalar() == "America/Los_Angeles"
+    night = {**run_row(), "logical_date": "2026-12-01T02:00:00+00:00"}
+    store_run(engine, night, [], [result_row("a", metric="images_per_sec", value=100.0, unit="images/s",
+                                             better="higher")])
+    try:
+        for e in engines:
+            for rows in (fetch_results(e), fetch_attempts(e)):
+                assert (rows[0]["logical_date"], rows[0]["started_at"], rows[0]["stored_at"][-6:]) == (
+                    "2026-12-01T02:00:00+00:00", "2026-12-01T02:00:05+00:00", "+00:00")
+                table = pivot(results_frame(rows), "date:host")
+                assert (list(table.index), table.loc["2026-12-01", "h1"]) == (["2026-12-01"], 100.0)
+            with e.connect() as conn:
+                assert _dt(conn.execute(select(runs.c.logical_date)).scalar()) == datetime(2026, 12, 1, 2,
+                                                                                            tzinfo=timezone.utc)
+    finally:
+        for e in engines[1:]:
+            e.dispose()
+
+
 def check_capacity_features(engine):
     upgrade(engine)
     store_run(engine, run_row("r1"), [], [

@@ -14,6 +14,7 @@ from warehouse_contract import (
     check_rerun_with_fewer_cases_leaves_no_stale_rows,
     check_run_counts_are_what_was_stored,
     check_store_and_rerun_replaces,
+    check_timestamps_read_back_in_utc,
 )
 
 pytestmark = pytest.mark.integration
@@ -36,6 +37,10 @@ def test_failed_write_leaves_nothing(pg_engine):
 
 def test_run_counts_are_what_was_stored(pg_engine):
     check_run_counts_are_what_was_stored(pg_engine)
+
+
+def test_timestamps_read_back_in_utc(pg_engine):
+    check_timestamps_read_back_in_utc(pg_engine)
 
 
 def test_capacity_features_view(pg_engine):

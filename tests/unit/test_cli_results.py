@@ -167,6 +167,21 @@ def test_pivot_of_the_primary_metric(fleet):
     assert data["columns"] == ["resnet50", "vgg16"] and data["data"] == [[4, 4]]  # one logical date: 2 hosts x 2 runs
 
 
+def test_pivot_date_is_the_logical_dates_utc_day():
+    """`date` is the UTC day of the logical date, also of a time given in another zone (as a PostgreSQL session in
+    the server's zone gave them): the 02:00 UTC night of 2026-12-01 is that day, not 2026-11-30."""
+    from datetime import datetime, timedelta, timezone
+
+    from fleetbench.warehouse.frames import pivot, results_frame
+
+    pacific = timezone(timedelta(hours=-8))
+    rows = [{"logical_date": d, "host": h, "status": "ok", "metric": "m", "unit": "u", "value": 1.0}
+            for d, h in (("2026-11-30T18:00:00-08:00", "h1"), (datetime(2026, 11, 30, 18, tzinfo=pacific), "h2"),
+                         ("2026-12-01T02:00:00+00:00", "h3"), ("2026-12-01 02:00:00", "h4"))]
+    table = pivot(results_frame(rows), "date:host", agg="count")
+    assert list(table.index) == ["2026-12-01"] and list(table.columns) == ["h1", "h2", "h3", "h4"]
+
+
 def test_pivot_csv_quotes_labels_a_spreadsheet_would_run_as_a_formula(tmp_path):
     """A run id is a label of a pivot; one starting with = (or + - @) reaches a spreadsheet as text."""
     url = f"sqlite:///{tmp_path}/w.db"

@@ -14,6 +14,7 @@ from warehouse_contract import (
     check_rerun_with_fewer_cases_leaves_no_stale_rows,
     check_run_counts_are_what_was_stored,
     check_store_and_rerun_replaces,
+    check_timestamps_read_back_in_utc,
 )
 
 
@@ -44,6 +45,10 @@ def test_failed_write_leaves_nothing(tmp_path):
 
 def test_run_counts_are_what_was_stored(tmp_path):
     check_run_counts_are_what_was_stored(get_engine(f"sqlite:///{tmp_path}/w.db"))
+
+
+def test_timestamps_read_back_in_utc(tmp_path):
+    check_timestamps_read_back_in_utc(get_engine(f"sqlite:///{tmp_path}/w.db"))
 
 
 def test_capacity_features_view(tmp_path):
@@ -111,3 +116,16 @@ def test_samples_of_results_written_earlier_are_upserted(tmp_path):
     from warehouse_contract import check_samples_of_results_written_earlier_are_upserted
 
     check_samples_of_results_written_earlier_are_upserted(get_engine(f"sqlite:///{tmp_path}/w.db"))
+
+
+def test_postgresql_sessions_are_in_utc_after_the_options_given(monkeypatch):
+    """PostgreSQL engines start their sessions in UTC (timestamptz comes back in the session's zone), after the
+    startup options the URL gives, else PGOPTIONS (libpq reads PGOPTIONS only without an `options` parameter)."""
+    from fleetbench.warehouse.engine import _utc_options
+
+    monkeypatch.delenv("PGOPTIONS", raising=False)
+    assert _utc_options("postgresql+psycopg2://u@db/w") == "-c TimeZone=UTC"
+    assert (_utc_options("postgresql+psycopg2://u@db/w?options=-c%20statement_timeout%3D5s")
+            == "-c statement_timeout=5s -c TimeZone=UTC")
+    monkeypatch.setenv("PGOPTIONS", "-c work_mem=5MB")
+    assert _utc_options("postgresql+psycopg2://u@db/w") == "-c work_mem=5MB -c TimeZone=UTC"

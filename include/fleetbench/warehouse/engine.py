@@ -76,10 +76,21 @@ def get_engine(url: str | None = None) -> Engine:
 
         return engine
     try:
-        return create_engine(url, pool_pre_ping=True)
+        return create_engine(url, pool_pre_ping=True, connect_args={"options": _utc_options(url)})
     except ImportError as exc:
         raise WarehouseURLError(f"FLEETBENCH_WAREHOUSE_URL {warehouse_display_url(url)}: "
                                 f"driver not installed ({exc})") from None
+
+
+def _utc_options(url: str) -> str:
+    """PostgreSQL's startup `options` with the session's TimeZone UTC, after any the URL or PGOPTIONS give.
+
+    timestamptz comes back in the session's zone, which defaults to the server's (initdb takes the
+    machine's): in UTC, every reader sees the same instants and days as on SQLite."""
+    from sqlalchemy.engine import make_url
+
+    given = make_url(url).query.get("options") or os.environ.get("PGOPTIONS")
+    return " ".join([*([given] if isinstance(given, str) else given or []), "-c TimeZone=UTC"])
 
 
 def _alembic(engine: Engine, action, revision: str, script_location: Path = MIGRATIONS) -> None:

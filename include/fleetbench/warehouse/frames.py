@@ -29,9 +29,11 @@ def results_frame(rows: Sequence[dict]):
     """The rows as a DataFrame; `date` (the logical date's UTC day, YYYY-MM-DD) added for pivots by day."""
     import pandas as pd
 
+    from fleetbench.timestamps import utc
+
     frame = pd.DataFrame(list(rows))
     if "logical_date" in frame:
-        frame["date"] = frame["logical_date"].map(lambda v: None if v is None else str(v)[:10])
+        frame["date"] = frame["logical_date"].map(lambda v: None if v is None else utc(v).date().isoformat())
     return frame
 
 

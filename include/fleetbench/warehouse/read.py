@@ -29,11 +29,12 @@ def fetch_results(engine: Engine, run_id: str | None = None, dag_id: str | None 
 
 
 def iso_timestamps(rows: list[dict]) -> list[dict]:
-    """The rows with every datetime as ISO text (a naive one, as SQLite gives them, taken as UTC); in place."""
+    """The rows with every datetime as ISO text in UTC (a naive one, as SQLite gives them, taken as UTC; an aware
+    one, as PostgreSQL gives them in the session's zone, converted); in place."""
     for row in rows:
         for k, v in row.items():
             if isinstance(v, datetime):
-                row[k] = (v if v.tzinfo else v.replace(tzinfo=timezone.utc)).isoformat()
+                row[k] = (v.astimezone(timezone.utc) if v.tzinfo else v.replace(tzinfo=timezone.utc)).isoformat()
     return rows
 
 
