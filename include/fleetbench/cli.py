@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import math
 import sys
@@ -118,17 +119,21 @@ def _results(args: argparse.Namespace) -> int:
             raise UsageError(f"--value {args.value!r}: not a value column (values: {', '.join(PIVOT_VALUES)})")
     elif args.value or args.agg:
         raise UsageError("--value and --agg go with --pivot ROWS:COLUMNS")
+    # --out (but parquet): rendered in memory and written once the command succeeded, so a mistake (an unknown run
+    # id, a typo in --metric) leaves an earlier export at that path as it was.
+    buffer = io.StringIO() if args.out and args.format != "parquet" else None
     try:
-        with contextlib.ExitStack() as stack:
-            if args.out and args.format != "parquet":
-                try:
-                    stack.enter_context(contextlib.redirect_stdout(stack.enter_context(
-                        open(args.out, "w", encoding="utf-8", newline=""))))
-                except OSError as exc:
-                    raise UsageError(f"--out {args.out}: {exc.strerror}") from None
-            return _write_results(args)
+        with contextlib.redirect_stdout(buffer) if buffer else contextlib.nullcontext():
+            code = _write_results(args)
     except FrameError as exc:
         raise UsageError(str(exc)) from None
+    if buffer is not None and code == 0:
+        try:
+            with open(args.out, "w", encoding="utf-8", newline="") as out:
+                out.write(buffer.getvalue())
+        except OSError as exc:
+            raise UsageError(f"--out {args.out}: {exc.strerror}") from None
+    return code
 
 
 def _write_results(args: argparse.Namespace) -> int:

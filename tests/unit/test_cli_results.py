@@ -213,6 +213,21 @@ def test_parquet_holds_the_rows_with_cost_per_unit(fleet, tmp_path):
     assert "11 case(s): 9 ok, 2 failed, 0 skipped" in table_out.read_text()
 
 
+@pytest.mark.parametrize("fmt", ["table", "csv", "json", "parquet"])
+def test_a_failed_results_command_leaves_the_out_file_as_it_was(fleet, tmp_path, fmt):
+    """Rerunning an export's command line with a mistake (a typo in --metric, an unknown run id, a pivot the rows
+    cannot give) ends with the usage error and leaves the earlier export at --out whole."""
+    out = tmp_path / f"nights.{fmt}"
+    assert cli("results", "--all", "--format", fmt, "--out", str(out), url=fleet).returncode == 0
+    export = out.read_bytes()
+    assert export
+    for args in (["--all", "--metric", "images_per_secc"], ["--run-id", "nosuch"],
+                 ["--all", "--metric", "images_per_sec", "--pivot", "gpu_catalog_name:host"]):
+        proc = cli("results", *args, "--format", fmt, "--out", str(out), url=fleet)
+        assert proc.returncode == 2 and proc.stderr.startswith("fleetbench results: "), proc.stderr
+        assert out.read_bytes() == export, args
+
+
 @pytest.mark.parametrize("args, message", [
     (["--format", "parquet"], "--format parquet writes a file: give --out FILE"),
     (["--pivot", "model"], "--pivot 'model': give ROWS:COLUMNS, e.g. model:host"),
