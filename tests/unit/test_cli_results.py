@@ -182,6 +182,35 @@ def test_pivot_date_is_the_logical_dates_utc_day():
     assert list(table.index) == ["2026-12-01"] and list(table.columns) == ["h1", "h2", "h3", "h4"]
 
 
+def test_pivot_labels_of_integer_fields_are_integers_when_some_rows_have_none(tmp_path):
+    """An NCCL case has no batch size: a pivot over batch size (or GPU count) of a mixed fleet labels 64 as "64",
+    not "64.0", in every format; the rows' Parquet keeps such a column integers with nulls."""
+    import pandas as pd
+
+    url = f"sqlite:///{tmp_path}/w.db"
+    engine = get_engine(url)
+    upgrade(engine)
+    primary = {"metric": "images_per_sec", "unit": "images/s", "better": "higher"}
+    store_run(engine, run_row(), [], [
+        result_row("cnn.bs64", host="h1", value=100.0, **primary), result_row("cnn.bs64", host="h2", value=110.0,
+                                                                             **primary),
+        result_row("nccl.all_reduce", host="h1", harness="nccl_tests", model=None, batch_size_per_device=None,
+                   batch_size_global=None, num_gpus=None, metric="avg_busbw", value=180.0, unit="GB/s")])
+    engine.dispose()
+    pivot = ["results", "--pivot", "batch_size_per_device:host", "--value", "duration_s"]
+    table = cli(*pivot, url=url)
+    assert table.returncode == 0 and table.stdout.splitlines()[2].split() == ["64", "60", "60"], table.stdout
+    assert cli(*pivot, "--format", "csv", url=url).stdout.splitlines()[1] == "64,60.0,60.0"
+    assert json.loads(cli(*pivot, "--format", "json", url=url).stdout)["index"] == ["64"]
+    assert json.loads(cli("results", "--pivot", "num_gpus:host", "--value", "duration_s", "--format", "json",
+                          url=url).stdout)["index"] == ["1"]
+    out = tmp_path / "rows.parquet"
+    assert cli("results", "--format", "parquet", "--out", str(out), url=url).returncode == 0
+    frame = pd.read_parquet(out)
+    assert str(frame["batch_size_per_device"].dtype) == "Int64"
+    assert sorted(frame["batch_size_per_device"].dropna().tolist()) == [64, 64]
+
+
 def test_pivot_csv_quotes_labels_a_spreadsheet_would_run_as_a_formula(tmp_path):
     """A run id is a label of a pivot; one starting with = (or + - @) reaches a spreadsheet as text."""
     url = f"sqlite:///{tmp_path}/w.db"

@@ -32,9 +32,23 @@ def results_frame(rows: Sequence[dict]):
     from fleetbench.timestamps import utc
 
     frame = pd.DataFrame(list(rows))
+    # pandas makes an integer column with a NULL in it float64 (batch size 64 of a fleet with NCCL cases would be
+    # labelled "64.0"): nullable integers instead.
+    for column in _integer_columns() & set(frame.columns[frame.dtypes == "float64"]):
+        frame[column] = frame[column].astype("Int64")
     if "logical_date" in frame:
         frame["date"] = frame["logical_date"].map(lambda v: None if v is None else utc(v).date().isoformat())
     return frame
+
+
+def _integer_columns() -> set[str]:
+    """The integer columns of result rows and attempts."""
+    from sqlalchemy import Integer
+
+    from fleetbench.warehouse.schema import benchmark_results, superseded_results
+
+    return {c.name for t in (benchmark_results, superseded_results) for c in t.columns
+            if isinstance(c.type, Integer)}
 
 
 def parse_pivot(spec: str) -> tuple[str, str]:
