@@ -296,11 +296,16 @@ def _db_upgrade(args: argparse.Namespace) -> int:
     from alembic.util import CommandError
     from sqlalchemy.exc import SQLAlchemyError
 
-    from fleetbench.warehouse import get_engine, upgrade, warehouse_display_url
+    from fleetbench.warehouse import current_revision, get_engine, upgrade, warehouse_display_url
 
     engine = get_engine()
     try:
+        before = current_revision(engine)
+        if _past(before, args.revision):  # Alembic would do nothing and say nothing
+            raise UsageError(f"--revision {args.revision}: the warehouse is at revision {before}, newer; "
+                             "upgrade does not go back (nothing changed)")
         upgrade(engine, args.revision)
+        now = current_revision(engine)
     except (CommandError, RevisionError) as exc:
         detail = _first_line(exc)  # Alembic's message usually names the revision already: say it once
         raise UsageError(f"--revision: {detail}" if repr(args.revision) in detail or args.revision in detail.split()
@@ -309,8 +314,31 @@ def _db_upgrade(args: argparse.Namespace) -> int:
         raise UsageError(f"cannot upgrade the warehouse at {warehouse_display_url()}: {_first_line(exc)}") from None
     finally:
         engine.dispose()
-    print(f"warehouse at {warehouse_display_url()} is at revision {args.revision}")
+    print(f"warehouse at {warehouse_display_url()} is at revision {now or 'base'}")
     return 0
+
+
+def _past(current: str | None, revision: str) -> bool:
+    """The warehouse at `current` is past `revision` (one of its ancestors): upgrading to it changes nothing.
+    False when either cannot be resolved here (`upgrade` then says what is wrong)."""
+    from alembic.script import ScriptDirectory
+    from alembic.script.revision import RevisionError
+    from alembic.util import CommandError
+
+    from fleetbench.warehouse import MIGRATIONS
+
+    if current is None:
+        return False
+    script = ScriptDirectory(str(MIGRATIONS))
+    try:
+        targets = script.get_revisions(revision)
+        below = {r.revision for r in script.iterate_revisions(current, "base")}
+    except (CommandError, RevisionError):
+        return False
+    if not targets:  # base
+        return True
+    return len(targets) == 1 and targets[0] is not None and targets[0].revision != current and (
+        targets[0].revision in below)
 
 
 def _first_line(exc: Exception) -> str:

@@ -271,6 +271,28 @@ def test_db_upgrade_to_a_bad_revision_names_it(tmp_path, revision):
     assert proc.stderr.count(revision) == 1, proc.stderr  # named once, not once by us and once by Alembic
 
 
+def test_db_upgrade_names_the_revision_it_reached_and_refuses_to_go_back(tmp_path):
+    """The success line names the revision the warehouse is at (not `head`); an older --revision than the
+    warehouse's, which Alembic's upgrade passes over in silence, is a usage error that changes nothing."""
+    from alembic.script import ScriptDirectory
+
+    from fleetbench.warehouse import MIGRATIONS, current_revision, get_engine
+
+    url = f"sqlite:///{tmp_path}/w.db"
+    head = ScriptDirectory(str(MIGRATIONS)).get_current_head()
+    for args, revision in ((("--revision", "0011"), "0011"), ((), head)):
+        proc = db_upgrade(url, *args)
+        assert (proc.returncode, proc.stdout) == (0, f"warehouse at {url} is at revision {revision}\n"), proc.stderr
+    for older in ("0011", "base"):
+        proc = db_upgrade(url, "--revision", older)
+        assert (proc.returncode, proc.stdout) == (2, "")
+        assert proc.stderr == (f"fleetbench db: --revision {older}: the warehouse is at revision {head}, newer; "
+                               "upgrade does not go back (nothing changed)\n")
+    engine = get_engine(url)
+    assert current_revision(engine) == head
+    engine.dispose()
+
+
 def test_a_huge_failed_log_is_classified_from_its_head_and_tail(tmp_path, monkeypatch):
     """Past twice FAILURE_WINDOW, failure evidence is read from the first and last FAILURE_WINDOW bytes only:
     an error at either end still names the failure; one lost in the middle does not (a bound, said in the docs)."""
