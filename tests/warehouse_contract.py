@@ -222,6 +222,9 @@ def check_capacity_features(engine):
     assert ((ok["peak_gpu_mem_mib"], ok["mean_power_w"], ok["mean_gpu_util_pct"], ok["images_per_sec"])
             == (30210.0, 310.5, 97.5, 100.0))
     assert (ok["status"], ok["failure_class"], ok["gpu_oom"], ok["energy_source"]) == ("ok", None, 0, "measured")
+    # the same types on every backend, as fetch_results gives them: ISO text in UTC, the command as JSON text
+    assert (ok["logical_date"], ok["command"]) == ("2026-12-01T02:00:00+00:00", '["python", "x.py"]')
+    assert ok["logical_date"] == fetch_results(engine)[0]["logical_date"]
     assert ((oom["status"], oom["failure_class"], oom["gpu_oom"], oom["peak_gpu_mem_mib"])
             == ("failed", "gpu_oom", 1, 40536.0))
     assert [r["batch_size_per_device"] for r in fetch_capacity_features(engine, model="resnet50")] == [512, 64]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from sqlalchemy import Engine, and_, select, text
+from sqlalchemy import DateTime, Engine, and_, select, text
 
 from fleetbench.warehouse.schema import CAPACITY_FEATURES_VIEW, benchmark_results, runs
 
@@ -55,8 +55,10 @@ def latest_run_id(engine: Engine, dag_id: str | None = None) -> str | None:
 
 
 def fetch_capacity_features(engine: Engine, model: str | None = None) -> list[dict]:
-    """Rows of the `capacity_features` view (task features next to resource features), optionally one model's."""
+    """Rows of the `capacity_features` view (task features next to resource features), optionally one model's;
+    timestamps as ISO text in UTC, as `fetch_results` gives them (SQLite would give its storage text)."""
     sql = f"SELECT * FROM {CAPACITY_FEATURES_VIEW}" + (" WHERE model = :model" if model else "")
     sql += " ORDER BY host, case_key, run_id"
+    query = text(sql).columns(logical_date=DateTime(timezone=True))
     with engine.connect() as conn:
-        return [dict(r._mapping) for r in conn.execute(text(sql), {"model": model} if model else {})]
+        return iso_timestamps([dict(r._mapping) for r in conn.execute(query, {"model": model} if model else {})])
