@@ -6,7 +6,8 @@
 2. Throughput: total images/sec (the harness's own figure, `images_per_sec`); the median, spread
    and coefficient of variation of the per-step images/sec printed after warm-up.
 3. Speedup efficiency: N-GPU throughput / (N x 1-GPU throughput) of the same host, model, batch
-   per device, precision and run, matched automatically.
+   per device, precision, torch_synthetic variant (eager or compiled, NCHW or NHWC) and run, matched
+   automatically.
 4. Cost: price per GPU-hour (the host's `price_per_gpu_hour`, else the GPU catalog's default) x
    GPUs x hours; a CPU case (or a GPU case without a GPU price): the host's `price_per_hour` x
    hours; cost per million images at the measured throughput, and (`per_unit`, at read time) cost and
@@ -126,20 +127,26 @@ def speedup_efficiency(images_per_sec: float | None, num_gpus: int | None,
 
 
 # What makes two cases comparable for speedup: everything but the GPU count (a MIG case's count of instances of
-# its profile: 2 x 3g.40gb scales against 1 x 3g.40gb, not against 1 x 1g.10gb).
+# its profile: 2 x 3g.40gb scales against 1 x 3g.40gb, not against 1 x 1g.10gb), and torch_synthetic's variant
+# (`variant_of`: an eager case scales against the eager 1-GPU case, a compiled one against the compiled).
 SPEEDUP_MATCH = ("dag_id", "run_id", "host", "benchmark", "image_name", "model", "batch_size_per_device",
                  "precision", "variable_update", "device", "mig_profile")
 
 
+def _speedup_key(row: Mapping[str, Any]) -> tuple:
+    return (*(row.get(k) for k in SPEEDUP_MATCH), variant_of(row.get("command")))
+
+
 def match_speedup(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], tuple[float, str]]:
     """{(host, case_key): (efficiency, the 1-GPU case_key it was computed against)} for every ok GPU row
-    whose run has an ok 1-GPU row with the same `SPEEDUP_MATCH` fields (the 1-GPU row itself gets 1.0)."""
+    whose run has an ok 1-GPU row with the same `SPEEDUP_MATCH` fields and `variant_of` its command (the 1-GPU
+    row itself gets 1.0)."""
     ok = [r for r in rows
           if r.get("status") == "ok" and (r.get("num_gpus") or 0) >= 1 and _positive(r.get("images_per_sec"))]
-    baselines = {tuple(r.get(k) for k in SPEEDUP_MATCH): r for r in ok if r["num_gpus"] == 1}
+    baselines = {_speedup_key(r): r for r in ok if r["num_gpus"] == 1}
     out = {}
     for r in ok:
-        base = baselines.get(tuple(r.get(k) for k in SPEEDUP_MATCH))
+        base = baselines.get(_speedup_key(r))
         if base is None:
             continue
         eff = speedup_efficiency(r["images_per_sec"], r["num_gpus"], base["images_per_sec"])
@@ -220,6 +227,24 @@ def precision_of(command: Sequence[str] | str | None) -> str | None:
         if m and (m.group(2) is None or m.group(2).strip().lower() not in _FALSE):
             return "fp16"
     return "fp32"
+
+
+_VARIANT_FLAG = re.compile(r"^--(channels_last|compile)=([01])$")  # torch_synthetic's channels_last, compile axes
+
+
+def variant_of(command: Sequence[str] | str | None) -> str | None:
+    """torch_synthetic's memory format and execution mode, as its case key names them: 'nchw.eager',
+    'nhwc.compiled', ... from `--channels_last=0|1` and `--compile=0|1` (the last of each, as its argparse reads
+    them); None for a command without both flags (the other harnesses, no command). Accepts a list or its JSON
+    text. (Like precision, the variant splits speedup baselines: torch.compile or channels_last change the
+    throughput of 1 GPU as of N, so an eager 8-GPU case scales against the eager 1-GPU case.)"""
+    flags: dict[str, str] = {}
+    for arg in command_argv(command) or ():
+        if (m := _VARIANT_FLAG.match(str(arg))) is not None:
+            flags[m.group(1)] = m.group(2)
+    if len(flags) < 2:
+        return None
+    return f"{'nhwc' if flags['channels_last'] == '1' else 'nchw'}.{'compiled' if flags['compile'] == '1' else 'eager'}"
 
 
 # -- 4. cost ------------------------------------------------------------------------------------

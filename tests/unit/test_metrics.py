@@ -35,6 +35,7 @@ from fleetbench.metrics import (
     step_stats,
     time_for_batches_s,
     time_to_accuracy_s,
+    variant_of,
     work_unit,
 )
 from fleetbench.parsing import parse_log
@@ -201,6 +202,44 @@ def test_speedup_needs_the_same_host_batch_and_precision():
 def test_precision_of_the_command_line(command, expected):
     assert precision_of(command) == expected
 
+
+
+@pytest.mark.parametrize("command, expected", [
+    (["python", "/opt/fleetbench/torch_synthetic.py", "--precision=bf16", "--channels_last=1", "--compile=0"],
+     "nhwc.eager"),
+    ('["python", "t.py", "--channels_last=0", "--compile=1"]', "nchw.compiled"),  # JSON text, as stored
+    (["torchrun", "--nproc_per_node=2", "t.py", "--channels_last=0", "--compile=0", "--compile=1"], "nchw.compiled"),
+    (["python", "tf_cnn_benchmarks.py", "--model=resnet50", "--num_gpus=8"], None),
+    (["python", "t.py", "--compile=1"], None),  # not both of torch_synthetic's flags
+    (None, None),
+])
+def test_variant_of_the_command_line(command, expected):
+    assert variant_of(command) == expected
+
+
+def test_speedup_of_torch_synthetic_is_within_its_eager_or_compiled_variant():
+    """The GPU example's pt-train (num_gpus [1, 8], compile [false, true]) as plan and collect build its rows: each
+    8-GPU case scales at 90 % of its own 1-GPU case; compiled runs 1.5x as fast as eager."""
+    from fleetbench.config import load_config
+    from fleetbench.measure import result_row
+    from fleetbench.plan import expand_cases
+    from fleetbench.run_model import RunInfo
+
+    cases = [c for c in expand_cases(load_config(ROOT / "include" / "config" / "fleet.gpu-example.yaml"))
+             if c.benchmark == "pt-train" and c.model == "resnet50" and c.batch_size_per_device == 128]
+    cases = [c for c in cases if c.host == cases[0].host]
+    assert sorted(c.case_key.rsplit(".", 1)[1] for c in cases) == ["compiled", "compiled", "eager", "eager"]
+    rows = []
+    for c in cases:
+        one = 1000.0 * (1.5 if c.case_key.endswith(".compiled") else 1.0)
+        rows.append(result_row(RunInfo(dag_id="d", run_id="r"), c, None, None, {
+            "status": "ok", "images_per_sec": one if c.num_gpus == 1 else 0.9 * c.num_gpus * one,
+            "duration_s": 60.0, "command": c.command}))
+    for r in derive(rows, [], None, None):
+        # was: the compiled 1-GPU row was every case's baseline (eager 8 GPUs: 7200 / (8 x 1500) = 0.6)
+        assert r["speedup_efficiency"] == pytest.approx(1.0 if r["num_gpus"] == 1 else 0.9), r["case_key"]
+        base = r["speedup_baseline_case_key"]
+        assert ".g1." in base and base.rsplit(".", 1)[1] == r["case_key"].rsplit(".", 1)[1], r["case_key"]
 
 # -- 4. cost ------------------------------------------------------------------------------------
 def test_cost_formulas():
