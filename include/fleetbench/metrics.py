@@ -155,28 +155,42 @@ def match_speedup(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], tu
     return out
 
 
-# What makes a 1-node case the baseline of a multi-node one: the same model, batch and GPUs per node (and run,
-# harness, device and precision), on a host of the set.
-NODES_MATCH = ("dag_id", "run_id", "harness", "model", "batch_size_per_device", "num_gpus", "device", "precision",
-               "mig_profile")
+# What makes a 1-node case the baseline of a multi-node one: the same image, model, batch and GPUs per node (and run,
+# harness, device, precision and torch_synthetic variant), on a host of the set. Not the benchmark: a
+# distributed_replicated case takes its 1-node baseline from a benchmark of its own (fleetbench.config); but a
+# 1-node row of the case's own benchmark wins over another's (`match_nodes`).
+NODES_MATCH = ("dag_id", "run_id", "harness", "image_name", "model", "batch_size_per_device", "num_gpus", "device",
+               "precision", "mig_profile")
+
+
+def _nodes_key(row: Mapping[str, Any]) -> tuple:
+    return (*(row.get(k) for k in NODES_MATCH), variant_of(row.get("command")))
 
 
 def match_nodes(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], tuple[float, float]]:
     """{(host, case_key): (efficiency, 1-node images/sec)} for every ok multi-node row whose run has ok 1-node
-    rows with the same `NODES_MATCH` fields on hosts of its set: E = total / (nodes x the mean of those
-    1-node figures). 1.0 is linear scaling across hosts."""
+    rows with the same `NODES_MATCH` fields (and `variant_of` its command) on hosts of its set: E = total / (nodes
+    x the mean of those 1-node figures). 1.0 is linear scaling across hosts. On each host the 1-node row of the
+    row's own benchmark is taken, else the only matching one; a host where several other benchmarks match (which
+    one is the baseline is not known) gives none."""
     ok = [r for r in rows if r.get("status") == "ok" and _positive(r.get("images_per_sec"))]
-    single: dict[tuple, dict[str, float]] = {}
+    single: dict[tuple, dict[str, dict[Any, float]]] = {}
     for r in ok:
         if (r.get("nodes") or 1) == 1:
-            single.setdefault(tuple(r.get(k) for k in NODES_MATCH), {})[r["host"]] = r["images_per_sec"]
+            single.setdefault(_nodes_key(r), {}).setdefault(r["host"], {})[r.get("benchmark")] = r["images_per_sec"]
     out = {}
     for r in ok:
         nodes = r.get("nodes") or 1
         if nodes <= 1 or _ranks_per_node(r) != 1:
             continue
-        per_host = single.get(tuple(r.get(k) for k in NODES_MATCH), {})
-        figures = [per_host[h] for h in (r.get("host_set") or "").split(",") if h in per_host]
+        per_host = single.get(_nodes_key(r), {})
+        figures = []
+        for h in (r.get("host_set") or "").split(","):
+            by_bench = per_host.get(h, {})
+            if r.get("benchmark") in by_bench:
+                figures.append(by_bench[r.get("benchmark")])
+            elif len(by_bench) == 1:
+                figures.extend(by_bench.values())
         if figures:
             base = sum(figures) / len(figures)
             out[(r["host"], r["case_key"])] = (r["images_per_sec"] / (nodes * base), base)

@@ -270,6 +270,55 @@ def test_rows_record_hosts_and_roles_and_the_efficiency_across_nodes():
     assert got[("a", "k")] == (None, None) and got[("c", "k.n2.c+d")] == (None, None)
 
 
+
+def node_rows(data: dict, one_node: dict[str, float]) -> list[dict]:
+    """Result rows of every case of the config as plan and collect build them: a 1-node case does one_node[its
+    benchmark] images/sec, a multi-node case 95 % of nodes x that."""
+    from fleetbench.measure import result_row
+    from fleetbench.run_model import RunInfo
+
+    rows = []
+    for c in expand_cases(parse_config(data)):
+        one = one_node[c.benchmark]
+        rows.append(result_row(RunInfo(dag_id="d", run_id="r"), c, None, None, {
+            "status": "ok", "images_per_sec": one if c.nodes == 1 else 0.95 * c.nodes * one, "duration_s": 60.0,
+            "command": c.command}))
+    return rows
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_the_1_node_baseline_is_of_the_same_image_and_benchmark(reverse):
+    from fleetbench.metrics import derive
+
+    data = config(hosts=("a", "b"))
+    data["images"].append({**data["images"][0], "name": "tf2", "ref": "127.0.0.1:5000/tf:2"})
+    base = data["benchmarks"][0]
+    data["benchmarks"] += [{**base, "name": "cnn-new", "image": "tf2"},  # another image
+                           {**base, "name": "cnn-env", "container": {"environment": {"X": "1"}}}]  # the same image
+    if reverse:  # the config's order decided which 1-node row was every multi-node row's baseline
+        data["benchmarks"].reverse()
+    rows = derive(node_rows(data, {"cnn": 150.0, "cnn-new": 300.0, "cnn-env": 200.0}), [], None, None)
+    got = {r["benchmark"]: (r["node_efficiency"], r["node_baseline_images_per_sec"]) for r in rows if r["nodes"] > 1}
+    assert got == {"cnn": (pytest.approx(0.95), 150.0), "cnn-new": (pytest.approx(0.95), 300.0),
+                   "cnn-env": (pytest.approx(0.95), 200.0)}
+
+
+def test_a_cluster_mode_takes_the_1_node_baseline_of_another_benchmark_of_its_image():
+    from fleetbench.metrics import derive
+
+    data = config(hosts=("a", "b"), variable_update=["replicated"], nodes=[1])
+    data["benchmarks"].append({**data["benchmarks"][0], "name": "dist", "variable_update": ["distributed_replicated"],
+                               "nodes": [2]})
+    rows = derive(node_rows(data, {"cnn": 150.0, "dist": 150.0}), [], None, None)
+    (multi,) = [r for r in rows if r["nodes"] > 1]
+    assert (multi["benchmark"], multi["node_efficiency"], multi["node_baseline_images_per_sec"]) == (
+        "dist", pytest.approx(0.95), 150.0)
+    # two other benchmarks of its image with a 1-node case: which is its baseline is not known, so none
+    data["benchmarks"].append({**data["benchmarks"][0], "name": "cnn2", "container": {"environment": {"X": "1"}}})
+    rows = derive(node_rows(data, {"cnn": 150.0, "cnn2": 100.0, "dist": 150.0}), [], None, None)
+    (multi,) = [r for r in rows if r["nodes"] > 1]
+    assert (multi["node_efficiency"], multi["node_baseline_images_per_sec"]) == (None, None)
+
 # -- what keeps a set from running ----------------------------------------------------------------
 def test_a_set_with_an_unfit_host_or_two_gpu_models_is_a_row_that_says_why_and_runs_nothing():
     from fleetbench.airflow.multinode import multinode_kwargs
