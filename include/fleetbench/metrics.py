@@ -9,9 +9,10 @@
    per device, precision, torch_synthetic variant (eager or compiled, NCHW or NHWC) and run, matched
    automatically.
 4. Cost: price per GPU-hour (the host's `price_per_gpu_hour`, else the GPU catalog's default) x
-   GPUs x hours; a CPU case (or a GPU case without a GPU price): the host's `price_per_hour` x
-   hours; cost per million images at the measured throughput, and (`per_unit`, at read time) cost and
-   energy per unit of any harness's primary metric: $ and Wh per 10^6 images or samples, per GB moved.
+   GPUs (a MIG case's instances: their share of the GPU, `mig_share`) x hours; a CPU case (or a GPU
+   case without a GPU price): the host's `price_per_hour` x hours; cost per million images at the
+   measured throughput, and (`per_unit`, at read time) cost and energy per unit of any harness's
+   primary metric: $ and Wh per 10^6 images or samples, per GB moved.
 5. Power and energy: mean W, J, kWh, images per joule. GPU cases: measured by the telemetry
    wrapper (NVML) or estimated from the catalog's TDP; CPU cases: measured by the host's RAPL
    counters, else estimated as CodeCarbon does, the CPU's TDP x the container's CPU utilisation
@@ -332,14 +333,43 @@ def cost_per_million_images_usd(price_per_gpu_hour: float | None, num_gpus: int 
     return price_per_gpu_hour * num_gpus / (SECONDS_PER_HOUR * images_per_sec) * 1e6
 
 
-def hourly_rate(gpu_price: float | None, num_gpus: int, host_price: float | None) -> tuple[float | None, str | None]:
-    """(USD per hour the case's hardware costs, which price it is): P_gpu x N for a GPU case with a GPU price,
-    else the host's `price_per_hour` (the whole machine, CPU cases and GPU hosts priced by the hour)."""
+def hourly_rate(gpu_price: float | None, num_gpus: float, host_price: float | None) -> tuple[float | None, str | None]:
+    """(USD per hour the case's hardware costs, which price it is): P_gpu x N for a GPU case with a GPU price (N in
+    whole GPUs: a MIG case's `mig_gpu_equivalents`), else the host's `price_per_hour` (the whole machine, CPU cases
+    and GPU hosts priced by the hour)."""
     if num_gpus > 0 and gpu_price is not None:
         return gpu_price * num_gpus, "gpu"
     if host_price is not None:
         return float(host_price), "host_hour"
     return None, None
+
+
+# Compute slices of a GPU in MIG mode, as NVIDIA's MIG User Guide gives them ("Supported GPUs": the most instances;
+# "Supported MIG Profiles": a profile `<N>g.<mem>` has N of them, its fraction of the SMs): 7 on the A100, H100, H20,
+# H200, B200 and GB200; 4 on the A30 and the RTX PRO 6000 Blackwell; 2 on the RTX PRO 5000 and 4500 Blackwell.
+MIG_SLICES_DEFAULT = 7
+MIG_SLICES = ((re.compile(r"^A30\b", re.IGNORECASE), 4), (re.compile(r"^RTX PRO 6000\b", re.IGNORECASE), 4),
+              (re.compile(r"^RTX PRO (?:5000|4500)\b", re.IGNORECASE), 2))
+_MIG_PROFILE_SLICES = re.compile(r"^(?:(\d{1,2})c\.)?(\d{1,2})g\.")
+
+
+def mig_share(profile: str | None, gpu_model: str | None) -> float:
+    """The share of its GPU that one instance of a MIG profile is: its compute slices / the GPU's (`MIG_SLICES`),
+    at most 1. `3g.40gb` on an A100 is 3/7; a compute-instance profile `1c.3g.20gb` is its compute instance's 1 slice
+    (the others of that GPU instance can run other work), 1/7. 1.0 for whole GPUs (no profile) and a profile of
+    another shape."""
+    m = _MIG_PROFILE_SLICES.match(profile or "")
+    if m is None:
+        return 1.0
+    name = normalise_gpu_name(gpu_model or "")
+    total = next((n for pattern, n in MIG_SLICES if pattern.match(name)), MIG_SLICES_DEFAULT)
+    return min(int(m.group(1) or m.group(2)) / total, 1.0)
+
+
+def mig_gpu_equivalents(num_gpus: int | None, profile: str | None, gpu_model: str | None) -> float:
+    """Whole GPUs' worth of a case: its GPUs, or for a MIG case (`num_gpus` instances of `profile`) instances x
+    `mig_share`: 2 x 1g.10gb on an A100 are 2/7 of a GPU, priced and (without a measurement) powered as such."""
+    return (num_gpus or 0) * mig_share(profile, gpu_model)
 
 
 # -- 5. power and energy ------------------------------------------------------------------------
@@ -420,8 +450,9 @@ def estimated_cpu_power_w(tdp_w: float | None, util_pct: float | None) -> float 
 
 
 
-def estimated_power_w(tdp_w: float | None, num_gpus: int | None, utilisation: float = 1.0) -> float | None:
-    """Utilisation model of board power: P = N x TDP x u, u in [0, 1].
+def estimated_power_w(tdp_w: float | None, num_gpus: float | None, utilisation: float = 1.0) -> float | None:
+    """Utilisation model of board power: P = N x TDP x u, u in [0, 1] (N in whole GPUs: a MIG case's
+    `mig_gpu_equivalents`).
 
     u is the measured mean GPU utilisation when the telemetry had one (NVML without power readings),
     else 1.0: a training benchmark keeps its GPUs busy, and the board's TDP is its power ceiling, so
@@ -665,7 +696,9 @@ def derive(rows: Sequence[Mapping[str, Any]], steps: Iterable[Mapping[str, Any]]
                                               gpu.price_per_gpu_hour_usd if gpu else None)
                                if gpus > 0 else (None, None))
         host_price = config.host_hour_prices.get(r.get("host"))
-        rate, kind = hourly_rate(price, gpus, host_price)
+        # a MIG case's instances are their share of the GPU (num_gpus counts instances, gpu_model is the GPU's)
+        gpu_equivalents = mig_gpu_equivalents(gpus, r.get("mig_profile"), r.get("gpu_model"))
+        rate, kind = hourly_rate(price, gpu_equivalents, host_price)
         r["price_per_gpu_hour"] = price
         r["price_per_hour"] = host_price if kind == "host_hour" else None
         r["price_source"] = price_source if kind == "gpu" else kind
@@ -681,7 +714,7 @@ def derive(rows: Sequence[Mapping[str, Any]], steps: Iterable[Mapping[str, Any]]
             util = r.get("mean_gpu_util_pct")
             # num_gpus is per host: a multi-node case draws on every host of its set (at its first host's GPU,
             # as its cost is at its first host's price), as its images/sec is the set's total
-            power = estimated_power_w(gpu.tdp_w, gpus * (r.get("nodes") or 1),
+            power = estimated_power_w(gpu.tdp_w, gpu_equivalents * (r.get("nodes") or 1),
                                       util / 100.0 if util is not None else 1.0)
             r["mean_power_w"], r["energy_j"], r["energy_source"] = power, energy_j(power, duration), ESTIMATED
         elif (gpus == 0 and duration is not None and r.get("mean_cpu_util_pct") is not None

@@ -29,6 +29,7 @@ from fleetbench.metrics import (
     kwh,
     load_catalog,
     match_speedup,
+    mig_share,
     per_unit,
     precision_of,
     speedup_efficiency,
@@ -381,6 +382,35 @@ def test_speedup_of_mig_cases_is_within_one_profile():
     assert matched[("h100-host", big1["case_key"])] == (1.0, big1["case_key"])
     assert matched[("h100-host", big2["case_key"])] == (pytest.approx(0.9), big1["case_key"])
 
+
+
+@pytest.mark.parametrize("profile, gpu_model, share", [
+    ("1g.10gb", "NVIDIA A100-SXM4-80GB", 1 / 7), ("3g.40gb", "NVIDIA A100-SXM4-80GB", 3 / 7),
+    ("7g.80gb", "NVIDIA A100-SXM4-80GB", 1.0), ("1g.10gb+me", "NVIDIA H100 80GB HBM3", 1 / 7),
+    ("4g.71gb", "NVIDIA H200", 4 / 7), ("1c.3g.20gb", "A100-SXM4-40GB", 1 / 7),  # a compute instance's 1 slice
+    ("1g.6gb", "NVIDIA A30", 1 / 4), ("2g.48gb", "NVIDIA RTX PRO 6000 Blackwell Server Edition", 2 / 4),
+    ("1g.24gb", "NVIDIA RTX PRO 5000 Blackwell", 1 / 2),
+    (None, "NVIDIA A100-SXM4-80GB", 1.0), ("odd", "NVIDIA A100-SXM4-80GB", 1.0),
+])
+def test_mig_share_is_the_profiles_compute_slices_of_its_gpus(profile, gpu_model, share):
+    assert mig_share(profile, gpu_model) == pytest.approx(share)
+
+
+def test_a_mig_case_is_priced_and_estimated_as_its_share_of_the_gpu():
+    """2 x 1g.10gb of one A100 SXM4 80GB (catalog: 400 W, $2.79 per GPU-hour) for an hour, no measured energy (NVML
+    has no utilisation in MIG mode): 2/7 of the GPU. It was 2 GPU-hours and 800 W, twice the board's TDP."""
+    row = lambda_row(RESNET_1GPU_2080TI, "a100", case_key="cmd.g2.mig-1g.10gb", num_gpus=2, mig_profile="1g.10gb",
+                     gpu_model="NVIDIA A100-SXM4-80GB", duration_s=3600.0, images_per_sec=200.0)
+    whole = {**row, "case_key": "cnn.g2", "mig_profile": None}
+    mig, gpus = derive([row, whole], [], load_catalog(), None)
+    assert (mig["price_per_gpu_hour"], mig["price_source"]) == (2.79, "catalog")
+    assert mig["cost_usd"] == pytest.approx(2.79 * 2 / 7) and gpus["cost_usd"] == pytest.approx(2.79 * 2)
+    assert mig["cost_per_million_images_usd"] == pytest.approx(2.79 * 2 / 7 / (3600 * 200.0) * 1e6)
+    assert mig["energy_source"] == ESTIMATED and mig["mean_power_w"] == pytest.approx(400.0 * 2 / 7)
+    assert mig["energy_kwh"] == pytest.approx(0.4 * 2 / 7) and gpus["mean_power_w"] == 800.0
+    # the host's own price per GPU-hour is shared the same way
+    (priced,) = derive([row], [], load_catalog(), MetricSettings(host_prices={"a100": 3.5}))
+    assert (priced["cost_usd"], priced["price_source"]) == (pytest.approx(3.5 * 2 / 7), "host")
 
 def test_derive_without_a_catalog_estimates_nothing():
     rows, steps = run_rows()
