@@ -263,3 +263,59 @@ def test_unknown_power_and_memory_are_unknown_not_zero():
 
 def test_a_report_nested_past_the_json_parsers_depth_is_no_report():
     assert parse_report("FLEETBENCH_TELEMETRY " + "[" * 100_000 + "\n") is None  # was a RecursionError
+
+
+# -- an image without python3 ------------------------------------------------------------------------
+class NoPythonEngine:
+    """A Docker engine (APIClient) whose image has no python3: the container is created, its start refused with
+    the error runc gives (as Docker 24 answered for fleetbench/base:bookworm with PATH pointing nowhere)."""
+
+    START_ERROR = ('failed to create task for container: failed to create shim task: OCI runtime create failed: runc '
+                   'create failed: unable to start container process: exec: "python3": executable file not found '
+                   'in $PATH: unknown')
+
+    def __init__(self):
+        self.created, self.removed = [], []
+
+    def inspect_volume(self, name):
+        return {"Name": name}
+
+    def create_host_config(self, **kw):
+        return kw
+
+    def create_container(self, **kw):
+        self.created.append(kw)
+        return {"Id": "c0ffee" * 10}
+
+    def start(self, cid):
+        import requests
+        from docker.errors import APIError
+
+        response = requests.Response()
+        response.status_code = 400
+        raise APIError("400 Client Error: Bad Request", response=response, explanation=self.START_ERROR)
+
+    def remove_container(self, cid, force=False):
+        self.removed.append(cid)
+
+
+@pytest.mark.parametrize("period", [0.5, 0])
+def test_a_case_whose_image_has_no_python3_names_the_setting_that_runs_it_without_the_wrapper(tmp_path, period):
+    from fleetbench.airflow.operators import BenchmarkCaseOperator
+    from fleetbench.measure import measure
+
+    op = BenchmarkCaseOperator(task_id="t", image="127.0.0.1:5000/nccl@sha256:" + "0" * 64, command=["/bin/true"],
+                               docker_url="tcp://gpu-01:2376", telemetry_period_s=period, log_dir=str(tmp_path),
+                               case={"host": "h", "case_key": "own.g1", "benchmark": "own", "harness": "command",
+                                     "harness_settings": {"json_lines": True, "patterns": []}})
+    engine = op.__dict__["cli"] = NoPythonEngine()
+    outcome = op.run_case()
+    assert engine.created[0]["command"][0] == ("python3" if period else "/bin/true") and engine.removed
+    fields, _ = measure({"command": outcome["command"], "harness": "command", "harness_settings": {}}, outcome)
+    assert (fields["status"], fields["failure_class"]) == ("failed", "container_config")
+    if period:  # was Docker's message alone, which names no setting
+        assert fields["failure_detail"].startswith(
+            "the telemetry wrapper needs python3 in the image (127.0.0.1:5000/nccl@sha256:")
+        assert "set benchmarks[].telemetry_period_s: 0 for benchmark 'own'" in fields["failure_detail"]
+    else:  # not wrapped: the error is the command's own
+        assert "telemetry_period_s" not in fields["failure_detail"] and "python3" in fields["failure_detail"]

@@ -104,7 +104,7 @@ def case_kwargs(plan, validations: list, prepared: list, host: str | None = None
             "docker_url": planned.docker_url,
             "docker_tls_conn_id": planned.docker_tls_conn_id,
             "labels": runs.case_labels(run.dag_id, run.run_id, case.host, case.case_key, case.timeout_s),
-            "case": {"host": case.host, "case_key": case.case_key, "harness": case.harness,
+            "case": {"host": case.host, "case_key": case.case_key, "benchmark": case.benchmark, "harness": case.harness,
                      "harness_settings": case.harness_settings},
             "num_gpus": case.num_gpus,
             "gpu_device_ids": list(devices.device_ids) if devices.device_ids else selected_device_ids(case, v),
@@ -357,7 +357,8 @@ class BenchmarkCaseOperator(DockerOperator):
             if self._killed:  # on_kill removed the container under create or start: it recorded the case
                 self._end_if_killed(self.container["Id"] if self.container is not None else None)
             outcome["start_error_class"] = start_error_class(exc)
-            outcome["error"] = str(exc)
+            outcome["error"] = ((telemetry.no_python_detail(str(exc), self.image, self.case.get("benchmark"))
+                                 if self.telemetry_period_s else None) or str(exc))
             self.log.error("case %s could not start: %s", self.case["case_key"], exc)
             log_path.write_text(f"fleetbench: container could not start: {exc}\n")
             if self.container is not None:

@@ -16,7 +16,7 @@ CONTAINER_DIR = "/opt/fleetbench-telemetry"
 WRAPPER = Path(__file__).with_name("wrapper.py")
 
 __all__ = ["CONTAINER_DIR", "MARKER", "NvmlSource", "NvmlUnavailable", "Sampler", "bundle", "ensure_volume",
-           "parse_report", "volume_mount", "wrap_command"]
+           "no_python_detail", "parse_report", "volume_mount", "wrap_command"]
 VOLUME_PREFIX = "fleetbench-telemetry-"
 VOLUME_LABEL = "org.fleetbench.telemetry"  # on the volume: its bundle digest (fleetbench.cleanup keeps the current)
 
@@ -52,6 +52,19 @@ def wrap_command(command: list[str], period_s: float, gpu: bool = True) -> list[
     image's site-packages only for NVML, and adds them itself then (`wrapper.pynvml_path`)."""
     return ["python3", "-S", f"{CONTAINER_DIR}/wrapper.py", "--period", f"{period_s:g}", *([] if gpu else ["--no-gpu"]),
             "--", *command]
+
+
+def no_python_detail(error: str, image: str | None, benchmark: str | None) -> str | None:
+    """What a wrapped case's start error says when its image has no python3 (the engine could not exec the wrapper's
+    interpreter: runc's `exec: "python3": executable file not found in $PATH`, crun's `executable file `python3` not
+    found`), naming the setting that runs the case without the wrapper; None for any other error. The wrapper
+    needs Python 3.6 or later in the image; the benchmark itself may need none (a team's own binary, nccl-tests)."""
+    if "python3" not in error or not ("not found" in error or "no such file or directory" in error.lower()):
+        return None
+    bench = f"benchmark {benchmark!r}" if benchmark else "the case's benchmark"
+    return (f"the telemetry wrapper needs python3 in the image ({image}), which has none on its PATH: set "
+            f"benchmarks[].telemetry_period_s: 0 for {bench} to run it without telemetry (no measured GPU energy, "
+            f"no CPU utilisation), or add python3 to the image; the engine said: {error}")
 
 
 def volume_name() -> str:
