@@ -338,6 +338,18 @@ def test_telemetry_wrapper_keeps_crash_and_timeout_classes(case_run):
     assert time.monotonic() - start < 9  # SIGTERM reached the child through the wrapper: no 10 s kill grace
 
 
+
+def test_an_image_without_python3_names_telemetry_period_s(case_run):
+    """The wrapper's python3 is missing (the base image with PATH pointing nowhere): the case fails at start, and
+    its detail says which setting runs it without the wrapper. With telemetry off the same image runs it."""
+    no_path = {"environment": {"PATH": "/nonexistent"}}
+    outcome, fields = case_run(["/bin/true"], telemetry_period_s=0.5, **no_path)
+    assert (fields["status"], fields["failure_class"]) == ("failed", "container_config")
+    assert "telemetry wrapper needs python3" in fields["failure_detail"]
+    assert "benchmarks[].telemetry_period_s: 0" in fields["failure_detail"]
+    outcome, fields = case_run(["/bin/true"], telemetry_period_s=0, case_key="off", **no_path)
+    assert (outcome["start_error_class"], outcome["exit_code"]) == (None, 0)  # it ran (printing no result)
+
 class EngineProxy:
     """`tcp://127.0.0.1:<port>` in front of the local engine's unix socket; `cut()` drops the listener and
     every connection at once, as a Docker engine that died or a network that went away would look to the worker."""
