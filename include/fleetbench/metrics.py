@@ -650,8 +650,8 @@ def derive(rows: Sequence[Mapping[str, Any]], steps: Iterable[Mapping[str, Any]]
     (no TDP or default price then); `config` the fleet's `MetricSettings`. Energy: a row the
     telemetry wrapper (GPUs) or the host's RAPL counters (CPU) measured keeps its numbers; a GPU case
     that ran without a measurement gets N x TDP x u over its wall time, a CPU case TDP x its CPU
-    utilisation, flagged `energy_source = "estimated"`; cases that never ran (or a CPU case without
-    telemetry) get `energy_source = "none"`.
+    utilisation, flagged `energy_source = "estimated"`; cases that never ran (skipped, or refused at container
+    start: 0 s of wall time) or a CPU case without telemetry get `energy_source = "none"`.
     """
     config = config or MetricSettings()
     by_case: dict[tuple, list[Mapping[str, Any]]] = {}
@@ -710,14 +710,14 @@ def derive(rows: Sequence[Mapping[str, Any]], steps: Iterable[Mapping[str, Any]]
         r["cpu_tdp_w"] = None
         if r.get("energy_source") == MEASURED and r.get("energy_j") is not None:
             pass
-        elif gpus > 0 and duration is not None and gpu is not None:
+        elif gpus > 0 and _positive(duration) and gpu is not None:  # a case that never started ran 0 s
             util = r.get("mean_gpu_util_pct")
             # num_gpus is per host: a multi-node case draws on every host of its set (at its first host's GPU,
             # as its cost is at its first host's price), as its images/sec is the set's total
             power = estimated_power_w(gpu.tdp_w, gpu_equivalents * (r.get("nodes") or 1),
                                       util / 100.0 if util is not None else 1.0)
             r["mean_power_w"], r["energy_j"], r["energy_source"] = power, energy_j(power, duration), ESTIMATED
-        elif (gpus == 0 and duration is not None and r.get("mean_cpu_util_pct") is not None
+        elif (gpus == 0 and _positive(duration) and r.get("mean_cpu_util_pct") is not None
               and (tdp := cpu_tdp_w(config.host_cpu_tdp_w.get(r.get("host")), r.get("cpu_threads"), r.get("cpu_model"),
                                     r.get("cpu_sockets"))[0])):
             power = estimated_cpu_power_w(tdp, r["mean_cpu_util_pct"])

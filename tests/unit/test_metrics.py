@@ -412,6 +412,28 @@ def test_a_mig_case_is_priced_and_estimated_as_its_share_of_the_gpu():
     (priced,) = derive([row], [], load_catalog(), MetricSettings(host_prices={"a100": 3.5}))
     assert (priced["cost_usd"], priced["price_source"]) == (pytest.approx(3.5 * 2 / 7), "host")
 
+
+@pytest.mark.parametrize("gpus, start_error", [(8, "no_gpu_runtime"), (0, "container_config")])
+def test_a_case_that_never_started_has_no_energy(tmp_path, gpus, start_error):
+    """A container the engine refused to start: the operator records 0 s of wall time. It drew no power; it was
+    estimated at 8 x 700 W (0 J), flagged as if it had run."""
+    from fleetbench.measure import measure
+
+    log = tmp_path / "case.log"
+    log.write_text("fleetbench: container could not start: 500 Server Error: unknown or invalid runtime name\n")
+    outcome = {"start_error_class": start_error, "error": "unknown or invalid runtime name: nvidia",
+               "exit_code": None, "started_at": "2026-01-01T00:00:00+00:00",
+               "finished_at": "2026-01-01T00:00:00+00:00", "duration_s": 0.0, "log_path": str(log),
+               "command": ["python", "tf_cnn_benchmarks.py", f"--num_gpus={gpus}"]}
+    fields, _ = measure({"command": outcome["command"], "harness": "tf_cnn_benchmarks", "harness_settings": {}},
+                        outcome)
+    row = {"host": "h", "case_key": "k", "num_gpus": gpus, "gpu_model": "NVIDIA H100 80GB HBM3" if gpus else None,
+           "nodes": 1, "cpu_threads": 16, **fields, "mean_cpu_util_pct": 0.0}  # every other input of a CPU estimate
+    (r,) = derive([row], [], load_catalog(), MetricSettings(host_prices={"h": 3.0}, host_cpu_tdp_w={"h": 150.0}))
+    assert (r["status"], r["duration_s"]) == ("failed", 0.0)
+    assert (r["energy_source"], r["energy_j"], r["energy_kwh"], r["mean_power_w"], r["images_per_joule"]) == (
+        NONE, None, None, None, None)
+
 def test_derive_without_a_catalog_estimates_nothing():
     rows, steps = run_rows()
     two = derive(rows, steps, None, None)[1]
