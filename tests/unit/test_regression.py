@@ -385,6 +385,21 @@ def test_compare_case_verdicts_from_nights():
     assert "regression (major)" in text and "[" in text and "not enough" not in text
 
 
+def test_compare_says_no_change_only_when_the_interval_stays_within_the_minimum_effect():
+    """A driver that is 20 % slower on 4 of 10 nights and 2 % slower on the others: the 99 % interval excludes 0
+    and reaches far past the minimum effect while the estimate stays under it. That cannot be told from a
+    change, so it is not "no change"."""
+    before = result_rows(wobble(10, cv=0.003, seed=11))
+    after = result_rows([v * (0.80 if i % 5 in (1, 3) else 0.98) for i, v in enumerate(wobble(10, cv=0.003, seed=12))],
+                        driver_version="590.48.01")
+    r = compare_case(before, after, TRACKED)
+    assert r["ci_low_pct"] < -TRACKED.min_effect_pct and r["ci_high_pct"] < 0
+    assert -TRACKED.min_effect_pct < r["delta_pct"] < 0
+    assert r["verdict"] == "not enough nights to tell"
+    tight = compare_case(before, result_rows([v * 0.98 for v in wobble(10, cv=0.003, seed=12)]), TRACKED)
+    assert tight["ci_high_pct"] < 0 and tight["verdict"] == "no change"  # within +-min effect: no change
+
+
 def test_compare_sides_along_any_dimension():
     assert parse_side("535.104.05") == ("driver", "535.104.05")
     assert parse_side("driver=550.54.14") == ("driver", "550.54.14")

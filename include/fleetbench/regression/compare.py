@@ -16,7 +16,8 @@ and are shown, not counted again:
   both below and above the minimum effect (it cannot tell "no change" from a change);
 - "regression" / "improvement": the whole interval is on one side of 0 and the estimate is at least
   `min_effect_pct`;
-- "no change": the interval lies within +-`min_effect_pct`, or excludes 0 by less than that.
+- "no change": the interval lies within +-`min_effect_pct` (an interval that excludes 0 but reaches past the
+  minimum effect, e.g. a driver that is 20 % slower on some nights, is not "no change").
 
 `compare_case` is pure; `compare` reads both sides from the warehouse; `format_compare` is the CLI's table.
 """
@@ -90,7 +91,7 @@ def verdict_of(shift: Shift | None, n_before: int, n_after: int, direction: str,
         return "regression"
     if low > 0 and est >= settings.min_effect_pct:
         return "improvement"
-    if low > 0 or high < 0 or (low > -settings.min_effect_pct and high < settings.min_effect_pct):
+    if low > -settings.min_effect_pct and high < settings.min_effect_pct:
         return "no change"
     return "not enough nights to tell"
 
