@@ -209,3 +209,31 @@ def test_a_warehouse_url_that_is_no_url_is_a_503_naming_the_setting(monkeypatch,
     assert metrics.json()["detail"] == MISCONFIGURED
     assert "The warehouse&#x27;s URL is not valid (FLEETBENCH_WAREHOUSE_READ_URL" in page.text  # escaped in the page
     assert "not a database URL" in caplog.text
+
+
+def test_open_regressions_count_each_change_once(tmp_path):
+    """A new driver 20 % slower on one case: images/sec down, wall time and cost up. One change, as `regressions
+    list` shows it, so the major gauge is 1, not 3 (the time and cost findings name it in same_change_as)."""
+    import random
+
+    from fleetbench.report.queries import open_regressions
+    from fleetbench.warehouse import upgrade
+    from regression_rows import assess_night, night_row, store_night
+
+    engine = get_engine(f"sqlite:///{tmp_path}/w.db")
+    upgrade(engine)
+    rng = random.Random(8)
+    for n in range(36):
+        slow = n >= 30
+        v = (80.0 if slow else 100.0) * (1 + rng.gauss(0, 0.005))
+        store_night(engine, n, [night_row(n, value=v, duration_s=6000 / v, cost_usd=6000 / v / 3600 * 2.0,
+                                          driver_version="B" if slow else "A")])
+        assess_night(engine, n)
+    with engine.connect() as conn:
+        found = open_regressions(conn, Filters())
+    assert {(r["metric"], r["same_change_as"]) for r in found} == {
+        ("images_per_sec", None), ("duration_s", "images_per_sec"), ("cost_usd", "images_per_sec")}
+    got = parse(openmetrics.render(openmetrics.collect(engine)))
+    regs = {(dict(k)["host"], dict(k)["severity"]): v for k, v in got["fleetbench_open_regressions"].items()}
+    assert regs == {("h1", "major"): 1, ("h1", "minor"): 0}
+    engine.dispose()

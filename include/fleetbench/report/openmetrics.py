@@ -140,7 +140,8 @@ def collect(engine, f: Filters | None = None, now: datetime | None = None) -> li
     night = Family("fleetbench_case_logical_date_seconds", "Logical date (Unix time) of that result's run.",
                    "seconds")
     regressions = Family("fleetbench_open_regressions",
-                         "Regressions found in the newest ok result of their host and case, per severity.")
+                         "Open changes (regressions found in the newest ok result of their host and case, each "
+                         "change once), per severity.")
     verdict = Family("fleetbench_host_verdict", "1 for the verdict of the host's newest check, 0 for the others.")
     last_ts = Family("fleetbench_last_run_timestamp_seconds", "When the DAG's newest run finished (Unix time).",
                      "seconds")
@@ -160,8 +161,11 @@ def collect(engine, f: Filters | None = None, now: datetime | None = None) -> li
             cost.add(labels, r["cost_usd"])
             night.add(labels, _epoch(r["logical_date"]))
         verdicts = latest_verdicts(conn, f, since)
-        # as the results: a host without a result in the window (retired) drops out, its old findings with it
-        found = open_regressions(conn, Filters(dag_ids=f.dag_ids, since=since)) if newest is not None else []
+        # as the results: a host without a result in the window (retired) drops out, its old findings with it.
+        # Each change once, as `regressions list` shows them: the time, energy and cost findings that repeat a
+        # primary metric's (same_change_as) are that change, not more of them.
+        found = [r for r in (open_regressions(conn, Filters(dag_ids=f.dag_ids, since=since))
+                             if newest is not None else []) if not r.get("same_change_as")]
         run_rows = latest_runs(conn, f)
     hosts = sorted(set(verdicts) | measured | {(r["dag_id"], r["host"]) for r in found})
     for dag_id, host in hosts:
