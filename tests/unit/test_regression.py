@@ -573,3 +573,27 @@ def test_each_change_is_mailed_once_the_first_night_it_is_confirmed_at_the_minim
                        [_night_finding(f"n{night}", *f) for f in findings])
     night2 = [_night_finding("n2", *f) for f in tonight]
     assert bool(to_mail(engine, "fleet_benchmark", night2, "major")) is mailed
+
+
+@pytest.mark.parametrize("duration_s", [None, 60.0])
+def test_a_metric_whose_baseline_median_is_zero_is_logged_as_not_compared(tmp_path, caplog, duration_s):
+    """A command benchmark's failed requests (a count, lower is better) are 0 for 29 nights, then 500. A change in %
+    of 0 is not defined, so the metric gets no verdict; the log says why, not "insufficient history" (with or without
+    a wall time that is compared)."""
+    from fleetbench.warehouse import get_engine, upgrade
+    from regression_rows import assess_night, night_row, store_night
+
+    engine = get_engine(f"sqlite:///{tmp_path}/w.db")
+    upgrade(engine)
+    for n in range(30):
+        store_night(engine, n, [night_row(n, case_key="svc", value=500.0 if n == 29 else 0.0, metric="failed_requests",
+                                          unit="count", better="lower", images_per_sec=None, duration_s=duration_s,
+                                          cost_usd=None)])
+        caplog.clear()
+        with caplog.at_level("INFO", logger="fleetbench.regression"):
+            result = assess_night(engine, n)
+    assert result.findings == [] and result.insufficient_history == []
+    assert result.checked == (1 if duration_s else 0)
+    assert "h1 svc: failed_requests not compared: its baseline's median is 0 or less" in caplog.text
+    assert "insufficient history" not in caplog.text
+    engine.dispose()

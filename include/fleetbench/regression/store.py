@@ -30,7 +30,15 @@ from fleetbench.regression.detect import (
     unit_of,
     what_changed,
 )
-from fleetbench.regression.track import SEGMENT_FIELDS, NightIn, Verdict, segment_dict, segment_of, track
+from fleetbench.regression.track import (
+    SEGMENT_FIELDS,
+    TOO_FEW,
+    NightIn,
+    Verdict,
+    segment_dict,
+    segment_of,
+    track,
+)
 from fleetbench.timestamps import utc
 
 log = logging.getLogger("fleetbench.regression")
@@ -154,11 +162,16 @@ def assess_run(engine, dag_id: str, run_id: str, settings: RegressionSettings | 
             for row in (r for r in rows if r["host"] in chunk):
                 key = (row["host"], row["case_key"])
                 series = history.get(key, [])
-                found = assess_series(series, settings, accepted.get(key, ()), detected_at)
+                unjudged: list[tuple[str, str]] = []
+                found = assess_series(series, settings, accepted.get(key, ()), detected_at, unjudged)
+                for metric, reason in unjudged:
+                    if reason != TOO_FEW:
+                        log.info("%s %s: %s not compared: %s", *key, metric, reason)
                 if found is None:
-                    log.info("%s %s: insufficient history (%d earlier ok result(s), need %d in the baseline's "
-                             "segment)", *key, len(series) - 1, settings.min_history)
-                    out.insufficient_history.append(f"{key[0]} {key[1]}")
+                    if any(reason == TOO_FEW for _, reason in unjudged) or not unjudged:
+                        log.info("%s %s: insufficient history (%d earlier ok result(s), need %d in the baseline's "
+                                 "segment)", *key, len(series) - 1, settings.min_history)
+                        out.insufficient_history.append(f"{key[0]} {key[1]}")
                     continue
                 out.checked += 1
                 if found:
@@ -172,8 +185,11 @@ def assess_run(engine, dag_id: str, run_id: str, settings: RegressionSettings | 
 
 
 def assess_series(series: Sequence[Mapping[str, Any]], settings: RegressionSettings,
-                  accepted: Sequence[datetime] = (), detected_at: str | None = None) -> list[dict] | None:
-    """The findings of the last night of one (host, case)'s nights (oldest first); None: no verdict at all."""
+                  accepted: Sequence[datetime] = (), detected_at: str | None = None,
+                  unjudged: list[tuple[str, str]] | None = None) -> list[dict] | None:
+    """The findings of the last night of one (host, case)'s nights (oldest first); None: no verdict at all.
+    `unjudged`: a list that gets (metric, why) for each metric with a value on the last night but no verdict
+    (`track`'s reasons: too little history, a baseline median that is not positive)."""
     if not series:
         return None
     row = series[-1]
@@ -188,8 +204,11 @@ def assess_series(series: Sequence[Mapping[str, Any]], settings: RegressionSetti
             common = _night_fields(cols, dated=bool(accepted))
             primaries = _primaries(cols)
         nights = _nights(cols, metric, unit, common, primaries)
-        verdict = track(nights, direction, settings, accepted, last_only=True)[-1]
+        why: list[str] = []
+        verdict = track(nights, direction, settings, accepted, last_only=True, why=why)[-1]
         if verdict is None:
+            if unjudged is not None:
+                unjudged += [(metric, reason) for reason in why]
             continue
         judged = True
         if verdict.kind is not None:

@@ -17,7 +17,9 @@ the step floor is the median over the baseline nights of the standard error of a
 from its own steps (step_cv / sqrt(step_count), as a fraction of the value). The night is off in the
 bad direction when robust z = (x - m) / s reaches `z_threshold` and the change (x - m) / |m| reaches
 `min_effect_pct`; in the good direction likewise (an improvement). The smallest change one night can
-show, max(min_effect_pct, z_threshold x s / |m| x 100), is the case's detectable effect.
+show, max(min_effect_pct, z_threshold x s / |m| x 100), is the case's detectable effect. A baseline whose
+median is not positive (a count that is normally 0, such as failed requests) gives no verdict: a change in %
+of it, and the scale's floor in % of it, are not defined.
 
 **Several nights' test.** The candidate nights (a new segment's nights, or the nights since a
 suspected or open finding started in the baseline's segment; the last `window`) are tested as one
@@ -60,6 +62,10 @@ SEGMENT_FIELDS = ("driver_version", "cuda_driver_version", "image_digest", "host
 SEGMENT_MIN_NIGHTS = 3  # the several nights' test needs a median of at least this many
 _SEGMENT_OF, _MEASURE_OF = operator.attrgetter("segment"), operator.attrgetter("measure")
 MEDIAN_SE = 1.2533  # sqrt(pi / 2): the standard error of a median of normal values, in sigma / sqrt(k)
+# Why the last night has no verdict (`track`'s `why`).
+NO_VALUE = "no value"
+TOO_FEW = "insufficient history"
+NOT_POSITIVE = "its baseline's median is 0 or less (a change in % of it is not defined)"
 
 
 def segment_of(row: Mapping[str, Any]) -> tuple:
@@ -150,11 +156,14 @@ def noise_scale(values: Sequence[float], step_se: Sequence[float], settings: Reg
 
 
 def track(nights: Sequence[NightIn], direction: str, settings: RegressionSettings | None = None,
-          accepted: Sequence[datetime] = (), last_only: bool = False) -> list[Verdict | None]:
-    """Each night's verdict (None: no value or too little baseline), replaying the nights in order.
+          accepted: Sequence[datetime] = (), last_only: bool = False,
+          why: list[str] | None = None) -> list[Verdict | None]:
+    """Each night's verdict (None: no value, too little baseline, or a baseline median that is not positive: a
+    change in % of 0 is not defined), replaying the nights in order.
 
     `accepted`: the dates from which someone accepted the level as the new baseline (acceptances).
     `last_only`: only the last night's verdict is wanted (the others come back None; the replay is the same).
+    `why`: a list that gets why the last night has no verdict (`NO_VALUE`, `TOO_FEW`, `NOT_POSITIVE`), if it has none.
     Each night costs O(window); a stretch of quiet nights (nothing open, the baseline's segment, less than the
     minimum effect off its baseline's median) is replayed at once (`_quiet_stretch`).
     """
@@ -221,7 +230,7 @@ def track(nights: Sequence[NightIn], direction: str, settings: RegressionSetting
                 continue
         pos += 1
         if not valid[i]:
-            out.append(None)
+            _no_verdict(out, why, i == last, NO_VALUE)
             continue
         while pending and n.when is not None and n.when >= pending[0]:
             pending.pop(0)
@@ -237,12 +246,12 @@ def track(nights: Sequence[NightIn], direction: str, settings: RegressionSetting
                 base_idx = baseline(settings.window)
         seen.setdefault(n.segment, []).append(i)
         if len(base_idx) < settings.min_history:
-            out.append(None)
+            _no_verdict(out, why, i == last, TOO_FEW)
             continue
         values = [nights[j].value for j in base_idx]
         m = median(values)
         if m <= 0:
-            out.append(None)
+            _no_verdict(out, why, i == last, NOT_POSITIVE)
             continue
         d = (n.value - m) / abs(m) * 100.0
         if abs(d) < settings.min_effect_pct and open_ is None and n.segment == base_seg and i < last:
@@ -320,6 +329,12 @@ def track(nights: Sequence[NightIn], direction: str, settings: RegressionSetting
         else:
             out.append(Verdict(**common))
     return out
+
+
+def _no_verdict(out: list, why: list[str] | None, last: bool, reason: str) -> None:
+    out.append(None)
+    if last and why is not None:
+        why.append(reason)
 
 
 def _quiet_stretch(nights: Sequence[NightIn], values: Sequence[float | None], valid: Sequence[bool], start: int,
