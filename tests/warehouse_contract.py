@@ -24,8 +24,9 @@ from fleetbench.warehouse import (
 from fleetbench.warehouse.schema import benchmark_results, host_facts, regressions, result_metrics, runs, steps
 from warehouse_rows import DERIVED, result_row, run_row, step_rows
 
-HEAD = "0018"  # 0018: torch_synthetic precision from --precision; 0017: CPU cases out of the GPU rollups;
-# 0016: partial indexes; 0015: superseded_host_facts; 0014: multi-node cases; 0013: regression units; 0012: MIG
+HEAD = "0019"  # 0019: regressions.mailed_at; 0018: torch_synthetic precision from --precision; 0017: CPU cases out
+# of the GPU rollups; 0016: partial indexes; 0015: superseded_host_facts; 0014: multi-node cases; 0013: regression
+# units; 0012: MIG
 NEW_RESULT_COLUMNS = set(DERIVED)  # the derived-metric columns revision 0003 adds
 REGRESSION_COLUMNS = {  # name: nullable, as the regression detector expects them
     "id": False, "dag_id": False, "run_id": False, "host": False, "case_key": False, "metric": False,
@@ -33,6 +34,7 @@ REGRESSION_COLUMNS = {  # name: nullable, as the regression detector expects the
     "p_value": True, "baseline_n": False, "baseline_window": False, "changes": True, "severity": False,
     "detected_at": False, "kind": False, "status": False, "basis": True, "since_run_id": True, "since_date": True,
     "segment": True, "baseline_segment": True, "detectable_pct": True, "same_change_as": True, "unit": True,
+    "mailed_at": True,
 }
 CAPACITY_COLUMNS = ["dag_id", "run_id", "logical_date", "host", "case_key", "model", "batch_size_per_device",
                     "num_gpus", "precision", "gpu_model", "peak_gpu_mem_mib", "mean_power_w", "energy_source",
@@ -872,3 +874,37 @@ def check_migrate_torch_precision(engine):
     assert precisions(benchmark_results)[("bf16", 2)] == "bf16" and current_revision(engine) == "0017"
     upgrade(engine)
 
+
+
+def check_migrate_regression_mailed_at(engine):
+    """0018 -> 0019 adds regressions.mailed_at: confirmed major regressions stored before it count as mailed (at
+    their detected_at), so the upgrade mails no open change again; minor, suspected and improvement rows stay
+    unmarked. Detecting a night again keeps its record; down to 0018 drops the column and keeps the rows."""
+    from fleetbench.regression import store_findings
+    from fleetbench.regression.store import to_mail
+
+    upgrade(engine, "0018")
+    detected = datetime(2026, 12, 2, 3, 0, tzinfo=timezone.utc)
+    old = [regression(metric="images_per_sec", kind="regression", status="confirmed", severity="major"),
+           regression(metric="duration_s", direction="lower", kind="regression", status="confirmed", severity="minor"),
+           regression(metric="energy_j", direction="lower", kind="regression", status="suspected", severity="major"),
+           regression(metric="cost_usd", direction="lower", kind="improvement", status="confirmed", severity="major")]
+    _insert(engine, "regressions", old)
+    upgrade(engine)
+    assert current_revision(engine) == HEAD
+    with engine.connect() as conn:
+        marked = {r.metric: _dt(r.mailed_at) for r in conn.execute(select(regressions.c.metric,
+                                                                           regressions.c.mailed_at))}
+    assert marked == {"images_per_sec": detected, "duration_s": None, "energy_j": None, "cost_usd": None}
+    tonight = {**regression(metric="images_per_sec", kind="regression", status="confirmed", severity="major"),
+               "changes": {}, "baseline_window": ["r1"]}
+    assert to_mail(engine, "fleet_benchmark", [tonight], "major") == []  # on record: not mailed again
+    store_findings(engine, "fleet_benchmark", "r2", [tonight])  # the night detected again: its record stays
+    with engine.connect() as conn:
+        assert _dt(conn.execute(select(regressions.c.mailed_at)).scalar()) == detected
+    downgrade(engine, "0018")
+    assert current_revision(engine) == "0018"
+    assert "mailed_at" not in {c["name"] for c in inspect(engine).get_columns("regressions")}
+    assert count(engine, regressions) == 1
+    upgrade(engine)
+    assert current_revision(engine) == HEAD

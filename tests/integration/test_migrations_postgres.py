@@ -68,3 +68,8 @@ def test_migrate_torch_precision(pg_engine):
 
     check_migrate_torch_precision(pg_engine)
 
+
+def test_migrate_regression_mailed_at(pg_engine):
+    from warehouse_contract import check_migrate_regression_mailed_at
+
+    check_migrate_regression_mailed_at(pg_engine)

@@ -219,6 +219,10 @@ def test_the_compare_step_stores_logs_and_mails(smtp_sink, data_dir, tmp_path, c
     [message] = smtp_sink.messages
     assert message["to"] == TO and case_key in html_of(message)[1]
     assert f"regression: localhost {case_key}: images_per_sec" in caplog.text
+    assert stored["mailed_at"] is not None  # recorded once the mail went out
+    # the report task cleared and run again: the night is detected again, its mail is on record, nothing is sent
+    assert detect_regressions(plan, {"run_id": run_id, "ok": 1})["mailed"] == 0
+    assert len(smtp_sink.messages) == 1 and fetch_regressions(engine, run_id=run_id)[0]["mailed_at"] is not None
     engine.dispose()
 
 

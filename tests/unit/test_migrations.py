@@ -134,3 +134,8 @@ def test_migrate_torch_precision(tmp_path):
 
     check_migrate_torch_precision(engine_at(tmp_path))
 
+
+def test_migrate_regression_mailed_at(tmp_path):
+    from warehouse_contract import check_migrate_regression_mailed_at
+
+    check_migrate_regression_mailed_at(engine_at(tmp_path))

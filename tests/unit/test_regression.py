@@ -545,7 +545,8 @@ def _night_finding(run_id: str, metric: str, severity: str, status: str = "confi
             "direction": "higher" if metric == "images_per_sec" else "lower", "baseline_value": 100.0, "value": 85.0,
             "delta_pct": -15.0, "z_score": -9.0, "p_value": None, "baseline_n": 7, "baseline_window": [],
             "changes": {}, "severity": severity, "detected_at": "2026-12-02T03:00:00+00:00", "kind": "regression",
-            "status": status, "same_change_as": None, **extra}
+            "status": status, "same_change_as": None, "since_run_id": "n1", "since_date": "2026-12-01T02:00:00+00:00",
+            **extra}
 
 
 @pytest.mark.parametrize("yesterday, tonight, mailed", [
@@ -559,19 +560,21 @@ def _night_finding(run_id: str, metric: str, severity: str, status: str = "confi
 def test_each_change_is_mailed_once_the_first_night_it_is_confirmed_at_the_minimum_severity(
         tmp_path, yesterday, tonight, mailed):
     from fleetbench.regression import store_findings
-    from fleetbench.regression.store import to_mail
+    from fleetbench.regression.store import mark_mailed, to_mail
     from fleetbench.warehouse import get_engine, store_run, upgrade
     from warehouse_rows import result_row, run_row
 
     engine = get_engine(f"sqlite:///{tmp_path}/w.db")
     upgrade(engine)
-    for night, findings in ((1, yesterday), (2, tonight)):
-        when = f"2026-12-0{night}T02:00:00+00:00"
-        store_run(engine, {**run_row(f"n{night}"), "logical_date": when}, [],
-                  [result_row("c", run_id=f"n{night}", logical_date=when)])
-        store_findings(engine, "fleet_benchmark", f"n{night}",
-                       [_night_finding(f"n{night}", *f) for f in findings])
+    when = "2026-12-01T02:00:00+00:00"
+    store_run(engine, {**run_row("n1"), "logical_date": when}, [], [result_row("c", run_id="n1", logical_date=when)])
+    night1 = [_night_finding("n1", *f) for f in yesterday]
+    store_findings(engine, "fleet_benchmark", "n1", night1)
+    mark_mailed(engine, to_mail(engine, "fleet_benchmark", night1, "major"))  # as the DAG does once it is sent
+    when = "2026-12-02T02:00:00+00:00"
+    store_run(engine, {**run_row("n2"), "logical_date": when}, [], [result_row("c", run_id="n2", logical_date=when)])
     night2 = [_night_finding("n2", *f) for f in tonight]
+    store_findings(engine, "fleet_benchmark", "n2", night2)
     assert bool(to_mail(engine, "fleet_benchmark", night2, "major")) is mailed
 
 
@@ -596,4 +599,150 @@ def test_a_metric_whose_baseline_median_is_zero_is_logged_as_not_compared(tmp_pa
     assert result.checked == (1 if duration_s else 0)
     assert "h1 svc: failed_requests not compared: its baseline's median is 0 or less" in caplog.text
     assert "insufficient history" not in caplog.text
+    engine.dispose()
+
+
+# -- mail: each change once, once it is sent ---------------------------------------------------------------
+def _mailing_night(engine, n: int, rows: list[dict], sent: bool = True) -> list[dict]:
+    """Night n stored, assessed and its mail selected as the report task does; `sent`: the mail went out (and is
+    recorded), else it failed. Returns what was selected to mail."""
+    from fleetbench.regression.store import mark_mailed, to_mail
+    from regression_rows import assess_night, store_night
+
+    store_night(engine, n, rows)
+    news = to_mail(engine, "fleet_benchmark", assess_night(engine, n).confirmed, "major")
+    if news and sent:
+        mark_mailed(engine, news)
+    return news
+
+
+def _driver_nights(engine, nights, driver: str, base: float, rng, cv: float = 0.005, sent: bool = True) -> dict:
+    from regression_rows import night_row
+
+    return {n: _mailing_night(engine, n, [night_row(n, value=base * (1 + rng.gauss(0, cv)), driver_version=driver,
+                                                    duration_s=60.0, cost_usd=None, energy_j=None)], sent)
+            for n in nights}
+
+
+def test_a_change_near_the_major_effect_is_mailed_once_and_keeps_its_severity(tmp_path):
+    """A new driver ~10 % slower (major_effect_pct) on a case with 1 % noise: single nights fall either side of
+    10 %. The confirmed finding's severity is the change's, so it stays major night after night (the gauge and
+    the report with it), and the change is mailed once (it was mailed each time a night flipped back to major)."""
+    import random
+
+    from fleetbench.warehouse import get_engine, upgrade
+    from regression_rows import fetch_regressions, night_run_id
+
+    engine = get_engine(f"sqlite:///{tmp_path}/w.db")
+    upgrade(engine)
+    rng = random.Random(5)
+    _driver_nights(engine, range(30), "550.127.05", 100.0, rng, cv=0.01)
+    mailed = _driver_nights(engine, range(30, 44), "590.48.01", 90.0, rng, cv=0.01)
+    assert [n for n, news in mailed.items() if news] == [31]
+    found = {n: next(r for r in fetch_regressions(engine, run_id=night_run_id(n)) if r["metric"] == "images_per_sec")
+             for n in range(31, 44)}
+    assert all(r["status"] == "confirmed" for r in found.values())
+    assert {r["severity"] for r in found.values()} == {"major"}
+    assert min(abs(r["delta_pct"]) for r in found.values()) < 10  # single nights that alone are minor
+    engine.dispose()
+
+
+def test_a_backfill_of_old_nights_on_the_new_driver_does_not_mail_the_known_change(tmp_path):
+    """README's backfill runbook: nights 25-29 (old driver) are measured again on the new one after the nightly runs
+    confirmed and mailed the change (nights 30-39). Each backfilled night confirms the change from its own past;
+    a mailed finding of the case on a night on or after its first night is on record, so nothing is mailed."""
+    import random
+
+    from fleetbench.warehouse import get_engine, upgrade
+
+    engine = get_engine(f"sqlite:///{tmp_path}/w.db")
+    upgrade(engine)
+    rng = random.Random(3)
+    _driver_nights(engine, range(30), "550.127.05", 100.0, rng)
+    nightly = _driver_nights(engine, range(30, 40), "590.48.01", 88.0, rng)
+    assert [n for n, news in nightly.items() if news] == [31]
+    backfill = _driver_nights(engine, range(25, 30), "590.48.01", 88.0, rng)
+    assert backfill == {n: [] for n in range(25, 30)}
+    engine.dispose()
+
+
+def test_a_failed_mail_is_sent_the_next_night_and_a_cleared_task_does_not_mail_again(tmp_path):
+    """Nothing is mailed already unless a send is on record (mailed_at): night 31's mail fails, so night 32 mails
+    the change; detecting night 32 again (a cleared report task) keeps its record and mails nothing."""
+    import random
+
+    from fleetbench.regression.store import to_mail
+    from fleetbench.warehouse import get_engine, upgrade
+    from regression_rows import assess_night, fetch_regressions, night_run_id
+
+    engine = get_engine(f"sqlite:///{tmp_path}/w.db")
+    upgrade(engine)
+    rng = random.Random(7)
+    _driver_nights(engine, range(30), "550.127.05", 100.0, rng)
+    failed = _driver_nights(engine, [30, 31], "590.48.01", 80.0, rng, sent=False)
+    assert [f["metric"] for f in failed[31]] == ["images_per_sec"]
+    assert all(r["mailed_at"] is None for r in fetch_regressions(engine))
+    again = _driver_nights(engine, [32], "590.48.01", 80.0, rng)[32]
+    assert [f["metric"] for f in again] == ["images_per_sec"]
+    [mailed] = [r for r in fetch_regressions(engine, run_id=night_run_id(32)) if r["mailed_at"] is not None]
+    assert mailed["metric"] == "images_per_sec"
+    cleared = assess_night(engine, 32)  # the cleared task detects the night again: the record stays
+    assert to_mail(engine, "fleet_benchmark", cleared.confirmed, "major") == []
+    assert [r["metric"] for r in fetch_regressions(engine, run_id=night_run_id(32)) if r["mailed_at"]] == [
+        "images_per_sec"]
+    assert to_mail(engine, "fleet_benchmark", assess_night(engine, 31).confirmed, "major") == []  # night 31 again
+    assert _driver_nights(engine, [33], "590.48.01", 80.0, rng)[33] == []
+    engine.dispose()
+
+
+def test_the_report_task_records_a_mail_only_once_it_is_sent(data_dir, tmp_path, monkeypatch):
+    """pipeline.detect_regressions with fleet.notify: the SMTP send (SmtpNotifier, replaced here by a recorder that
+    can fail) fails on the night the change is confirmed, so nothing is recorded and the next night mails it;
+    that mail sets mailed_at on its finding, and the task cleared and run again mails nothing."""
+    import random
+
+    from fleet_configs import smoke_config, write_config
+    from fleetbench import notify
+    from fleetbench.airflow.pipeline import detect_regressions, make_plan
+    from fleetbench.warehouse import get_engine, upgrade
+    from regression_rows import fetch_regressions, night_date, night_row, night_run_id, store_night
+
+    cfg = smoke_config("127.0.0.1:5000/fleetbench/cpu-smoke:latest", models=("trivial",), batch_sizes=(8,))
+    cfg["fleet"]["notify"] = {"smtp_conn_id": "smtp_ops", "to": ["gpu-team@example.org"], "min_severity": "major"}
+    path = str(write_config(tmp_path / "fleet.yaml", cfg))
+    sent, down = [], []
+
+    def send_mail(findings, settings, run, context=None):
+        if down:
+            raise ConnectionRefusedError("smtp is down")
+        sent.append((run["run_id"], [f["metric"] for f in findings]))
+
+    monkeypatch.setattr(notify, "send_mail", send_mail)
+    engine = get_engine()
+    upgrade(engine)
+
+    def night(n: int, value: float, driver: str) -> dict:
+        plan = make_plan({"dag_id": "fleet_benchmark", "run_id": night_run_id(n), "logical_date": night_date(n),
+                          "run_type": "scheduled"}, path)
+        store_night(engine, n, [night_row(n, case_key=plan["cases"][0]["case_key"], host="localhost", value=value,
+                                          driver_version=driver, duration_s=60.0, cost_usd=None)])
+        return plan
+
+    rng = random.Random(7)
+    for n in range(30):
+        night(n, 100.0 * (1 + rng.gauss(0, 0.005)), "550.127.05")
+    assert detect_regressions(night(30, 80.0, "590.48.01"), {"run_id": night_run_id(30)})["mailed"] == 0
+    down.append(True)
+    with pytest.raises(notify.NotificationError, match="smtp is down"):
+        detect_regressions(night(31, 80.2, "590.48.01"), {"run_id": night_run_id(31)})
+    assert sent == [] and all(r["mailed_at"] is None for r in fetch_regressions(engine))
+    down.clear()
+    plan = night(32, 79.9, "590.48.01")
+    assert detect_regressions(plan, {"run_id": night_run_id(32)})["mailed"] == 1
+    assert sent == [(night_run_id(32), ["images_per_sec"])]
+    assert [(r["run_id"], r["metric"]) for r in fetch_regressions(engine) if r["mailed_at"] is not None] == [
+        (night_run_id(32), "images_per_sec")]
+    assert detect_regressions(plan, {"run_id": night_run_id(32)})["mailed"] == 0  # cleared and run again
+    assert detect_regressions(night(33, 80.1, "590.48.01"), {"run_id": night_run_id(33)})["mailed"] == 0
+    assert len(sent) == 1
     engine.dispose()

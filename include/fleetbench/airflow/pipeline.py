@@ -305,7 +305,7 @@ def detect_regressions(plan, stored: dict, triggered_by: str | None = None) -> d
     from fleetbench.notify import notify
     from fleetbench.params import accept_targets
     from fleetbench.regression import accept_many, assess_run, describe, store_findings
-    from fleetbench.regression.store import to_mail
+    from fleetbench.regression.store import mark_mailed, to_mail
     from fleetbench.warehouse import get_engine
 
     run = RunPlan.load(plan).run
@@ -333,7 +333,8 @@ def detect_regressions(plan, stored: dict, triggered_by: str | None = None) -> d
             result = assess_run(engine, run.dag_id, run.run_id, fleet.regressions)
             store_findings(engine, run.dag_id, run.run_id, result.findings)
         # Mailed: each change once, the first night it is confirmed at notify.min_severity or worse (not again as
-        # cost or energy, nor the next night through another metric): fleetbench.regression.store.to_mail
+        # cost or energy, nor the next night through another metric, nor by a backfill or a cleared task), until a
+        # send is on record: fleetbench.regression.store.to_mail
         news = (to_mail(engine, run.dag_id, result.confirmed, fleet.notify.min_severity) if fleet.notify is not None
                 else [f for f in result.confirmed if f.get("newly_confirmed") and not f.get("same_change_as")])
     finally:
@@ -350,6 +351,12 @@ def detect_regressions(plan, stored: dict, triggered_by: str | None = None) -> d
         if f["status"] == "suspected":
             log.info("suspected (one night, not confirmed): %s", describe(f))
     sent = notify(news, fleet.notify, run.to_xcom())
+    if sent["mailed"]:  # only once sent: a mail that failed is sent the next night
+        engine = get_engine()
+        try:
+            mark_mailed(engine, news)
+        finally:
+            engine.dispose()
     if unmatched:
         raise NothingToAccept("accept_baselines: " + "; ".join(
             f"{item!r} matched no ok result of {run.dag_id} (nothing accepted for it)" for item in unmatched))

@@ -300,7 +300,10 @@ def finding_row(row: Mapping[str, Any], metric: str, direction: str, v: Verdict,
                 detected_at: str | None) -> dict:
     """A `regressions` row for the last night's verdict."""
     since = series[v.since] if v.since is not None else row
-    bad = -v.delta_pct if direction == "higher" else v.delta_pct
+    # A confirmed finding's severity is its change's (`track`: the candidate nights', the largest so far), not the
+    # night's: one night either side of major_effect_pct would flip it, and the gauge and report with it.
+    change = v.change_pct if v.status == "confirmed" and v.change_pct is not None else v.delta_pct
+    bad = -change if direction == "higher" else change
     return {
         "dag_id": row["dag_id"], "run_id": row["run_id"], "host": row["host"], "case_key": row["case_key"],
         "metric": metric, "unit": unit_of(row, metric), "direction": direction, "baseline_value": v.baseline_value,
@@ -338,12 +341,16 @@ def group_findings(findings: list[dict], primary: str | None = "images_per_sec")
 
 def to_mail(engine, dag_id: str, findings: Sequence[Mapping[str, Any]], min_severity: str) -> list[Mapping[str, Any]]:
     """The night's findings to mail: each confirmed change once (the first metric of its chain, `group_findings`),
-    at `min_severity` or worse, on the first night it is that, unless it was mailed already: the case's previous
-    night (its newest earlier ok result) had a confirmed finding of the same kind at `min_severity` or worse,
-    through any metric. So a change first confirmed as minor is mailed the night it turns major (with min_severity
-    major it was never mailed), and one confirmed through duration_s one night and through images/sec the next is
-    mailed once (it was mailed twice)."""
-    from sqlalchemy import and_, select
+    at `min_severity` or worse, unless a mail of that change is on record: a confirmed finding of the same kind
+    and (DAG, host, case), through any metric, with `mailed_at` set (`mark_mailed`, once the mail was sent), of
+    tonight's run or of the same change: its first night (`since_run_id`), or a night on or after that
+    (`since_date`), earlier or later than tonight.
+
+    So a change confirmed as minor is mailed the night it turns major (with min_severity major it was never
+    mailed); one confirmed through `duration_s` one night and through images/sec the next is mailed once; a mail
+    that failed is sent the next night; a cleared report task does not mail its night again; and a backfill that
+    measures old nights again on a new driver does not mail the change the nightly runs mailed."""
+    from sqlalchemy import and_, or_, select
 
     from fleetbench.regression.detect import SEVERITIES
     from fleetbench.warehouse.schema import benchmark_results as br
@@ -357,25 +364,44 @@ def to_mail(engine, dag_id: str, findings: Sequence[Mapping[str, Any]], min_seve
     out = []
     with engine.connect() as conn:
         for f in candidates:
-            tonight = (select(br.c.logical_date).where(br.c.dag_id == dag_id, br.c.run_id == f["run_id"],
-                                                       br.c.host == f["host"], br.c.case_key == f["case_key"])
-                       .scalar_subquery())
-            previous = (select(br.c.run_id).where(br.c.dag_id == dag_id, br.c.host == f["host"],
-                                                  br.c.case_key == f["case_key"], br.c.status == "ok",
-                                                  br.c.logical_date < tonight)
-                        .order_by(br.c.logical_date.desc()).limit(1).scalar_subquery())
-            before = conn.execute(select(rg.c.severity).where(and_(
-                rg.c.dag_id == dag_id, rg.c.run_id == previous, rg.c.host == f["host"],
-                rg.c.case_key == f["case_key"], rg.c.kind == f["kind"], rg.c.status == "confirmed"))).scalars().all()
-            if not any(s in SEVERITIES and SEVERITIES.index(s) >= floor for s in before):
+            same = [rg.c.run_id == f["run_id"]]
+            if f.get("since_run_id"):
+                same.append(rg.c.since_run_id == f["since_run_id"])
+            if utc(f.get("since_date")) is not None:
+                same.append(br.c.logical_date >= utc(f["since_date"]))
+            mailed = conn.execute(
+                select(rg.c.id)
+                .outerjoin(br, and_(br.c.dag_id == rg.c.dag_id, br.c.run_id == rg.c.run_id, br.c.host == rg.c.host,
+                                    br.c.case_key == rg.c.case_key))
+                .where(rg.c.dag_id == dag_id, rg.c.host == f["host"], rg.c.case_key == f["case_key"],
+                       rg.c.kind == f["kind"], rg.c.status == "confirmed", rg.c.mailed_at.is_not(None), or_(*same))
+                .limit(1)).first()
+            if mailed is None:
                 out.append(f)
     return out
+
+
+def mark_mailed(engine, findings: Sequence[Mapping[str, Any]], when: datetime | None = None) -> int:
+    """Record that these stored findings were mailed (`mailed_at`): call it once the mail has been sent, so a mail
+    that failed is sent again the next night (`to_mail`). Returns the rows marked."""
+    from sqlalchemy import and_, update
+
+    from fleetbench.warehouse.schema import REGRESSION_KEY, regressions
+
+    when = when or datetime.now(timezone.utc)
+    marked = 0
+    with engine.begin() as conn:
+        for f in findings:
+            marked += conn.execute(update(regressions).where(and_(*(regressions.c[k] == f[k] for k in REGRESSION_KEY)))
+                                   .values(mailed_at=when)).rowcount
+    return marked
 
 
 def _db_row(finding: Mapping[str, Any]) -> dict:
     from fleetbench.warehouse.schema import regressions
 
-    row = {c.name: finding.get(c.name) for c in regressions.columns if c.name != "id"}
+    # mailed_at is not a finding's: `mark_mailed` sets it, and detecting the night again keeps it
+    row = {c.name: finding.get(c.name) for c in regressions.columns if c.name not in ("id", "mailed_at")}
     for name in ("baseline_window", "changes", "segment", "baseline_segment"):
         if row[name] is not None and not isinstance(row[name], str):
             row[name] = json.dumps(row[name], sort_keys=True)
@@ -390,7 +416,7 @@ def store_findings(engine, dag_id: str, run_id: str, findings: Sequence[Mapping[
     """Make the run's `regressions` rows exactly `findings`, in one transaction; returns the rows written.
 
     Upserted on (dag_id, run_id, host, case_key, metric), so detecting again is idempotent; the run's
-    rows that are not findings any more (a rerun that recovered) are deleted.
+    rows that are not findings any more (a rerun that recovered) are deleted. A row kept keeps its `mailed_at`.
     """
     from sqlalchemy import and_, delete, not_, tuple_
 

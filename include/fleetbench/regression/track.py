@@ -38,6 +38,11 @@ the median of its last 3 candidate nights is back within half the minimum effect
 finding in the baseline's segment are kept out of the baseline while it is open, so a step change
 does not become its own baseline; an improvement there becomes the new level after
 `accept_after_nights` nights.
+
+**Size.** A confirmed finding's change (`change_pct`, which its severity is of) is the change's, not one
+night's: the candidate nights' median change (the night's own while there are fewer than 3), the largest it
+has been since the finding was confirmed. So a change near `major_effect_pct` does not turn minor and major
+again night by night, and one that grows turns major.
 """
 
 from __future__ import annotations
@@ -109,6 +114,7 @@ class Verdict:
     since: int | None = None  # index of the finding's first night
     newly_confirmed: bool = False
     nights_delta_pct: float | None = None  # the candidate nights' median change, when tested
+    change_pct: float | None = None  # a confirmed finding's change (its severity's): see the module docstring
 
 
 @dataclass
@@ -117,6 +123,7 @@ class _Open:
     start: int
     confirmed: bool
     confirmed_at: int | None = None
+    change: float | None = None  # the largest change in its kind's direction since it was confirmed (delta %)
 
 
 def _off(z: float, d: float, worse: float, settings: RegressionSettings) -> str | None:
@@ -315,6 +322,11 @@ def track(nights: Sequence[NightIn], direction: str, settings: RegressionSetting
                 open_ = _Open(night_kind, i, False)
         else:
             open_ = None
+        if open_ is not None and open_.confirmed:
+            change = nights_d if nights_d is not None else d
+            toward = worse if open_.kind == "regression" else -worse
+            if open_.change is None or toward * change > toward * open_.change:
+                open_.change = change
         common = dict(index=i, value=n.value, baseline_value=m, baseline_n=len(values),
                       baseline_runs=tuple(nights[j].run_id for j in base_idx), baseline_segment=base_seg,
                       scale=s, z_score=z, delta_pct=d, nights_delta_pct=nights_d,
@@ -323,7 +335,7 @@ def track(nights: Sequence[NightIn], direction: str, settings: RegressionSetting
             out.append(None)
         elif open_ is not None and open_.confirmed:
             out.append(Verdict(**common, kind=open_.kind, status="confirmed", basis=basis or "open",
-                               since=open_.start, newly_confirmed=newly))
+                               since=open_.start, newly_confirmed=newly, change_pct=open_.change))
         elif open_ is not None:
             out.append(Verdict(**common, kind=open_.kind, status="suspected", basis="night", since=open_.start))
         else:

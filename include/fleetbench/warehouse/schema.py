@@ -296,6 +296,8 @@ regressions = Table(
     Column("same_change_as", String(100)),  # the metric whose finding this one repeats (cost of a slower run)
     # revision 0013
     Column("unit", String(20)),  # the unit of baseline_value and value
+    # revision 0019: when the finding was mailed (set once the mail is sent; `fleetbench.regression.store.to_mail`)
+    Column("mailed_at", DateTime(timezone=True)),
     UniqueConstraint(*REGRESSION_KEY, name="uq_regressions_key"),
     CheckConstraint("direction IN ('higher', 'lower')", name="ck_regressions_direction"),
     Index("ix_regressions_host_case_time", "host", "case_key", "detected_at"),
