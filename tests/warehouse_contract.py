@@ -7,7 +7,7 @@ import random
 from datetime import datetime, timezone
 
 import pytest
-from sqlalchemy import MetaData, Table, func, inspect, select, text
+from sqlalchemy import MetaData, Table, bindparam, func, inspect, select, text
 from sqlalchemy.exc import IntegrityError
 
 from fleetbench.timestamps import utc as _dt
@@ -24,9 +24,9 @@ from fleetbench.warehouse import (
 from fleetbench.warehouse.schema import benchmark_results, host_facts, regressions, result_metrics, runs, steps
 from warehouse_rows import DERIVED, result_row, run_row, step_rows
 
-HEAD = "0019"  # 0019: regressions.mailed_at; 0018: torch_synthetic precision from --precision; 0017: CPU cases out
-# of the GPU rollups; 0016: partial indexes; 0015: superseded_host_facts; 0014: multi-node cases; 0013: regression
-# units; 0012: MIG
+HEAD = "0020"  # 0020: host_month_rollup.model_runs; 0019: regressions.mailed_at; 0018: torch_synthetic precision
+# from --precision; 0017: CPU cases out of the GPU rollups; 0016: partial indexes; 0015: superseded_host_facts; 0014:
+# multi-node cases; 0013: regression units; 0012: MIG
 NEW_RESULT_COLUMNS = set(DERIVED)  # the derived-metric columns revision 0003 adds
 REGRESSION_COLUMNS = {  # name: nullable, as the regression detector expects them
     "id": False, "dag_id": False, "run_id": False, "host": False, "case_key": False, "metric": False,
@@ -786,6 +786,19 @@ def check_samples_of_results_written_earlier_are_upserted(engine):
     assert count(engine, benchmark_results, run_id="r3") == 0 and metrics_of(engine, run_id="r3") == {}
 
 
+def _revision(number: str):
+    """A revision's module (its frozen SQL), loaded from its file."""
+    import importlib.util
+
+    from fleetbench.warehouse import MIGRATIONS
+
+    [path] = (MIGRATIONS / "versions").glob(f"{number}_*.py")
+    spec = importlib.util.spec_from_file_location(f"revision_{number}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _rollups(engine) -> dict[str, list[tuple]]:
     """Every rollup row, without ids, sorted: to compare two computations of the same rollups."""
     out = {}
@@ -823,12 +836,14 @@ def check_migrate_cpu_cases_out_of_gpu_rollups(engine):
     old = _rollups(engine)
     for table in ("run_host_rollup", "run_case_rollup", "host_month_rollup"):
         assert _gpus(engine, table) == {"A100 SXM4 40GB", "NVIDIA A100-SXM4-40GB"}, table  # as 0016 counted it
-    with engine.begin() as conn:  # 0016's code: the old expression over everything
+    with engine.begin() as conn:  # 0016's code: the old expression over everything, 0016's month rows (no model_runs)
         old_gpu, rollup.GPU = rollup.GPU, "COALESCE(gpu_catalog_name, gpu_model)"
+        old_month, rollup._MONTH_SQL = rollup._MONTH_SQL, text(_revision("0017").MONTH_SQL).bindparams(
+            bindparam("m0", type_=rollup._TS), bindparam("m1", type_=rollup._TS))
         try:
             rollup.rebuild(conn)
         finally:
-            rollup.GPU = old_gpu
+            rollup.GPU, rollup._MONTH_SQL = old_gpu, old_month
     assert _rollups(engine) == old
 
     upgrade(engine)
@@ -844,7 +859,7 @@ def check_migrate_torch_precision(engine):
     keep theirs; down to 0017 changes nothing."""
     from fleetbench.warehouse.schema import superseded_results
 
-    upgrade(engine, "0017")
+    upgrade(engine)  # written with today's store (its rollups are today's), as 0017 stored them, then down to 0017
 
     def torch(case: str, flag: str | None, stored: str, attempt: str, **extra) -> dict:
         command = ["python3", "/opt/fleetbench/torch_synthetic.py", "--model=resnet50", *([flag] if flag else [])]
@@ -863,6 +878,7 @@ def check_migrate_torch_precision(engine):
             return {(r.case_key, r.attempt): r.precision
                     for r in conn.execute(select(table.c.case_key, table.c.attempt, table.c.precision))}
 
+    downgrade(engine, "0017")
     before = (precisions(benchmark_results), precisions(superseded_results))
     assert before[1] == {("bf16", 1): "fp32", ("fp16", 1): "fp32"}
     upgrade(engine)
@@ -908,3 +924,37 @@ def check_migrate_regression_mailed_at(engine):
     assert count(engine, regressions) == 1
     upgrade(engine)
     assert current_revision(engine) == HEAD
+
+
+def check_migrate_month_model_runs(engine):
+    """0019 -> 0020 adds host_month_rollup.model_runs and computes it for the month rows stored before: a host's
+    runs with a result of the row's model, its GPU and CPU cases (rows of their own) counted once. The result
+    equals what today's writes and a rebuild give; down to 0019 drops the column and keeps the rows."""
+    from fleetbench.warehouse import rollup
+
+    upgrade(engine)
+    gpu = {"gpu_model": "NVIDIA A100-SXM4-40GB", "gpu_catalog_name": "A100 SXM4 40GB"}
+    for n, when in enumerate(("2026-11-29T02:00:00+00:00", "2026-11-30T02:00:00+00:00", "2026-12-01T02:00:00+00:00")):
+        run_id = f"r{n}"
+        cpu = [result_row("cpu.resnet50", run_id=run_id, logical_date=when, num_gpus=0, device="cpu",
+                          **{**gpu, "gpu_catalog_name": None})] if n != 1 else []  # not on the second night
+        store_run(engine, {**run_row(run_id), "logical_date": when}, [], [
+            result_row("tf.resnet50.g1", run_id=run_id, logical_date=when, **gpu), *cpu,
+            result_row("tf.vgg16.g1", run_id=run_id, logical_date=when, model="vgg16", **gpu)])
+    new = _rollups(engine)
+
+    downgrade(engine, "0019")
+    assert current_revision(engine) == "0019"
+    assert "model_runs" not in {c["name"] for c in inspect(engine).get_columns("host_month_rollup")}
+    assert count(engine, benchmark_results) == 8
+    upgrade(engine)
+    assert current_revision(engine) == HEAD and _rollups(engine) == new
+    with engine.connect() as conn:
+        got = {(r.model, r.gpu, _dt(r.month).month): (r.runs, r.model_runs) for r in conn.execute(text(
+            "SELECT model, gpu, month, runs, model_runs FROM host_month_rollup"))}
+    assert got == {("resnet50", "A100 SXM4 40GB", 11): (2, 2), ("resnet50", None, 11): (1, 2),
+                   ("vgg16", "A100 SXM4 40GB", 11): (2, 2), ("resnet50", "A100 SXM4 40GB", 12): (1, 1),
+                   ("resnet50", None, 12): (1, 1), ("vgg16", "A100 SXM4 40GB", 12): (1, 1)}
+    with engine.begin() as conn:
+        rollup.rebuild(conn)
+    assert _rollups(engine) == new

@@ -73,3 +73,9 @@ def test_migrate_regression_mailed_at(pg_engine):
     from warehouse_contract import check_migrate_regression_mailed_at
 
     check_migrate_regression_mailed_at(pg_engine)
+
+
+def test_migrate_month_model_runs(pg_engine):
+    from warehouse_contract import check_migrate_month_model_runs
+
+    check_migrate_month_model_runs(pg_engine)

@@ -15,6 +15,7 @@ from test_warehouse_rollups import (  # noqa: E402
     check_failed_write_leaves_rollups_alone,
     check_fleet_throughput,
     check_migration_backfills_rollups,
+    check_model_runs_count_each_run_once,
     check_report_windows_across_months,
     check_rerun_moving_a_run_to_another_month,
     check_rollups_match_results,
@@ -36,6 +37,10 @@ def test_rerun_moving_a_run_to_another_month(pg_engine):
 
 def test_failed_write_leaves_rollups_alone(pg_engine):
     check_failed_write_leaves_rollups_alone(pg_engine)
+
+
+def test_model_runs_count_each_run_once(pg_engine):
+    check_model_runs_count_each_run_once(pg_engine)
 
 
 def test_migration_backfills_rollups(pg_engine):

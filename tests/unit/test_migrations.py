@@ -139,3 +139,9 @@ def test_migrate_regression_mailed_at(tmp_path):
     from warehouse_contract import check_migrate_regression_mailed_at
 
     check_migrate_regression_mailed_at(engine_at(tmp_path))
+
+
+def test_migrate_month_model_runs(tmp_path):
+    from warehouse_contract import check_migrate_month_model_runs
+
+    check_migrate_month_model_runs(engine_at(tmp_path))

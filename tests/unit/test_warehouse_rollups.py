@@ -135,16 +135,18 @@ def expected_host_rollup(rows: list[dict]) -> list[dict]:
 
 
 def expected_month_rollup(rows: list[dict]) -> list[dict]:
-    groups, host_runs = defaultdict(list), defaultdict(set)
+    groups, host_runs, model_runs = defaultdict(list), defaultdict(set), defaultdict(set)
     for r in rows:
         when = datetime.fromisoformat(r["logical_date"])
         month = datetime(when.year, when.month, 1, tzinfo=timezone.utc).isoformat()
         groups[(r["dag_id"], r["host"], r["model"], _gpu(r), r["driver_version"], month)].append(r)
         host_runs[(r["dag_id"], r["host"], month)].add(r["run_id"])
+        model_runs[(r["dag_id"], r["host"], r["model"], month)].add(r["run_id"])
     return [{"dag_id": k[0], "host": k[1], "model": k[2], "gpu": k[3], "driver_version": k[4], "month": k[5],
              "first_date": min(r["logical_date"] for r in rs), "last_date": max(r["logical_date"] for r in rs),
              "last_ok": _max(r["logical_date"] for r in rs if r["status"] == "ok"),
-             "runs": len({r["run_id"] for r in rs}), "host_runs": len(host_runs[(k[0], k[1], k[5])]), **_status(rs),
+             "runs": len({r["run_id"] for r in rs}), "host_runs": len(host_runs[(k[0], k[1], k[5])]),
+             "model_runs": len(model_runs[(k[0], k[1], k[2], k[5])]), **_status(rs),
              "gpu_model": _max(r["gpu_model"] for r in rs), "scaled_gpus": _mask(rs)} for k, rs in groups.items()]
 
 
@@ -381,6 +383,42 @@ def check_report_windows_across_months(engine) -> None:
     assert build_report(engine, parse_filters(until="2026-01-31"))["driver_changes"] == []
 
 
+def with_cpu_case(rows: list[dict]) -> list[dict]:
+    """The night's rows and, on each host, resnet50 on its CPU too (a CPU case: no GPU type in the rollups, its own
+    rows beside the model's GPU cases)."""
+    first = {r["host"]: r for r in reversed(rows)}
+    return rows + [{**r, "case_key": "cpu.resnet50.bs16", "model": "resnet50", "num_gpus": 0, "device": "cpu",
+                    "batch_size_per_device": 16, "batch_size_global": 16, "status": "ok", "failure_class": None,
+                    "images_per_sec": 40.0, "speedup_efficiency": None, "gpu_catalog_name": None,
+                    "images_per_joule": None, "cost_per_million_images_usd": None} for r in first.values()]
+
+
+def check_model_runs_count_each_run_once(engine) -> None:
+    """With a model filter the Hosts table counts a host's runs of that model once each, though the model's rows
+    are per GPU type (its CPU case has none) and driver: in whole months (host_month_rollup.model_runs) and in
+    the nights at a window's edges. Rebuilding every rollup gives what the writes left."""
+    from fleetbench.report import build_report, parse_filters
+    from fleetbench.warehouse import rollup
+
+    upgrade(engine)
+    for day in (0, 1, 2, 3, 5, 17, 30, 31, 33):
+        store(engine, with_cpu_case(nightly(day, driver_of=upgrade_driver)))
+    check_rollups_match_results(engine)
+    rows = fetch_results(engine)
+    for since, until in ((None, None), ("2026-01-01", "2026-03-31"), ("2026-02-01", "2026-02-28"),
+                         ("2026-01-31", "2026-03-02"), ("2026-02-02", "2026-02-10")):
+        report = build_report(engine, parse_filters(since=since, until=until, model="resnet50"))
+        lo = datetime.fromisoformat(report["window"]["since"])
+        hi = datetime.fromisoformat(report["window"]["until"]) if report["window"]["until"] else None
+        assert {h["host"]: h for h in report["hosts"]} == expected_hosts(rows, lo, hi, "resnet50"), (since, until)
+    february = build_report(engine, parse_filters(since="2026-02-01", until="2026-02-28", model="resnet50"))
+    assert {h["host"]: h["runs"] for h in february["hosts"]} == {"gpu-a": 4, "gpu-b": 4, "gpu-c": 4}  # 3, 5, 17, 30
+    stored = [stored_rollup(engine, t) for t in (run_host_rollup, host_month_rollup, run_case_rollup)]
+    with engine.begin() as conn:
+        rollup.rebuild(conn)
+    assert [stored_rollup(engine, t) for t in (run_host_rollup, host_month_rollup, run_case_rollup)] == stored
+
+
 def check_driver_changes_back_and_forth(engine) -> None:
     """A host that goes to a new driver and back (its drivers' nights interleave), next to a plain upgrade."""
     from fleetbench.report import build_report, parse_filters
@@ -484,3 +522,7 @@ def test_driver_changes_back_and_forth(engine):
 
 def test_fleet_throughput(engine):
     check_fleet_throughput(engine)
+
+
+def test_model_runs_count_each_run_once(engine):
+    check_model_runs_count_each_run_once(engine)

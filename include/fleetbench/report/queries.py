@@ -256,8 +256,9 @@ def _month_split(since: datetime | None, until: datetime | None) -> tuple[dateti
 def _facts(f: Filters, window: tuple[datetime | None, datetime | None], *, model: bool = True):
     """Per-host rows of the window as one subquery: host_month_rollup for its whole months, run_host_rollup
     (a row per run) for the nights before and after them. Columns: dag_id, host, model, gpu, driver_version,
-    period (the month or the run: a (DAG, host, period) holds `host_runs` runs of the host), first_date,
-    last_date, last_ok, runs, host_runs, results, ok, failed, skipped, gpu_model, scaled_gpus."""
+    period (the month or the run: a (DAG, host, period) holds `host_runs` runs of the host, `model_runs` of them
+    with a result of the row's model), first_date, last_date, last_ok, runs, host_runs, model_runs, results, ok,
+    failed, skipped, gpu_model, scaled_gpus."""
     since, until = window
     split = _month_split(since, until)
     parts = []
@@ -271,8 +272,8 @@ def _facts(f: Filters, window: tuple[datetime | None, datetime | None], *, model
             conds.append(hm.c.month < b)
         parts.append(select(
             hm.c.dag_id, hm.c.host, hm.c.model, hm.c.gpu, hm.c.driver_version, cast(hm.c.month, String).label("period"),
-            hm.c.first_date, hm.c.last_date, hm.c.last_ok, hm.c.runs, hm.c.host_runs, hm.c.results, hm.c.ok,
-            hm.c.failed, hm.c.skipped, hm.c.gpu_model, hm.c.scaled_gpus).where(*conds))
+            hm.c.first_date, hm.c.last_date, hm.c.last_ok, hm.c.runs, hm.c.host_runs, hm.c.model_runs, hm.c.results,
+            hm.c.ok, hm.c.failed, hm.c.skipped, hm.c.gpu_model, hm.c.scaled_gpus).where(*conds))
         edges = [(since, a)] if since is not None and since < a else []
         if until is not None and b < until:
             edges.append((b, until))
@@ -281,8 +282,8 @@ def _facts(f: Filters, window: tuple[datetime | None, datetime | None], *, model
             hr.c.dag_id, hr.c.host, hr.c.model, hr.c.gpu, hr.c.driver_version, hr.c.run_id.label("period"),
             hr.c.logical_date.label("first_date"), hr.c.logical_date.label("last_date"),
             case((hr.c.ok > 0, hr.c.logical_date)).label("last_ok"), literal(1).label("runs"),
-            literal(1).label("host_runs"), hr.c.results, hr.c.ok, hr.c.failed, hr.c.skipped, hr.c.gpu_model,
-            hr.c.scaled_gpus).where(*_scope(f, window=(lo, hi), model=model, table=hr)))
+            literal(1).label("host_runs"), literal(1).label("model_runs"), hr.c.results, hr.c.ok, hr.c.failed,
+            hr.c.skipped, hr.c.gpu_model, hr.c.scaled_gpus).where(*_scope(f, window=(lo, hi), model=model, table=hr)))
     return (parts[0] if len(parts) == 1 else union_all(*parts)).subquery("facts")
 
 
@@ -315,8 +316,9 @@ def host_summary(conn, f: Filters) -> list[dict]:
         func.count(distinct(facts.c.driver_version)).label("drivers"),
         func.max(facts.c.driver_version).label("max_driver"),
     ).group_by(facts.c.host).order_by(facts.c.host)).all()
-    # A (DAG, host, period)'s runs: the host's (any model) or, with a model filter, that model's.
-    per_period = select(facts.c.host, (func.sum(facts.c.runs) if f.model else func.max(facts.c.host_runs)).label("runs")
+    # A (DAG, host, period)'s runs: the host's (any model) or, with a model filter, that model's; each run once,
+    # though a model's rows are per GPU type (its CPU cases have none) and driver too.
+    per_period = select(facts.c.host, func.max(facts.c.model_runs if f.model else facts.c.host_runs).label("runs")
                         ).group_by(facts.c.dag_id, facts.c.host, facts.c.period).subquery("per_period")
     runs = dict(conn.execute(select(per_period.c.host, func.sum(per_period.c.runs)).group_by(per_period.c.host)).all())
     out = []

@@ -19,7 +19,8 @@ What the report reads from them (`fleetbench.report.queries`):
   of that case on that GPU type (median, min, max of the finite values, how many, on how many hosts),
   its case counts by status, and the speedup efficiency, energy and cost of its ok results.
 - host_month_rollup, run_host_rollup per (dag_id, host, model, gpu, driver_version, calendar month):
-  what a window of whole months reads instead of every night (see `fleetbench.report.queries`).
+  what a window of whole months reads instead of every night (see `fleetbench.report.queries`), with the
+  host's runs that month (`host_runs`) and its runs with a result of the row's model (`model_runs`).
 
 `gpu` is gpu_catalog_name, else gpu_model as reported (the report's GPU model); NULL for CPU cases.
 """
@@ -111,16 +112,21 @@ GROUP BY dag_id, run_id, case_key, gpu, logical_date
 """
 
 
-# One (DAG, month) from its run_host_rollup rows; :m0, :m1 the month's first instant and the next's.
+# One (DAG, month) from its run_host_rollup rows; :m0, :m1 the month's first instant and the next's. host_runs: the
+# host's runs that month (any model); model_runs (revision 0020): its runs with a result of the row's model (a
+# model's CPU and GPU cases, or two drivers, are rows of their own: their `runs` added up would count a run twice).
 MONTH_SQL = f"""
 INSERT INTO host_month_rollup (dag_id, host, model, gpu, driver_version, month, first_date, last_date, last_ok, runs,
-    host_runs, results, ok, failed, skipped, gpu_model, scaled_gpus)
+    host_runs, model_runs, results, ok, failed, skipped, gpu_model, scaled_gpus)
 SELECT h.dag_id, h.host, h.model, h.gpu, h.driver_version, :m0, MIN(h.logical_date), MAX(h.logical_date),
-    MAX(CASE WHEN h.ok > 0 THEN h.logical_date END), COUNT(DISTINCT h.run_id), MAX(t.host_runs),
+    MAX(CASE WHEN h.ok > 0 THEN h.logical_date END), COUNT(DISTINCT h.run_id), MAX(t.host_runs), MAX(r.model_runs),
     SUM(h.results), SUM(h.ok), SUM(h.failed), SUM(h.skipped), MAX(h.gpu_model), {OR_MASKS}
 FROM run_host_rollup h
 JOIN (SELECT host, COUNT(DISTINCT run_id) AS host_runs FROM run_host_rollup
       WHERE dag_id = :dag_id AND logical_date >= :m0 AND logical_date < :m1 GROUP BY host) t ON t.host = h.host
+JOIN (SELECT host, COALESCE(model, '') AS model_key, COUNT(DISTINCT run_id) AS model_runs FROM run_host_rollup
+      WHERE dag_id = :dag_id AND logical_date >= :m0 AND logical_date < :m1 GROUP BY host, COALESCE(model, '')) r
+  ON r.host = h.host AND r.model_key = COALESCE(h.model, '')
 WHERE h.dag_id = :dag_id AND h.logical_date >= :m0 AND h.logical_date < :m1
 GROUP BY h.dag_id, h.host, h.model, h.gpu, h.driver_version
 """

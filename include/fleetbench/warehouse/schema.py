@@ -357,7 +357,8 @@ run_host_rollup = Table(
 
 # host_month_rollup: run_host_rollup summed per calendar month (UTC) of logical dates, per DAG, host,
 # model, GPU type and driver: a year of a 1,000-host fleet in some 12,000 rows. `runs` counts the
-# group's runs, `host_runs` the host's runs that month (any model); first_date, last_date and
+# group's runs, `host_runs` the host's runs that month (any model), `model_runs` its runs with a result of
+# the row's model (any GPU type and driver: revision 0020); first_date, last_date and
 # last_ok are logical dates; scaled_gpus is the bitwise OR of the month's masks.
 host_month_rollup = Table(
     "host_month_rollup", metadata,
@@ -373,6 +374,7 @@ host_month_rollup = Table(
     Column("last_ok", DateTime(timezone=True)),
     Column("runs", Integer, nullable=False),
     Column("host_runs", Integer, nullable=False),
+    Column("model_runs", Integer, nullable=False),
     Column("results", Integer, nullable=False),
     Column("ok", Integer, nullable=False),
     Column("failed", Integer, nullable=False),
