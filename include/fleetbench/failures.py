@@ -18,11 +18,11 @@ class FailureClass:
 
 
 _CLASSES = [
-    # host validation (fleetbench.airflow.pipeline.validate_host, fleetbench.hosts)
+    # host validation (fleetbench.hosts.check, fleetbench.hosts)
     FailureClass("host_unfit", "the host failed a check (see host_facts.checks_json); its cases were skipped",
-                 "pipeline.validate_host"),
+                 "measure.case_fields"),
     FailureClass("host_check_failed", "host validation did not finish (its lane's task failed first)",
-                 "pipeline.collect"),
+                 "measure.case_fields"),
     # the case's devices on its host (fleetbench.hosts.devices)
     FailureClass("mig_enabled", "skipped: the case needs whole GPUs, and MIG is enabled on too many of its host's "
                  "GPUs (for a multi-node case, of a host of its set; a GPU in MIG mode runs only its MIG instances); "
@@ -56,7 +56,8 @@ _CLASSES = [
     FailureClass("oom_killed", "the kernel OOM-killed the container (host or container memory)", "measure.classify"),
     FailureClass("core_dump", "the harness crashed (SIGABRT / SIGSEGV, core dumped)", "measure.classify"),
     FailureClass("nonzero_exit", "the harness exited non-zero for another reason", "measure.classify"),
-    FailureClass("task_failed", "the case's task failed before reporting (see its task log)", "pipeline.collect"),
+    FailureClass("task_failed", "the case's task failed before reporting (see its task log)",
+                 "measure.case_fields"),
     # multi-node cases (fleetbench.airflow.multinode)
     FailureClass("peer_failed", "another container of a multi-node case (a worker or ps, named in the detail "
                  "with its own class) failed; every container of the case was stopped", "multinode.run_case"),

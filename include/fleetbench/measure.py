@@ -307,3 +307,47 @@ def capacity_fields(case) -> dict:
     from fleetbench.capacity import row_fields
 
     return row_fields(case)
+
+
+def collect_rows(plan, verdicts: dict, images: dict, outcomes: list[dict]) -> dict:
+    """The run's rows: one classified result row per planned case of `plan` (`fleetbench.run_model.RunPlan`), its
+    step rows and metric samples. `verdicts` and `images` are by host (HostVerdict, HostImages); `outcomes` are the
+    case tasks' own. A case whose task returned nothing is read from its outcome file (`fleetbench.runs`); a
+    multi-node case a host of its set could not run is recorded with why (`fleetbench.multinode.set_problem`)."""
+    from fleetbench import runs
+    from fleetbench.multinode import set_problem
+    from fleetbench.warehouse.rows import metric_sample_rows
+
+    run = plan.run
+    done = {(o["host"], o["case_key"]): o for o in outcomes}
+    rows, step_rows, metric_rows = [], [], []
+    for case in plan.cases:
+        verdict, host_images = verdicts.get(case.host), images.get(case.host)
+        image = host_images.images.get(case.image) if host_images else None
+        outcome = done.get((case.host, case.case_key))
+        problem = set_problem(case, verdicts, images) if case.nodes > 1 else None
+        if outcome is None and problem is None and verdict is not None and not verdict.unfit:
+            outcome = outcome_from_file(str(runs.case_log_dir(run.dag_id, run.run_id, case.host)), case.case_key)
+        if problem is not None and outcome is None:  # a host of the set could not run it
+            fields, steps = {**not_run(*problem), **planned_metric(case)}, []
+        else:
+            fields, steps = case_fields(case, verdict, image, outcome)
+        fields = dict(fields)
+        samples = fields.pop("metric_samples", None) or []
+        rows.append({**result_row(run, case, verdict, image, fields),
+                     "attempt_id": _attempt_id(run, case, verdict, image, outcome, fields)})
+        key = {"dag_id": run.dag_id, "run_id": run.run_id, "host": case.host, "case_key": case.case_key}
+        step_rows += [{**key, **s} for s in steps]
+        metric_rows += metric_sample_rows(key, samples)
+    return {"rows": rows, "steps": step_rows, "metrics": metric_rows}
+
+
+def _attempt_id(run, case, verdict, image: dict | None, outcome: dict | None, fields: dict) -> str:
+    """The attempt's identity (`fleetbench.warehouse.attempts`): its container outcome when the case ran;
+    else the run's start and the host check's time, which a cleared and rerun run renews."""
+    from fleetbench.warehouse.attempts import attempt_id
+
+    ran = verdict is not None and not verdict.unfit and not (image or {}).get("failure_class")
+    return attempt_id(case.host, case.case_key, outcome if ran else None,
+                      (run.started_at, verdict.collected_at if verdict else None, fields["status"],
+                       fields["failure_class"]))

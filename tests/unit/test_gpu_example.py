@@ -66,9 +66,9 @@ def test_a_driver_too_old_for_one_image_skips_only_that_images_cases():
     GeForce driver (the real 525.125.06 table in tests/fixtures/hosts/geforce-525-79col): R525 runs the TF image's
     CUDA 12.1 (minor-version compatibility), not 13.0 (no forward compatibility on GeForce). Only the PyTorch image's
     GPU cases are skipped, as driver_too_old; the host is not unfit."""
-    from fleetbench.airflow.pipeline import smoke_default
     from fleetbench.config import parse_config, read_yaml
     from fleetbench.hosts import HostNeeds, evaluate, facts_from_dir, verdict
+    from fleetbench.hosts.check import smoke_default
     from fleetbench.hosts.devices import assign
     from fleetbench.measure import SKIPPED, case_fields
     from fleetbench.plan import build_plan

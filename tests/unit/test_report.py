@@ -646,6 +646,7 @@ def test_pipeline_report_writes_into_the_data_dir(history, data_dir):
 
 def test_a_failed_comparison_still_gets_its_report_then_fails_the_task(history, data_dir, monkeypatch):
     from fleetbench.airflow import pipeline
+    from fleetbench.regression.night import NothingToAccept
 
     plan = {"run": {"dag_id": "fleet_benchmark", "run_id": run_id(4)}, "hosts": [], "cases": []}
     stored = {"run_id": run_id(4), "total": 8, "ok": 5, "failed": 3, "skipped": 0}
@@ -653,11 +654,11 @@ def test_a_failed_comparison_still_gets_its_report_then_fails_the_task(history, 
 
     def fails(*args):
         calls.append(args)
-        raise pipeline.NothingToAccept("accept_baselines: 'gpu-x' matched no ok result of fleet_benchmark")
+        raise NothingToAccept("accept_baselines: 'gpu-x' matched no ok result of fleet_benchmark")
 
     monkeypatch.setattr(pipeline, "detect_regressions", fails)
     html = data_dir / "reports" / "report.html"
-    with pytest.raises(pipeline.NothingToAccept, match="gpu-x"):
+    with pytest.raises(NothingToAccept, match="gpu-x"):
         pipeline.assess_and_report(plan, stored, "ops")
     assert calls == [(plan, stored, "ops")] and html.is_file()
     # a comparison that works: its summary next to the report's

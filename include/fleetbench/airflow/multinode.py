@@ -30,6 +30,7 @@ from docker.errors import APIError, NotFound
 
 from fleetbench import capacity, multinode, runs
 from fleetbench.hosts.devices import assign
+from fleetbench.multinode import set_problem
 from fleetbench.run_model import CaseOutcome, HostImages, HostVerdict, Measurement, RunPlan, by_host
 
 log = logging.getLogger(__name__)
@@ -45,34 +46,6 @@ def role_container_name(dag_id: str, run_id: str, role: dict, case_key: str) -> 
     """The role's container: run token, host, role and a digest of the case key first (names are cut at 120)."""
     digest = hashlib.sha256(case_key.encode()).hexdigest()[:8]
     return runs.container_name(dag_id, run_id, role["host"], f"{multinode.role_name(role)}-{digest}-{case_key}")
-
-
-def set_problem(case, verdicts: dict, images: dict) -> tuple[str, str | None, str] | None:
-    """Why a multi-node case cannot run, as (status, failure_class, detail) — a host of its set not validated,
-    unfit, without the image, or (unless `mixed_gpu_models`) with another GPU model — else None."""
-    from fleetbench.measure import FAILED, SKIPPED
-
-    for host in case.hosts:
-        v = verdicts.get(host)
-        if v is None:
-            return FAILED, "host_check_failed", f"validation of host {host} of the set did not finish"
-        if v.unfit:
-            return SKIPPED, "host_unfit", f"host {host} of the set is unfit: {v.reasons}"
-        host_images = images.get(host)
-        image = host_images.images.get(case.image) if host_images else None
-        if image is None:
-            return FAILED, "task_failed", f"the image of host {host} of the set was not prepared"
-        if image.get("failure_class"):
-            return FAILED, image["failure_class"], f"host {host} of the set: {image.get('error') or 'no image'}"
-    models = {h: verdicts[h].host_facts.gpu_model for h in case.hosts}
-    if case.num_gpus and not case.cluster.get("mixed_gpu_models") and len(set(models.values())) > 1:
-        shown = ", ".join(f"{h}: {m}" for h, m in models.items())
-        return SKIPPED, "mixed_gpu_models", f"the hosts of the set have different GPU models ({shown})"
-    for host in case.hosts:  # every node needs its GPUs (a host with MIG on has fewer whole GPUs to give)
-        devices = assign(case, verdicts[host].host_facts)
-        if devices.skipped:
-            return SKIPPED, devices.skip_class, f"host {host} of the set: {devices.skip_detail}"
-    return None
 
 
 def role_device_ids(case, verdict: HostVerdict) -> list[str] | None:

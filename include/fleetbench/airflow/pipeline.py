@@ -11,15 +11,11 @@ every step testable on its own.
 from __future__ import annotations
 
 import logging
-import signal
-import threading
-import time
-from contextlib import ExitStack, contextmanager
-from datetime import datetime, timezone
+from contextlib import ExitStack
 from pathlib import Path
 
 from fleetbench import runs
-from fleetbench.config import GB, load_config
+from fleetbench.config import load_config
 from fleetbench.measure import FAILED, OK, SKIPPED
 from fleetbench.paths import default_config_path
 from fleetbench.run_model import HostImages, HostVerdict, PlannedHost, RunInfo, RunPlan, by_host
@@ -68,92 +64,14 @@ def proceed(plan, validations: list) -> bool:
 
 # -- validate host ----------------------------------------------------------------------------
 def validate_host(host, run, timeout_s: float | None = None) -> dict:
-    """Gather the host's facts into the run's artifact folder and judge them against the host's needs.
-
-    When the host's cases need GPUs, a GPU smoke container runs too (`gpu_smoke_image`, else the
-    host's benchmark image of the oldest CUDA: `smoke_default`). An unreachable host is a verdict
-    (`reachable: fail`), not a crash; so is a check that has not ended after `timeout_s` (every probe
-    has its own timeout: this is the backstop for one that hangs regardless, e.g. in an SSH library).
-    """
-    from fleetbench.hosts import HostFacts, HostNeeds, evaluate, facts_from_dir, gather, reasons, runner_for, verdict
-    from fleetbench.hosts.probes import health_probes
+    """Check the host into the run's artifact folder (`fleetbench.hosts.check.check_host`): its facts, judged
+    against what its cases need. An unreachable host, or a check past `timeout_s`, is a verdict, not a crash."""
+    from fleetbench.hosts.check import check_host
 
     host, run = PlannedHost.load(host), RunInfo.load(run)
-    folder = runs.facts_dir(run.dag_id, run.run_id, host.name)
-    needs = HostNeeds(gpus=host.needs.gpus, image_cuda=host.needs.image_cuda, min_free_bytes=int(host.min_free_gb * GB),
-                      health=host.gpu_health.thresholds(), whole_gpus=host.needs.whole_gpus, mig=dict(host.needs.mig))
-    smoke_image = (host.gpu_smoke_image or smoke_default(host.images)) if needs.gpus else None
-    health = (health_probes(host.gpu_health.xid_window_hours, host.gpu_health.dcgm_diag_level) if needs.gpus
-              else ())
-    try:
-        with deadline(timeout_s, f"the host check of {host.name} did not end within {timeout_s} s"):
-            gather(runner_for(host.connection, host.docker_url), folder, gpu_smoke_image=smoke_image, extra=health,
-                   path=tuple(host.probe_path))
-        facts = facts_from_dir(folder)
-    except (Exception, DeadlinePassed) as exc:  # e.g. the artifact folder cannot be written: still a verdict
-        log.exception("gathering facts on %s failed", host.name)
-        facts = HostFacts(unreachable=f"facts could not be gathered: {exc}")
-    if host.connection != "local" and facts.docker_engine_id and not facts.unreachable:
-        facts.case_engine_id = case_engine_id(host)  # the `engine` check: are the probes' and the cases' one?
-    checks = evaluate(facts, needs)
-    result = HostVerdict(host=host.name, verdict=verdict(checks), reasons=reasons(checks),
-                         checks=[c.to_dict() for c in checks], facts=facts.to_dict(), facts_dir=str(folder),
-                         collected_at=datetime.now(timezone.utc).isoformat())
+    result = check_host(host, runs.facts_dir(run.dag_id, run.run_id, host.name), timeout_s)
     log.info("host %s: %s%s", host.name, result.verdict, f" ({result.reasons})" if result.reasons else "")
     return result.to_xcom()
-
-
-def smoke_default(images) -> str | None:
-    """The GPU smoke container's image when the host names none: of its benchmark images the one of the oldest CUDA
-    (one whose CUDA the driver cannot run would fail the smoke container, and the host with it, for that image
-    alone), else the first."""
-    known = [i for i in images if i.cuda]
-    if known:
-        return min(known, key=lambda i: tuple(int(p) for p in i.cuda.split("."))).ref
-    return images[0].ref if images else None
-
-
-def case_engine_id(host) -> str | None:
-    """The ID of the Docker engine at the host's docker_url (the one its images and cases go to), as `docker info`
-    gives it; None when it does not answer (the image step then says so: docker_unreachable)."""
-    from fleetbench.engines import engine_client
-
-    try:
-        with engine_client(host.docker_url, host.docker_tls_conn_id, timeout=60) as api:
-            engine_id = api.info().get("ID")
-    except Exception as exc:  # noqa: BLE001 - unreachable, TLS settings: not this check's verdict
-        log.warning("host %s: the Docker engine at %s did not say its ID: %s", host.name, host.docker_url, exc)
-        return None
-    return engine_id if isinstance(engine_id, str) and engine_id else None
-
-
-class DeadlinePassed(BaseException):
-    """Raised by `deadline` when its time is up. Not an Exception (and so not an OSError, as TimeoutError is): the
-    probes' runners turn OSErrors into a failed probe or an unreachable host and go on, which would swallow it."""
-
-
-@contextmanager
-def deadline(seconds: float | None, message: str):
-    """Raise DeadlinePassed(message) in this thread once `seconds` have passed (SIGALRM: the main thread of a task's
-    process, where an operator runs). None, or not the main thread: no deadline. An alarm already set (Airflow's
-    execution_timeout) is set again afterwards for the time it had left."""
-    if not seconds or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def expired(signum, frame):
-        raise DeadlinePassed(message)
-
-    started = time.monotonic()
-    previous = signal.signal(signal.SIGALRM, expired)
-    outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-        if outer:
-            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - started), 0.001))
 
 
 # -- prepare image ----------------------------------------------------------------------------
@@ -211,48 +129,14 @@ def collect(plan, validations: list, prepared: list, outcomes: list) -> dict:
     """One classified row per planned case: measured, failed, or skipped with the reason. Nothing is dropped.
 
     Cases were measured by their own tasks (`fleetbench.measure.measure`); a task that died before
-    returning left its outcome file next to its log, read here through `fleetbench.runs.outcome_path`."""
-    from fleetbench.airflow.multinode import set_problem
-    from fleetbench.measure import case_fields, not_run, outcome_from_file, planned_metric, result_row
-    from fleetbench.warehouse.rows import metric_sample_rows
+    returning left its outcome file next to its log, read here through `fleetbench.runs.outcome_path`
+    (`fleetbench.measure.collect_rows`)."""
+    from fleetbench.measure import collect_rows
 
-    plan = RunPlan.load(plan)
-    run = plan.run
     verdicts = by_host(HostVerdict.load(v) for v in validations if v)
     images = by_host(HostImages.load(p) for p in prepared if p)
-    done = {(o["host"], o["case_key"]): o for o in outcomes if o}
-    rows, step_rows, metric_rows = [], [], []
-    for case in plan.cases:
-        verdict, host_images = verdicts.get(case.host), images.get(case.host)
-        image = host_images.images.get(case.image) if host_images else None
-        outcome = done.get((case.host, case.case_key))
-        problem = set_problem(case, verdicts, images) if case.nodes > 1 else None
-        if outcome is None and problem is None and verdict is not None and not verdict.unfit:
-            outcome = outcome_from_file(str(runs.case_log_dir(run.dag_id, run.run_id, case.host)), case.case_key)
-        if problem is not None and outcome is None:  # a host of the set could not run it
-            fields, steps = {**not_run(*problem), **planned_metric(case)}, []
-        else:
-            fields, steps = case_fields(case, verdict, image, outcome)
-        fields = dict(fields)
-        samples = fields.pop("metric_samples", None) or []
-        rows.append({**result_row(run, case, verdict, image, fields),
-                     "attempt_id": _attempt_id(run, case, verdict, image, outcome, fields)})
-        key = {"dag_id": run.dag_id, "run_id": run.run_id, "host": case.host, "case_key": case.case_key}
-        step_rows += [{**key, **s} for s in steps]
-        metric_rows += metric_sample_rows(key, samples)
-    return {"rows": rows, "steps": step_rows, "metrics": metric_rows,
-            "validations": [v.to_xcom() for v in verdicts.values()]}
-
-
-def _attempt_id(run, case, verdict, image: dict | None, outcome: dict | None, fields: dict) -> str:
-    """The attempt's identity (`fleetbench.warehouse.attempts`): its container outcome when the case ran;
-    else the run's start and the host check's time, which a cleared and rerun run renews."""
-    from fleetbench.warehouse.attempts import attempt_id
-
-    ran = verdict is not None and not verdict.unfit and not (image or {}).get("failure_class")
-    return attempt_id(case.host, case.case_key, outcome if ran else None,
-                      (run.started_at, verdict.collected_at if verdict else None, fields["status"],
-                       fields["failure_class"]))
+    collected = collect_rows(RunPlan.load(plan), verdicts, images, [o for o in outcomes if o])
+    return {**collected, "validations": [v.to_xcom() for v in verdicts.values()]}
 
 
 # -- store ------------------------------------------------------------------------------------
@@ -286,92 +170,15 @@ def store(plan, collected: dict) -> dict:
 
 
 # -- compare ----------------------------------------------------------------------------------
-SUMMARY_FINDINGS = 50  # findings listed in the report task's return value (XCom); all are stored and logged
-
-
-class NothingToAccept(ValueError):
-    """An `accept_baselines` item that matched no ok result of the DAG (raised after the night's findings are
-    stored and mailed)."""
-
-
 def detect_regressions(plan, stored: dict, triggered_by: str | None = None) -> dict:
-    """Compare each stored (host, case) of the run with its baseline (`fleetbench.regression`): store the
-    findings in `regressions` (replacing an earlier detection of the run), log them, mail them when
-    `fleet.notify` is set. Returns a small summary for the run (counts and the first findings).
-
-    With the `accept_baselines` parameter, the named hosts' (and cases') current level becomes their
-    baseline once the night is assessed (`fleetbench.regression.accept_many`, as `fleetbench regressions
-    accept`), and the night is assessed again; an item that matches nothing fails the task, naming it."""
-    from fleetbench.notify import notify
-    from fleetbench.params import accept_targets
-    from fleetbench.regression import accept_many, assess_run, describe, store_findings
-    from fleetbench.regression.store import mark_mailed, to_mail
-    from fleetbench.warehouse import get_engine
+    """The night against its baselines (`fleetbench.regression.night.assess_night`): findings stored, logged and
+    mailed, `accept_baselines` applied. Returns a small summary for the run (counts and the first findings)."""
+    from fleetbench.regression.night import assess_night
 
     run = RunPlan.load(plan).run
     if stored.get("run_id") not in (None, run.run_id):
         raise ValueError(f"stored rows of run {stored['run_id']!r}, not of {run.run_id!r}")
-    fleet = run.fleet_settings
-    items = list(run.params.get("accept_baselines") or [])
-    accepted, unmatched = [], []
-    engine = get_engine()
-    try:
-        result = assess_run(engine, run.dag_id, run.run_id, fleet.regressions)
-        store_findings(engine, run.dag_id, run.run_id, result.findings)
-        if items:
-            targets = accept_targets(items)
-            done = accept_many(engine, targets, run.dag_id, accepted_by=triggered_by or run.dag_id,
-                               note=f"accept_baselines of run {run.run_id}", settings=fleet.regressions,
-                               assessed_by_caller=(run.dag_id, run.run_id))
-            for item, target in zip(items, targets):
-                unmatched += [] if done[target] else [item]
-                for a in done[target]:
-                    log.info("accepted %s %s from %s on as the new baseline (%s)", a["host"], a["case_key"],
-                             a["since"].isoformat(), "the open regression's level" if a["had_open_regression"]
-                             else "the newest segment")
-                    accepted.append(f"{a['host']}/{a['case_key']} since {a['since'].isoformat()}")
-            result = assess_run(engine, run.dag_id, run.run_id, fleet.regressions)
-            store_findings(engine, run.dag_id, run.run_id, result.findings)
-        # Mailed: each change once, the first night it is confirmed at notify.min_severity or worse (not again as
-        # cost or energy, nor the next night through another metric, nor by a backfill or a cleared task), until a
-        # send is on record: fleetbench.regression.store.to_mail
-        news = (to_mail(engine, run.dag_id, result.confirmed, fleet.notify.min_severity) if fleet.notify is not None
-                else [f for f in result.confirmed if f.get("newly_confirmed") and not f.get("same_change_as")])
-    finally:
-        engine.dispose()
-    confirmed = result.confirmed
-    log.info("compared %d case(s) with their baseline; %d without enough history; %d confirmed regression(s) "
-             "(%d newly), %d suspected, %d improvement(s)", result.checked, len(result.insufficient_history),
-             len(confirmed), sum(1 for f in confirmed if f.get("newly_confirmed")),
-             sum(1 for f in result.regressions if f["status"] == "suspected"), len(result.improvements))
-    for imp in result.improvements:
-        log.info("improvement (%s): %s %s: %s %+.1f %%", imp["status"], imp["host"], imp["case_key"], imp["metric"],
-                 imp["delta_pct"])
-    for f in result.regressions:
-        if f["status"] == "suspected":
-            log.info("suspected (one night, not confirmed): %s", describe(f))
-    sent = notify(news, fleet.notify, run.to_xcom())
-    if sent["mailed"]:  # only once sent: a mail that failed is sent the next night
-        engine = get_engine()
-        try:
-            mark_mailed(engine, news)
-        finally:
-            engine.dispose()
-    if unmatched:
-        raise NothingToAccept("accept_baselines: " + "; ".join(
-            f"{item!r} matched no ok result of {run.dag_id} (nothing accepted for it)" for item in unmatched))
-    return {
-        "run_id": run.run_id, "checked": result.checked, "insufficient_history": len(result.insufficient_history),
-        "regressions": len(confirmed), "changes": sum(1 for f in confirmed if not f.get("same_change_as")),
-        "newly_confirmed": sum(1 for f in confirmed if f.get("newly_confirmed") and not f.get("same_change_as")),
-        "major": sum(1 for f in confirmed if f["severity"] == "major"),
-        "suspected": sum(1 for f in result.regressions if f["status"] == "suspected"),
-        "improvements": len(result.improvements), "mailed": sent["mailed"], "accepted": accepted,
-        "findings": [{k: (round(f[k], 3) if isinstance(f[k], float) else f[k])
-                      for k in ("host", "case_key", "metric", "baseline_value", "value", "delta_pct", "z_score",
-                                "severity", "kind", "status", "same_change_as")}
-                     | {"changed": sorted(f["changes"])} for f in result.findings[:SUMMARY_FINDINGS]],
-    }
+    return assess_night(run, triggered_by)
 
 
 # -- report -----------------------------------------------------------------------------------

@@ -135,7 +135,7 @@ class HostFacts:
     docker_unreachable: bool = False  # the docker probes ran and failed (as opposed to: not captured)
     docker_engine_id: str | None = None  # `docker info`'s ID: the engine the probes saw on the host
     # The ID of the engine at the host's docker_url, which runs its cases, when that is asked separately (an SSH
-    # host: validate_host in fleetbench.airflow.pipeline); the `engine` check compares the two.
+    # host: fleetbench.hosts.check.case_engine_id); the `engine` check compares the two.
     case_engine_id: str | None = None
     runner: str | None = None  # "local" or "ssh:<conn_id>", from probes.json
     unreachable: str | None = None  # why the host could not be reached at all
