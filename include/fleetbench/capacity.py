@@ -32,6 +32,7 @@ import math
 import re
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from statistics import median
 from typing import Any, Iterable, Mapping
 
@@ -423,6 +424,22 @@ def read_gpu_memory(engine, hosts: Iterable[str]) -> dict[str, float | None]:
 # -- one run's plan ------------------------------------------------------------------------------
 def settings_of(fleet_settings) -> Settings:
     return Settings(**fleet_settings.capacity.model_dump())
+
+
+def configured_settings() -> tuple[Settings, str | None]:
+    """The fleet's own `fleet.capacity` (the fleet config at $FLEETBENCH_CONFIG, else the default one), so that
+    `fleetbench report`, `fleetbench capacity` and the UI view fit and suggest as the plan and the DAG's report do.
+    A config that cannot be read gives the defaults and why (no config there: the defaults, no note)."""
+    from fleetbench.config import ConfigError, load_config_once
+    from fleetbench.paths import default_config_path
+
+    path = default_config_path()
+    if not Path(path).exists():
+        return Settings(), None
+    try:
+        return settings_of(load_config_once(path).fleet), None
+    except (ConfigError, OSError) as exc:
+        return Settings(), f"capacity with the default settings: the fleet config {path} could not be read ({exc})"
 
 
 def forced_cases(plan, force: Iterable[str]) -> set[tuple[str, str]]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -496,8 +497,13 @@ def _report(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_report_dir()
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: exists and is not a folder")
+    from fleetbench.capacity import configured_settings
+
+    capacity_settings, why = configured_settings()  # the fleet's own, as the DAG's report uses
+    if why:
+        print(f"note: {why}", file=sys.stderr)
     try:
-        written = write_report(out, filters)
+        written = write_report(out, filters, capacity_settings=capacity_settings)
     except SQLAlchemyError as exc:
         url = warehouse_display_url()
         raise UsageError(f"cannot read the warehouse at {url}: {str(exc).splitlines()[0]}") from None
@@ -516,12 +522,20 @@ def _capacity(args: argparse.Namespace) -> int:
     """The largest batch per model predicted to fit, with the evidence (fleetbench.capacity)."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from fleetbench.capacity import Settings, fit_profiles, has_results, key_of, read_rows, suggest, suggest_lines
+    from fleetbench.capacity import (
+        configured_settings,
+        fit_profiles,
+        has_results,
+        key_of,
+        read_rows,
+        suggest,
+        suggest_lines,
+    )
     from fleetbench.warehouse import get_engine, warehouse_display_url
 
     if args.memory_gib is not None and not 0 < args.memory_gib <= 16384:
         raise UsageError(f"--memory-gib must be a positive number of GiB (at most 16384), got {args.memory_gib}")
-    if not 0 <= args.margin_pct < 100:
+    if args.margin_pct is not None and not 0 <= args.margin_pct < 100:
         raise UsageError(f"--margin-pct must be in [0, 100), got {args.margin_pct}")
     memory_mib, device = (args.memory_gib * 1024 if args.memory_gib else None), None
     if args.gpu_model:
@@ -542,7 +556,11 @@ def _capacity(args: argparse.Namespace) -> int:
                          "(`fleetbench db upgrade`)") from None
     finally:
         engine.dispose()
-    settings = Settings(margin_pct=args.margin_pct)
+    settings, why = configured_settings()  # the fleet's fleet.capacity (window, points, margin), as the plan's
+    if why:
+        print(f"note: {why}", file=sys.stderr)
+    if args.margin_pct is not None:
+        settings = dataclasses.replace(settings, margin_pct=args.margin_pct)
     known: dict = {}
     for r in rows:
         if r.get("capacity_mib"):
@@ -690,7 +708,8 @@ def build_parser() -> argparse.ArgumentParser:
     size = cap.add_mutually_exclusive_group()
     size.add_argument("--gpu-model", metavar="G", help="a GPU of the catalog, e.g. 'A100 SXM4 40GB' (GPU profiles)")
     size.add_argument("--memory-gib", metavar="N", type=float, help="memory per device in GiB (every profile)")
-    cap.add_argument("--margin-pct", type=float, default=10.0, help="memory kept free, in %% (default 10)")
+    cap.add_argument("--margin-pct", type=float, default=None,
+                     help="memory kept free, in %% (default: the fleet config's fleet.capacity.margin_pct, 10)")
     cap.add_argument("--format", choices=["table", "json"], default="table", help="table (default) or JSON")
     cap.set_defaults(func=_capacity)
 

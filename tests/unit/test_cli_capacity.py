@@ -76,3 +76,38 @@ def test_empty_warehouse_says_so(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", f"sqlite:///{tmp_path}/new.db")
     assert main(["capacity"]) == 0
     assert capsys.readouterr().out.strip() == "no memory readings in the warehouse yet"
+
+
+def fleet_config_with(tmp_path, capacity: str) -> str:
+    """The embedded default fleet config with its own `fleet.capacity` block."""
+    from fleetbench.paths import PROJECT_ROOT
+
+    text = (PROJECT_ROOT / "include" / "config" / "fleet.yaml").read_text()
+    text = text.replace("fleet:\n", f"fleet:\n  capacity: {capacity}\n", 1)
+    path = tmp_path / "fleet.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_uses_the_fleets_own_capacity_settings_as_the_plan_does(warehouse, tmp_path, monkeypatch, capsys):
+    """The plan fits with `fleet.capacity`; `fleetbench capacity` suggests with the same settings (the margin it
+    keeps free, the points a profile needs), and `--margin-pct` overrides the margin alone."""
+    monkeypatch.setenv("FLEETBENCH_CONFIG", fleet_config_with(tmp_path, "{margin_pct: 30}"))
+    assert main(["capacity", "--model", "resnet50", "--memory-gib", "16", "--format", "json"]) == 0
+    (item,) = json.loads(capsys.readouterr().out)
+    assert item["margin_pct"] == 30.0
+    assert item["fits"][0]["largest_batch"] == int((16384 * 0.7 - item["spread_mib"] - 1000) // 60)
+    assert main(["capacity", "--model", "resnet50", "--memory-gib", "16", "--margin-pct", "10"]) == 0
+    assert "16384 MiB (less 10 %)" in capsys.readouterr().out
+    monkeypatch.setenv("FLEETBENCH_CONFIG", fleet_config_with(tmp_path, "{min_points: 5}"))
+    assert main(["capacity", "--model", "resnet50"]) == 0
+    assert "no prediction: 4 usable point(s), fewer than min_points 5" in capsys.readouterr().out
+
+
+def test_a_config_that_cannot_be_read_gives_the_defaults_and_says_so(warehouse, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FLEETBENCH_CONFIG", fleet_config_with(tmp_path, "{margin_pct: lots}"))
+    assert main(["capacity", "--model", "resnet50", "--memory-gib", "16"]) == 0
+    captured = capsys.readouterr()
+    assert "16384 MiB (less 10 %)" in captured.out
+    assert "note: capacity with the default settings: the fleet config" in captured.err
+    assert "margin_pct" in captured.err and "Traceback" not in captured.err

@@ -97,3 +97,33 @@ def test_torch_synthetic_eager_and_compiled_profiles_each_have_their_plot_and_ro
     write_report(tmp_path / "out", engine=engine)
     html = (tmp_path / "out" / "report.html").read_text()
     assert "resnet50 · bf16 · gpu · torch_synthetic · channels_last=0,compile=1" in html
+
+
+def test_the_cli_report_and_the_view_show_the_capacity_the_dags_report_shows(tmp_path, monkeypatch, capsys):
+    """`fleetbench report` and the UI view fit with the fleet config's `fleet.capacity`, as the DAG's report task
+    does (`settings_of` of the run's fleet settings), and the table's header names the margin it kept free."""
+    from fastapi.testclient import TestClient
+
+    from fleetbench.capacity import Settings
+    from fleetbench.cli import main
+    from fleetbench.paths import PROJECT_ROOT
+    from fleetbench.report.web import create_app
+
+    engine = warehouse(tmp_path)
+    config = tmp_path / "fleet.yaml"
+    config.write_text((PROJECT_ROOT / "include" / "config" / "fleet.yaml").read_text().replace(
+        "fleet:\n", "fleet:\n  capacity: {margin_pct: 30}\n", 1))
+    monkeypatch.setenv("FLEETBENCH_CONFIG", str(config))
+    monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", str(engine.url))
+    fits = re.compile(r"largest batch that fits \(memory less (\d+) %\).*?256 MiB: (\d+)", re.S)
+    write_report(tmp_path / "dag", engine=engine, capacity_settings=Settings(margin_pct=30.0))
+    dag = fits.search((tmp_path / "dag" / "report.html").read_text()).groups()
+    assert dag[0] == "30"
+    assert main(["report", "--out", str(tmp_path / "cli")]) == 0
+    capsys.readouterr()
+    assert fits.search((tmp_path / "cli" / "report.html").read_text()).groups() == dag
+    page = TestClient(create_app(engine_factory=lambda: engine)).get("/")
+    assert page.status_code == 200 and fits.search(page.text).groups() == dag
+    default = build_report(engine)
+    assert [f["largest_batch"] for p in default["capacity"] if p["model"] == "trivial"
+            for f in p["fits"]] != [int(dag[1])]  # the defaults (10 %) would say otherwise

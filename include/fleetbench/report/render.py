@@ -423,6 +423,7 @@ def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str,
 def _capacity_section(report: dict, charts: Sequence[Chart], plot_files: dict[str, str] | None) -> list[str]:
     """Capacity profiles (fleetbench.capacity): the line per profile and its evidence, plots of memory vs batch."""
     profiles = report.get("capacity") or []
+    margin = profiles[0]["margin_pct"] if profiles else 10.0  # the margin the fit suggested with (fleet.capacity)
     rows = [{"profile": " · ".join(filter(None, (p["model"], p["precision"], p["device"], p["harness"],
                                                   p.get("variant")))),
              "line": (f"{p['intercept_mib']:.1f} + {p['slope_mib_per_sample']:.4g} × batch"
@@ -443,5 +444,5 @@ def _capacity_section(report: dict, charts: Sequence[Chart], plot_files: dict[st
             table("capacity-table", [("profile", "profile", "text"), ("peak MiB per device", "line", "text"),
                                      ("points", "n", "int"), ("± MiB", "spread", "num"),
                                      ("OOMs on record", "ooms", "text"), ("misses", "misses", "int"),
-                                     ("largest batch that fits (memory less 10 %)", "fits", "text")],
+                                     (f"largest batch that fits (memory less {margin:g} %)", "fits", "text")],
                   rows, empty="No memory readings yet.")]

@@ -113,9 +113,14 @@ def create_app(engine_factory: Callable | None = None, readable_dags: Callable =
 
     def read(f: Filters, dag_ids: frozenset[str] | None) -> dict:
         """The report of the readable DAGs; the page names the warehouse's kind only."""
+        from fleetbench.capacity import configured_settings
+
         eng = engine()
+        capacity_settings, why = configured_settings()  # the fleet's fleet.capacity, as the DAG's report uses
+        if why:
+            log.warning("fleetbench view: %s", why)
         try:
-            report = build_report(eng, dataclasses.replace(f, dag_ids=dag_ids))
+            report = build_report(eng, dataclasses.replace(f, dag_ids=dag_ids), capacity_settings=capacity_settings)
         except SQLAlchemyError as exc:
             raise warehouse_error(eng, exc) from None
         report["warehouse"] = f"the {eng.url.get_backend_name()} warehouse"
