@@ -141,7 +141,7 @@ def _write_results(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
     from fleetbench.metrics import per_unit
-    from fleetbench.warehouse import fetch_results, get_engine, latest_run_id, warehouse_display_url
+    from fleetbench.warehouse import dag_ids, fetch_results, get_engine, latest_run_id, warehouse_display_url
     from fleetbench.warehouse.attempts import fetch_attempts
 
     engine = get_engine()
@@ -152,6 +152,11 @@ def _write_results(args: argparse.Namespace) -> int:
         fetch = fetch_attempts if args.attempts else fetch_results
         rows = fetch(engine, run_id=run_id, dag_id=args.dag_id) if (run_id or args.all) else []
         rows = [{**r, **per_unit(r)} for r in rows]
+        if args.dag_id and not rows:  # a typo would print (or export over an earlier file) "no results"
+            known = dag_ids(engine)
+            if args.dag_id not in known:
+                raise UsageError(f"--dag-id {args.dag_id!r}: no run of that DAG in the warehouse (DAGs there: "
+                                 f"{', '.join(known) or 'none'})")
     except SQLAlchemyError as exc:
         raise UsageError(f"cannot read the warehouse at {warehouse_display_url()}: {str(exc).splitlines()[0]} "
                          "(run the DAG once, or `fleetbench db upgrade`)") from None

@@ -278,3 +278,25 @@ def test_bad_pivot_and_output_arguments_are_one_line(fleet, args, message):
     proc = cli("results", "--all", *args, url=fleet)
     assert proc.returncode == 2 and proc.stderr.startswith(f"fleetbench results: {message}"), proc.stderr
     assert len(proc.stderr.splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_a_dag_id_with_no_run_is_refused_and_keeps_an_earlier_export(tmp_path, monkeypatch, capsys):
+    """A typo in --dag-id is a usage error naming the DAGs there, not "no results" (which, with --out, emptied
+    an earlier export of the right DAG)."""
+    from fleetbench.cli import main
+
+    url = f"sqlite:///{tmp_path}/w.db"
+    engine = get_engine(url)
+    upgrade(engine)
+    store_run(engine, run_row("r1"), [], [result_row("smoke.trivial.bs16.g0.parameter_server")], [])
+    engine.dispose()
+    monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", url)
+    out = tmp_path / "nights.csv"
+    assert main(["results", "--all", "--format", "csv", "--out", str(out), "--dag-id", "fleet_benchmark"]) == 0
+    before = out.read_text()
+    assert "smoke.trivial.bs16" in before
+    for fmt in ("csv", "parquet", "table"):
+        assert main(["results", "--all", "--format", fmt, "--out", str(out), "--dag-id", "fleet_benchmrk"]) == 2
+        assert ("--dag-id 'fleet_benchmrk': no run of that DAG in the warehouse (DAGs there: fleet_benchmark)"
+                in capsys.readouterr().err)
+        assert out.read_text() == before

@@ -408,7 +408,8 @@ def test_compare_sides_along_any_dimension():
     assert parse_side("2026-12-01") == ("date", (date(2026, 12, 1), date(2026, 12, 1)))
     assert parse_side("date=2026-11-01..2026-11-30") == ("date", (date(2026, 11, 1), date(2026, 11, 30)))
     for bad, message in (("2026-13-45", "not a date"), ("colour=red", "unknown kind 'colour'"),
-                         ("driver=", "no value"), ("2026-11-30..2026-11-01", "ends before it starts"), (" ", "empty")):
+                         ("driver=", "no value"), ("2026-11-30..2026-11-01", "ends before it starts"), (" ", "empty"),
+                         ("9999-12-31", "out of range"), ("2026-11-01..9999-12-31", "out of range")):
         with pytest.raises(ValueError, match=message):
             parse_side(bad)
 

@@ -142,6 +142,9 @@ def test_filters_parse_iso_dates_as_whole_utc_days():
     ({"host": "gpu-a; rm -rf /"}, "host", "is not a host name"),
     ({"model": "../etc"}, "model", "is not a model name"),
     ({"dag_id": "a b"}, "dag_id", "is not a DAG id"),
+    ({"until": "9999-12-31"}, "until", "out of range"),  # the day after it is past datetime's range
+    ({"since": "0001-01-01T00:00+01:00"}, "since", "out of range in UTC"),
+    ({"until": "9999-12-31T23:59-05:00"}, "until", "out of range in UTC"),
 ])
 def test_bad_filters_name_the_field(kwargs, field, text):
     from fleetbench.report import FilterError, parse_filters
@@ -417,7 +420,7 @@ def test_view_shows_the_report_with_a_filter_form(client, history):
 
 @pytest.mark.parametrize("query, field", [
     ("host=a;b", "host"), ("since=tomorrow", "since"), ("hots=gpu-a", "hots"), ("host=gpu-a&host=gpu-b", "host"),
-    ("until=2026-13-01", "until"), ("model=" + "m" * 300, "model"),
+    ("until=2026-13-01", "until"), ("model=" + "m" * 300, "model"), ("until=9999-12-31", "until"),
 ])
 def test_view_refuses_bad_filters_with_400(client, query, field):
     resp = client.get("/report.json?" + query)

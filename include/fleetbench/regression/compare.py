@@ -211,9 +211,12 @@ def _date(text: str) -> date:
     if not _DATE.match(text):
         raise ValueError(f"{text!r} is not a date (YYYY-MM-DD)")
     try:
-        return date.fromisoformat(text)
+        day = date.fromisoformat(text)
     except ValueError:
         raise ValueError(f"{text!r} is not a date (YYYY-MM-DD)") from None
+    if day == date.max:  # a side ends at the start of the day after its last day
+        raise ValueError(f"{text!r} is out of range (the last day is 9999-12-30)")
+    return day
 
 
 def parse_side(text: str) -> tuple[str, Any]:

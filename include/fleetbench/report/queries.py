@@ -128,7 +128,10 @@ def _moment(field: str, text: str, end: bool) -> datetime:
         except ValueError as exc:
             raise FilterError(field, f"not a valid date: {text!r} ({exc})") from None
         # A day is a whole UTC day: `until` 2026-11-30 includes that day.
-        return datetime.combine(day + timedelta(days=1) if end else day, time(), tzinfo=timezone.utc)
+        try:
+            return datetime.combine(day + timedelta(days=1) if end else day, time(), tzinfo=timezone.utc)
+        except OverflowError:  # the day after 9999-12-31
+            raise FilterError(field, f"{text!r} is out of range (the last day is 9999-12-30)") from None
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
@@ -136,7 +139,10 @@ def _moment(field: str, text: str, end: bool) -> datetime:
                                  f"got {text!r}") from None
     if "T" not in text and " " not in text:  # fromisoformat also reads 20261101: be strict
         raise FilterError(field, f"expected an ISO date (YYYY-MM-DD) or date-time, got {text!r}")
-    return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
+    try:
+        return moment.replace(tzinfo=timezone.utc) if moment.tzinfo is None else moment.astimezone(timezone.utc)
+    except OverflowError:  # e.g. 0001-01-01T00:00+01:00 is before year 1 in UTC
+        raise FilterError(field, f"{text!r} is out of range in UTC (years 1 to 9999)") from None
 
 
 def parse_filters(since: str | None = None, until: str | None = None, host: str | None = None,

@@ -28,9 +28,9 @@ from fleetbench.warehouse.engine import (
     warehouse_read_url,
     warehouse_url,
 )
-from fleetbench.warehouse.read import fetch_capacity_features, fetch_results, latest_run_id
+from fleetbench.warehouse.read import dag_ids, fetch_capacity_features, fetch_results, latest_run_id
 from fleetbench.warehouse.store import WRITE_ATTEMPTS, store_run, upsert_rows
 
 __all__ = ["MIGRATIONS", "WRITE_ATTEMPTS", "WarehouseURLError", "current_revision", "downgrade",
-           "fetch_capacity_features", "fetch_results", "get_engine", "latest_run_id", "store_run", "upgrade",
+           "dag_ids", "fetch_capacity_features", "fetch_results", "get_engine", "latest_run_id", "store_run", "upgrade",
            "upsert_rows", "warehouse_display_url", "warehouse_read_url", "warehouse_url"]

@@ -46,6 +46,12 @@ def _dag_ids(conn) -> list[str]:
         "SELECT v FROM d WHERE v IS NOT NULL"))]
 
 
+def dag_ids(engine: Engine) -> list[str]:
+    """The DAGs with a run in the warehouse, sorted."""
+    with engine.connect() as conn:
+        return sorted(conn.execute(select(runs.c.dag_id).distinct()).scalars())
+
+
 def latest_run_id(engine: Engine, dag_id: str | None = None) -> str | None:
     query = select(runs.c.run_id).order_by(runs.c.finished_at.desc().nulls_last(), runs.c.logical_date.desc()).limit(1)
     if dag_id:
