@@ -141,10 +141,10 @@ def _write_results(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
     from fleetbench.metrics import per_unit
-    from fleetbench.warehouse import dag_ids, fetch_results, get_engine, latest_run_id, warehouse_display_url
+    from fleetbench.warehouse import dag_ids, existing_engine, fetch_results, latest_run_id, warehouse_display_url
     from fleetbench.warehouse.attempts import fetch_attempts
 
-    engine = get_engine()
+    engine = existing_engine()
     try:
         run_id = args.run_id
         if run_id is None and not args.all:
@@ -252,6 +252,9 @@ def _host_check(args: argparse.Namespace) -> int:
             raise UsageError(f"--gpu-smoke-image: {exc}") from None
     if args.facts and (args.dcgm_level is not None or args.probe_path):
         raise UsageError("--dcgm-level and --probe-path run probes: use them with --local or --ssh, not --facts")
+    if args.dcgm_level is not None and not args.gpus:
+        raise UsageError("--dcgm-level runs the GPU health probes, which need --gpus N (N >= 1): without GPUs to "
+                         "check, nothing would run")
     try:
         health = health_probes(dcgm_level=args.dcgm_level) if args.gpus else ()
         on_path(health, tuple(args.probe_path))
@@ -362,15 +365,27 @@ def _first_line(exc: Exception) -> str:
     return line.replace(str(password), "***") if password else line
 
 
-def _regression_settings(config: str | None):
+def _regression_settings(config: str | None, writes: bool = False):
+    """The fleet's `regressions` settings: from --config, else the fleet config ($FLEETBENCH_CONFIG or the default
+    one). Without --config, a config that cannot be read gives the defaults with a note; but not for a command
+    that stores what it assesses with them (`regressions accept`): that is refused, naming the file."""
+    import os
+
     from fleetbench.config import ConfigError, RegressionSettings, load_config
     from fleetbench.paths import default_config_path
 
+    path = config or default_config_path()
+    if not config and not os.environ.get("FLEETBENCH_CONFIG") and not Path(path).exists():
+        return RegressionSettings()  # no fleet config at all: the defaults
     try:
-        return load_config(config or default_config_path()).fleet.regressions
+        return load_config(path).fleet.regressions
     except ConfigError as exc:
         if config:
             raise UsageError(str(exc)) from None
+        if writes:
+            raise UsageError(f"{exc} (the fleet config, $FLEETBENCH_CONFIG: its regression settings assess what "
+                             "accept stores; fix it or give --config)") from None
+        print(f"note: regression settings are the defaults: {exc}", file=sys.stderr)
         return RegressionSettings()
 
 
@@ -402,10 +417,10 @@ def _compare(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
     from fleetbench.regression import NoResults, compare, format_compare
-    from fleetbench.warehouse import get_engine
+    from fleetbench.warehouse import existing_engine
 
     settings = _regression_settings(args.config)
-    engine = get_engine()
+    engine = existing_engine()
     try:
         rows = compare(engine, args.before, args.after, host=args.host, dag_id=args.dag_id, settings=settings,
                        attempts=args.attempts)
@@ -438,9 +453,9 @@ def _regressions_list(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
     from fleetbench.report.queries import Filters, open_regressions
-    from fleetbench.warehouse import get_engine
+    from fleetbench.warehouse import existing_engine
 
-    engine = get_engine()
+    engine = existing_engine()
     try:
         with engine.connect() as conn:
             rows = open_regressions(conn, Filters(host=args.host, dag_id=args.dag_id), include_suspected=True)
@@ -467,10 +482,10 @@ def _regressions_accept(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
     from fleetbench.regression import accept
-    from fleetbench.warehouse import get_engine
+    from fleetbench.warehouse import existing_engine
 
-    settings = _regression_settings(args.config)
-    engine = get_engine()
+    settings = _regression_settings(args.config, writes=True)
+    engine = existing_engine()
     try:
         done = accept(engine, args.host, args.case, args.dag_id, accepted_by=getpass.getuser(), note=args.note,
                       settings=settings)
@@ -492,7 +507,7 @@ def _report(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
     from fleetbench.report import FilterError, default_report_dir, parse_filters, write_report
-    from fleetbench.warehouse import warehouse_display_url
+    from fleetbench.warehouse import existing_engine, warehouse_display_url
 
     try:
         filters = parse_filters(since=args.since, until=args.until, host=args.host, model=args.model,
@@ -507,13 +522,16 @@ def _report(args: argparse.Namespace) -> int:
     capacity_settings, why = configured_settings()  # the fleet's own, as the DAG's report uses
     if why:
         print(f"note: {why}", file=sys.stderr)
+    engine = existing_engine()
     try:
-        written = write_report(out, filters, capacity_settings=capacity_settings)
+        written = write_report(out, filters, engine=engine, capacity_settings=capacity_settings)
     except SQLAlchemyError as exc:
         url = warehouse_display_url()
         raise UsageError(f"cannot read the warehouse at {url}: {str(exc).splitlines()[0]}") from None
     except OSError as exc:
         raise UsageError(f"--out {out}: cannot write the report: {exc}") from None
+    finally:
+        engine.dispose()
     s = written["summary"]
     print(written["html"])
     print(f"{s['results']} result(s) of {s['runs']} run(s) on {s['hosts']} host(s); {len(written['plots'])} plot(s) "
@@ -536,7 +554,7 @@ def _capacity(args: argparse.Namespace) -> int:
         suggest,
         suggest_lines,
     )
-    from fleetbench.warehouse import get_engine, warehouse_display_url
+    from fleetbench.warehouse import existing_engine, warehouse_display_url
 
     if args.memory_gib is not None and not 0 < args.memory_gib <= 16384:
         raise UsageError(f"--memory-gib must be a positive number of GiB (at most 16384), got {args.memory_gib}")
@@ -544,16 +562,20 @@ def _capacity(args: argparse.Namespace) -> int:
         raise UsageError(f"--margin-pct must be in [0, 100), got {args.margin_pct}")
     memory_mib, device = (args.memory_gib * 1024 if args.memory_gib else None), None
     if args.gpu_model:
+        from fleetbench.config import ConfigError
         from fleetbench.metrics import load_catalog
 
-        catalog = load_catalog()
+        try:
+            catalog = load_catalog()
+        except ConfigError as exc:  # FLEETBENCH_GPU_CATALOG names a missing or broken file
+            raise UsageError(f"--gpu-model needs the GPU catalog: {exc}") from None
         gpu = next((g for g in catalog.gpus if g.name.lower() == args.gpu_model.lower()), None) or catalog.lookup(
             args.gpu_model)
         if gpu is None:
             raise UsageError(f"--gpu-model {args.gpu_model!r} is not in the GPU catalog "
                              "(give --memory-gib instead, or add it to the catalog)")
         memory_mib, device = gpu.memory_gib * 1024, "gpu"
-    engine = get_engine()
+    engine = existing_engine()
     try:
         rows = read_rows(engine, [args.model] if args.model else None) if has_results(engine) else []
     except SQLAlchemyError as exc:
@@ -666,7 +688,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "driver) compare their old measurement with the new one")
     cmp.add_argument("--format", choices=["table", "json"], default="table", help="output format (default: table)")
     cmp.add_argument("--config", help="fleet config with the regression settings (default: FLEETBENCH_CONFIG or "
-                                      "include/config/fleet.yaml; built-in defaults when that cannot be read)")
+                                      "include/config/fleet.yaml; built-in defaults, with a note, when that cannot "
+                                      "be read)")
     cmp.set_defaults(func=_compare)
 
     reg = sub.add_parser("regressions", help="open regressions, and accepting a new level as the baseline"
@@ -685,7 +708,9 @@ def build_parser() -> argparse.ArgumentParser:
     ra.add_argument("--case", help="only this case_key")
     ra.add_argument("--dag-id", help="only this DAG's results")
     ra.add_argument("--note", help="why (stored with the acceptance)")
-    ra.add_argument("--config", help="fleet config with the regression settings")
+    ra.add_argument("--config", help="fleet config with the regression settings (default: FLEETBENCH_CONFIG or "
+                                     "include/config/fleet.yaml; one that cannot be read is an error: accept stores "
+                                     "what it assesses with them)")
     ra.set_defaults(func=_regressions_accept)
 
     rep = sub.add_parser(

@@ -73,7 +73,9 @@ def test_bad_input_is_one_line_and_exit_2(warehouse, capsys, argv, message):
 
 
 def test_empty_warehouse_says_so(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", f"sqlite:///{tmp_path}/new.db")
+    url = f"sqlite:///{tmp_path}/new.db"
+    upgrade(get_engine(url))
+    monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", url)
     assert main(["capacity"]) == 0
     assert capsys.readouterr().out.strip() == "no memory readings in the warehouse yet"
 

@@ -300,3 +300,57 @@ def test_a_dag_id_with_no_run_is_refused_and_keeps_an_earlier_export(tmp_path, m
         assert ("--dag-id 'fleet_benchmrk': no run of that DAG in the warehouse (DAGs there: fleet_benchmark)"
                 in capsys.readouterr().err)
         assert out.read_text() == before
+
+
+def test_read_commands_refuse_a_sqlite_warehouse_that_does_not_exist(tmp_path, monkeypatch, capsys):
+    """A mistyped FLEETBENCH_WAREHOUSE_URL path read as an empty warehouse ("no results yet", or an empty report)
+    and left an empty database file there; now each read command names the missing file, exit 2, creates nothing."""
+    from fleetbench.cli import main
+
+    missing = tmp_path / "typo.db"
+    monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", f"sqlite:///{missing}")
+    for argv in (["results"], ["report", "--out", str(tmp_path / "rep")], ["capacity"], ["regressions", "list"],
+                 ["compare", "--before", "2026-11-01", "--after", "2026-11-02"],
+                 ["regressions", "accept", "--host", "gpu-01"]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert f"no warehouse at {missing}" in err and "Traceback" not in err
+        assert not missing.exists()
+    monkeypatch.setenv("FLEETBENCH_DATA_DIR", str(tmp_path / "rep" / "x"))  # under a file that is not a folder
+    monkeypatch.delenv("FLEETBENCH_WAREHOUSE_URL")
+    (tmp_path / "rep").write_text("a file")
+    assert main(["results"]) == 2
+    assert "FLEETBENCH_DATA_DIR" in capsys.readouterr().err
+
+
+def test_regression_settings_of_a_broken_fleet_config(tmp_path, monkeypatch, capsys):
+    """`regressions accept` stores findings assessed with the fleet's settings: a fleet config that cannot be read
+    is refused, naming it; `compare` (which stores nothing) goes on with the defaults and says so."""
+    from fleetbench.cli import main
+
+    url = f"sqlite:///{tmp_path}/w.db"
+    engine = get_engine(url)
+    upgrade(engine)
+    store_run(engine, run_row("r1"), [], [result_row("a", run_id="r1")], [])
+    engine.dispose()
+    monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", url)
+    monkeypatch.setenv("FLEETBENCH_CONFIG", str(tmp_path / "nonexistent.yaml"))
+    assert main(["regressions", "accept", "--host", "gpu-01"]) == 2
+    err = capsys.readouterr().err
+    assert "nonexistent.yaml" in err and "fix it or give --config" in err
+    main(["compare", "--before", "2026-11-01", "--after", "2026-11-02"])
+    assert "note: regression settings are the defaults" in capsys.readouterr().err
+
+
+def test_gpu_catalog_and_dcgm_level_mistakes_are_one_line(tmp_path, monkeypatch, capsys):
+    from fleetbench.cli import main
+
+    url = f"sqlite:///{tmp_path}/w.db"
+    upgrade(get_engine(url))
+    monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", url)
+    monkeypatch.setenv("FLEETBENCH_GPU_CATALOG", str(tmp_path / "nonexistent.yaml"))
+    assert main(["capacity", "--gpu-model", "A100 SXM4 40GB"]) == 2
+    err = capsys.readouterr().err
+    assert "--gpu-model needs the GPU catalog" in err and "nonexistent.yaml" in err and "Traceback" not in err
+    assert main(["host-check", "--local", "--dcgm-level", "2"]) == 2
+    assert "--dcgm-level runs the GPU health probes, which need --gpus N" in capsys.readouterr().err

@@ -387,6 +387,11 @@ def test_cli_report_writes_files_and_exit_codes(history, data_dir, tmp_path, cap
 def test_cli_report_on_an_empty_warehouse_and_a_dead_one(data_dir, tmp_path, capsys, monkeypatch):
     from fleetbench.cli import main
 
+    assert main(["report", "--out", str(tmp_path / "r")]) == 2  # no warehouse file yet: said, none created
+    assert "no warehouse at " in capsys.readouterr().err and not (tmp_path / "warehouse.db").exists()
+    from fleetbench.warehouse import get_engine, upgrade
+
+    upgrade(get_engine())  # a warehouse with nothing stored
     assert main(["report", "--out", str(tmp_path / "r")]) == 0
     assert "note: No results yet" in capsys.readouterr().out
     monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", "postgresql+psycopg2://u:s3cret@127.0.0.1:1/none")

@@ -22,6 +22,7 @@ from fleetbench.warehouse.engine import (
     WarehouseURLError,
     current_revision,
     downgrade,
+    existing_engine,
     get_engine,
     upgrade,
     warehouse_display_url,
@@ -31,6 +32,6 @@ from fleetbench.warehouse.engine import (
 from fleetbench.warehouse.read import dag_ids, fetch_capacity_features, fetch_results, latest_run_id
 from fleetbench.warehouse.store import WRITE_ATTEMPTS, store_run, upsert_rows
 
-__all__ = ["MIGRATIONS", "WRITE_ATTEMPTS", "WarehouseURLError", "current_revision", "downgrade",
-           "dag_ids", "fetch_capacity_features", "fetch_results", "get_engine", "latest_run_id", "store_run", "upgrade",
-           "upsert_rows", "warehouse_display_url", "warehouse_read_url", "warehouse_url"]
+__all__ = ["MIGRATIONS", "WRITE_ATTEMPTS", "WarehouseURLError", "current_revision", "downgrade", "dag_ids",
+           "existing_engine", "fetch_capacity_features", "fetch_results", "get_engine", "latest_run_id",
+           "store_run", "upgrade", "upsert_rows", "warehouse_display_url", "warehouse_read_url", "warehouse_url"]

@@ -19,7 +19,11 @@ def warehouse_url() -> str:
     if url:
         return url
     path = data_dir() / "warehouse.db"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # FLEETBENCH_DATA_DIR names a file, or a folder that cannot be made
+        raise WarehouseURLError(f"FLEETBENCH_DATA_DIR {path.parent}: cannot hold the warehouse: "
+                                f"{exc.strerror or exc}") from None
     return f"sqlite:///{path}"
 
 
@@ -60,6 +64,21 @@ def _normalise(url: str) -> str:
         raise WarehouseURLError(f"FLEETBENCH_WAREHOUSE_URL: {parsed.get_backend_name()} is not supported "
                                 "(SQLite or PostgreSQL)")
     return parsed.render_as_string(hide_password=False)
+
+
+def existing_engine(url: str | None = None) -> Engine:
+    """`get_engine` for a command that reads what is stored (results, report, compare, ...): a SQLite warehouse
+    whose file does not exist is refused, naming the file, rather than created empty (SQLite makes the file on
+    connect): a mistyped path would read as "no results yet"."""
+    from sqlalchemy.engine import make_url
+
+    url = url or warehouse_url()
+    parsed = make_url(_normalise(url))
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:") \
+            and not parsed.database.startswith("file:") and not Path(parsed.database).exists():
+        raise WarehouseURLError(f"no warehouse at {parsed.database}: nothing has been stored there (run the DAG "
+                                "once, e.g. `make run`), or FLEETBENCH_WAREHOUSE_URL names another file")
+    return get_engine(url)
 
 
 def get_engine(url: str | None = None) -> Engine:
