@@ -372,6 +372,19 @@ def mig_gpu_equivalents(num_gpus: int | None, profile: str | None, gpu_model: st
     return (num_gpus or 0) * mig_share(profile, gpu_model)
 
 
+def mig_measured_share(gpu_equivalents: float, telemetry_json: str | None) -> float:
+    """The part of a MIG case's measured energy that is its own. NVML has no per-instance power: the telemetry
+    wrapper reads the boards its instances are on, the other instances' draw included. The case's share is its
+    whole-GPU equivalents (`mig_gpu_equivalents`) over the boards measured (the report's `gpus`; 1 when unknown),
+    at most 1: 2 x 1g.10gb on one A100 board get 2/7 of its energy, on two boards 1/7 of each. The report in
+    `telemetry_json` keeps the boards' own figures."""
+    try:
+        boards = len(json.loads(telemetry_json or "{}").get("gpus") or []) or 1
+    except (ValueError, AttributeError):
+        boards = 1
+    return min(1.0, gpu_equivalents / boards)
+
+
 # -- 5. power and energy ------------------------------------------------------------------------
 # CodeCarbon's TDP for a CPU it cannot name: 4 W per logical CPU (its DEFAULT_POWER_PER_CORE).
 DEFAULT_CPU_W_PER_THREAD = 4.0
@@ -709,7 +722,10 @@ def derive(rows: Sequence[Mapping[str, Any]], steps: Iterable[Mapping[str, Any]]
         # 5. power and energy
         r["cpu_tdp_w"] = None
         if r.get("energy_source") == MEASURED and r.get("energy_j") is not None:
-            pass
+            if r.get("mig_profile") and gpus > 0:  # NVML measures whole boards: the case's share of them
+                share = mig_measured_share(gpu_equivalents, r.get("telemetry_json"))
+                r["energy_j"] = r["energy_j"] * share
+                r["mean_power_w"] = r["mean_power_w"] * share if r.get("mean_power_w") is not None else None
         elif gpus > 0 and _positive(duration) and gpu is not None:  # a case that never started ran 0 s
             util = r.get("mean_gpu_util_pct")
             # num_gpus is per host: a multi-node case draws on every host of its set (at its first host's GPU,

@@ -413,6 +413,25 @@ def test_a_mig_case_is_priced_and_estimated_as_its_share_of_the_gpu():
     assert (priced["cost_usd"], priced["price_source"]) == (pytest.approx(3.5 * 2 / 7), "host")
 
 
+@pytest.mark.parametrize("boards, share", [(1, 2 / 7), (2, 1 / 7)])
+def test_a_mig_cases_measured_energy_is_its_share_of_the_boards(boards, share):
+    """NVML reads whole boards: 2 x 1g.10gb on one A100 board measured 90 W for an hour, the other five slices'
+    draw included. The case is given 2/7 of that board (on two boards, 1/7 of each), as its cost and its estimate
+    are; a whole-GPU case keeps what it measured."""
+    telemetry = json.dumps({"nvml": True, "gpus": [{"index": i} for i in range(boards)]})
+    row = lambda_row(RESNET_1GPU_2080TI, "a100", case_key="cmd.g2.mig-1g.10gb", num_gpus=2, mig_profile="1g.10gb",
+                     gpu_model="NVIDIA A100-SXM4-80GB", duration_s=3600.0, images_per_sec=200.0,
+                     energy_source="measured", energy_j=90.0 * 3600 * boards, mean_power_w=90.0 * boards,
+                     telemetry_json=telemetry)
+    whole = {**row, "case_key": "cnn.g2", "mig_profile": None}
+    mig, gpus = derive([row, whole], [], load_catalog(), None)
+    assert mig["energy_source"] == "measured" and mig["energy_j"] == pytest.approx(90.0 * 3600 * 2 / 7)
+    assert mig["mean_power_w"] == pytest.approx(90.0 * 2 / 7) and mig["energy_kwh"] == pytest.approx(0.09 * 2 / 7)
+    assert mig["images_per_joule"] == pytest.approx(200.0 / (90.0 * 2 / 7))
+    assert gpus["energy_j"] == 90.0 * 3600 * boards and gpus["mean_power_w"] == 90.0 * boards
+    assert share * boards == pytest.approx(2 / 7)
+
+
 @pytest.mark.parametrize("gpus, start_error", [(8, "no_gpu_runtime"), (0, "container_config")])
 def test_a_case_that_never_started_has_no_energy(tmp_path, gpus, start_error):
     """A container the engine refused to start: the operator records 0 s of wall time. It drew no power; it was
