@@ -233,7 +233,7 @@ class FleetSettings(_Model):
         from croniter import croniter
 
         if not croniter.is_valid(value):
-            raise ValueError(f"not a valid cron expression: {value!r}")
+            raise ValueError("not a valid cron expression (e.g. '0 2 * * *': minute hour day month weekday)")
         return value
 
 
@@ -487,7 +487,7 @@ class BenchmarkSpec(_Model):
     num_warmup_batches: Annotated[int, Field(ge=0)] = 5
     device: Literal["gpu", "cpu"] = "gpu"
     timeout_s: TimeoutS = 3600
-    hosts: list[Name] | None = None
+    hosts: Annotated[list[Name], Field(min_length=1)] | None = None  # [] would run nowhere: leave it out for all
     extra_args: list[Annotated[str, Field(pattern=r"^--[A-Za-z0-9_]+=[A-Za-z0-9_.,:/-]*$")]] = []
     container: ContainerSpec | None = None  # None: NGC's flags for GPU cases, plain defaults for CPU cases
     # GPU sampling period of the in-container telemetry wrapper (needs python3 in the image); 0 turns it off.

@@ -77,7 +77,9 @@ def test_defaults():
     (lambda d: d["hosts"].extend([{"name": "gpu-01.lab"}, {"name": "gpu-01_lab"}]),
      "hosts[2].name: 'gpu-01_lab' and 'gpu-01.lab' would share the task group host_gpu-01_lab"),
     (lambda d: d.update(fleet={"schedule": "every night"}),
-     "fleet.schedule: not a valid cron expression: 'every night'"),
+     "fleet.schedule: not a valid cron expression (e.g. '0 2 * * *': minute hour day month weekday), got "
+     "'every night'"),  # the value once
+    (lambda d: d["benchmarks"][0].update(hosts=[]), "benchmarks[0].hosts: must not be empty"),
     (lambda d: d["benchmarks"][0].update(extra_args=["--x=1; reboot"]), "benchmarks[0].extra_args[0]: must match"),
 ])
 def test_each_mistake_names_its_field(mutate, expected):
