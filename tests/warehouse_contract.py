@@ -24,7 +24,8 @@ from fleetbench.warehouse import (
 from fleetbench.warehouse.schema import benchmark_results, host_facts, regressions, result_metrics, runs, steps
 from warehouse_rows import DERIVED, result_row, run_row, step_rows
 
-HEAD = "0020"  # 0020: host_month_rollup.model_runs; 0019: regressions.mailed_at; 0018: torch_synthetic precision
+# 0021: run_case_rollup.mig_profile, nodes; 0020: host_month_rollup.model_runs; 0019: regressions.mailed_at;
+HEAD = "0021"  # 0018: torch_synthetic precision
 # from --precision; 0017: CPU cases out of the GPU rollups; 0016: partial indexes; 0015: superseded_host_facts; 0014:
 # multi-node cases; 0013: regression units; 0012: MIG
 NEW_RESULT_COLUMNS = set(DERIVED)  # the derived-metric columns revision 0003 adds
@@ -840,10 +841,13 @@ def check_migrate_cpu_cases_out_of_gpu_rollups(engine):
         old_gpu, rollup.GPU = rollup.GPU, "COALESCE(gpu_catalog_name, gpu_model)"
         old_month, rollup._MONTH_SQL = rollup._MONTH_SQL, text(_revision("0017").MONTH_SQL).bindparams(
             bindparam("m0", type_=rollup._TS), bindparam("m1", type_=rollup._TS))
+        old_case = rollup.case_rollup_sql  # and case rows without 0021's mig_profile and nodes
+        rollup.case_rollup_sql = lambda where: old_case(where).replace(", mig_profile, nodes)", ")").replace(
+            ", MAX(mig_profile), MAX(nodes)", "")
         try:
             rollup.rebuild(conn)
         finally:
-            rollup.GPU, rollup._MONTH_SQL = old_gpu, old_month
+            rollup.GPU, rollup._MONTH_SQL, rollup.case_rollup_sql = old_gpu, old_month, old_case
     assert _rollups(engine) == old
 
     upgrade(engine)
@@ -955,6 +959,34 @@ def check_migrate_month_model_runs(engine):
     assert got == {("resnet50", "A100 SXM4 40GB", 11): (2, 2), ("resnet50", None, 11): (1, 2),
                    ("vgg16", "A100 SXM4 40GB", 11): (2, 2), ("resnet50", "A100 SXM4 40GB", 12): (1, 1),
                    ("resnet50", None, 12): (1, 1), ("vgg16", "A100 SXM4 40GB", 12): (1, 1)}
+    with engine.begin() as conn:
+        rollup.rebuild(conn)
+    assert _rollups(engine) == new
+
+
+def check_migrate_case_rollup_variant(engine):
+    """0020 -> 0021 adds run_case_rollup.mig_profile and nodes and fills them for the rows stored before, from
+    their cases' results: whole GPUs on one node, MIG instances, a case across hosts. The result equals what
+    today's writes and a rebuild give; down to 0020 drops the columns and keeps the rows."""
+    from fleetbench.warehouse import rollup
+
+    upgrade(engine)
+    store_run(engine, run_row("r1"), [], [
+        result_row("tf.resnet50.g2", num_gpus=2, speedup_efficiency=0.95),
+        result_row("tf.resnet50.g2.mig1g.10gb", num_gpus=2, mig_profile="1g.10gb", speedup_efficiency=0.5),
+        result_row("tf.resnet50.g2.n2.h1+h2", num_gpus=2, nodes=2, host_set="h1+h2")])
+    new = _rollups(engine)
+    downgrade(engine, "0020")
+    assert current_revision(engine) == "0020"
+    assert not {"mig_profile", "nodes"} & {c["name"] for c in inspect(engine).get_columns("run_case_rollup")}
+    assert count(engine, benchmark_results) == 3
+    upgrade(engine)
+    assert current_revision(engine) == HEAD and _rollups(engine) == new
+    with engine.connect() as conn:
+        got = {r.case_key: (r.mig_profile, r.nodes) for r in conn.execute(text(
+            "SELECT case_key, mig_profile, nodes FROM run_case_rollup"))}
+    assert got == {"tf.resnet50.g2": (None, 1), "tf.resnet50.g2.mig1g.10gb": ("1g.10gb", 1),
+                   "tf.resnet50.g2.n2.h1+h2": (None, 2)}
     with engine.begin() as conn:
         rollup.rebuild(conn)
     assert _rollups(engine) == new

@@ -79,3 +79,9 @@ def test_migrate_month_model_runs(pg_engine):
     from warehouse_contract import check_migrate_month_model_runs
 
     check_migrate_month_model_runs(pg_engine)
+
+
+def test_migrate_case_rollup_variant(pg_engine):
+    from warehouse_contract import check_migrate_case_rollup_variant
+
+    check_migrate_case_rollup_variant(pg_engine)

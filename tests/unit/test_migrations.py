@@ -145,3 +145,9 @@ def test_migrate_month_model_runs(tmp_path):
     from warehouse_contract import check_migrate_month_model_runs
 
     check_migrate_month_model_runs(engine_at(tmp_path))
+
+
+def test_migrate_case_rollup_variant(tmp_path):
+    from warehouse_contract import check_migrate_case_rollup_variant
+
+    check_migrate_case_rollup_variant(engine_at(tmp_path))

@@ -168,7 +168,8 @@ def expected_case_rollup(rows: list[dict]) -> list[dict]:
                     "ips_min": min(values) if values else None, "ips_max": max(values) if values else None,
                     "efficiency_n": len(eff), "efficiency_sum": sum(eff) if eff else None,
                     "efficiency_min": min(eff) if eff else None, "efficiency_max": max(eff) if eff else None,
-                    **_energy(rs)})
+                    **_energy(rs), "mig_profile": _max(r.get("mig_profile") for r in rs),
+                    "nodes": _max(r.get("nodes") or 1 for r in rs)})
     return out
 
 

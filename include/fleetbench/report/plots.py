@@ -123,8 +123,11 @@ def capacity_charts(report: dict) -> list[ScatterChart]:
     return out
 
 
-def devices_text(num_gpus: int | None) -> str:
-    return "CPU" if not num_gpus else f"{num_gpus} GPU" + ("s" if num_gpus != 1 else "")
+def devices_text(num_gpus: int | None, mig_profile: str | None = None, nodes: int | None = None) -> str:
+    """'CPU', '2 GPUs', '2 x 1g.10gb' (MIG instances), '8 GPUs x 2 nodes'."""
+    text = ("CPU" if not num_gpus else f"{num_gpus} × {mig_profile}" if mig_profile
+            else f"{num_gpus} GPU" + ("s" if num_gpus != 1 else ""))
+    return text + (f" × {nodes} nodes" if nodes and nodes > 1 else "")
 
 
 def throughput_charts(report: dict) -> list[LineChart]:
@@ -137,11 +140,12 @@ def throughput_charts(report: dict) -> list[LineChart]:
     fleet = report.get("throughput_mode") == "fleet"
     by_chart: dict[tuple, list[dict]] = {}
     for s in report["throughput"]:
-        key = (s["model"] or s.get("benchmark") or "unknown", s.get("num_gpus") or 0,
-               s.get("metric") or "images_per_sec", s.get("unit") or "images/s", s.get("better") or "higher")
+        key = (s["model"] or s.get("benchmark") or "unknown", s.get("num_gpus") or 0, s.get("mig_profile") or "",
+               s.get("nodes") or 1, s.get("metric") or "images_per_sec", s.get("unit") or "images/s",
+               s.get("better") or "higher")
         by_chart.setdefault(key, []).append(s)
     out = []
-    for (model, gpus, metric, unit, better), series in sorted(by_chart.items()):
+    for (model, gpus, mig, nodes, metric, unit, better), series in sorted(by_chart.items()):
         if fleet:  # every host's change would be a line of its own: one marker per night and change
             changes: dict[tuple, int] = {}
             for c in report["driver_changes"]:
@@ -154,11 +158,12 @@ def throughput_charts(report: dict) -> list[LineChart]:
             markers = [Marker(aware(c["logical_date"]), f"{c['host']}: driver {c['from']} → {c['to']}")
                        for c in report["driver_changes"] if c["host"] in hosts]
         images = (metric, unit) == ("images_per_sec", "images/s")
-        base = slug(model + (f" g{gpus}" if gpus else ""))
+        base = slug(model + (f" g{gpus}" if gpus else "") + (f" mig {mig}" if mig else "")
+                    + (f" n{nodes}" if nodes > 1 else ""))
         lower = better == "lower"
         out.append(LineChart(
             id=f"throughput-{base}" if images else f"throughput-{base}-{slug(metric)}-{slug(unit)}",
-            title=("Throughput" if images else metric) + f": {model}, {devices_text(gpus)}"
+            title=("Throughput" if images else metric) + f": {model}, {devices_text(gpus, mig, nodes)}"
             + (" (fleet median)" if fleet else "") + (" — lower is better" if lower else ""),
             y_label="images/sec" if images else unit + (" (lower is better)" if lower else ""),
             series=[Series(label=s.get("label") or f"{s['host']} · {s['case_key']}",
@@ -173,11 +178,13 @@ def scaling_chart(report: dict) -> BarChart | None:
     if not rows:
         return None
     gpus = sorted({r["num_gpus"] for r in rows})
-    models = sorted({r["model"] for r in rows})
-    mean = {(r["model"], r["num_gpus"]): r["mean"] for r in rows}
+    # a model on whole GPUs and on N instances of a MIG profile are series of their own
+    models = sorted({(r["model"], r.get("mig_profile") or "") for r in rows})
+    mean = {(r["model"], r.get("mig_profile") or "", r["num_gpus"]): r["mean"] for r in rows}
     return BarChart(id="scaling", title="Scaling efficiency per GPU count (mean)", y_label="speedup efficiency",
                     categories=[f"{g} GPU" + ("s" if g != 1 else "") for g in gpus],
-                    series=[Series(label=m, values=[mean.get((m, g)) for g in gpus]) for m in models],
+                    series=[Series(label=m + (f" · MIG {mig}" if mig else ""),
+                                   values=[mean.get((m, mig, g)) for g in gpus]) for m, mig in models],
                     reference=1.0, reference_label="linear")
 
 

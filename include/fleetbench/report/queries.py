@@ -375,7 +375,7 @@ def host_throughput(conn, f: Filters) -> list[dict]:
     value = case((legacy, br.c.images_per_sec), else_=br.c.value)
     rows = conn.execute(select(
         br.c.model, br.c.benchmark, br.c.host, br.c.case_key, br.c.num_gpus, br.c.batch_size_per_device, br.c.dag_id,
-        br.c.run_id, br.c.logical_date, value.label("value"), br.c.driver_version, br.c.mig_profile,
+        br.c.run_id, br.c.logical_date, value.label("value"), br.c.driver_version, br.c.mig_profile, br.c.nodes,
         func.coalesce(br.c.metric, IMAGES[0]).label("metric"), case((legacy, IMAGES[1]), else_=br.c.unit).label("unit"),
         func.coalesce(br.c.better, IMAGES[2]).label("better"),
     ).where(*_scope(f), br.c.status == "ok", value.is_not(None))
@@ -387,7 +387,8 @@ def host_throughput(conn, f: Filters) -> list[dict]:
         better = "lower" if r.better == "lower" else "higher"
         s = series.setdefault((r.model, r.host, r.case_key, r.metric, r.unit), {
             "model": r.model, "benchmark": r.benchmark, "host": r.host, "case_key": r.case_key, "gpu": None,
-            "num_gpus": r.num_gpus, "mig_profile": r.mig_profile, "batch_size_per_device": r.batch_size_per_device,
+            "num_gpus": r.num_gpus, "mig_profile": r.mig_profile, "nodes": r.nodes or 1,
+            "batch_size_per_device": r.batch_size_per_device,
             "metric": r.metric, "unit": r.unit, "better": better, "label": f"{r.host} · {r.case_key}", "points": []})
         point = {"logical_date": _iso(r.logical_date), "run_id": r.run_id, "dag_id": r.dag_id,
                  "value": float(r.value), "driver_version": r.driver_version}
@@ -406,18 +407,19 @@ def fleet_throughput(conn, f: Filters) -> list[dict]:
     the series' min and max are the lowest and highest single result of the window."""
     rows = conn.execute(select(
         cr.c.model, cr.c.case_key, cr.c.gpu, cr.c.num_gpus, cr.c.batch_size_per_device, cr.c.dag_id, cr.c.run_id,
-        cr.c.logical_date, cr.c.ips_median, cr.c.ips_min, cr.c.ips_max, cr.c.hosts,
+        cr.c.logical_date, cr.c.ips_median, cr.c.ips_min, cr.c.ips_max, cr.c.hosts, cr.c.mig_profile, cr.c.nodes,
     ).where(*_scope(f, table=cr), cr.c.points > 0)
         .order_by(cr.c.model, cr.c.case_key, cr.c.gpu, cr.c.logical_date, cr.c.run_id)).all()
     series: dict[tuple, dict] = {}
     nights: dict[Any, str | None] = {}  # every series has the same few hundred nights
-    for model, case_key, gpu, num_gpus, batch, dag_id, run_id, when, median, low, high, hosts in rows:
+    for model, case_key, gpu, num_gpus, batch, dag_id, run_id, when, median, low, high, hosts, mig, nodes in rows:
         night = nights.get(when) or nights.setdefault(when, _iso(when))
         s = series.get((model, case_key, gpu))
         if s is None:
             s = series[(model, case_key, gpu)] = {
                 "model": model, "host": None, "case_key": case_key, "gpu": gpu, "num_gpus": num_gpus,
-                "batch_size_per_device": batch, "metric": IMAGES[0], "unit": IMAGES[1], "better": IMAGES[2],
+                "mig_profile": mig, "nodes": nodes or 1, "batch_size_per_device": batch, "metric": IMAGES[0],
+                "unit": IMAGES[1], "better": IMAGES[2],
                 "label": f"{case_key} · {gpu or 'GPU not reported'}", "points": []}
         s["points"].append({"logical_date": night, "run_id": run_id, "dag_id": dag_id, "value": float(median),
                             "images_per_sec": float(median), "min": float(low), "max": float(high),
@@ -528,26 +530,45 @@ def _lagged_driver_changes(conn, f: Filters, hosts: list[tuple[str, str]]) -> li
 
 
 def scaling(conn, f: Filters) -> list[dict]:
-    """Speedup efficiency (N-GPU images/sec / (N x 1-GPU images/sec)) per model and GPU count (N >= 2; the 1-GPU
-    case is the reference, 1.0 by definition): mean, min, max, cases, hosts."""
+    """Speedup efficiency (N-GPU images/sec / (N x 1-GPU images/sec)) per model, GPU count and MIG profile (N >= 2;
+    the 1-GPU case is the reference, 1.0 by definition; N instances of a MIG profile against 1 of it, a row of its
+    own, `mig_profile` None for whole GPUs): mean, min, max, cases, hosts."""
     if f.host is not None:  # one host's results
         rows = conn.execute(select(
-            br.c.model, br.c.num_gpus, func.count().label("n"), func.sum(br.c.speedup_efficiency).label("total"),
+            br.c.model, br.c.num_gpus, br.c.mig_profile, func.count().label("n"),
+            func.sum(br.c.speedup_efficiency).label("total"),
             func.min(br.c.speedup_efficiency).label("min"), func.max(br.c.speedup_efficiency).label("max"),
             func.count(distinct(br.c.host)).label("hosts"),
         ).where(*_scope(f), br.c.status == "ok", br.c.speedup_efficiency.is_not(None), br.c.num_gpus >= 2)
-            .group_by(br.c.model, br.c.num_gpus).order_by(br.c.model, br.c.num_gpus)).all()
-        hosts = {(r.model, r.num_gpus): r.hosts for r in rows}
+            .group_by(br.c.model, br.c.num_gpus, br.c.mig_profile)
+            .order_by(br.c.model, br.c.num_gpus, br.c.mig_profile)).all()
+        hosts = {(r.model, r.num_gpus, r.mig_profile): r.hosts for r in rows}
     else:  # the fleet's per case and night; hosts from the GPU counts each host had an efficiency for
         rows = conn.execute(select(
-            cr.c.model, cr.c.num_gpus, func.sum(cr.c.efficiency_n).label("n"),
+            cr.c.model, cr.c.num_gpus, cr.c.mig_profile, func.sum(cr.c.efficiency_n).label("n"),
             func.sum(cr.c.efficiency_sum).label("total"),
             func.min(cr.c.efficiency_min).label("min"), func.max(cr.c.efficiency_max).label("max"),
         ).where(*_scope(f, table=cr), cr.c.efficiency_n > 0, cr.c.num_gpus >= 2)
-            .group_by(cr.c.model, cr.c.num_gpus).order_by(cr.c.model, cr.c.num_gpus)).all()
-        hosts = _scaled_hosts(conn, f, {(r.model, r.num_gpus) for r in rows})
-    return [{"model": r.model, "num_gpus": int(r.num_gpus), "n": int(r.n), "hosts": hosts.get((r.model, r.num_gpus), 0),
+            .group_by(cr.c.model, cr.c.num_gpus, cr.c.mig_profile)
+            .order_by(cr.c.model, cr.c.num_gpus, cr.c.mig_profile)).all()
+        whole = _scaled_hosts(conn, f, {(r.model, r.num_gpus) for r in rows if r.mig_profile is None})
+        hosts = {(m, n, None): h for (m, n), h in whole.items()}
+        hosts.update(_mig_scaled_hosts(conn, f, {(r.model, r.num_gpus, r.mig_profile) for r in rows
+                                                 if r.mig_profile is not None}))
+    return [{"model": r.model, "num_gpus": int(r.num_gpus), "mig_profile": r.mig_profile, "n": int(r.n),
+             "hosts": hosts.get((r.model, r.num_gpus, r.mig_profile), 0),
              "mean": float(r.total) / int(r.n), "min": _num(r.min), "max": _num(r.max)} for r in rows]
+
+
+def _mig_scaled_hosts(conn, f: Filters, wanted: set[tuple]) -> dict[tuple, int]:
+    """Distinct hosts with an ok result of N instances of a MIG profile with a speedup efficiency, per (model, N,
+    profile), from the results (MIG cases are few; the rollup's bit masks count GPUs, not instances)."""
+    out: dict[tuple, int] = {}
+    for model, n, profile in wanted:
+        out[(model, n, profile)] = conn.execute(select(func.count(distinct(br.c.host))).where(
+            *_scope(f), br.c.status == "ok", br.c.speedup_efficiency.is_not(None), br.c.model == model,
+            br.c.num_gpus == n, br.c.mig_profile == profile)).scalar() or 0
+    return out
 
 
 def node_scaling(conn, f: Filters) -> list[dict]:

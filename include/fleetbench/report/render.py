@@ -331,9 +331,11 @@ def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str,
 
     parts.append("<h2>Scaling efficiency per GPU count</h2>")
     parts.append('<p class="meta">N-GPU images/sec ÷ (N × 1-GPU images/sec) of the same host, model, batch and run; '
-                 '1.0 is linear.</p>')
+                 '1.0 is linear. N instances of a MIG profile scale against 1 instance of it, in a row of their '
+                 'own.</p>')
     parts.append(_plots(charts, "scaling", plot_files))
-    parts.append(table("scaling-table", [("model", "model", "text"), ("GPUs", "num_gpus", "int"), ("cases", "n", "int"),
+    parts.append(table("scaling-table", [("model", "model", "text"), ("GPUs", "num_gpus", "int"),
+                                         ("MIG profile", "mig_profile", "text"), ("cases", "n", "int"),
                                          ("hosts", "hosts", "int"), ("mean", "mean", "num"), ("min", "min", "num"),
                                          ("max", "max", "num")],
                        report["scaling"],

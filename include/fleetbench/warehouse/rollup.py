@@ -85,7 +85,7 @@ def case_rollup_sql(where: str) -> str:
     return f"""
 INSERT INTO run_case_rollup (dag_id, run_id, case_key, gpu, logical_date, model, num_gpus, batch_size_per_device,
     results, ok, failed, skipped, points, hosts, ips_median, ips_min, ips_max,
-    efficiency_n, efficiency_sum, efficiency_min, efficiency_max, {ENERGY_COLUMNS})
+    efficiency_n, efficiency_sum, efficiency_min, efficiency_max, {ENERGY_COLUMNS}, mig_profile, nodes)
 SELECT dag_id, run_id, case_key, gpu, logical_date, MAX(model), MAX(num_gpus), MAX(batch_size_per_device),{STATUS},
     SUM(point), COUNT(DISTINCT CASE WHEN point = 1 THEN host END),
     AVG(CASE WHEN point = 1 AND rn IN ((points + 1) / 2, (points + 2) / 2) THEN images_per_sec END),
@@ -94,7 +94,7 @@ SELECT dag_id, run_id, case_key, gpu, logical_date, MAX(model), MAX(num_gpus), M
     SUM(CASE WHEN status = 'ok' AND speedup_efficiency IS NOT NULL THEN 1 ELSE 0 END),
     SUM(CASE WHEN status = 'ok' THEN speedup_efficiency END),
     MIN(CASE WHEN status = 'ok' THEN speedup_efficiency END),
-    MAX(CASE WHEN status = 'ok' THEN speedup_efficiency END),{ENERGY}
+    MAX(CASE WHEN status = 'ok' THEN speedup_efficiency END),{ENERGY}, MAX(mig_profile), MAX(nodes)
 FROM (
     SELECT p.*,
            ROW_NUMBER() OVER (PARTITION BY dag_id, run_id, case_key, gpu, logical_date, point
@@ -103,7 +103,7 @@ FROM (
     FROM (
         SELECT dag_id, run_id, case_key, {GPU} AS gpu, logical_date, model, num_gpus, batch_size_per_device, host,
                status, images_per_sec, speedup_efficiency, images_per_joule, cost_per_million_images_usd,
-               energy_source, CASE WHEN status = 'ok' AND {FINITE_IPS} THEN 1 ELSE 0 END AS point
+               energy_source, mig_profile, nodes, CASE WHEN status = 'ok' AND {FINITE_IPS} THEN 1 ELSE 0 END AS point
         FROM benchmark_results
         WHERE {where}
     ) p

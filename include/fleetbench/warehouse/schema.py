@@ -419,6 +419,10 @@ run_case_rollup = Table(
     Column("cost_per_million_sum", Float),
     Column("energy_measured", Integer, nullable=False),
     Column("energy_estimated", Integer, nullable=False),
+    # the case's MIG profile and nodes (revision 0021): the report keeps MIG and multi-node cases off the
+    # whole-GPU charts and scaling rows of the same GPU count
+    Column("mig_profile", String(40)),
+    Column("nodes", Integer),
     Index("ix_run_case_rollup_run", "dag_id", "run_id"),
     Index("ix_run_case_rollup_date", "logical_date"),
 )
