@@ -252,6 +252,12 @@ def _host_check(args: argparse.Namespace) -> int:
             raise UsageError(f"--gpu-smoke-image: {exc}") from None
     if args.facts and (args.dcgm_level is not None or args.probe_path):
         raise UsageError("--dcgm-level and --probe-path run probes: use them with --local or --ssh, not --facts")
+    if args.docker_url and not args.local:
+        raise UsageError("--docker-url is the engine --local probes (an SSH host's engine is the one its own "
+                         "`docker` uses): use it with --local")
+    if args.save and args.facts:
+        raise UsageError("--save keeps the outputs of probes that run: with --facts nothing runs (the outputs are "
+                         "in the --facts folder already)")
     if args.dcgm_level is not None and not args.gpus:
         raise UsageError("--dcgm-level runs the GPU health probes, which need --gpus N (N >= 1): without GPUs to "
                          "check, nothing would run")
@@ -651,9 +657,10 @@ def build_parser() -> argparse.ArgumentParser:
     hc.add_argument("--docker-url", help="Docker engine to probe with --local")
     hc.add_argument("--save", help="keep the probe outputs in this folder")
     hc.add_argument("--image-cuda", help="CUDA version the image needs, e.g. 12.1")
-    hc.add_argument("--gpus", type=int, default=0, help="GPUs the host's cases need")
+    hc.add_argument("--gpus", type=int, default=0, help="GPUs the host's cases need (default: 0)")
     hc.add_argument("--min-free-gb", type=float, default=2.0,
-                    help="free space Docker's data root must have, in GB (10^9 bytes) as the config's min_free_gb")
+                    help="free space Docker's data root must have, in GB (10^9 bytes) as the config's min_free_gb "
+                         "(default: 2.0)")
     hc.add_argument("--gpu-smoke-image", metavar="IMAGE",
                     help="with --local/--ssh: run `docker run --rm --gpus all IMAGE nvidia-smi -L`")
     hc.add_argument("--format", choices=["json", "table"], default="json",

@@ -270,8 +270,9 @@ class GpuHealthSpec(_Model):
 
 class HostSpec(_Model):
     name: Name
-    # "local" probes and runs on this machine's engine; anything else names an Airflow SSH connection.
-    connection: str = "local"
+    # "local" probes and runs on this machine's engine; anything else names an Airflow SSH connection (a conn_id:
+    # letters, digits, `_`, `.`, `-`, as Airflow allows).
+    connection: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,250}$")] = "local"
     docker_url: str = Field("unix:///var/run/docker.sock", pattern=DOCKER_URL_PATTERN)
     # Cost: USD per GPU-hour for GPU cases; USD per hour of the whole host for CPU cases (and GPU cases
     # without a GPU price here or in the GPU catalog).

@@ -354,3 +354,9 @@ def test_gpu_catalog_and_dcgm_level_mistakes_are_one_line(tmp_path, monkeypatch,
     assert "--gpu-model needs the GPU catalog" in err and "nonexistent.yaml" in err and "Traceback" not in err
     assert main(["host-check", "--local", "--dcgm-level", "2"]) == 2
     assert "--dcgm-level runs the GPU health probes, which need --gpus N" in capsys.readouterr().err
+    facts = tmp_path / "facts"
+    facts.mkdir()
+    assert main(["host-check", "--facts", str(facts), "--docker-url", "tcp://127.0.0.1:1"]) == 2
+    assert "--docker-url is the engine --local probes" in capsys.readouterr().err
+    assert main(["host-check", "--facts", str(facts), "--save", str(tmp_path / "s")]) == 2
+    assert "--save keeps the outputs of probes that run" in capsys.readouterr().err

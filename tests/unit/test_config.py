@@ -80,6 +80,8 @@ def test_defaults():
      "fleet.schedule: not a valid cron expression (e.g. '0 2 * * *': minute hour day month weekday), got "
      "'every night'"),  # the value once
     (lambda d: d["benchmarks"][0].update(hosts=[]), "benchmarks[0].hosts: must not be empty"),
+    (lambda d: d["hosts"][0].update(connection=""), "hosts[0].connection: must match"),
+    (lambda d: d["hosts"][0].update(connection="ssh gpu01"), "hosts[0].connection: must match"),
     (lambda d: d["benchmarks"][0].update(extra_args=["--x=1; reboot"]), "benchmarks[0].extra_args[0]: must match"),
 ])
 def test_each_mistake_names_its_field(mutate, expected):
