@@ -40,6 +40,11 @@ def read_tail(path: str | None) -> str:
         return ""
 
 
+# Log classes that name the fault a process then aborts on (NCCL's or CUDA's): they outrank a crash exit (134/139),
+# as a fatal GPU OOM does; the exit status goes into the detail.
+FAULT_CLASSES = ("nccl", "cuda_error")
+
+
 def classify(outcome: dict, measured: Measured | ParsedLog | None, log_text: str,
              primary: str = "total images/sec") -> tuple[str, str | None, str | None]:
     """(status, failure_class, detail) from Docker's view of the container and what the harness read from the log.
@@ -47,7 +52,8 @@ def classify(outcome: dict, measured: Measured | ParsedLog | None, log_text: str
     `measured` is the harness's reading (a tf_cnn_benchmarks ParsedLog is read as one); `primary` names the
     primary metric in the no_result detail. A fatal GPU OOM in the log outranks the exit status (the process
     died of it), but TF's INFO ``CUDA_ERROR_OUT_OF_MEMORY`` retry line alone does not: a crash (134/139) or a
-    SIGKILL (137) after it is that, not gpu_oom, which capacity would take as an OOM on record."""
+    SIGKILL (137) after it is that, not gpu_oom, which capacity would take as an OOM on record. An NCCL or CUDA
+    fault the log names (`FAULT_CLASSES`) outranks a crash exit (134/139) too: the process aborted on it."""
     from fleetbench.parsing.detect import oom_is_fatal
 
     if measured is not None and not isinstance(measured, Measured):
@@ -70,6 +76,8 @@ def classify(outcome: dict, measured: Measured | ParsedLog | None, log_text: str
     if log_class == "gpu_oom" and oom_is_fatal(log_detail):
         return FAILED, "gpu_oom", log_detail
     tail = log_text[-4000:]
+    if log_class in FAULT_CLASSES and exit_code in (134, 139):  # it aborted because of the fault its log names
+        return FAILED, log_class, f"{log_detail} (then exit {exit_code}: crashed)"
     if exit_code in (134, 139) or any(m in tail for m in _CORE_DUMP_MARKERS):
         return FAILED, "core_dump", f"exit {exit_code}: " + (_last_line(tail) or "crashed")
     if exit_code == 137:

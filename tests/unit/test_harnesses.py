@@ -608,3 +608,29 @@ def test_extra_args_that_repeat_a_flag_the_harness_sets_name_the_item_and_its_va
     assert config_errors(fleet({**CNN, "nodes": [2], "extra_args": ["--task_index=1"]}))[-1] == (
         "benchmarks[0].extra_args[0]: --task_index is set by harness tf_cnn_benchmarks (a cluster flag of nodes > 1), "
         "got '--task_index=1'")
+
+
+def test_a_harmless_topology_warning_is_not_the_cause_of_a_failed_nccl_run():
+    """NCCL's topology search prints `NCCL WARN Could not find a path for pattern N, falling back to simple order`
+    (four times in the real RTX 5090 log) before runs that work: the failure's detail is the error that followed."""
+    real = (GPU_TOOLS / "nccl_all_reduce_2gpu-1proc_rtx5090_nccl-warn-cuda-failure.log").read_text()
+    benign = [line for line in real.splitlines(keepends=True) if "falling back to simple order" in line]
+    assert len(benign) == 4
+    failure = "GENOA-06: Test NCCL failure common.cu:391 'remote process exited or there was a network error'\n"
+    measured = nccl_measure(lines("".join(benign) + failure))
+    assert (measured.failure_class, measured.failure_detail) == ("nccl", failure.strip())
+    only_benign = nccl_measure(lines("".join(benign)))
+    assert only_benign.failure_class is None
+
+
+@pytest.mark.parametrize("exit_code", [134, 139])
+def test_an_abort_after_the_fault_the_log_names_keeps_its_class(exit_code):
+    """nccl-tests (or a framework) aborting on an NCCL or CUDA fault exits 134/139: the row says the fault the log
+    names, as README's nccl_tests table does, with the exit in the detail; a plain crash stays core_dump."""
+    measured = nccl("nccl_all_reduce_2gpu-1proc_rtx5090_nccl-warn-cuda-failure.log")
+    status, failure_class, detail = classify({"exit_code": exit_code}, measured, "")
+    assert (status, failure_class) == ("failed", "cuda_error")
+    assert "Cuda failure 1 'invalid argument'" in detail and f"then exit {exit_code}: crashed" in detail
+    warn = nccl_measure(lines("host:1:1 [0] transport.cc:12 NCCL WARN Net : Connection closed\n"))
+    assert classify({"exit_code": exit_code}, warn, "")[1] == "nccl"
+    assert classify({"exit_code": exit_code}, None, "Segmentation fault (core dumped)\n")[1] == "core_dump"

@@ -31,6 +31,8 @@ _TEST_FAILURE = re.compile(r"Test (?:NCCL )?failure|Test CUDA failure")
 _UNHANDLED_CUDA = "unhandled cuda error"
 """ncclUnhandledCudaError as nccl-tests prints it (`Test NCCL failure common.cu:392 'unhandled cuda error ...'`):
 without NCCL_DEBUG, the only sign of the CUDA failure that NCCL_DEBUG=INFO shows as `NCCL WARN Cuda failure`."""
+# NCCL WARN lines of a topology search that goes on (harmless, printed before a run that works): not a failure's cause
+_BENIGN_WARN = re.compile(r"Could not find a path for pattern \d+, falling back to simple order")
 _ABORT = re.compile(r"\bAbort(?:ed|ing)?\b|\babort\(\)|Segmentation fault")
 
 
@@ -111,7 +113,7 @@ def parse_nccl(lines: Iterable[tuple[str, bool]]) -> NcclLog:
             log.warnings += 1
             if _CUDA.search(line) and log.cuda_error is None:
                 log.cuda_error = line[:300]
-            elif log.nccl_error is None:
+            elif log.nccl_error is None and not _BENIGN_WARN.search(line):
                 log.nccl_error = line[:300]
             continue
         if _TEST_FAILURE.search(line):
