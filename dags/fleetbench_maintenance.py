@@ -59,8 +59,22 @@ class CleanQueueOperator(BaseOperator):
         self.engines_queue = engines_queue
 
     def execute(self, context) -> list[dict]:
+        """Each engine of the queue in turn; one that cannot be cleaned (unreachable) does not stop the others: the
+        task fails at the end, naming every engine that could not be cleaned."""
+        from airflow.sdk.exceptions import AirflowException
+
         engines = [e for e in cleanup.engines_of() if e["queue"] == self.engines_queue]
-        return [clean_engine(e, context["params"]) for e in engines]
+        done, failed = [], []
+        for engine in engines:
+            try:
+                done.append(clean_engine(engine, context["params"]))
+            except Exception as exc:  # noqa: BLE001 - named below, after the other engines are cleaned
+                self.log.exception("cleaning %s failed", engine["docker_url"])
+                failed.append(f"{engine['docker_url']}: {exc}")
+        if failed:
+            raise AirflowException(f"{len(failed)} of {len(engines)} engine(s) of queue {self.engines_queue} could "
+                                   f"not be cleaned (the others were): " + "; ".join(failed))
+        return done
 
 
 with DAG(

@@ -7,11 +7,14 @@ config's host and model names, strict patterns) and then the fleet config's own 
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
 from fleetbench.config import IMAGE_REF_PATTERN, NAME_PATTERN, ConfigError, FleetConfig, parse_config
 from fleetbench.registry import registry_of, repository_of
+
+log = logging.getLogger(__name__)
 
 DEFAULTS: dict[str, Any] = {
     "hosts": [], "models": [], "batch_sizes": [], "num_gpus": [], "image": None, "num_batches": None, "dry_run": False,
@@ -188,7 +191,8 @@ def override_image(image: dict, ref: str, index: int) -> str | None:
     `allow_override` permits; returns the error, or None when done.
 
     The overridden image is never baked or pushed (its bake is dropped), and it keeps the configured
-    registry credentials only when it lives on the same registry: anything else is pulled anonymously.
+    registry credentials only when it lives on the same registry: anything else is pulled anonymously. Its
+    configured `cuda` is dropped too (it is the configured ref's): no driver-vs-CUDA check judges the override.
     """
     if not re.fullmatch(IMAGE_REF_PATTERN, ref):  # not a reference: the config's own check names it
         image["ref"] = ref
@@ -202,6 +206,10 @@ def override_image(image: dict, ref: str, index: int) -> str | None:
                 f"{repository_of(configured)} (set allow_override: any to allow other repositories)")
     if registry_of(ref) != registry_of(configured):
         image.pop("credentials_conn_id", None)
+    if image.get("cuda"):  # the configured ref's CUDA, not this one's: the driver check would judge the wrong one
+        log.warning("image: the CUDA version of %s is not known (images[%d].cuda %s is the configured %s's): the "
+                    "driver-vs-CUDA check does not judge it", ref, index, image["cuda"], configured)
+        image["cuda"] = None
     image.pop("bake", None)
     image["ref"] = ref
     return None

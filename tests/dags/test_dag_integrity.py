@@ -186,3 +186,33 @@ def test_case_containers_have_a_bounded_engine_log():
 
     op = BenchmarkCaseOperator(task_id="t", image="x", command=["true"])
     assert (op.log_opts_max_size, op.log_opts_max_file) == ("100m", "3")
+
+
+def test_one_engine_that_cannot_be_cleaned_does_not_stop_the_others_of_its_queue(tmp_path, monkeypatch, no_services):
+    """A queue's task cleans each of its engines in turn; an unreachable one fails the task at the end, naming it,
+    after the others were cleaned (they may hold GPUs with orphaned containers)."""
+    from airflow.sdk.exceptions import AirflowException
+
+    from fleetbench import cleanup
+
+    cfg = {"hosts": [{"name": "central"}, {"name": "gpu-b", "queue": "rack-a"}],
+           "images": [{"name": "i", "ref": "127.0.0.1:5000/x:1", "command": ["python3"]}],
+           "benchmarks": [{"name": "b", "image": "i", "models": ["resnet50"], "batch_sizes": [32]}]}
+    monkeypatch.setenv("FLEETBENCH_CONFIG", str(write_config(tmp_path / "fleet.yaml", cfg)))
+    task = load_bag().dags["fleetbench_maintenance"].get_task("clean_rack-a")
+    engines = [{"docker_url": f"tcp://g{i}:2376", "queue": "rack-a", "docker_tls_conn_id": None} for i in (1, 2, 3)]
+    monkeypatch.setattr(cleanup, "engines_of", lambda: engines)
+    cleaned = []
+
+    def clean_url(url, *args, **kwargs):
+        if url == "tcp://g1:2376":
+            raise ConnectionError("g1 unreachable")
+        cleaned.append(url)
+        return {"docker_url": url}
+
+    monkeypatch.setattr(cleanup, "clean_url", clean_url)
+    params = {"container_max_age_h": 24, "image_max_age_h": 168, "scope": None, "dry_run": True}
+    with pytest.raises(AirflowException, match=r"1 of 3 engine\(s\) of queue rack-a could not be cleaned .*"
+                                               r"tcp://g1:2376: g1 unreachable"):
+        task.execute({"params": params})
+    assert cleaned == ["tcp://g2:2376", "tcp://g3:2376"]

@@ -125,3 +125,17 @@ def test_a_host_check_that_does_not_end_is_a_verdict_not_a_hung_lane(tmp_path, m
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_hosts_parameter_that_leaves_no_case_names_the_parameter_not_the_config(tmp_path):
+    """A multi-node set runs only whole: `hosts: [a]` leaves the a+b set out, and the plan is empty because of the
+    run's parameter, which the error names (it pointed at the config's benchmarks[*].hosts)."""
+    from fleet_configs import write_config
+    from fleetbench.airflow.pipeline import make_plan
+    from fleetbench.params import DEFAULTS
+
+    path = str(write_config(tmp_path / "f.yaml", config(nodes=[2], num_gpus=[1], models=["resnet50"],
+                                                        batch_sizes=[32], variable_update=["distributed_replicated"])))
+    assert make_plan({"dag_id": "fleet_benchmark", "run_id": "r0"}, path)["cases"]  # the set runs without it
+    with pytest.raises(ValueError, match=r"hosts parameter \['a'\]: no case of .*f\.yaml is left on these hosts"):
+        make_plan({"dag_id": "fleet_benchmark", "run_id": "r1"}, path, {**DEFAULTS, "hosts": ["a"]})

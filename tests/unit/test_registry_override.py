@@ -97,3 +97,17 @@ def test_without_an_override_nothing_changes():
 def test_allow_override_is_checked_in_config():
     with pytest.raises(ConfigError, match=r"images\[0\]\.allow_override: must be one of"):
         parse_config(fleet(allow_override="sometimes"))
+
+
+def test_an_override_drops_the_configured_images_cuda_and_says_so(caplog):
+    """`cuda` is the configured ref's CUDA: kept for another tag, the driver check judged the override by it (a newer
+    release passed on an old driver, an older one was skipped as driver_too_old). Dropped, with a warning."""
+    import logging
+
+    config = parse_config(fleet(cuda="12.1"))
+    with caplog.at_level(logging.WARNING, logger="fleetbench.params"):
+        image = apply_params(config, {"image": "127.0.0.1:5001/fleet/tf:24.01"}).images[0]
+    assert image.cuda is None
+    assert "the CUDA version of 127.0.0.1:5001/fleet/tf:24.01 is not known (images[0].cuda 12.1" in caplog.text
+    assert apply_params(config, {}).images[0].cuda == "12.1"
+

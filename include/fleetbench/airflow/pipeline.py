@@ -38,6 +38,9 @@ def make_plan(run: dict, config_path: str | None = None, params: dict | None = N
     path = Path(config_path or default_config_path())
     plan = build_plan(apply_params(load_config(path), params), {**run, "config_path": str(path)}, params)
     if not plan.cases:
+        if (params or {}).get("hosts"):  # the run's own choice left nothing, not the config
+            raise ValueError(f"hosts parameter {list(params['hosts'])}: no case of {path} is left on these hosts "
+                             "(a multi-node case runs only with every host of its configured set)")
         raise ValueError(f"{path}: the plan has no cases (check benchmarks[*].hosts)")
     plan = plan_capacity(plan)  # each case's predicted peak memory against its capacity (skip, warn or run)
     log.info("plan: %d case(s) on %d host(s) from %s%s\n%s", len(plan.cases), len(plan.hosts), path,
