@@ -479,6 +479,9 @@ def test_nccl_error_variants():
         "RuntimeError: NCCL error in: /pytorch/torch/lib/c10d/ProcessGroupNCCL.cpp:784, unhandled cuda error",
         "horovod.common.exceptions.HorovodInternalError: ncclCommInitRank failed: internal error",
         "[1,1]<stderr>:tensorflow.python.framework.errors_impl.UnknownError: ncclSystemError: System call failed",
+        "[rank1]:[E1206 02:51:00.000000 1 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation "
+        "timeout: WorkNCCL(SeqNum=41, OpType=ALLREDUCE, NumelIn=25557032, NumelOut=25557032, Timeout(ms)=600000) ran "
+        "for 600018 milliseconds before timing out.",
     ):
         log = parse_log(HEADER + "Running warm up\n" + line + "\n")
         assert log.failure_class == "nccl", line

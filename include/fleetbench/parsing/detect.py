@@ -199,10 +199,12 @@ _NCCL_RE = re.compile(
     r"NCCL (?:error|Error|ERROR|failure)"
     r"|nccl(?:InternalError|SystemError|UnhandledCudaError|InvalidUsage|InvalidArgument|RemoteError)"
     r"|unhandled (?:cuda|system) error|[Nn]ccl\w{0,64} failed|OP_REQUIRES failed at nccl_ops"
+    r"|Watchdog caught collective operation timeout"
 )
 """NCCL failures. TF 1.15 only says ``OP_REQUIRES failed at nccl_ops.cc:104 :
 Internal: unhandled system error`` (NCCL's text for ncclSystemError);
-Horovod/PyTorch say ``NCCL error ...`` / ``ncclCommInitRank failed: ...``."""
+Horovod/PyTorch say ``NCCL error ...`` / ``ncclCommInitRank failed: ...``; PyTorch's NCCL watchdog, on a
+collective that hung, ``[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=..., ...)``."""
 
 _EXCEPTION_RE = re.compile(
     r"^(?:[A-Za-z_]\w{0,100}\.){0,20}([A-Z]\w{0,100}(?:Error|Exception|Exit|Interrupt))(?::|$)"
