@@ -429,13 +429,16 @@ def settings_of(fleet_settings) -> Settings:
 def configured_settings() -> tuple[Settings, str | None]:
     """The fleet's own `fleet.capacity` (the fleet config at $FLEETBENCH_CONFIG, else the default one), so that
     `fleetbench report`, `fleetbench capacity` and the UI view fit and suggest as the plan and the DAG's report do.
-    A config that cannot be read gives the defaults and why (no config there: the defaults, no note)."""
+    A config that cannot be read (a `FLEETBENCH_CONFIG` that names no file too) gives the defaults and why; with
+    `FLEETBENCH_CONFIG` unset and no default config, the defaults without a note."""
+    import os
+
     from fleetbench.config import ConfigError, load_config_once
     from fleetbench.paths import default_config_path
 
     path = default_config_path()
-    if not Path(path).exists():
-        return Settings(), None
+    if not os.environ.get("FLEETBENCH_CONFIG") and not Path(path).exists():
+        return Settings(), None  # no fleet config at all: the defaults
     try:
         return settings_of(load_config_once(path).fleet), None
     except (ConfigError, OSError) as exc:

@@ -533,7 +533,8 @@ def _report(args: argparse.Namespace) -> int:
         written = write_report(out, filters, engine=engine, capacity_settings=capacity_settings)
     except SQLAlchemyError as exc:
         url = warehouse_display_url()
-        raise UsageError(f"cannot read the warehouse at {url}: {str(exc).splitlines()[0]}") from None
+        raise UsageError(f"cannot read the warehouse at {url}: {str(exc).splitlines()[0]} "
+                         "(an older schema: `fleetbench db upgrade`)") from None
     except OSError as exc:
         raise UsageError(f"--out {out}: cannot write the report: {exc}") from None
     finally:
@@ -601,6 +602,9 @@ def _capacity(args: argparse.Namespace) -> int:
     items = suggest(fit_profiles(rows, settings), settings, memory_mib, device, known)
     if args.format == "json":
         _json_out(items)
+    elif not items and device == "gpu" and suggest(fit_profiles(rows, settings), settings, None, None, known):
+        print("no GPU profile in the warehouse (--gpu-model applies to GPU profiles; the CPU ones: --memory-gib N, "
+              "or no size option)")
     elif not items:
         print(f"no memory readings{' of model ' + args.model if args.model else ''} in the warehouse yet")
     else:

@@ -113,3 +113,27 @@ def test_a_config_that_cannot_be_read_gives_the_defaults_and_says_so(warehouse, 
     assert "16384 MiB (less 10 %)" in captured.out
     assert "note: capacity with the default settings: the fleet config" in captured.err
     assert "margin_pct" in captured.err and "Traceback" not in captured.err
+
+
+def test_a_fleetbench_config_that_names_no_file_is_said(warehouse, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FLEETBENCH_CONFIG", str(tmp_path / "fleet5O.yaml"))  # a typo
+    assert main(["capacity", "--model", "resnet50", "--memory-gib", "16"]) == 0
+    captured = capsys.readouterr()
+    assert "16384 MiB (less 10 %)" in captured.out
+    assert "note: capacity with the default settings" in captured.err and "fleet5O.yaml" in captured.err
+
+
+def test_gpu_model_over_cpu_profiles_only_says_so(tmp_path, monkeypatch, capsys):
+    url = f"sqlite:///{tmp_path}/cpu.db"
+    engine = get_engine(url)
+    upgrade(engine)
+    store_run(engine, run_row("r1"), [], [
+        result_row(f"smoke.trivial.bs{b}.g0.parameter_server", model="trivial", device="cpu", num_gpus=0,
+                   batch_size_per_device=b, batch_size_global=b, peak_mem_mib=18.0 + 0.035 * b, capacity_mib=256.0)
+        for b in (2048, 3072, 4096)], [])
+    engine.dispose()
+    monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", url)
+    assert main(["capacity", "--gpu-model", "A100 SXM4 40GB"]) == 0
+    assert capsys.readouterr().out.startswith("no GPU profile in the warehouse (--gpu-model applies to GPU profiles")
+    assert main(["capacity"]) == 0
+    assert "trivial/fp32/cpu" in capsys.readouterr().out
