@@ -215,6 +215,11 @@ def test_compare_report_before_and_after_the_driver_upgrade(warehouse, capsys, m
 
 def test_compare_on_an_empty_warehouse_is_a_usage_error(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", f"sqlite:///{tmp_path}/nothing.db")
+    assert main(["compare", "--before", OLD, "--after", NEW]) == 2  # no such file: said, none created
+    err = capsys.readouterr().err
+    assert f"no warehouse at {tmp_path}/nothing.db" in err and "Traceback" not in err
+    assert not (tmp_path / "nothing.db").exists()
+    (tmp_path / "nothing.db").touch()  # a database without tables
     assert main(["compare", "--before", OLD, "--after", NEW]) == 2
     err = capsys.readouterr().err
     assert "cannot read the warehouse" in err and "Traceback" not in err
