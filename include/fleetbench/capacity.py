@@ -32,7 +32,6 @@ import math
 import re
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from pathlib import Path
 from statistics import median
 from typing import Any, Iterable, Mapping
 
@@ -427,22 +426,16 @@ def settings_of(fleet_settings) -> Settings:
 
 
 def configured_settings() -> tuple[Settings, str | None]:
-    """The fleet's own `fleet.capacity` (the fleet config at $FLEETBENCH_CONFIG, else the default one), so that
-    `fleetbench report`, `fleetbench capacity` and the UI view fit and suggest as the plan and the DAG's report do.
-    A config that cannot be read (a `FLEETBENCH_CONFIG` that names no file too) gives the defaults and why; with
-    `FLEETBENCH_CONFIG` unset and no default config, the defaults without a note."""
-    import os
+    """The fleet's own `fleet.capacity` (`fleetbench.config.configured_fleet`), so that `fleetbench report`,
+    `fleetbench capacity` and the UI view fit and suggest as the plan and the DAG's report do. A config that cannot
+    be read gives the defaults and why; no fleet config at all, the defaults without a note."""
+    from fleetbench.config import ConfigError, configured_fleet
 
-    from fleetbench.config import ConfigError, load_config_once
-    from fleetbench.paths import default_config_path
-
-    path = default_config_path()
-    if not os.environ.get("FLEETBENCH_CONFIG") and not Path(path).exists():
-        return Settings(), None  # no fleet config at all: the defaults
     try:
-        return settings_of(load_config_once(path).fleet), None
-    except (ConfigError, OSError) as exc:
-        return Settings(), f"capacity with the default settings: the fleet config {path} could not be read ({exc})"
+        fleet = configured_fleet()
+    except ConfigError as exc:
+        return Settings(), f"capacity with the default settings: the fleet config could not be read ({exc})"
+    return (settings_of(fleet) if fleet is not None else Settings()), None
 
 
 def forced_cases(plan, force: Iterable[str]) -> set[tuple[str, str]]:

@@ -372,27 +372,25 @@ def _first_line(exc: Exception) -> str:
 
 
 def _regression_settings(config: str | None, writes: bool = False):
-    """The fleet's `regressions` settings: from --config, else the fleet config ($FLEETBENCH_CONFIG or the default
-    one). Without --config, a config that cannot be read gives the defaults with a note; but not for a command
-    that stores what it assesses with them (`regressions accept`): that is refused, naming the file."""
-    import os
+    """The fleet's `regressions` settings: from --config, else the fleet config (`fleetbench.config.configured_fleet`).
+    Without --config, a config that cannot be read gives the defaults with a note; but not for a command that
+    stores what it assesses with them (`regressions accept`): that is refused, naming the file."""
+    from fleetbench.config import ConfigError, RegressionSettings, configured_fleet, load_config
 
-    from fleetbench.config import ConfigError, RegressionSettings, load_config
-    from fleetbench.paths import default_config_path
-
-    path = config or default_config_path()
-    if not config and not os.environ.get("FLEETBENCH_CONFIG") and not Path(path).exists():
-        return RegressionSettings()  # no fleet config at all: the defaults
-    try:
-        return load_config(path).fleet.regressions
-    except ConfigError as exc:
-        if config:
+    if config:
+        try:
+            return load_config(config).fleet.regressions
+        except ConfigError as exc:
             raise UsageError(str(exc)) from None
+    try:
+        fleet = configured_fleet()
+    except ConfigError as exc:
         if writes:
             raise UsageError(f"{exc} (the fleet config, $FLEETBENCH_CONFIG: its regression settings assess what "
                              "accept stores; fix it or give --config)") from None
         print(f"note: regression settings are the defaults: {exc}", file=sys.stderr)
         return RegressionSettings()
+    return fleet.regressions if fleet is not None else RegressionSettings()
 
 
 def _finite(value):

@@ -881,6 +881,20 @@ def load_config(path: str | Path) -> FleetConfig:
 _LAST_LOADED: list[tuple[tuple, FleetConfig]] = []
 
 
+def configured_fleet() -> FleetSettings | None:
+    """The `fleet` settings of the fleet config the DAG uses ($FLEETBENCH_CONFIG, else include/config/fleet.yaml),
+    for commands that read the warehouse outside a run (`fleetbench report`, `capacity`, `compare`, `regressions
+    accept`, the UI view): they judge as the plan does. None when there is no fleet config at all (the variable
+    unset and no default file); a config that cannot be read (a `FLEETBENCH_CONFIG` naming no file too) raises
+    ConfigError, naming it."""
+    from fleetbench.paths import default_config_path
+
+    path = default_config_path()
+    if not os.environ.get("FLEETBENCH_CONFIG") and not path.exists():
+        return None
+    return load_config_once(path).fleet
+
+
 def load_config_once(path: str | Path) -> FleetConfig:
     """`load_config`, but a file unchanged since this process last read it is not read and validated again.
 

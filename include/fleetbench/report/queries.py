@@ -562,13 +562,14 @@ def scaling(conn, f: Filters) -> list[dict]:
 
 def _mig_scaled_hosts(conn, f: Filters, wanted: set[tuple]) -> dict[tuple, int]:
     """Distinct hosts with an ok result of N instances of a MIG profile with a speedup efficiency, per (model, N,
-    profile), from the results (MIG cases are few; the rollup's bit masks count GPUs, not instances)."""
-    out: dict[tuple, int] = {}
-    for model, n, profile in wanted:
-        out[(model, n, profile)] = conn.execute(select(func.count(distinct(br.c.host))).where(
-            *_scope(f), br.c.status == "ok", br.c.speedup_efficiency.is_not(None), br.c.model == model,
-            br.c.num_gpus == n, br.c.mig_profile == profile)).scalar() or 0
-    return out
+    profile), from the results in one grouped query (MIG cases are few; the rollup's bit masks count GPUs, not
+    instances)."""
+    if not wanted:
+        return {}
+    rows = conn.execute(select(br.c.model, br.c.num_gpus, br.c.mig_profile, func.count(distinct(br.c.host))).where(
+        *_scope(f), br.c.status == "ok", br.c.speedup_efficiency.is_not(None), br.c.mig_profile.is_not(None),
+        br.c.num_gpus >= 2).group_by(br.c.model, br.c.num_gpus, br.c.mig_profile))
+    return {(m, n, p): int(c) for m, n, p, c in rows if (m, n, p) in wanted}
 
 
 def node_scaling(conn, f: Filters) -> list[dict]:
