@@ -24,8 +24,8 @@ from fleetbench.warehouse import (
 from fleetbench.warehouse.schema import benchmark_results, host_facts, regressions, result_metrics, runs, steps
 from warehouse_rows import DERIVED, result_row, run_row, step_rows
 
-# 0021: run_case_rollup.mig_profile, nodes; 0020: host_month_rollup.model_runs; 0019: regressions.mailed_at;
-HEAD = "0021"  # 0018: torch_synthetic precision
+# 0022: whole-GPU scaled_gpus masks; 0021: run_case_rollup.mig_profile, nodes; 0020: host_month_rollup.model_runs;
+HEAD = "0022"  # 0019: regressions.mailed_at; 0018: torch_synthetic precision
 # from --precision; 0017: CPU cases out of the GPU rollups; 0016: partial indexes; 0015: superseded_host_facts; 0014:
 # multi-node cases; 0013: regression units; 0012: MIG
 NEW_RESULT_COLUMNS = set(DERIVED)  # the derived-metric columns revision 0003 adds
@@ -987,6 +987,49 @@ def check_migrate_case_rollup_variant(engine):
             "SELECT case_key, mig_profile, nodes FROM run_case_rollup"))}
     assert got == {"tf.resnet50.g2": (None, 1), "tf.resnet50.g2.mig1g.10gb": ("1g.10gb", 1),
                    "tf.resnet50.g2.n2.h1+h2": (None, 2)}
+    with engine.begin() as conn:
+        rollup.rebuild(conn)
+    assert _rollups(engine) == new
+
+
+def _masks(engine) -> dict[str, set[tuple]]:
+    with engine.connect() as conn:
+        return {"run": {tuple(r) for r in conn.execute(text("SELECT run_id, host, scaled_gpus FROM run_host_rollup"))},
+                "month": {tuple(r) for r in conn.execute(text("SELECT host, scaled_gpus FROM host_month_rollup"))}}
+
+
+def check_migrate_whole_gpu_scaled_mask(engine):
+    """0021 -> 0022: the rollups' scaled_gpus masks count whole GPUs only: a host's bit for n MIG instances is
+    cleared in its run's row and its month's; down to 0021 sets it again. Both ways equal a rebuild of every rollup
+    with the mask of that revision; runs without a MIG efficiency are not touched."""
+    from fleetbench.warehouse import rollup
+
+    upgrade(engine)
+    store_run(engine, run_row("r1"), [], [
+        result_row("tf.resnet50.g2", num_gpus=2, speedup_efficiency=0.95),  # h1: two whole GPUs
+        result_row("tf.resnet50.g4.mig1g.10gb", host="h2", num_gpus=4, mig_profile="1g.10gb", speedup_efficiency=0.9),
+        result_row("tf.resnet50.g2.mig1g.10gb", host="h1", num_gpus=2, mig_profile="1g.10gb", speedup_efficiency=0.5)])
+    store_run(engine, run_row("r2"), [], [result_row("tf.resnet50.g8", run_id="r2", host="h3", num_gpus=8,
+                                                     speedup_efficiency=0.9)])
+    new = _rollups(engine)
+    assert _masks(engine) == {"run": {("r1", "h1", 1 << 2), ("r1", "h2", 0), ("r2", "h3", 1 << 8)},
+                              "month": {("h1", 1 << 2), ("h2", 0), ("h3", 1 << 8)}}
+
+    downgrade(engine, "0021")
+    assert _masks(engine) == {"run": {("r1", "h1", 1 << 2), ("r1", "h2", 1 << 4), ("r2", "h3", 1 << 8)},
+                              "month": {("h1", 1 << 2), ("h2", 1 << 4), ("h3", 1 << 8)}}
+    old = _rollups(engine)
+    with engine.begin() as conn:  # 0021's code: MIG instances in the mask
+        mask = rollup.SCALED_GPUS
+        rollup.SCALED_GPUS = mask.replace(" AND mig_profile IS NULL", "")
+        try:
+            rollup.rebuild(conn)
+        finally:
+            rollup.SCALED_GPUS = mask
+    assert _rollups(engine) == old
+
+    upgrade(engine)
+    assert current_revision(engine) == HEAD and _rollups(engine) == new
     with engine.begin() as conn:
         rollup.rebuild(conn)
     assert _rollups(engine) == new

@@ -85,3 +85,9 @@ def test_migrate_case_rollup_variant(pg_engine):
     from warehouse_contract import check_migrate_case_rollup_variant
 
     check_migrate_case_rollup_variant(pg_engine)
+
+
+def test_migrate_whole_gpu_scaled_mask(pg_engine):
+    from warehouse_contract import check_migrate_whole_gpu_scaled_mask
+
+    check_migrate_whole_gpu_scaled_mask(pg_engine)

@@ -151,3 +151,9 @@ def test_migrate_case_rollup_variant(tmp_path):
     from warehouse_contract import check_migrate_case_rollup_variant
 
     check_migrate_case_rollup_variant(engine_at(tmp_path))
+
+
+def test_migrate_whole_gpu_scaled_mask(tmp_path):
+    from warehouse_contract import check_migrate_whole_gpu_scaled_mask
+
+    check_migrate_whole_gpu_scaled_mask(engine_at(tmp_path))

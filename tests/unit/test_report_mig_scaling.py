@@ -54,3 +54,23 @@ def test_the_fleets_series_carry_their_mig_profile_and_nodes(engine):
         "tf.resnet50.g1": (1, None, 1), "tf.resnet50.g2": (2, None, 1), "tf.resnet50.g1.mig1g.10gb": (1, "1g.10gb", 1),
         "tf.resnet50.g2.mig1g.10gb": (2, "1g.10gb", 1), "tf.resnet50.g2.n2.h1+h2": (2, None, 2)}
     assert len(throughput_charts({"throughput": series, "throughput_mode": "fleet", "driver_changes": []})) == 5
+
+
+@pytest.mark.parametrize("window", [{}, {"since": "2026-12-01", "until": "2027-01-01"}, {"since": "2026-11-30"}])
+def test_a_host_that_scaled_only_on_mig_instances_is_not_a_whole_gpu_host(tmp_path, window):
+    """The fleet's whole-GPU scaling row counts its hosts from the rollups' GPU-count masks (per night, and per
+    month for whole months): a host whose only N-instance efficiency is on MIG instances is not one of them."""
+    from fleetbench.report.queries import parse_filters
+
+    engine = get_engine(f"sqlite:///{tmp_path}/w.db")
+    upgrade(engine)
+    store_run(engine, run_row("r1"), [], [
+        result_row("tf.resnet50.g1", ips=100.0),
+        result_row("tf.resnet50.g2", num_gpus=2, ips=190.0, speedup_efficiency=0.95),
+        result_row("tf.resnet50.g1.mig1g.10gb", host="h2", mig_profile="1g.10gb", ips=20.0),
+        result_row("tf.resnet50.g2.mig1g.10gb", host="h2", num_gpus=2, mig_profile="1g.10gb", ips=38.0,
+                   speedup_efficiency=0.95)])
+    report = build_report(engine, parse_filters(**window))
+    got = {(r["num_gpus"], r["mig_profile"]): (r["n"], r["hosts"]) for r in report["scaling"]}
+    assert got == {(2, None): (1, 1), (2, "1g.10gb"): (1, 1)}
+    engine.dispose()

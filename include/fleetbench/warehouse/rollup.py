@@ -14,7 +14,8 @@ What the report reads from them (`fleetbench.report.queries`):
 - run_host_rollup, one row per (dag_id, run_id, host, model, gpu, driver_version, logical_date):
   case counts by status, the newest stored_at, the highest GPU model reported, sums and counts of
   images per joule and cost per million images of ok results (means are sum / n), and `scaled_gpus`,
-  a bit mask of the GPU counts n (2 <= n <= 62) that had an ok result with a speedup efficiency.
+  a bit mask of the GPU counts n (2 <= n <= 62) that had an ok result of n whole GPUs (not MIG instances)
+  with a speedup efficiency.
 - run_case_rollup, one row per (dag_id, run_id, case_key, gpu, logical_date): the fleet's ok images/sec
   of that case on that GPU type (median, min, max of the finite values, how many, on how many hosts),
   its case counts by status, and the speedup efficiency, energy and cost of its ok results.
@@ -58,6 +59,11 @@ STATUS = """
     SUM(CASE WHEN status = 'ok' THEN 1 ELSE 0 END),
     SUM(CASE WHEN status = 'failed' THEN 1 ELSE 0 END),
     SUM(CASE WHEN status = 'skipped' THEN 1 ELSE 0 END)"""
+# The GPU counts of a group's whole-GPU scaling: bit n for an ok result of n whole GPUs with a speedup efficiency
+# (revision 0022: not n instances of a MIG profile, which the report counts from the results, `_mig_scaled_hosts`).
+SCALED_GPUS = """COALESCE(CAST(SUM(DISTINCT CASE
+    WHEN status = 'ok' AND speedup_efficiency IS NOT NULL AND num_gpus BETWEEN 2 AND 62 AND mig_profile IS NULL
+    THEN CAST(1 AS BIGINT) << num_gpus END) AS BIGINT), 0)"""
 # Bitwise OR of the scaled_gpus masks of a group (SQLite has no such aggregate): bit by bit.
 OR_MASKS = " | ".join(f"MAX(h.scaled_gpus & {1 << b})" for b in range(2, 63))
 
@@ -69,8 +75,7 @@ INSERT INTO run_host_rollup (dag_id, run_id, host, model, gpu, driver_version, l
     results, ok, failed, skipped, {ENERGY_COLUMNS}, scaled_gpus)
 SELECT dag_id, run_id, host, model, {GPU}, driver_version, logical_date, MAX(stored_at), MAX(gpu_model),
     {STATUS},{ENERGY},
-    COALESCE(CAST(SUM(DISTINCT CASE WHEN status = 'ok' AND speedup_efficiency IS NOT NULL AND num_gpus BETWEEN 2 AND 62
-                                    THEN CAST(1 AS BIGINT) << num_gpus END) AS BIGINT), 0)
+    {SCALED_GPUS}
 FROM benchmark_results
 WHERE {where}
 GROUP BY dag_id, run_id, host, model, {GPU}, driver_version, logical_date

@@ -324,7 +324,8 @@ regression_acceptances = Table(
 #
 # run_host_rollup: one row per run, host, model, GPU type, driver and logical date (in practice a
 # host's models per night): case counts by status, energy and cost sums, and which GPU counts had a
-# speedup efficiency (bit n of scaled_gpus set: an ok n-GPU case with one, 2 <= n <= 62).
+# speedup efficiency (bit n of scaled_gpus set: an ok case of n whole GPUs with one, 2 <= n <= 62; revision
+# 0022: not n MIG instances).
 run_host_rollup = Table(
     "run_host_rollup", metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
