@@ -78,9 +78,10 @@ _CLASSES = [
                  "parsing, parsing.nccl"),
     FailureClass("wrong_results", "nccl-tests found wrong values (Out of bounds values : N FAILED, #wrong > 0)",
                  "parsing.nccl"),
-    FailureClass("cuda_error", "a CUDA call failed under NCCL (NCCL WARN Cuda failure, Test CUDA failure, "
-                 "Test NCCL failure 'unhandled cuda error')",
-                 "parsing.nccl"),
+    FailureClass("cuda_error", "a GPU fault: a CUDA call failed under NCCL (NCCL WARN Cuda failure, Test CUDA "
+                 "failure, Test NCCL failure 'unhandled cuda error'), or the framework's (an illegal memory access, "
+                 "an unspecified launch failure, an uncorrectable ECC error)",
+                 "parsing.nccl, parsing"),
     FailureClass("import_error", "the harness could not import what it needs", "parsing"),
     FailureClass("cuda_driver", "the driver is too old for the image's CUDA, or CUDA could not initialise", "parsing"),
     FailureClass("no_result", "exited 0 (or with an unknown status) but printed no (valid) primary metric",
@@ -96,11 +97,11 @@ PERMANENT = frozenset(c.name for c in _CLASSES if c.permanent)
 
 # The log parsers' names for what a log shows -> the row's failure class ("oom" in a log is the framework's GPU OOM).
 LOG_CLASSES = {"oom": "gpu_oom", "nccl": "nccl", "import_error": "import_error", "cuda_driver": "cuda_driver",
-               "no_result": "no_result", "other_error": "other_error"}
+               "cuda_error": "cuda_error", "no_result": "no_result", "other_error": "other_error"}
 
 
 # The log classes that fail a case by themselves; the others (other_error, no_result) only explain an exit.
-FAILING_LOG_CLASSES = ("oom", "nccl", "import_error", "cuda_driver")
+FAILING_LOG_CLASSES = ("oom", "nccl", "cuda_error", "import_error", "cuda_driver")
 
 
 def row_class(log_class: str | None) -> str | None:

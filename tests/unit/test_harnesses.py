@@ -634,3 +634,27 @@ def test_an_abort_after_the_fault_the_log_names_keeps_its_class(exit_code):
     warn = nccl_measure(lines("host:1:1 [0] transport.cc:12 NCCL WARN Net : Connection closed\n"))
     assert classify({"exit_code": exit_code}, warn, "")[1] == "nccl"
     assert classify({"exit_code": exit_code}, None, "Segmentation fault (core dumped)\n")[1] == "core_dump"
+
+
+@pytest.mark.parametrize("exit_code", [134, 139])
+def test_a_framework_aborting_on_a_gpu_fault_is_cuda_error_not_core_dump(exit_code):
+    """TF aborts (glog FATAL) after CUDA_ERROR_ILLEGAL_ADDRESS: the row names the fault, the exit in the detail."""
+    from test_parsing import HEADER, TF_ILLEGAL_ADDRESS
+
+    from fleetbench.parsing import parse_log
+
+    status, failure_class, detail = classify({"exit_code": exit_code}, parse_log(HEADER + TF_ILLEGAL_ADDRESS),
+                                             HEADER + TF_ILLEGAL_ADDRESS)
+    assert (status, failure_class) == ("failed", "cuda_error")
+    assert "CUDA_ERROR_ILLEGAL_ADDRESS" in detail and f"then exit {exit_code}: crashed" in detail
+
+
+def test_torch_synthetic_names_an_uncorrectable_ecc_error_as_cuda_error():
+    from fleetbench.harnesses.torch_synthetic import measure_lines as torch_measure
+
+    text = ("torch_synthetic: model resnet50\nstep 1: 120.0 images/sec loss 6.9\n"
+            "RuntimeError: CUDA error: uncorrectable ECC error encountered\n")
+    measured = torch_measure(lines(text))
+    assert (measured.failure_class, measured.failure_detail) == (
+        "cuda_error", "RuntimeError: CUDA error: uncorrectable ECC error encountered")
+    assert classify({"exit_code": 1}, measured, text)[:2] == ("failed", "cuda_error")

@@ -671,3 +671,40 @@ def test_steps_beyond_the_cap_are_counted_not_kept(monkeypatch):
     steps = "".join(f"{i}\timages/sec: 100.0 +/- 0.0 (jitter = 0.0)\t7.0\n" for i in range(1, 11))
     log = parse_log(HEADER + steps + RESULT)
     assert log.step_count == 10 and [s.step for s in log.steps] == [1, 2, 3]
+
+
+TF_ILLEGAL_ADDRESS = (
+    "2023-03-14 09:12:01.123456: E tensorflow/stream_executor/cuda/cuda_event.cc:29] Error polling for event status: "
+    "failed to query event: CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered\n"
+    "2023-03-14 09:12:01.123500: F tensorflow/core/common_runtime/gpu/gpu_event_mgr.cc:273] Unexpected Event "
+    "status: 1\nAborted (core dumped)\n")
+
+
+@pytest.mark.parametrize("text", [
+    TF_ILLEGAL_ADDRESS,
+    "E tensorflow/stream_executor/cuda/cuda_driver.cc:1010] failed to synchronize the stop event: "
+    "CUDA_ERROR_ECC_UNCORRECTABLE: uncorrectable ECC error encountered\n",
+    "RuntimeError: CUDA error: uncorrectable ECC error encountered\nCUDA kernel errors might be asynchronously "
+    "reported at some other API call, so the stacktrace below might be incorrect.\n",
+    "torch.AcceleratorError: CUDA error: unspecified launch failure\n",
+    # the fault first, then NCCL's error about it: the fault is the cause (as in nccl-tests)
+    "RuntimeError: CUDA error: an illegal memory access was encountered\n"
+    "RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1269, unhandled cuda error\n",
+])
+def test_a_gpu_fault_under_the_framework_is_cuda_error(text):
+    """An illegal address, a launch failure or an uncorrectable ECC error (an Xid, a dying board) is the GPU's
+    fault, not the benchmark's: `cuda_error`, its line the detail, not the crash (other_error) it ends in."""
+    log = parse_log(HEADER + "Running warm up\n" + text)
+    assert log.failure_class == "cuda_error"
+    assert "CUDA" in log.failure_detail and log.failure_detail in text
+
+
+def test_cuda_statuses_that_are_not_gpu_faults_keep_their_class():
+    oom = parse_log(HEADER + "Running warm up\nResourceExhaustedError: OOM when allocating tensor\n"
+                    "E cuda_driver.cc:890] failed to alloc 8589934592 bytes on host: CUDA_ERROR_OUT_OF_MEMORY\n")
+    assert oom.failure_class == "oom"
+    no_device = parse_log(HEADER + "E cuda_driver.cc:318] failed call to cuInit: CUDA_ERROR_NO_DEVICE: no "
+                          "CUDA-capable device is detected\nValueError: no GPU\n")
+    assert no_device.failure_class == "other_error"
+    launcher = parse_log(HEADER + "Running warm up\nmpirun launched 2 processes\nKeyError: 'x'\n")
+    assert launcher.failure_class == "other_error"

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable, Iterator
 from . import horovod, tf_cnn
 from .model import (
     FAILURE_CUDA_DRIVER,
+    FAILURE_CUDA_ERROR,
     FAILURE_IMPORT,
     FAILURE_NCCL,
     FAILURE_NO_RESULT,
@@ -206,6 +207,18 @@ Internal: unhandled system error`` (NCCL's text for ncclSystemError);
 Horovod/PyTorch say ``NCCL error ...`` / ``ncclCommInitRank failed: ...``; PyTorch's NCCL watchdog, on a
 collective that hung, ``[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=..., ...)``."""
 
+_CUDA_ERROR_RE = re.compile(
+    r"CUDA_ERROR_(?:ILLEGAL_ADDRESS|LAUNCH_FAILED|ECC_UNCORRECTABLE|ILLEGAL_INSTRUCTION|MISALIGNED_ADDRESS"
+    r"|HARDWARE_STACK_ERROR|LAUNCH_TIMEOUT)"
+    r"|an illegal memory access was encountered|unspecified launch failure|uncorrectable ECC error encountered"
+    r"|an illegal instruction was encountered|misaligned address"
+)
+"""A GPU fault under the framework, the device's or the kernel's rather than the benchmark's settings: TF's
+``CUDA_ERROR_ILLEGAL_ADDRESS: an illegal memory access was encountered`` (then a glog FATAL and an abort),
+PyTorch's ``CUDA error: unspecified launch failure`` / ``uncorrectable ECC error encountered`` (the runtime's texts
+of the same driver errors; an Xid or a dying board). ``CUDA_ERROR_OUT_OF_MEMORY`` is an OOM, ``CUDA_ERROR_NO_DEVICE``
+and a too-old driver are cuda_driver."""
+
 _EXCEPTION_RE = re.compile(
     r"^(?:[A-Za-z_]\w{0,100}\.){0,20}([A-Z]\w{0,100}(?:Error|Exception|Exit|Interrupt))(?::|$)"
 )
@@ -244,12 +257,14 @@ _CUDA_DRIVER_HINTS = ("driver",)
 _OOM_HINTS = ("oom", "memory", "exhausted", "alloc_failed")
 _OOM_DRIVER_HINTS = ("out_of_memory",)
 _NCCL_HINTS = ("nccl", "unhandled")
+_CUDA_ERROR_HINTS = ("cuda_error_", "illegal", "launch", "ecc error", "misaligned")
 
 
 def _may_name_a_failure(lowered: str) -> bool:
     """Whether a lowercased line holds any hint above (a chain of ``in``: the cheapest test per line)."""
     return ("driver" in lowered or "memory" in lowered or "oom" in lowered or "exhausted" in lowered
-            or "nccl" in lowered or "unhandled" in lowered or "alloc_failed" in lowered)
+            or "nccl" in lowered or "unhandled" in lowered or "alloc_failed" in lowered or "cuda_error_" in lowered
+            or "illegal" in lowered or "launch" in lowered or "ecc error" in lowered or "misaligned" in lowered)
 
 
 def _may_name_a_death(lowered: str) -> bool:
@@ -262,7 +277,7 @@ def classify_failure(lines: Iterable[LogLine], header_index: int | None) -> tupl
     """Return ``(failure_class, failure_detail)`` for a run without a result.
 
     Classes by priority: cuda_driver, import_error (only before the header),
-    oom, nccl, other_error, then oom of a bare ``CUDA_ERROR_OUT_OF_MEMORY`` line
+    oom, cuda_error, nccl, other_error, then oom of a bare ``CUDA_ERROR_OUT_OF_MEMORY`` line
     (see ``oom_is_fatal``); ``(None, None)`` when no error text is found.
     Lines of every rank count: one rank's error kills the job.
     """
@@ -322,6 +337,7 @@ class _Evidence:
         self.oom = _FirstLine()
         self.oom_driver = _FirstLine()
         self.nccl = _FirstLine()
+        self.cuda_error = _FirstLine()
         self.import_error: str | None = None
         self.last_exception: str | None = None
         self.fatal: str | None = None
@@ -331,6 +347,7 @@ class _Evidence:
             (_OOM_RE, _OOM_HINTS, self.oom),
             (_OOM_DRIVER_RE, _OOM_DRIVER_HINTS, self.oom_driver),
             (_NCCL_RE, _NCCL_HINTS, self.nccl),
+            (_CUDA_ERROR_RE, _CUDA_ERROR_HINTS, self.cuda_error),
         )
 
     def feed(self, index: int, text: str) -> None:
@@ -376,7 +393,9 @@ class _Evidence:
             (FAILURE_OOM, self.oom.line),
             (FAILURE_OOM, self.oom_driver.line if self.oom_driver.reporting else None),  # raised, not logged
             # cuMemAlloc's line, which TF logs while it retries smaller chunks, is the evidence only when nothing
-            # else explains the end: an NCCL error, another exception or a fatal line (a crash) outranks it
+            # else explains the end: a CUDA fault, an NCCL error, another exception or a fatal line (a crash)
+            # outranks it. A CUDA fault outranks NCCL's error about it (its `unhandled cuda error`), as in nccl-tests.
+            (FAILURE_CUDA_ERROR, self.cuda_error.line),
             (FAILURE_NCCL, self.nccl.line),
             (FAILURE_OTHER, self.last_exception or self.fatal or self.traceback),
             (FAILURE_OOM, self.oom_driver.line),
