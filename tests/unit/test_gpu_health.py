@@ -413,3 +413,59 @@ def test_a_regression_says_when_its_hosts_gpu_health_changed():
     # results stored before the health checks existed (None) are no change
     unchecked = [result_row("a", run_id=f"r{i}") for i in range(4)]
     assert "host_gpu_health" not in what_changed(now, unchecked)
+
+
+# -- DCGM 3.x levels 2+, a GPU nvidia-smi cannot read, R610's power section, CUDA past the table -----------------
+DCGM3_R3 = FIX / "dcgmi-diag-r3_4xa10g_dcgm3.3.9_targeted-power-fail-gpu1.txt"
+R610_Q = FIX / "nvidia-smi-q_1xrtx2080super_610.57.04_ceiling-power-limit.txt"
+
+
+def test_dcgm3_level3_results_per_gpu_set_and_a_failed_gpu(tmp_path):
+    """DCGM 3.x prints its Integration, Hardware and Stress tests' results per set of GPUs (`Pass - All`,
+    `Pass - GPUs: 0, 2, 3` then `Fail - GPU: 1`): every test is read, and a GPU's failure fails the host."""
+    diag = G.parse_dcgm_diag(DCGM3_R3.read_text())
+    got = {t["name"]: (t["section"], t["result"], t["gpus"]) for t in diag["tests"]}
+    assert len(got) == 15 and got["PCIe"] == ("Integration", "Pass", {}) and got["EUD Test"] == ("Stress", "Skip", {})
+    assert got["Targeted Power"] == ("Stress", "Fail", {"0": "Pass", "2": "Pass", "3": "Pass", "1": "Fail"})
+    power = next(t for t in diag["tests"] if t["name"] == "Targeted Power")
+    assert power["warning"].startswith("GPU 1 Max power of 224.1 did not reach desired power minimum")
+    assert "error" not in next(t for t in diag["tests"] if t["name"] == "Inforom")
+    checks = evaluate(facts_from_dir(folder(tmp_path, nvidia_smi_q_xml=P100_XML.read_text(), xid=journal(),
+                                            dcgm=DCGM3_R3.read_text())), GPU_NEEDS)
+    check = by_name(checks)["gpu_dcgm_diag"]
+    assert check.status == "fail" and check.detail.startswith(
+        "dcgmi diag (DCGM 3.3.9) failed: Targeted Power (GPU 1): GPU 1 Max power of 224.1")
+    assert [e["gpu"] for e in check.evidence] == ["1"] and verdict(checks) == "unfit"
+
+
+def test_xids_and_dcgm_are_judged_when_nvidia_smi_q_cannot_read_the_gpu(tmp_path):
+    """A GPU fallen off the bus is why `nvidia-smi -q` fails ("Unable to determine the device handle"): the kernel
+    log's XID 79 and dcgmi's failure still make the host unfit, next to the unknown health probes."""
+    lost = "Unable to determine the device handle for GPU0000:01:00.0: Unknown Error\n"
+    facts = facts_from_dir(folder(tmp_path, nvidia_smi_q_txt=lost, xid=journal(JOURNAL_79.read_text()),
+                                  dcgm=DCGM3.read_text()))
+    assert facts.gpu_health is None
+    checks = by_name(evaluate(facts, GPU_NEEDS))
+    assert checks["gpu_health_probes"].status == "unknown"
+    assert checks["gpu_xid"].status == "fail" and "XID 79 on 0000:01:00" in checks["gpu_xid"].detail
+    assert checks["gpu_dcgm_diag"].status == "fail"
+    assert verdict(list(checks.values())) == "unfit"
+
+
+def test_r610_power_limits_under_the_ceiling_block(tmp_path):
+    """R610 nests the limits under `GPU Ceiling Power Limit`: read there, a healthy board is not 'unknown'."""
+    [gpu] = G.parse_smi_text(R610_Q.read_text())["gpus"]
+    assert (gpu["power_limit_w"], gpu["default_power_limit_w"]) == (250.0, 250.0)
+    facts = facts_from_dir(folder(tmp_path, nvidia_smi_q_txt=R610_Q.read_text(), xid=journal()))
+    assert by_name(evaluate(facts, GPU_NEEDS))["gpu_power_limit"].status == "pass"
+    lowered = R610_Q.read_text().replace("            Current Power Limit                        : 250.00 W",
+                                         "            Current Power Limit                        : 150.00 W")
+    (tmp_path / "low").mkdir()
+    low = facts_from_dir(folder(tmp_path / "low", nvidia_smi_q_txt=lowered, xid=journal()))
+    assert by_name(evaluate(low, GPU_NEEDS))["gpu_power_limit"].status == "warn"
+    xml = ("<?xml version=\"1.0\" ?><nvidia_smi_log><driver_version>610.43.02</driver_version><attached_gpus>1"
+           "</attached_gpus><gpu id=\"00000000:01:00.0\"><product_name>NVIDIA H200</product_name><gpu_power_readings>"
+           "<gpu_ceiling_power_limit><current_power_limit>700.00 W</current_power_limit><default_power_limit>700.00 W"
+           "</default_power_limit></gpu_ceiling_power_limit></gpu_power_readings></gpu></nvidia_smi_log>")
+    [x] = G.parse_smi_xml(xml)["gpus"]
+    assert (x["power_limit_w"], x["default_power_limit_w"]) == (700.0, 700.0)

@@ -95,11 +95,13 @@ def test_driver_cuda_falls_back_to_the_reported_cuda_version():
 
 def test_a_cuda_version_newer_than_the_table_is_not_judged_by_an_older_row():
     """13.2 has no row here: 590.48.01 (which reports 13.1) runs it only through minor-version compatibility, 595.71.05
-    (reports 13.2, as in the RTX 2080 SUPER capture) fully; a CUDA major the table does not know is not judged."""
+    (reports 13.2, as in the RTX 2080 SUPER capture) fully; a CUDA major the table does not know is judged by the CUDA
+    version the driver reports, and not judged without one."""
     assert check_driver_for_cuda("590.48.01", "13.2", cuda_driver_version="13.1").status == "warn"
     assert check_driver_for_cuda("595.71.05", "13.2", cuda_driver_version="13.2").status == "pass"
     assert check_driver_for_cuda("570.172.08", "13.2").status == "fail"
-    unknown = check_driver_for_cuda("610.57.04", "14.0", cuda_driver_version="13.3")
+    assert check_driver_for_cuda("610.57.04", "14.0", cuda_driver_version="13.3").status == "fail"
+    unknown = check_driver_for_cuda("610.57.04", "14.0")
     assert unknown.status == "unknown" and "check the image's CUDA against the driver by hand" in unknown.detail
 
 
@@ -287,3 +289,16 @@ def test_the_engine_check_compares_the_hosts_engine_with_the_one_its_cases_use()
     assert verdict(checks) == "unfit"
     assert reasons(checks).startswith(f"engine: docker_url reaches Docker engine another-engine, not the host's own "
                                       f"({own}, from `docker info` on the host)")
+
+
+@pytest.mark.parametrize("driver, gpus, reported, status", [
+    ("615.10.01", ["NVIDIA H100 80GB HBM3"], "14.1", "pass"),
+    ("575.51.03", ["NVIDIA H100 80GB HBM3"], "12.9", "fail"),
+    (None, None, "12.9", "fail"),
+    ("575.51.03", ["NVIDIA H100 80GB HBM3"], None, "unknown"),
+])
+def test_a_cuda_major_newer_than_the_table_is_judged_by_the_cuda_the_driver_reports(driver, gpus, reported, status):
+    """README: a CUDA version newer than the table is judged by the CUDA version the driver reports (a fail skips
+    the image's cases as driver_too_old instead of failing them at container start)."""
+    check = check_driver_for_cuda(driver, "14.0", gpus, reported)
+    assert check.status == status, check.detail

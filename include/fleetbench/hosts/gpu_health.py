@@ -36,6 +36,9 @@ _ANSI_SGR = re.compile(r"\x1b\[[0-9;]{0,16}m")
 _DCGM_VERSION = re.compile(r"^(\d{1,3})\.")
 _DCGM_SECTION = re.compile(r"^[|+]-{2,}\s{1,4}(\w[\w ]{0,40}?)\s{1,4}-")
 DCGM_RESULTS = ("Pass", "Fail", "Skip", "Warn")
+#: DCGM 3.x's result of a level 2+ test, scoped to GPUs: `Pass - All`, `Pass - GPUs: 0, 2, 3`, `Fail - GPU: 1`.
+_DCGM_SCOPED = re.compile(r"^(Pass|Fail|Skip|Warn) - (?:All|GPUs?: ?(\d{1,4}(?:, ?\d{1,4}){0,255}))$")
+_DCGM_WORST = {"Skip": 0, "Pass": 1, "Warn": 2, "Fail": 3}
 #: A MIG profile as nvidia-smi names it: `1g.10gb`, `3g.40gb`, `1g.10gb+me`, a compute-instance profile
 #: `1c.3g.20gb` (R470 and later); fleetbench.config checks benchmarks' `mig_profiles` against it.
 MIG_PROFILE = re.compile(MIG_PROFILE_PATTERN)
@@ -184,8 +187,11 @@ def _xml_gpu(index: int, gpu: ET.Element) -> dict:
         "pcie_gen_max": _int(text("pci/pci_gpu_link_info/pcie_gen/max_link_gen")),
         "pcie_width_current": _int(text("pci/pci_gpu_link_info/link_widths/current_link_width")),
         "pcie_width_max": _int(text("pci/pci_gpu_link_info/link_widths/max_link_width")),
-        "power_limit_w": _number(first(f"{power}/current_power_limit", f"{power}/power_limit")),
-        "default_power_limit_w": _number(text(f"{power}/default_power_limit")),
+        # R610 and later nest the board's limits under gpu_ceiling_power_limit
+        "power_limit_w": _number(first(f"{power}/current_power_limit", f"{power}/gpu_ceiling_power_limit/"
+                                       "current_power_limit", f"{power}/power_limit")),
+        "default_power_limit_w": _number(first(f"{power}/default_power_limit",
+                                               f"{power}/gpu_ceiling_power_limit/default_power_limit")),
         "temperature_c": _number(text("temperature/gpu_temp")),
     }
 
@@ -289,8 +295,11 @@ def _text_gpu(index: int, bus_id: str, f: dict[tuple[str, ...], str], mig_device
         "pcie_gen_max": _int(get(*link, "pcie generation", "max")),
         "pcie_width_current": _int(get(*link, "link width", "current")),
         "pcie_width_max": _int(get(*link, "link width", "max")),
-        "power_limit_w": _number(first((power, "current power limit"), (power, "power limit"))),
-        "default_power_limit_w": _number(get(power, "default power limit")),
+        # R610 and later nest the board's limits under "GPU Ceiling Power Limit"
+        "power_limit_w": _number(first((power, "current power limit"), (power, "gpu ceiling power limit",
+                                       "current power limit"), (power, "power limit"))),
+        "default_power_limit_w": _number(first((power, "default power limit"),
+                                               (power, "gpu ceiling power limit", "default power limit"))),
         "temperature_c": _number(get("temperature", "gpu current temp")),
     }
 
@@ -433,11 +442,24 @@ def parse_xid_log(text: str, window_s: float = 86400.0) -> dict:
 
 
 # -- dcgmi diag --------------------------------------------------------------------------------
+def _scope(test: dict, scoped: re.Match[str]) -> None:
+    """One `Result - GPUs: ...` of a DCGM 3.x test: its GPUs' result, and the test's if it is worse."""
+    result = scoped.group(1)
+    for gpu in (scoped.group(2) or "").replace(" ", "").split(","):
+        if gpu:
+            test["gpus"][gpu] = result
+    if _DCGM_WORST[result] > _DCGM_WORST[test["result"]]:
+        test["result"] = result
+
+
 def parse_dcgm_diag(text: str) -> dict:
     """`dcgmi diag -r N` -> {"dcgm_version", "tests": [{"name", "section", "result", "gpus", "error"}]}.
 
     DCGM 3.x prints one result per test and its error text in `Error` rows below it (wrapped at the
-    column width, mid-word); DCGM 4.x prints the test's overall result and one `GPUn: Result` row per GPU.
+    column width, mid-word); its level 2+ tests (Integration, Hardware, Stress) a result per set of GPUs, the
+    first on the test's row and the others below it (`Pass - GPUs: 0, 2, 3`, then `Fail - GPU: 1`): the test's
+    result is the worst of them, each GPU's in `gpus`. DCGM 4.x prints the test's overall result and one
+    `GPUn: Result` row per GPU.
     """
     _check_text(text, "dcgmi diag")
     rows: list[tuple[str, str]] = []
@@ -466,13 +488,19 @@ def parse_dcgm_diag(text: str) -> dict:
             continue
         if name in ("Error", "Warning", "Info") and tests:
             key = "error" if name == "Error" else name.lower()
-            tests[-1][key] = tests[-1].get(key, "") + ("; " if tests[-1].get(key) else "") + cell
+            tests[-1][key] = tests[-1].get(key, "").rstrip() + ("; " if tests[-1].get(key) else "") + cell
             tests[-1]["_last"] = key
         elif name and cell.strip() in DCGM_RESULTS:
             tests.append({"name": name, "section": section, "result": cell.strip(), "gpus": {}})
+        elif name and (scoped := _DCGM_SCOPED.match(cell.strip())):
+            tests.append({"name": name, "section": section, "result": scoped.group(1), "gpus": {}})
+            _scope(tests[-1], scoped)
         elif not name and tests:
             value = cell.strip()
-            if g := re.match(r"^GPU(\d{1,4}): (Pass|Fail|Skip|Warn)$", value):
+            if (scoped := _DCGM_SCOPED.match(value)) and tests[-1]["section"] == section:
+                _scope(tests[-1], scoped)
+                tests[-1].pop("_last", None)
+            elif g := re.match(r"^GPU(\d{1,4}): (Pass|Fail|Skip|Warn)$", value):
                 tests[-1]["gpus"][g.group(1)] = g.group(2)
                 tests[-1].pop("_last", None)
             elif last := tests[-1].get("_last"):

@@ -123,6 +123,12 @@ def check_xid(facts: HostFacts, gpus: list[dict], t: HealthThresholds) -> Check:
     return Check("gpu_xid", "pass", f"no XID in the last {hours:g} h ({facts.xid.get('source')})")
 
 
+def _on_gpus(test: dict, result: str) -> str:
+    """" (GPU 1)" when the test names the GPUs of that result (not every GPU of a DCGM 3.x `- All` result)."""
+    gpus = [g for g, r in (test.get("gpus") or {}).items() if r == result]
+    return f" (GPU {', '.join(gpus)})" if gpus else ""
+
+
 def check_dcgm(facts: HostFacts) -> Check | None:
     if facts.dcgm_diag is None:
         if "dcgm_diag" in facts.unknown:
@@ -135,7 +141,8 @@ def check_dcgm(facts: HostFacts) -> Check | None:
     failed = [t for t in tests if t["result"] == "Fail"]
     version = facts.dcgm_diag.get("dcgm_version") or "unknown version"
     if failed:
-        what = "; ".join(f"{t['name']}: {t.get('error', 'Fail')[:200]}" for t in failed)
+        what = "; ".join(f"{t['name']}{_on_gpus(t, 'Fail')}: {(t.get('error') or t.get('warning') or 'Fail')[:200]}"
+                         for t in failed)
         return Check("gpu_dcgm_diag", "fail", f"dcgmi diag (DCGM {version}) failed: {what}", tuple(ev))
     warned = [t for t in tests if t["result"] == "Warn"]
     if warned:
@@ -253,13 +260,15 @@ def evaluate_health(facts: HostFacts, needs: HostNeeds) -> list[Check]:
     """The GPU health checks, when the health probes ran (folders without them give none)."""
     t = needs.health or HealthThresholds()
     if facts.gpu_health is None:
-        # nvidia-smi -L alone still says which GPUs are in MIG mode
-        mig = [check_mig([], t, needs, facts.gpu_list)] if facts.gpu_list else []
+        # nvidia-smi -L alone still says which GPUs are in MIG mode; the kernel log's XIDs (a GPU fallen off the
+        # bus is why nvidia-smi -q cannot read it) and dcgmi diag's results do not need nvidia-smi -q either
+        rest = [c for c in ((check_mig([], t, needs, facts.gpu_list) if facts.gpu_list else None),
+                            (check_xid(facts, [], t) if facts.xid is not None else None), check_dcgm(facts)) if c]
         if "gpu_health" not in facts.unknown or facts.driver_state:
-            return mig  # not captured, or the driver checks already say why nvidia-smi gave nothing
+            return rest  # not captured, or the driver checks already say why nvidia-smi gave nothing
         return [Check("gpu_health_probes", "unknown", f"GPU health unknown: {facts.unknown['gpu_health']}",
                       tuple({"gpu": None, "bus_id": None, "value": f"{name}: {why}", "threshold": "readable"}
-                            for name, why in facts.probe_unreadable.items()))] + mig
+                            for name, why in facts.probe_unreadable.items()))] + rest
     gpus = facts.gpu_health
     checks = [check_remapped_rows(gpus), check_retired_pages(gpus), check_xid(facts, gpus, t), check_dcgm(facts),
               check_mig(gpus, t, needs, facts.gpu_list), check_pcie(gpus), check_clock_events(gpus, t),

@@ -106,9 +106,10 @@ def check_driver_for_cuda(driver: str | None, cuda: str, gpu_names: list[str] | 
     minor = MINOR_COMPAT.get(want[0])
     have = version_tuple(driver)
     reported = version_tuple(cuda_driver_version)
-    if need is None and minor is None:
+    if need is None and minor is None and reported is None:  # a major the table does not know: the driver's word
         return Check("driver_cuda", "unknown", f"no minimum driver known for CUDA {cuda} (NVIDIA's table here covers "
-                                               "11.0 to 13.1): check the image's CUDA against the driver by hand")
+                                               "11.0 to 13.1) and the driver reports no CUDA version: check the "
+                                               "image's CUDA against the driver by hand")
     if have is None:
         if reported is not None and reported[:2] >= want[:2]:
             return Check("driver_cuda", "pass",
