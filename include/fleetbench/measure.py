@@ -336,6 +336,8 @@ def collect_rows(plan, verdicts: dict, images: dict, outcomes: list[dict]) -> di
         problem = set_problem(case, verdicts, images) if case.nodes > 1 else None
         if outcome is None and problem is None and verdict is not None and not verdict.unfit:
             outcome = outcome_from_file(str(runs.case_log_dir(run.dag_id, run.run_id, case.host)), case.case_key)
+            if outcome is not None and run.started_at and outcome.get("run_started_at") not in (None, run.started_at):
+                outcome = None  # an earlier execution's: this one's task never got to run the case
         if problem is not None and outcome is None:  # a host of the set could not run it
             fields, steps = {**not_run(*problem), **planned_metric(case)}, []
         else:

@@ -173,6 +173,9 @@ class CaseOutcome(_Xcom):
     rapl: dict[str, Any] | None = None
     peak_mem_mib: float | None = None  # the container's peak memory (fleetbench.telemetry.container_memory)
     peak_mem_source: str | None = None
+    # The execution of the run it belongs to (the plan's `started_at`): collect takes no outcome file that an
+    # earlier execution of the same run (cleared, backfilled again) left in the run's folder.
+    run_started_at: str | None = None
     measurement: Measurement | None = Field(default=None)
 
 

@@ -194,6 +194,41 @@ def test_kill_from_airflow_stops_removes_and_records_killed(case_run, docker_api
     assert outcome["measurement"]["fields"]["failure_class"] == "killed"  # measured once, by the case's task
 
 
+def test_a_kill_removes_the_container_before_measuring_and_leaves_no_earlier_log(case_run, docker_api):
+    """Airflow SIGKILLs 5 s after its SIGTERM and measuring a log of ~100 MB takes longer: on_kill writes the
+    outcome (unmeasured), removes the container, and only then measures. A log an earlier execution left in the
+    run's folder is not this case's: the killed row reads what this try printed."""
+    op = case_run.build(["sh", "-c", "echo this try; sleep 60"])
+    log_path, outcome_path = op._paths()
+    log_path.write_text("an earlier execution's log\n" + "10\timages/sec: 100.0 +/- 0.0 (jitter = 0.0)\t7.0\n")
+    seen: dict = {}
+    remove, finish = op._remove, op._finish
+
+    def checked_remove(cid, stop_first=True):
+        seen["outcome on disk"] = json.loads(outcome_path.read_text()).get("killed_by_airflow")
+        return remove(cid, stop_first=stop_first)
+
+    def checked_finish(outcome):
+        seen["left when measured"] = docker_api.containers(all=True, filters={"name": op.container_name})
+        return finish(outcome)
+
+    op._remove, op._finish = checked_remove, checked_finish
+    worker = threading.Thread(target=lambda: pytest.raises(BaseException, op.execute, {}))
+    worker.start()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not docker_api.containers(filters={"name": op.container_name}):
+        time.sleep(0.1)
+    time.sleep(0.5)  # it printed its line
+    op.on_kill()
+    worker.join(30)
+    assert not worker.is_alive()
+    assert seen == {"outcome on disk": True, "left when measured": []}
+    assert "this try" in log_path.read_text() and "earlier execution" not in log_path.read_text()
+    outcome = json.loads(outcome_path.read_text())
+    assert outcome["measurement"]["fields"]["failure_class"] == "killed"
+    assert outcome["measurement"]["fields"]["step_count"] == 0
+
+
 @pytest.mark.parametrize("when", ["while its container is created", "before its container starts"])
 def test_a_kill_before_the_case_runs_leaves_no_container(case_run, when):
     """Airflow's SIGTERM handler calls on_kill and returns to the task's code; SIGKILL follows 5 s later. A kill

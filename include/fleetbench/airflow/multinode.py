@@ -81,7 +81,8 @@ def multinode_kwargs(plan, validations: list, prepared: list) -> list[dict]:
                                                         case.timeout_s),
                                      runs.label("role"): multinode.role_name(role)}})
         out.append({"case": {"host": case.host, "case_key": case.case_key, "harness": case.harness,
-                             "harness_settings": case.harness_settings, "hosts": case.hosts},
+                             "harness_settings": case.harness_settings, "hosts": case.hosts,
+                             "run_started_at": run.started_at},
                     "command": case.command, "roles": roles, "cluster": case.cluster, "timeout_s": case.timeout_s,
                     "container": case.container, "num_gpus": case.num_gpus,
                     "log_dir": str(runs.case_log_dir(run.dag_id, run.run_id, case.host))})
@@ -150,7 +151,8 @@ class MultiNodeCaseOperator(BaseOperator):
             raise
 
     def on_kill(self) -> None:
-        """Killed from Airflow (or its execution_timeout): record the case as killed, remove every container."""
+        """Killed from Airflow (or its execution_timeout): record the case as killed, remove every container, then
+        measure (as BenchmarkCaseOperator.on_kill: the unmeasured outcome is on disk before the removal)."""
         self._killed = True
         now = datetime.now(timezone.utc)
         started = self._started_at or now
@@ -160,11 +162,12 @@ class MultiNodeCaseOperator(BaseOperator):
             self._killed_outcome = {**self._blank_outcome(), "killed_by_airflow": True, "error": why,
                                     "started_at": started.isoformat(), "finished_at": now.isoformat(),
                                     "duration_s": round((now - started).total_seconds(), 3)}
-            self._finish(self._killed_outcome, [], None)
-            if self._execution_timeout:  # the task runner calls on_kill from its main thread after the timeout
-                runs.push_killed_outcome(self._ti, self._killed_outcome, self.log)
+            self._write(self._killed_outcome)
         finally:
             self._remove_all()
+        self._finish(self._killed_outcome, [], None)
+        if self._execution_timeout:  # the task runner calls on_kill from its main thread after the timeout
+            runs.push_killed_outcome(self._ti, self._killed_outcome, self.log)
 
     # -- pieces ---------------------------------------------------------------------------
     def _open_clients(self, stack: ExitStack) -> None:
@@ -195,7 +198,7 @@ class MultiNodeCaseOperator(BaseOperator):
                 "exit_code": None, "oom_killed": False, "timed_out": False, "killed_by_airflow": False,
                 "start_error_class": None, "error": None, "log_path": str(self._paths()[0]), "started_at": None,
                 "finished_at": None, "duration_s": None, "rapl": None, "peak_mem_mib": None,
-                "peak_mem_source": None}
+                "peak_mem_source": None, "run_started_at": self.case.get("run_started_at")}
 
     def _remove_stale(self) -> None:
         """Containers of this case's roles left by an earlier try, gone (a 409 "removal in progress" is retried;
@@ -443,6 +446,10 @@ class MultiNodeCaseOperator(BaseOperator):
         fields["roles_json"] = json.dumps(roles)
         outcome["measurement"] = Measurement(fields=fields, steps=steps).to_xcom()
         CaseOutcome.load(outcome)
+        self._write(outcome)
+
+    def _write(self, outcome: dict) -> None:
+        """The outcome file next to the chief's log (collect reads it when the task died before returning)."""
         _, path = self._paths()
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(outcome, indent=1))

@@ -105,7 +105,7 @@ def case_kwargs(plan, validations: list, prepared: list, host: str | None = None
             "docker_tls_conn_id": planned.docker_tls_conn_id,
             "labels": runs.case_labels(run.dag_id, run.run_id, case.host, case.case_key, case.timeout_s),
             "case": {"host": case.host, "case_key": case.case_key, "benchmark": case.benchmark, "harness": case.harness,
-                     "harness_settings": case.harness_settings},
+                     "harness_settings": case.harness_settings, "run_started_at": run.started_at},
             "num_gpus": case.num_gpus,
             "gpu_device_ids": list(devices.device_ids) if devices.device_ids else selected_device_ids(case, v),
             "timeout_s": case.timeout_s,
@@ -274,10 +274,12 @@ class BenchmarkCaseOperator(DockerOperator):
 
     def on_kill(self) -> None:
         """The task was killed (Airflow's SIGTERM: marked failed or cleared in the UI, the CLI; or its
-        execution_timeout): record the case as killed, then kill and remove the container in one call.
+        execution_timeout): record the case as killed, kill and remove the container in one call, then measure.
 
         In that order and without a stop grace: Airflow's supervisor follows its SIGTERM with SIGKILL
-        5 s later, and a case's outcome must be on disk and its container gone by then."""
+        5 s later, and a case's outcome must be on disk and its container gone by then. The outcome goes to disk
+        unmeasured first (collect measures such a file itself) and is measured after the removal: reading a log of
+        ~100 MB takes longer than those 5 s, and the container must not outlive the task on the GPUs."""
         self._killed = True
         if self.case.get("case_key") and self.log_dir:
             log_path, _ = self._paths()
@@ -293,14 +295,16 @@ class BenchmarkCaseOperator(DockerOperator):
             self._killed_outcome = {**self._blank_outcome(), "killed_by_airflow": True, "error": why,
                                     "started_at": started.isoformat(), "finished_at": now.isoformat(),
                                     "duration_s": round((now - started).total_seconds(), 3)}
-            self._finish(self._killed_outcome)
-            if self._execution_timeout:  # the task runner calls on_kill from its main thread after the timeout
-                runs.push_killed_outcome(self._ti, self._killed_outcome, self.log)
+            self._write_outcome(self._killed_outcome)
         if self.container is not None:
             self.log.info("task killed: killing and removing container %s", self.container["Id"][:12])
             self._remove(self.container["Id"], stop_first=False)
         elif self.container_name:  # killed while it was being created: gone by name if it exists (run_case checks too)
             self._remove(self.container_name, stop_first=False)
+        if self._killed_outcome is not None:
+            self._finish(self._killed_outcome)
+            if self._execution_timeout:  # the task runner calls on_kill from its main thread after the timeout
+                runs.push_killed_outcome(self._ti, self._killed_outcome, self.log)
 
     # -- the run loop ---------------------------------------------------------------------
     def _paths(self) -> tuple[Path, Path]:
@@ -314,7 +318,7 @@ class BenchmarkCaseOperator(DockerOperator):
             "gpu_device_ids": self.gpu_device_ids, "exit_code": None, "oom_killed": False, "timed_out": False,
             "killed_by_airflow": False, "start_error_class": None, "error": None, "log_path": str(log_path),
             "started_at": None, "finished_at": None, "duration_s": None, "rapl": None,
-            "peak_mem_mib": None, "peak_mem_source": None,
+            "peak_mem_mib": None, "peak_mem_source": None, "run_started_at": self.case.get("run_started_at"),
         }
 
     def _write_outcome(self, outcome: dict) -> None:
@@ -337,7 +341,8 @@ class BenchmarkCaseOperator(DockerOperator):
     def run_case(self) -> dict:
         log_path, outcome_path = self._paths()
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        outcome_path.unlink(missing_ok=True)  # an earlier try's outcome is not this try's
+        outcome_path.unlink(missing_ok=True)  # an earlier try's outcome (or an earlier execution's) is not this try's
+        log_path.unlink(missing_ok=True)  # nor its log, which a kill before this try's own would leave in place
         outcome = self._blank_outcome()
         t0 = self._started_at = datetime.now(timezone.utc)
         rapl = None

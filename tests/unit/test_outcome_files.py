@@ -1,0 +1,43 @@
+"""`store` reads a case's outcome file when its task returned nothing; the file must be this execution's: a cleared
+or re-backfilled run reuses the run's folder, and an earlier execution's file there is not this one's result."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fault_runs import measured_outcomes, night
+
+
+@pytest.mark.parametrize("stamp, status, failure_class", [
+    ("earlier", "failed", "task_failed"),  # this execution's task never ran the case
+    ("this", "ok", None),  # its task wrote the file and died before returning
+    (None, "ok", None),  # a file written before outcomes were stamped
+])
+def test_an_outcome_file_of_an_earlier_execution_is_not_this_runs_result(tmp_path, data_dir, stamp, status,
+                                                                         failure_class):
+    from fleetbench.airflow.pipeline import collect
+    from fleetbench.runs import case_log_dir, outcome_path
+
+    plan, validations, prepared = night(tmp_path, "r1")
+    [case] = plan["cases"]
+    [outcome] = measured_outcomes(plan)
+    if stamp is not None:
+        outcome["run_started_at"] = plan["run"]["started_at"] if stamp == "this" else "2026-11-01T02:00:00+00:00"
+    path = outcome_path(case_log_dir("fleet_benchmark", "r1", case["host"]), case["case_key"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(outcome))
+    [row] = collect(plan, validations, prepared, [])["rows"]
+    assert (row["status"], row["failure_class"]) == (status, failure_class)
+    assert plan["run"]["started_at"]  # the plan stamps its execution
+
+
+def test_each_case_task_stamps_its_outcome_with_the_runs_execution(tmp_path, data_dir):
+    from fleetbench.airflow.operators import BenchmarkCaseOperator, case_kwargs
+
+    plan, validations, prepared = night(tmp_path, "r1")
+    [kwargs] = case_kwargs(plan, validations, prepared, host="localhost")
+    assert kwargs["case"]["run_started_at"] == plan["run"]["started_at"]
+    op = BenchmarkCaseOperator(task_id="run_case", **kwargs)
+    assert op._blank_outcome()["run_started_at"] == plan["run"]["started_at"]
