@@ -141,16 +141,18 @@ def _write_results(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
     from fleetbench.metrics import per_unit
-    from fleetbench.warehouse import dag_ids, existing_engine, fetch_results, latest_run_id, warehouse_display_url
+    from fleetbench.warehouse import dag_ids, existing_engine, fetch_results, warehouse_display_url
     from fleetbench.warehouse.attempts import fetch_attempts
 
     engine = existing_engine()
     try:
-        run_id = args.run_id
-        if run_id is None and not args.all:
-            run_id = latest_run_id(engine, args.dag_id)
+        from fleetbench.warehouse.read import latest_run
+
+        run_id, dag_id = args.run_id, args.dag_id
+        if run_id is None and not args.all:  # the latest run: its DAG's rows only (DAGs on one cron share run ids)
+            dag_id, run_id = latest_run(engine, args.dag_id) or (dag_id, None)
         fetch = fetch_attempts if args.attempts else fetch_results
-        rows = fetch(engine, run_id=run_id, dag_id=args.dag_id) if (run_id or args.all) else []
+        rows = fetch(engine, run_id=run_id, dag_id=dag_id) if (run_id or args.all) else []
         rows = [{**r, **per_unit(r)} for r in rows]
         if args.dag_id and not rows:  # a typo would print (or export over an earlier file) "no results"
             known = dag_ids(engine)
@@ -199,7 +201,7 @@ def _write_results(args: argparse.Namespace) -> int:
             print("no results yet")
             return 0
         if run_id:
-            print(f"run {run_id}")
+            print(f"run {run_id}" + (f" of {dag_id}" if dag_id else ""))
         if args.attempts:
             print(format_table(rows, ATTEMPT_TABLE))
             current = [r for r in rows if r["current"]]

@@ -10,8 +10,10 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def data_dir() -> Path:
-    """Folder for the default SQLite warehouse and run artifacts (`FLEETBENCH_DATA_DIR`, default `.data/`)."""
-    return Path(os.environ.get("FLEETBENCH_DATA_DIR") or PROJECT_ROOT / ".data")
+    """Folder for the default SQLite warehouse and run artifacts (`FLEETBENCH_DATA_DIR`, default `.data/`), absolute:
+    a relative value is taken from the directory the process runs in when it reads it, once, not at each use (the
+    warehouse URL and the run folders built from it then name the same place whatever the process does later)."""
+    return Path(os.environ.get("FLEETBENCH_DATA_DIR") or PROJECT_ROOT / ".data").expanduser().absolute()
 
 
 def default_config_path() -> Path:
@@ -21,4 +23,4 @@ def default_config_path() -> Path:
 
 def artifacts_dir() -> Path:
     """Root of per-run artifacts (raw logs, probe outputs): `FLEETBENCH_ARTIFACTS_DIR` or `<data>/artifacts`."""
-    return Path(os.environ.get("FLEETBENCH_ARTIFACTS_DIR") or data_dir() / "artifacts")
+    return Path(os.environ.get("FLEETBENCH_ARTIFACTS_DIR") or data_dir() / "artifacts").expanduser().absolute()

@@ -41,7 +41,7 @@ def test_table_shows_the_latest_run(warehouse):
     proc = cli("results", url=warehouse)
     assert proc.returncode == 0
     lines = proc.stdout.splitlines()
-    assert lines[0] == "run r2"
+    assert lines[0] == "run r2 of fleet_benchmark"
     assert lines[1].split() == ["host", "model", "batch", "GPUs", "status", "metric", "value", "duration", "s",
                                 "energy", "Wh", "cost", "$", "$", "per", "unit", "Wh", "per", "unit", "image", "digest"]
     # 7200 J estimated = ~2 Wh; USD; per unit: 99 images/s x 60 s = 5,940 images -> $0.0125 and 2 Wh per 5,940 images
@@ -360,3 +360,38 @@ def test_gpu_catalog_and_dcgm_level_mistakes_are_one_line(tmp_path, monkeypatch,
     assert "--docker-url is the engine --local probes" in capsys.readouterr().err
     assert main(["host-check", "--facts", str(facts), "--save", str(tmp_path / "s")]) == 2
     assert "--save keeps the outputs of probes that run" in capsys.readouterr().err
+
+
+def test_the_latest_run_is_one_dags_even_when_another_dag_has_the_same_run_id(tmp_path):
+    """Two DAGs on one cron share their run ids (`scheduled__<logical date>`): the latest run is a (DAG, run id),
+    and its rows are that DAG's only."""
+    url = f"sqlite:///{tmp_path}/two.db"
+    engine = get_engine(url)
+    upgrade(engine)
+    night = "scheduled__2026-12-01T02:00:00+00:00"
+    store_run(engine, run_row(night), [], [result_row("a", run_id=night, host="gpu-a")])
+    store_run(engine, {**run_row(night), "dag_id": "nccl_nightly", "finished_at": "2026-12-01T03:00:00+00:00"}, [],
+              [result_row("b", run_id=night, host="gpu-b", dag_id="nccl_nightly")])
+    engine.dispose()
+    proc = cli("results", "--format", "json", url=url)
+    assert proc.returncode == 0, proc.stderr
+    assert [(r["dag_id"], r["host"]) for r in json.loads(proc.stdout)] == [("nccl_nightly", "gpu-b")]
+    table = cli("results", url=url).stdout.splitlines()
+    assert table[0] == f"run {night} of nccl_nightly" and table[-1] == "1 case(s): 1 ok, 0 failed, 0 skipped"
+    attempts = cli("results", "--attempts", url=url).stdout.splitlines()
+    assert attempts[-1].startswith("1 attempt(s) of 1 case(s)")
+    mine = cli("results", "--dag-id", "fleet_benchmark", "--format", "json", url=url)
+    assert [(r["dag_id"], r["host"]) for r in json.loads(mine.stdout)] == [("fleet_benchmark", "gpu-a")]
+
+
+def test_a_relative_data_dir_gives_an_absolute_warehouse_path(tmp_path, monkeypatch):
+    """README: the default warehouse URL is an absolute path, also from a relative FLEETBENCH_DATA_DIR."""
+    from fleetbench.paths import artifacts_dir
+    from fleetbench.warehouse import warehouse_url
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("FLEETBENCH_WAREHOUSE_URL", raising=False)
+    monkeypatch.delenv("FLEETBENCH_ARTIFACTS_DIR", raising=False)
+    monkeypatch.setenv("FLEETBENCH_DATA_DIR", "data")
+    assert warehouse_url() == f"sqlite:///{tmp_path}/data/warehouse.db"
+    assert artifacts_dir() == tmp_path / "data" / "artifacts"

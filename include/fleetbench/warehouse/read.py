@@ -52,12 +52,21 @@ def dag_ids(engine: Engine) -> list[str]:
         return sorted(conn.execute(select(runs.c.dag_id).distinct()).scalars())
 
 
-def latest_run_id(engine: Engine, dag_id: str | None = None) -> str | None:
-    query = select(runs.c.run_id).order_by(runs.c.finished_at.desc().nulls_last(), runs.c.logical_date.desc()).limit(1)
+def latest_run(engine: Engine, dag_id: str | None = None) -> tuple[str, str] | None:
+    """(dag_id, run_id) of the run stored last (of one DAG, or of any). Both: two DAGs on one schedule share their
+    run ids (`scheduled__<logical date>`), so a run id alone names a night of each."""
+    query = select(runs.c.dag_id, runs.c.run_id).order_by(runs.c.finished_at.desc().nulls_last(),
+                                                          runs.c.logical_date.desc()).limit(1)
     if dag_id:
         query = query.where(runs.c.dag_id == dag_id)
     with engine.connect() as conn:
-        return conn.execute(query).scalar()
+        row = conn.execute(query).first()
+    return (row.dag_id, row.run_id) if row is not None else None
+
+
+def latest_run_id(engine: Engine, dag_id: str | None = None) -> str | None:
+    latest = latest_run(engine, dag_id)
+    return latest[1] if latest else None
 
 
 def fetch_capacity_features(engine: Engine, model: str | None = None) -> list[dict]:
