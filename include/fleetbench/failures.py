@@ -30,6 +30,8 @@ _CLASSES = [
     FailureClass("mig_unavailable", "skipped: the case asks for MIG instances of a profile the host has fewer of "
                  "(or no GPU in MIG mode, or its MIG devices unknown); the detail lists what the host has",
                  "devices.assign"),
+    FailureClass("too_few_gpus", "skipped: the case asks for more whole GPUs than its host has (for a multi-node case, "
+                 "a host of its set); the host's smaller cases run; the detail names both counts", "devices.assign"),
     FailureClass("driver_too_old", "skipped: the host's NVIDIA driver cannot run the CUDA version of the case's image "
                  "(`images[].cuda`), not even through minor-version or forward compatibility; the detail names the "
                  "driver it needs (update the driver, or use an image of an older CUDA)", "devices.assign"),

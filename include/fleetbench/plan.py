@@ -244,7 +244,9 @@ def build_plan(cfg: FleetConfig, run: dict, params: dict | None = None) -> "RunP
             if c.mig_profile:
                 mig[c.mig_profile] = max(mig.get(c.mig_profile, 0), c.num_gpus)
         needs = CaseNeeds(gpus=max(c.num_gpus for c in host_cases), image_cuda=min(cudas, key=_vkey) if cudas else None,
-                          whole_gpus=max((c.num_gpus for c in host_cases if not c.mig_profile), default=0), mig=mig)
+                          whole_gpus=max((c.num_gpus for c in host_cases if not c.mig_profile), default=0),
+                          fewest_whole_gpus=min((c.num_gpus for c in host_cases if c.num_gpus and not c.mig_profile),
+                                                default=None), mig=mig)
         hosts.append(PlannedHost(**dict(host), needs=needs, images=images))
     info = RunInfo(**run, fleet=cfg.fleet.name, config_digest=cfg.digest(),
                    started_at=datetime.now(timezone.utc).isoformat(),

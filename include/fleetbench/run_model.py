@@ -63,6 +63,7 @@ class CaseNeeds(_Xcom):
     gpus: int = 0  # the most devices a case asks for (whole GPUs or MIG instances)
     image_cuda: str | None = None  # the oldest CUDA of the GPU cases' images (each case is judged by its own)
     whole_gpus: int | None = None  # the most whole GPUs a case asks for; None: `gpus` (a plan without MIG cases)
+    fewest_whole_gpus: int | None = None  # the fewest whole GPUs a GPU case asks for; None: as many as `whole_gpus`
     mig: dict[str, int] = {}  # MIG profile -> the most instances of it a case asks for
 
 

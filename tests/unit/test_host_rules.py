@@ -302,3 +302,31 @@ def test_a_cuda_major_newer_than_the_table_is_judged_by_the_cuda_the_driver_repo
     the image's cases as driver_too_old instead of failing them at container start)."""
     check = check_driver_for_cuda(driver, "14.0", gpus, reported)
     assert check.status == status, check.detail
+
+
+def test_a_host_with_fewer_gpus_than_the_largest_case_runs_the_cases_that_fit():
+    """A fleet-wide `num_gpus: [1, 2, 4, 8]` on a 1-GPU host: the host is not unfit (its 1-GPU cases run, the larger
+    ones are skipped one by one as too_few_gpus); unfit only when not even the smallest GPU case fits."""
+    mixed = checks_of("h100-590-cuda13.1", gpus=8, whole_gpus=8, fewest_whole_gpus=1, image_cuda="13.0")
+    assert mixed["gpu_count"] == Check("gpu_count", "pass", "1 GPU(s): NVIDIA H100 80GB HBM3; cases need 1 to 8: "
+                                       "those that need more than 1 are skipped (too_few_gpus)")
+    assert verdict(list(mixed.values())) != "unfit"
+    none_fit = checks_of("h100-590-cuda13.1", gpus=8, whole_gpus=8, fewest_whole_gpus=2, image_cuda="13.0")
+    assert none_fit["gpu_count"] == Check("gpu_count", "fail", "1 GPU(s), cases need 2")
+
+
+def test_the_plan_and_the_devices_skip_each_case_larger_than_its_host():
+    from fleetbench.config import load_config
+    from fleetbench.hosts.devices import assign
+    from fleetbench.plan import build_plan
+
+    plan = build_plan(load_config(Path(__file__).resolve().parents[2] / "include/config/fleet.gpu-example.yaml"),
+                      {"dag_id": "d", "run_id": "r"})
+    host = next(h for h in plan.hosts if h.name == "gpu-rtx3070-01")
+    assert (host.needs.whole_gpus, host.needs.fewest_whole_gpus) == (8, 1)
+    facts = facts_from_dir(HOSTS / "h100-590-cuda13.1")  # one GPU
+    cases = [c for c in plan.cases if c.host == host.name and c.nodes == 1 and c.num_gpus]
+    skipped = {c.num_gpus: assign(c, facts) for c in cases}
+    assert not skipped[1].skipped
+    assert (skipped[2].skip_class, skipped[2].skip_detail) == (
+        "too_few_gpus", "the case needs 2 GPU(s); the host has 1 (NVIDIA H100 80GB HBM3)")

@@ -31,7 +31,8 @@ def check_host(host: PlannedHost, folder: Path, timeout_s: float | None = None) 
     from fleetbench.hosts.probes import health_probes
 
     needs = HostNeeds(gpus=host.needs.gpus, image_cuda=host.needs.image_cuda, min_free_bytes=int(host.min_free_gb * GB),
-                      health=host.gpu_health.thresholds(), whole_gpus=host.needs.whole_gpus, mig=dict(host.needs.mig))
+                      health=host.gpu_health.thresholds(), whole_gpus=host.needs.whole_gpus,
+                      fewest_whole_gpus=host.needs.fewest_whole_gpus, mig=dict(host.needs.mig))
     smoke_image = (host.gpu_smoke_image or smoke_default(host.images)) if needs.gpus else None
     health = (health_probes(host.gpu_health.xid_window_hours, host.gpu_health.dcgm_diag_level) if needs.gpus
               else ())

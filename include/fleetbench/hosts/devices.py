@@ -8,6 +8,8 @@ compute instance), and a container given the parent GPU sees no usable device. S
   them than it asks for it is skipped as `mig_enabled`;
 - a MIG case (a benchmark with `mig_profiles`) runs on `num_gpus` MIG devices of its profile, named by
   their `MIG-` UUIDs (`nvidia-smi -L`); a host with fewer of them is skipped as `mig_unavailable`;
+- a whole-GPU case that asks for more GPUs than the host has is skipped as `too_few_gpus` (a fleet-wide
+  `num_gpus: [1, 2, 4, 8]` on a smaller host): the host runs the cases that fit;
 - a GPU case whose image needs a CUDA version the host's driver cannot run (`driver_cuda`'s rules, against the
   case's own image) is skipped as `driver_too_old`: one new image does not make the whole host unfit.
 
@@ -107,6 +109,10 @@ def assign(case, facts: HostFacts) -> Devices:
                                        f"{len(instances)} ({inventory(mig, facts.gpu_health)})")
         return Devices(device_ids=tuple(d["uuid"] for d in instances[:want]), mig_profile=profile)
     if not mig:
+        if facts.gpus is not None and want > len(facts.gpus):
+            return Devices(skip_class="too_few_gpus",
+                           skip_detail=f"the case needs {want} GPU(s); the host has {len(facts.gpus)}"
+                                       + (f" ({facts.gpu_model})" if facts.gpu_model else ""))
         return Devices()
     whole = [(index, uuid) for index, uuid in _gpus(facts) if index not in mig]
     if len(whole) < want:

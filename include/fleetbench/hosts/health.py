@@ -172,9 +172,11 @@ def check_mig(gpus: list[dict], t: HealthThresholds, needs: HostNeeds | None = N
           for i, devices in mig.items()]
     total = max(len(gpus), len(gpu_list or []))
     whole, need = total - len(mig), needs.whole if needs else 1
+    # the smallest whole-GPU case decides whether any can run; the larger ones are skipped one by one
+    least = min(needs.fewest_whole_gpus, need) if needs and needs.fewest_whole_gpus else need
     what = f"{_named(on)}: MIG enabled ({inventory(mig, gpus)})"
-    if need > whole and not asks and not t.allow_mig:
-        return Check("gpu_mig", "fail", f"{what}, but the cases need {need} whole GPU(s) and {whole} GPU(s) run "
+    if least > whole and not asks and not t.allow_mig:
+        return Check("gpu_mig", "fail", f"{what}, but the cases need {least} whole GPU(s) and {whole} GPU(s) run "
                      "without MIG (disable MIG, or give the benchmarks mig_profiles to run on its instances)",
                      tuple(on))
     if need > whole:

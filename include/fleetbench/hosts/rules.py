@@ -61,6 +61,8 @@ class HostNeeds:
     min_free_bytes: int = 2 * GB
     health: Any = None  # fleetbench.hosts.health.HealthThresholds; None: the defaults
     whole_gpus: int | None = None  # the most whole GPUs a case asks for; None: `gpus` (no MIG case)
+    # the fewest whole GPUs a GPU case asks for; None: as many as `whole` (a host with fewer runs none of them)
+    fewest_whole_gpus: int | None = None
     mig: dict = field(default_factory=dict)  # MIG profile -> the most instances of it a case asks for
 
     @property
@@ -271,14 +273,21 @@ def check_gpu_smoke(facts: HostFacts) -> Check:
 
 def check_gpu_count(facts: HostFacts, needs: HostNeeds) -> Check:
     """Enough GPUs for the whole-GPU cases (MIG cases need one GPU at least; their instances are checked per case,
-    fleetbench.hosts.devices)."""
+    fleetbench.hosts.devices). A host with fewer GPUs than the largest case asks for, but enough for the smallest,
+    runs the cases it can: each larger one is skipped as `too_few_gpus` (fleetbench.hosts.devices), as a fleet-wide
+    `num_gpus: [1, 2, 4, 8]` on a 1-GPU host asks. Unfit only when no GPU case fits."""
     want = max(needs.whole, 1 if needs.mig else 0)
+    fewest = needs.whole if needs.fewest_whole_gpus is None else min(needs.fewest_whole_gpus, needs.whole)
+    least = max(fewest, 1) if needs.whole or needs.mig else 0
     if facts.gpus is None:
         return Check("gpu_count", "unknown", f"GPU list unknown; cases need {want}")
     have = len(facts.gpus)
     if have >= want:
         return Check("gpu_count", "pass", f"{have} GPU(s): {facts.gpu_model}; cases need {want}")
-    return Check("gpu_count", "fail", f"{have} GPU(s), cases need {want}")
+    if have >= least:
+        return Check("gpu_count", "pass", f"{have} GPU(s): {facts.gpu_model}; cases need {least} to {want}: those "
+                                          f"that need more than {have} are skipped (too_few_gpus)")
+    return Check("gpu_count", "fail", f"{have} GPU(s), cases need {least}")
 
 
 def evaluate(facts: HostFacts, needs: HostNeeds) -> list[Check]:
