@@ -14,6 +14,7 @@ from pathlib import Path
 import docker
 import pytest
 from airflow.sdk.exceptions import AirflowException
+from docker.errors import NotFound
 
 from fleetbench.airflow.operators import BenchmarkCaseOperator
 from fleetbench.measure import measure
@@ -167,6 +168,29 @@ def test_retry_removes_the_container_of_an_earlier_try(case_run, docker_api):
     assert outcome["exit_code"] == 0
     with pytest.raises(Exception):
         docker_api.inspect_container(stale["Id"])
+
+
+def test_a_dead_tasks_container_of_the_same_run_and_host_is_removed_before_the_next_case(case_run, docker_api):
+    """A worker SIGKILLed mid-case leaves its container running and its task up for retry; Airflow starts the lane's
+    next case meanwhile. That case removes the orphan first (it would share the GPUs); another run's container stays."""
+    op = case_run.build(["sh", "-c", "echo next case"])
+    run = {"org.fleetbench.dag_id": "fleet_benchmark", "org.fleetbench.run_id": f"r-{op.container_name}",
+           "org.fleetbench.host": "localhost"}
+    op.labels.update({**run, "org.fleetbench.case_key": op.case["case_key"]})
+    orphan = docker_api.create_container(BASE, ["sleep", "60"], name=f"{op.container_name}-orphan",
+                                         labels={**op.labels, "org.fleetbench.case_key": "an.earlier.case"})
+    docker_api.start(orphan["Id"])
+    other_run = docker_api.create_container(BASE, ["sleep", "60"], name=f"{op.container_name}-other-run",
+                                            labels={**op.labels, "org.fleetbench.run_id": "another-run",
+                                                    "org.fleetbench.case_key": "an.earlier.case"})
+    try:
+        outcome = op.execute({})
+        assert outcome["exit_code"] == 0
+        with pytest.raises(NotFound):
+            docker_api.inspect_container(orphan["Id"])
+        assert docker_api.inspect_container(other_run["Id"])["Id"] == other_run["Id"]
+    finally:
+        docker_api.remove_container(other_run["Id"], force=True)
 
 
 def test_kill_from_airflow_stops_removes_and_records_killed(case_run, docker_api):

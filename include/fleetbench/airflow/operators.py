@@ -350,6 +350,7 @@ class BenchmarkCaseOperator(DockerOperator):
             if self.telemetry_period_s:  # the wrapper, from its volume on the engine (made once per version)
                 self.mounts = [*self.mounts, telemetry.volume_mount(self.cli)]
             self._end_if_killed(None)
+            self._remove_orphans()
             self.container = self._create_container()
             cid = self.container["Id"]
             self._end_if_killed(cid)
@@ -562,6 +563,23 @@ class BenchmarkCaseOperator(DockerOperator):
                         self.log.info("%s", line[:MAX_TASK_LOG_LINE])
         except Exception as exc:  # the container may be gone already: the saved log file is authoritative
             self.log.debug("log stream ended: %s", exc)
+
+    def _remove_orphans(self) -> None:
+        """Another case of this run and host whose container still runs: its task died with it (a worker SIGKILLed,
+        an engine that came back) and waits for its retry, while Airflow already starts the lane's next case, which
+        would share the GPUs with it (an understated throughput, a gpu_oom taken as an OOM on record). A lane runs
+        its cases one at a time, so any such container is an orphan: removed before this case starts (its retry
+        runs the case again). One listing per case (~1 ms)."""
+        keys = [runs.label(k) for k in ("dag_id", "run_id", "host")]
+        if not all(self.labels.get(k) for k in keys):
+            return
+        mine = self.case.get("case_key")
+        for c in self.cli.containers(all=True, filters={"label": [f"{k}={self.labels[k]}" for k in keys]}):
+            if (c.get("Labels") or {}).get(runs.label("case_key")) != mine:
+                self.log.warning("removing container %s of case %s of this run on this host: its task died and left "
+                                 "it %s, and it would share the host's GPUs with this case", c["Id"][:12],
+                                 (c.get("Labels") or {}).get(runs.label("case_key")), c.get("State") or "there")
+                self._remove(c["Id"], stop_first=False)
 
     def _remove_stale_container(self) -> None:
         if not self.container_name:
