@@ -230,18 +230,19 @@ def set_problem(case, verdicts: dict, images: dict) -> tuple[str, str | None, st
             return FAILED, "host_check_failed", f"validation of host {host} of the set did not finish"
         if v.unfit:
             return SKIPPED, "host_unfit", f"host {host} of the set is unfit: {v.reasons}"
-        host_images = images.get(host)
-        image = host_images.images.get(case.image) if host_images else None
-        if image is None:
-            return FAILED, "task_failed", f"the image of host {host} of the set was not prepared"
-        if image.get("failure_class"):
-            return FAILED, image["failure_class"], f"host {host} of the set: {image.get('error') or 'no image'}"
     models = {h: verdicts[h].host_facts.gpu_model for h in case.hosts}
     if case.num_gpus and not case.cluster.get("mixed_gpu_models") and len(set(models.values())) > 1:
         shown = ", ".join(f"{h}: {m}" for h, m in models.items())
         return SKIPPED, "mixed_gpu_models", f"the hosts of the set have different GPU models ({shown})"
     for host in case.hosts:  # every node needs its GPUs (a host with MIG on has fewer whole GPUs to give)
         devices = assign(case, verdicts[host].host_facts)
-        if devices.skipped:
+        if devices.skipped:  # before the image: a host that cannot run the case does not pull its image
             return SKIPPED, devices.skip_class, f"host {host} of the set: {devices.skip_detail}"
+    for host in case.hosts:
+        host_images = images.get(host)
+        image = host_images.images.get(case.image) if host_images else None
+        if image is None:
+            return FAILED, "task_failed", f"the image of host {host} of the set was not prepared"
+        if image.get("failure_class"):
+            return FAILED, image["failure_class"], f"host {host} of the set: {image.get('error') or 'no image'}"
     return None

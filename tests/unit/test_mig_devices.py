@@ -232,3 +232,27 @@ def test_capacity_does_not_judge_a_mig_case_by_the_whole_gpus_memory():
     assert case_capacity(cases["whole.g1"], {"a100": 81920.0}) == (81920.0, "GPU memory")
     assert case_capacity(cases["cmd.g1.mig-1g.20gb"], {"a100": 81920.0}) == (
         None, "the memory of a MIG 1g.20gb instance is not known to the plan")
+
+
+def test_an_image_none_of_the_hosts_cases_can_run_is_not_pulled():
+    """A CUDA 13 image on a GeForce host whose R535 driver cannot run it: its cases are skipped as driver_too_old, so
+    the lane does not pull it (an NGC image is ~15 GB, every night); the host's other image is pulled."""
+    from fleetbench.airflow.pipeline import collect, needed_images
+    from fleetbench.plan import build_plan
+    from fleetbench.run_model import HostImages, HostVerdict
+
+    cfg = {"hosts": [{"name": "a100"}],
+           "images": [{"name": "old", "ref": "127.0.0.1:5000/x:1", "cuda": "12.1"},
+                      {"name": "new", "ref": "127.0.0.1:5000/y:1", "cuda": "13.0"}],
+           "benchmarks": [{"name": b, "image": b, "harness": "command", "num_gpus": [1],
+                           "command": ["python3", "-c", "print(1)"]} for b in ("old", "new")]}
+    plan = build_plan(parse_config(cfg), {"dag_id": "d", "run_id": "r"}).to_xcom()
+    validation = HostVerdict(host="a100", verdict="ready", reasons="", facts={
+        "driver_version": "535.104.05", "cuda_driver_version": "12.2",
+        "gpus": [{"index": 0, "name": "NVIDIA GeForce RTX 3090", "uuid": None, "memory_total_mib": 24576}]}).to_xcom()
+    assert needed_images(plan, "a100", validation) == {"old"}
+    prepared = HostImages(host="a100", images={"old": {"name": "old", "ref": "127.0.0.1:5000/x:1",
+                                                       "pinned_ref": "127.0.0.1:5000/x:1", "digest": None}}).to_xcom()
+    rows = {r["benchmark"]: r for r in collect(plan, [validation], [prepared], [])["rows"]}
+    assert (rows["new"]["status"], rows["new"]["failure_class"]) == ("skipped", "driver_too_old")
+    assert rows["old"]["failure_class"] == "task_failed"  # ran nowhere here: its task returned nothing

@@ -174,7 +174,7 @@ class LaneCasesOperator(BaseOperator):
         ti.xcom_push(key=LANE_VALIDATION, value=validation)
         if not pipeline.proceed(plan, [validation]):
             return []
-        images = pipeline.prepare_host_images(host, [validation])
+        images = pipeline.prepare_host_images(host, [validation], pipeline.needed_images(plan, self.host, validation))
         ti.xcom_push(key=LANE_IMAGES, value=images)
         return case_kwargs(plan, [validation], [images], host=self.host)
 

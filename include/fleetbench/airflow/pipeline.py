@@ -78,11 +78,23 @@ def validate_host(host, run, timeout_s: float | None = None) -> dict:
 
 
 # -- prepare image ----------------------------------------------------------------------------
-def prepare_host_images(host, validations: list) -> dict:
-    """Check disk, pull, pin and (if configured) bake every image the host's cases need, on the host's own engine.
+def needed_images(plan, host: str, validation) -> set[str]:
+    """The images of the host's cases (its own and the multi-node ones it is in) that one of them can run on it: an
+    image whose every case there is skipped on the host's devices (`driver_too_old`: the driver cannot run its CUDA,
+    `too_few_gpus`, `mig_enabled`, `mig_unavailable`) is not pulled (~15 GB of an NGC image, every night)."""
+    from fleetbench.hosts.devices import assign
+
+    facts = HostVerdict.load(validation).host_facts
+    return {c.image for c in RunPlan.load(plan).cases if host in c.hosts and not assign(c, facts).skipped}
+
+
+def prepare_host_images(host, validations: list, needed: set[str] | None = None) -> dict:
+    """Check disk, pull, pin and (if configured) bake every image the host's cases need (of `needed`, when given),
+    on the host's own engine.
 
     Each image's result is `fleetbench.images.PreparedImage` as a dict: cases run its `pinned_ref`
-    (the pulled digest, or the baked image's id); `digest` stays the pulled image's registry digest.
+    (the pulled digest, or the baked image's id); `digest` stays the pulled image's registry digest. An image left
+    out of `needed` has no entry: its cases are recorded with why their devices refused them.
     """
     host = PlannedHost.load(host)
     validation = by_host(HostVerdict.load(v) for v in validations if v).get(host.name)
@@ -106,7 +118,11 @@ def prepare_host_images(host, validations: list) -> dict:
         except DockerException as exc:  # the engine did not answer (e.g. over TLS, refused the certificate)
             return unreachable(f"Docker engine not reachable: {exc}")
         free_hint = validation.facts.get("docker_root_free_bytes")
-        images = {i.name: _prepare_one(api, i, free_hint) for i in host.images}
+        unused = [i.name for i in host.images if needed is not None and i.name not in needed]
+        if unused:
+            log.info("host %s: not pulling %s: none of the host's cases can run there (see their skip class)",
+                     host.name, ", ".join(unused))
+        images = {i.name: _prepare_one(api, i, free_hint) for i in host.images if i.name not in unused}
     return HostImages(host=host.name, images=images).to_xcom()
 
 
