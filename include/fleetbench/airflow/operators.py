@@ -570,11 +570,11 @@ class BenchmarkCaseOperator(DockerOperator):
         would share the GPUs with it (an understated throughput, a gpu_oom taken as an OOM on record). A lane runs
         its cases one at a time, so any such container is an orphan: removed before this case starts (its retry
         runs the case again). One listing per case (~1 ms)."""
-        keys = [runs.label(k) for k in ("dag_id", "run_id", "host")]
-        if not all(self.labels.get(k) for k in keys):
+        keys, labels = [runs.label(k) for k in ("dag_id", "run_id", "host")], self.labels or {}
+        if not all(labels.get(k) for k in keys):
             return
         mine = self.case.get("case_key")
-        for c in self.cli.containers(all=True, filters={"label": [f"{k}={self.labels[k]}" for k in keys]}):
+        for c in self.cli.containers(all=True, filters={"label": [f"{k}={labels[k]}" for k in keys]}):
             if (c.get("Labels") or {}).get(runs.label("case_key")) != mine:
                 self.log.warning("removing container %s of case %s of this run on this host: its task died and left "
                                  "it %s, and it would share the host's GPUs with this case", c["Id"][:12],
