@@ -37,6 +37,8 @@ IMAGE_REF_PATTERN = r"^[a-z0-9][a-z0-9._:/-]*[a-z0-9](:[A-Za-z0-9_][A-Za-z0-9_.-
 DOCKER_URL_PATTERN = r"^(unix:///[^\s]+|tcp://[A-Za-z0-9_.-]+:\d+|ssh://[^\s]+)$"
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+# A path component of a Docker repository name (distribution's reference grammar): what a baked image's name must be.
+_DOCKER_PATH = re.compile(r"[a-z0-9]+(?:(?:\.|_{1,2}|-+)[a-z0-9]+)*")
 PositiveInt = Annotated[int, Field(gt=0)]
 # Upper bounds for numbers that are accepted here but would break later: the DAG file turns timeouts into
 # timedeltas at parse time (OverflowError near 10^14 s), Docker turns cpus into nano-CPUs and free space
@@ -578,6 +580,11 @@ def _cross_check(data: dict) -> list[str]:
             if name in seen:
                 errors.append(f"{section}[{i}].name: duplicate name {name!r}")
             seen.add(name)
+    for i, item in items("images"):  # a baked image is fleetbench/<name> (lower case): a Docker path component
+        name = item.get("name")
+        if item.get("bake") and isinstance(name, str) and not _DOCKER_PATH.fullmatch(name.lower()):
+            errors.append(f"images[{i}].name: {name!r} cannot name its baked image fleetbench/{name.lower()} (Docker "
+                          "repository names: letters and digits, separated by one '.', one or two '_', or '-')")
     lanes: dict[str, str] = {}  # a host's lane is task group host_<name> with "." as "_" (fleetbench.runs.lane_id)
     for i, item in items("hosts"):
         name = item.get("name")

@@ -104,6 +104,10 @@ def classify_pull_error(exc: Exception) -> str:
         return "image_not_found"
     if "denied" in text:
         return "registry_auth"
+    if isinstance(exc, requests.ConnectionError) and not isinstance(exc, DockerException):
+        # the connection to the engine itself broke or was refused (a dockerd restart mid-pull), not the registry's:
+        # the engine wraps a registry's errors in its answers (an APIError), it does not drop our connection
+        return "docker_unreachable"
     if any(s in text for s in ("connection refused", "no such host", "timeout", "timed out", "deadline exceeded",
                                "dial tcp",
                                "connection reset", "no route to host", "unexpected eof", "tls handshake",

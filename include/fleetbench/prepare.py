@@ -7,9 +7,10 @@ bake (`fleetbench.bake`). It sits above both modules, so neither imports the oth
 from __future__ import annotations
 
 import docker
+import requests
 
 from fleetbench.bake import BakeError, bake_image
-from fleetbench.images import PreparedImage, prepare_image
+from fleetbench.images import PreparedImage, classify_pull_error, prepare_image
 
 
 def prepare(api: docker.APIClient, spec, auth_config: dict | None = None, push_auth_config: dict | None = None,
@@ -30,6 +31,12 @@ def prepare(api: docker.APIClient, spec, auth_config: dict | None = None, push_a
                            min_free_gb=spec.min_free_gb, free_bytes_hint=free_bytes_hint, extra_labels=extra_labels)
     except BakeError as exc:
         return result.fail(exc.failure_class, str(exc))
+    except (docker.errors.DockerException, requests.RequestException) as exc:
+        # the engine broke off (or refused a call) mid-bake: this image's failure, named; the lane and the host's
+        # other images go on (before, the lane's task failed and every case of the host read `task_failed`)
+        failure = classify_pull_error(exc)
+        failure = failure if failure in ("docker_unreachable", "insufficient_disk") else "bake_failed"
+        return result.fail(failure, f"bake of {spec.name}: {type(exc).__name__}: {exc}"[:2000])
     result.pinned_ref = baked.image_id
     result.baked_ref, result.baked_id, result.bake_cache_hit = baked.ref, baked.image_id, baked.cache_hit
     result.bake_inputs, result.harness_source, result.harness_revision = baked.inputs, baked.source, baked.revision

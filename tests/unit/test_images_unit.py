@@ -325,6 +325,14 @@ def test_a_connection_that_breaks_mid_pull_is_retried_and_named_not_raised():
     assert (result.failure_class, result.pull_attempts, engine.pulls) == ("docker_unreachable", 3, 3)
     assert classify_pull_error(requests.exceptions.ReadTimeout("Read timed out. (read timeout=600)")) == (
         "registry_unreachable")  # a pull that stalls at the registry
+    # the engine restarting mid-pull: our connection to it reset, then refused (not the registry's doing)
+    for text in ("('Connection aborted.', ConnectionResetError(104, 'Connection reset by peer'))",
+                 "('Connection aborted.', ConnectionRefusedError(111, 'Connection refused'))"):
+        assert classify_pull_error(requests.exceptions.ConnectionError(text)) == "docker_unreachable", text
+    from docker.errors import APIError
+
+    assert classify_pull_error(APIError("500 Server Error: Get https://nvcr.io/v2/: dial tcp: connection refused")) \
+        == "registry_unreachable"  # the engine's answer about the registry
 
 
 def test_the_disk_is_measured_here_only_for_this_machines_engine():
@@ -370,3 +378,48 @@ def test_a_git_url_with_a_token_is_a_config_warning():
     assert [w for w in config_warnings(bare) if "bake.git.url" in w]  # a token alone, without a user
     plain = parse_config(_config({"git": {"url": "https://github.com/org/b.git", "branch": "main", "dest": "/opt/b"}}))
     assert not [w for w in config_warnings(plain) if "bake.git.url" in w]
+
+
+@pytest.mark.parametrize("error, failure_class", [
+    ("reset", "docker_unreachable"), ("timeout", "bake_failed"), ("disk", "insufficient_disk")])
+def test_an_engine_error_during_a_bake_is_that_images_failure_not_the_lanes(monkeypatch, error, failure_class):
+    """The engine breaking off mid-bake (put_archive reset, commit timing out, tag out of space) raised out of the
+    lane's task: every case of the host read `task_failed`, the host's other images lost. It is this image's named
+    failure now."""
+    import requests
+    from docker.errors import APIError
+
+    from fleetbench import prepare as P
+    from fleetbench.config import parse_config
+
+    raised = {"reset": requests.exceptions.ConnectionError("('Connection aborted.', ConnectionResetError(104))"),
+              "timeout": requests.exceptions.ReadTimeout("Read timed out. (read timeout=600)"),
+              "disk": APIError("500 Server Error: tag: no space left on device")}[error]
+    pulled = PreparedImage("tf1", "127.0.0.1:5000/tf:1", pinned_ref="127.0.0.1:5000/tf@sha256:" + "a" * 64)
+    monkeypatch.setattr(P, "prepare_image", lambda *a, **k: pulled)
+
+    def bake(*args, **kwargs):
+        raise raised
+
+    monkeypatch.setattr(P, "bake_image", bake)
+    spec = parse_config({"hosts": [{"name": "h"}], "images": [{"name": "tf1", "ref": "127.0.0.1:5000/tf:1",
+                                                               "command": ["python3", "x.py"],
+                                                               "bake": {"run": ["true"]}}],
+                         "benchmarks": [{"name": "b", "image": "tf1", "models": ["m"], "batch_sizes": [8]}]}).images[0]
+    result = P.prepare(object(), spec)
+    assert (result.failure_class, result.ok) == (failure_class, False)
+    assert result.error.startswith("bake of tf1: ")
+
+
+def test_a_baked_images_name_must_be_a_docker_repository_name():
+    from test_harnesses import config_errors
+
+    bad = {"hosts": [{"name": "h"}], "images": [{"name": "cpu-smoke-", "ref": "127.0.0.1:5000/x:1",
+                                                 "command": ["python3", "x.py"], "bake": {"run": ["true"]}}],
+           "benchmarks": [{"name": "b", "image": "cpu-smoke-", "models": ["m"], "batch_sizes": [8]}]}
+    assert config_errors(bad) == ["images[0].name: 'cpu-smoke-' cannot name its baked image fleetbench/cpu-smoke- "
+                                  "(Docker repository names: letters and digits, separated by one '.', one or two "
+                                  "'_', or '-')"]
+    from fleetbench.config import parse_config
+
+    parse_config({**bad, "images": [{**bad["images"][0], "bake": None}]})  # not baked: a name as any other
