@@ -67,6 +67,9 @@ _CLASSES = [
                  "rendezvous_timeout_s; every container of the case was stopped", "multinode.run_case"),
     FailureClass("port_unavailable", "no free port for a role of a multi-node case on its host (tried from "
                  "base_port on)", "multinode.run_case"),
+    FailureClass("image_mismatch", "the hosts of a multi-node case's set pinned different images of its `image` (the "
+                 "tag moved between their pulls, or one kept an older copy under pull_policy if-missing, or another "
+                 "bake); the detail lists each host's digest", "multinode.set_problem"),
     FailureClass("mixed_gpu_models", "skipped: the hosts of a multi-node case's set have different GPU models "
                  "(set mixed_gpu_models to run them anyway)", "multinode.set_problem"),
     # the plan's capacity profile (fleetbench.capacity)

@@ -220,7 +220,8 @@ def peer_failure(dead: RoleEnd) -> tuple[str, str]:
 
 def set_problem(case, verdicts: dict, images: dict) -> tuple[str, str | None, str] | None:
     """Why a multi-node case cannot run, as (status, failure_class, detail) — a host of its set not validated,
-    unfit, without the image, or (unless `mixed_gpu_models`) with another GPU model — else None."""
+    unfit, without the image or with another one than the others pinned (digest and bake), or (unless
+    `mixed_gpu_models`) with another GPU model — else None."""
     from fleetbench.hosts.devices import assign
     from fleetbench.measure import FAILED, SKIPPED
 
@@ -245,4 +246,10 @@ def set_problem(case, verdicts: dict, images: dict) -> tuple[str, str | None, st
             return FAILED, "task_failed", f"the image of host {host} of the set was not prepared"
         if image.get("failure_class"):
             return FAILED, image["failure_class"], f"host {host} of the set: {image.get('error') or 'no image'}"
+    pinned = {h: images[h].images[case.image] for h in case.hosts}
+    what = {h: (i.get("digest") or i.get("image_id"), i.get("bake_inputs")) for h, i in pinned.items()}
+    if len(set(what.values())) > 1:  # the tag moved between the lanes' pulls, or a host kept an older copy
+        shown = ", ".join(f"{h}: {(d or 'unknown').removeprefix('sha256:')[:12]}" + (f" (bake {b[:12]})" if b else "")
+                          for h, (d, b) in what.items())
+        return FAILED, "image_mismatch", f"the hosts of the set pinned different images of {case.image}: {shown}"
     return None

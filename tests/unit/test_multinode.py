@@ -428,3 +428,29 @@ def test_each_node_gets_its_hosts_gpus_as_a_single_node_case_would():
     [row] = [r for r in collect(plan, validations, prepared, [])["rows"] if r["nodes"] == 2]
     assert (row["status"], row["failure_class"]) == ("skipped", "mig_enabled")
     assert row["failure_detail"].startswith("host b of the set: the case needs 4 whole GPU(s), and MIG is enabled")
+
+
+def test_a_set_whose_hosts_pinned_different_images_runs_nothing_and_lists_the_digests():
+    """The tag moved between two lanes' pulls (or a host kept last month's copy under if-missing): the case would mix
+    images across its nodes, and its row could name only one digest."""
+    from fleetbench.airflow.multinode import multinode_kwargs
+    from fleetbench.airflow.pipeline import collect
+    from fleetbench.run_model import HostImages, HostVerdict
+
+    plan = build_plan(parse_config(config(hosts=("a", "b"), nodes=[2])), {"dag_id": "d", "run_id": "r"}).to_xcom()
+    validations = [HostVerdict(host=h, verdict="ready", reasons="", facts={
+        "gpus": [{"index": 0, "name": "NVIDIA A100-SXM4-40GB", "uuid": None, "memory_total_mib": 40960}]}).to_xcom()
+        for h in "ab"]
+
+    def pinned(digit: str) -> dict:
+        return {"tf1": {"name": "tf1", "ref": "127.0.0.1:5000/tf:1", "digest": "sha256:" + digit * 64,
+                        "pinned_ref": "127.0.0.1:5000/tf@sha256:" + digit * 64}}
+
+    prepared = [HostImages(host="a", images=pinned("a")).to_xcom(), HostImages(host="b", images=pinned("b")).to_xcom()]
+    assert multinode_kwargs(plan, validations, prepared) == []
+    [row] = [r for r in collect(plan, validations, prepared, [])["rows"] if r["nodes"] == 2]
+    assert (row["status"], row["failure_class"], row["failure_detail"]) == (
+        "failed", "image_mismatch",
+        "the hosts of the set pinned different images of tf1: a: aaaaaaaaaaaa, b: bbbbbbbbbbbb")
+    same = [HostImages(host=h, images=pinned("a")).to_xcom() for h in "ab"]
+    assert len(multinode_kwargs(plan, validations, same)) == 1
