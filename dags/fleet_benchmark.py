@@ -143,16 +143,19 @@ with DAG(
     for host in CONFIG.hosts:
         with lane(host.name) as in_lane:
             on_host = {"queue": host.queue} if host.queue else {}  # Celery: the worker on the GPU host
+            # the host's pool (fleet.host_pools) for its check too: its GPU smoke container, dcgmi diag and pulls
+            # must not run beside another DAG's benchmark on those GPUs
+            in_pool = {"pool": pool_name(host.name)} if CONFIG.fleet.host_pools else {}
             # No retry: a pull has its own bounded retries, and a host check that failed is a verdict.
             cases = LaneCasesOperator(task_id=in_lane("cases"), retries=0, host=host.name, plan=p,
                                       host_check_timeout_s=HOST_CHECK_TIMEOUT_S + host.gpu_health.dcgm_timeout_s(),
-                                      **on_host)
+                                      **in_pool, **on_host)
             p >> cases
             runs = BenchmarkCaseOperator.partial(
                 task_id=in_lane("run_case"),
                 # one benchmark at a time on the host, with or without pools (a missing pool would stall the night)
                 max_active_tis_per_dag=1,
-                **({"pool": pool_name(host.name)} if CONFIG.fleet.host_pools else {}),
+                **in_pool,
                 execution_timeout=timedelta(seconds=LONGEST_CASE_S + 300),
                 map_index_template="{{ task.case['case_key'] }}",
                 **on_host,

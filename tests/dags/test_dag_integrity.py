@@ -89,7 +89,7 @@ def test_a_large_fleet_has_the_same_lanes_without_task_groups(tmp_path, monkeypa
     dag = bag.dags["fleet_benchmark"]
     for host in ("gpu-000", "gpu-100"):
         cases, run = dag.get_task(f"host_{host}.cases"), dag.get_task(f"host_{host}.run_case")
-        assert run.pool == f"fleetbench_{host}"
+        assert run.pool == cases.pool == f"fleetbench_{host}"  # the host check's GPU containers too
         assert cases.task_group.is_root and run.task_group.is_root
         assert set(run.upstream_task_ids) == {cases.task_id}
         assert cases.host == host
@@ -109,7 +109,7 @@ def test_hosts_named_by_their_fqdn_get_lanes(tmp_path, monkeypatch, no_services)
     assert bag.import_errors == {}
     dag = bag.dags["fleet_benchmark"]
     cases, run = dag.get_task("host_gpu01_lab.cases"), dag.get_task("host_gpu01_lab.run_case")
-    assert cases.host == "gpu01.lab" and run.pool == "fleetbench_gpu01.lab"
+    assert cases.host == "gpu01.lab" and run.pool == cases.pool == "fleetbench_gpu01.lab"
     assert set(run.upstream_task_ids) == {cases.task_id} and cases.task_group.group_id == "host_gpu01_lab"
 
 
