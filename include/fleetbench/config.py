@@ -847,6 +847,17 @@ def config_warnings(cfg: FleetConfig) -> list[str]:
                 "unauthenticated (root on that host for anyone who reaches the port); use TLS (README 'Two fleet "
                 "topologies')" for i, h in enumerate(cfg.hosts) if h.docker_url.startswith("tcp://")
                 and not h.docker_tls_conn_id]
+    engines: dict[str, int] = {}
+    queues: dict[str, int] = {}
+    for i, h in enumerate(cfg.hosts):  # two entries for one machine: two lanes benchmarking its GPUs at once
+        if not h.docker_url.startswith("unix://"):  # several local hosts on loopback addresses share one on purpose
+            if (j := engines.setdefault(h.docker_url, i)) != i:
+                warnings.append(f"hosts[{i}].docker_url: {h.docker_url} is also hosts[{j}]'s ({cfg.hosts[j].name}): "
+                                "two lanes would run cases on that engine's GPUs at once, and its results would be "
+                                "stored under both names")
+        if h.queue and (j := queues.setdefault(h.queue, i)) != i:
+            warnings.append(f"hosts[{i}].queue: {h.queue!r} is also hosts[{j}]'s ({cfg.hosts[j].name}): one worker "
+                            "would run both hosts' lanes on its own engine, at once")
     for i, bench in enumerate(cfg.benchmarks):
         spanned = len(bench.hosts) if bench.hosts is not None else len(cfg.hosts)
         warnings += [f"benchmarks[{i}].nodes: {n} hosts per case, but the benchmark runs on {spanned} host(s): "

@@ -658,3 +658,23 @@ def test_torch_synthetic_names_an_uncorrectable_ecc_error_as_cuda_error():
     assert (measured.failure_class, measured.failure_detail) == (
         "cuda_error", "RuntimeError: CUDA error: uncorrectable ECC error encountered")
     assert classify({"exit_code": 1}, measured, text)[:2] == ("failed", "cuda_error")
+
+
+def test_two_host_entries_for_one_engine_or_one_queue_are_a_warning_naming_both():
+    """A copied entry with only the name changed: two lanes would benchmark one machine's GPUs at once and store its
+    results twice. Local hosts on one socket (loopback multi-node sets) are meant."""
+    from fleetbench.config import config_warnings, parse_config
+
+    data = fleet(CNN)
+    data["hosts"] = [{"name": "gpu-07", "connection": "ssh_07", "docker_url": "tcp://gpu-07:2376",
+                      "docker_tls_conn_id": "tls"},
+                     {"name": "gpu-08", "connection": "ssh_07", "docker_url": "tcp://gpu-07:2376",
+                      "docker_tls_conn_id": "tls"},
+                     {"name": "gpu-09", "queue": "gpu-9"}, {"name": "gpu-10", "queue": "gpu-9"},
+                     {"name": "a", "connection": "local"}, {"name": "b", "connection": "local"}]
+    warnings = [w for w in config_warnings(parse_config(data)) if "at once" in w]
+    assert warnings == [
+        "hosts[1].docker_url: tcp://gpu-07:2376 is also hosts[0]'s (gpu-07): two lanes would run cases on that "
+        "engine's GPUs at once, and its results would be stored under both names",
+        "hosts[3].queue: 'gpu-9' is also hosts[2]'s (gpu-09): one worker would run both hosts' lanes on its own "
+        "engine, at once"]
