@@ -747,3 +747,21 @@ def test_the_report_task_records_a_mail_only_once_it_is_sent(data_dir, tmp_path,
     assert detect_regressions(night(33, 80.1, "590.48.01"), {"run_id": night_run_id(33)})["mailed"] == 0
     assert len(sent) == 1
     engine.dispose()
+
+
+def test_a_shared_metric_whose_before_median_is_0_is_judged_on_it_not_on_wall_time():
+    """Failed requests 0 -> 250 after the upgrade (a lower-is-better count): no % change exists, and falling back to
+    wall time (60 s on both sides) said "no change"."""
+    before = metric_rows([0.0] * 10, "failed_requests", "count", "lower")
+    after = metric_rows([2.5] * 10, "failed_requests", "count", "lower")  # x100 in metric_rows: 250
+    r = compare_case(before, after, TRACKED)
+    assert (r["metric"], r["verdict"], r["delta_pct"], r["delta_abs"]) == ("failed_requests", "regression", None, 250.0)
+    assert "+250 (from 0: no %)" in format_compare([r])
+    assert compare_case(before, before, TRACKED)["verdict"] == "no change"
+    assert compare_case(before[:2], after[:2], TRACKED)["verdict"] == "not enough nights to tell"
+    assert compare_case(after, before, TRACKED)["verdict"] == "improvement"
+
+
+def test_a_side_range_needs_its_last_day():
+    with pytest.raises(ValueError, match="a range needs its last day too"):
+        parse_side("2026-11-07..")

@@ -871,3 +871,11 @@ def test_report_reads_no_metric_samples(engine):
         event.remove(engine, "before_cursor_execute", listener)
     assert report["state"] == "ok" and len(statements) > 20
     assert not [s for s in statements if "result_metrics" in s]
+
+
+@pytest.mark.parametrize("since", ["9999-12-15", "9999-12-30", "9999-12-31T00:00:00"])
+def test_a_window_in_the_last_month_of_9999_has_no_whole_month(history, since):
+    """A `since` the filter accepts in December 9999: the whole months after it would start in year 10000 (an
+    uncaught ValueError: a traceback from the CLI, HTTP 500 from the view)."""
+    report = report_of(history, since=since)
+    assert report["latest_run"] is None and report["hosts"] == []

@@ -129,11 +129,14 @@ def compare_case(before: Sequence[Row], after: Sequence[Row], settings: Regressi
             shifts[metric] = hodges_lehmann(_values(before, metric), _values(after, metric))
     b_vals, a_vals = (_values(before, name, unit=unit), _values(after, name, unit=unit)) if name else ([], [])
     main = hodges_lehmann(b_vals, a_vals)
-    if main is None:  # no primary metric both sides have: wall time
+    if main is None and not (b_vals and a_vals):  # no primary metric both sides have: wall time
         name, unit, better = "duration_s", "s", "lower"
         b_vals, a_vals, main = _values(before, name), _values(after, name), shifts[name]
     b_n, a_n = len(b_vals), len(a_vals)
-    verdict = verdict_of(main, b_n, a_n, better, settings)
+    # A shared metric whose before median is 0 (failed requests 0 -> 250, a throughput that was 0) has no % change:
+    # judged on its absolute shift instead of falling back to wall time, which hid it.
+    verdict = (verdict_of(main, b_n, a_n, better, settings) if main is not None or not (b_vals and a_vals)
+               else _from_zero(b_vals, a_vals, better))
     first = (after or before)[0]
     out = {
         "host": first["host"], "case_key": first["case_key"], "metric": name, "unit": unit, "direction": better,
@@ -141,10 +144,13 @@ def compare_case(before: Sequence[Row], after: Sequence[Row], settings: Regressi
         "before_value": median(b_vals) if b_vals else None,
         "after_value": median(a_vals) if a_vals else None,
         "delta_pct": main.estimate_pct if main else None,
+        "delta_abs": (median(a_vals) - median(b_vals)) if main is None and b_vals and a_vals else None,
         "ci_low_pct": main.low_pct if main else None, "ci_high_pct": main.high_pct if main else None,
         "p_value": main.p_value if main else None, "basis": "nights", "verdict": verdict,
         "significant": verdict in ("regression", "improvement"),
-        "severity": severity_of(abs(main.estimate_pct), settings) if verdict == "regression" else None,
+        # graded by its % change; a metric that left 0 for the worse has none to grade: the top grade
+        "severity": (None if verdict != "regression" else severity_of(abs(main.estimate_pct), settings) if main
+                     else "major"),
         # What each side ran under (its most common value): driver, CUDA driver, the GPUs' health.
         **{f"{side}_{c}": most_common(r.get(c) for r in rows) for side, rows in (("before", before), ("after", after))
            for c in ("driver_version", "cuda_driver_version", "host_gpu_health")},
@@ -155,6 +161,20 @@ def compare_case(before: Sequence[Row], after: Sequence[Row], settings: Regressi
         out[f"{label}_delta_pct"] = s.estimate_pct if s else None
         out[f"{label}_ci_pct"] = [s.low_pct, s.high_pct] if s else None
     return out
+
+
+def _from_zero(before: Sequence[float], after: Sequence[float], better: str) -> str:
+    """The verdict on a metric whose before median is 0 (no % change): the direction of a change the rank test
+    finds at the interval's level, with the nights the % verdict needs."""
+    if len(before) < MIN_NIGHTS or len(after) < MIN_NIGHTS:
+        return "not enough nights to tell"
+    b, a = median(before), median(after)
+    if a == b:
+        return "no change"
+    mw = mann_whitney_u(list(after), list(before))
+    if mw is None or mw.p_value is None or mw.p_value >= ALPHA:
+        return "not enough nights to tell"
+    return "regression" if (a < b if better == "higher" else a > b) else "improvement"
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -178,13 +198,16 @@ def _ran_under(r: Mapping[str, Any]) -> str:
 def format_compare(rows: Sequence[Mapping[str, Any]]) -> str:
     """The compare report as a text table (one line per host and case)."""
     cells = [list(COMPARE_TABLE)]
+    several = len({r.get("dag_id") for r in rows}) > 1  # then the case names its DAG
     for r in rows:
         change = (f"{_num(r['delta_pct'], '+.1f')} [{_num(r['ci_low_pct'], '+.1f')}, {_num(r['ci_high_pct'], '+.1f')}]"
-                  if r["delta_pct"] is not None else "-")
+                  if r["delta_pct"] is not None else
+                  f"{_num(r['delta_abs'], '+.4g')} (from 0: no %)" if r.get("delta_abs") is not None else "-")
         arrow = "" if r.get("direction") is None else " (higher better)" if r["direction"] == "higher" else (
             " (lower better)")
         cells.append([
-            r["host"], r["case_key"], f"{r['metric']} {r.get('unit') or ''}".rstrip() + arrow,
+            r["host"], f"{r['dag_id']}/{r['case_key']}" if several else r["case_key"],
+            f"{r['metric']} {r.get('unit') or ''}".rstrip() + arrow,
             f"{_num(r['before_value'], '.4g')} ({r['before_n']})",
             f"{_num(r['after_value'], '.4g')} ({r['after_n']})",
             change, r["verdict"] + (f" ({r['severity']})" if r.get("severity") else ""),
@@ -235,7 +258,9 @@ def parse_side(text: str) -> tuple[str, Any]:
     if not value:
         raise ValueError(f"{text!r}: no value after {kind}=")
     if kind == "date":
-        first, _, last = value.partition("..")
+        first, dots, last = value.partition("..")
+        if dots and not last:
+            raise ValueError(f"{text!r}: a range needs its last day too (YYYY-MM-DD..YYYY-MM-DD)")
         start, end = _date(first), _date(last) if last else _date(first)
         if end < start:
             raise ValueError(f"{text!r}: the range ends before it starts")
@@ -285,11 +310,13 @@ def _side_rows(conn, side: str, host: str | None, dag_id: str | None, attempts: 
             by_key.setdefault((r["dag_id"], r["run_id"], r["host"], r["case_key"]), []).append(r)
         rows = [current_attempt(a) for a in by_key.values()]
     if not rows:
-        what = _side_what(kind, value) + (f" on host {host!r}" if host else "")
+        what = _side_what(kind, value) + (f" on host {host!r}" if host else "") + (f" of DAG {dag_id!r}" if dag_id
+                                                                                   else "")
         hint = ""
         if kind != "date":
             col = br.c[SIDE_COLUMNS[kind]]
-            known = sorted(v for v in conn.execute(select(col).distinct().limit(50)).scalars() if v)
+            scope = [c == v for c, v in ((br.c.host, host), (br.c.dag_id, dag_id)) if v]
+            known = sorted(v for v in conn.execute(select(col).where(*scope).distinct().limit(50)).scalars() if v)
             hint = f" (known: {', '.join(known) or 'none'})"
         if not attempts and conn.execute(_side_query(sr, side, host, dag_id).limit(1)).first() is not None:
             hint += "; superseded attempts have some: add --attempts"
@@ -304,19 +331,25 @@ def compare(engine, before: str, after: str, host: str | None = None, dag_id: st
     driver and measured again on the new one by a backfill), each night once per side. Raises `NoResults`
     when a side matches no ok result, `ValueError` for a side that cannot be read."""
     settings = settings or RegressionSettings()
-    by_host = parse_side(before)[0] != "host"
+    kinds = parse_side(before)[0], parse_side(after)[0]
+    if (kinds[0] == "host") != (kinds[1] == "host"):  # one host against a whole side would overlap it
+        raise ValueError(f"--before {before} with --after {after}: a host= side compares with another host= side only "
+                         "(host against host); to compare one host's nights, give --host and a driver, date, cuda or "
+                         "digest on both sides")
+    by_host = kinds[0] != "host"
     with engine.connect() as conn:
         b_rows = _side_rows(conn, before, host, dag_id, attempts)
         a_rows = _side_rows(conn, after, host, dag_id, attempts)
-    groups: dict[tuple[str, str], tuple[list, list]] = {}
+    # per DAG too: two DAGs benchmarking one host are two setups (and share their run ids and nights)
+    groups: dict[tuple[str, str, str], tuple[list, list]] = {}
     for side, rows in ((0, b_rows), (1, a_rows)):
         for r in rows:
-            key = (r["host"] if by_host else "", r["case_key"])
+            key = (r["dag_id"], r["host"] if by_host else "", r["case_key"])
             groups.setdefault(key, ([], []))[side].append(r)
     out = []
     for key, (b, a) in sorted(groups.items()):
         if b and a:
-            row = compare_case(b, a, settings)
+            row = {**compare_case(b, a, settings), "dag_id": key[0]}
             if not by_host:
                 row["host"] = f"{b[0]['host']} -> {a[0]['host']}"
             out.append(row)

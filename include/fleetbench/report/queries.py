@@ -252,6 +252,8 @@ def filter_options(conn, f: Filters) -> dict[str, list[str]]:
 
 def _month_split(since: datetime | None, until: datetime | None) -> tuple[datetime | None, datetime | None] | None:
     """(a, b): the whole calendar months [a, b) inside [since, until) (None: unbounded), or None if there are none."""
+    if since is not None and since != month_of(since) and month_of(since).year == 9999 and month_of(since).month == 12:
+        return None  # no whole month starts after a day of December 9999 (there is no year 10000)
     a = None if since is None else (since if since == month_of(since) else next_month(month_of(since)))
     b = None if until is None else month_of(until)
     if a is not None and b is not None and a >= b:

@@ -1,0 +1,55 @@
+"""compare over a warehouse: each DAG's nights apart, host sides only against host sides, and a no-results message
+that names every filter it applied."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetbench.regression.compare import NoResults, compare
+from fleetbench.warehouse import get_engine, store_run, upgrade
+from regression_rows import night_date, night_row, night_run_id
+
+
+def store(engine, dag: str, n: int, rows: list[dict]) -> None:
+    store_run(engine, {"dag_id": dag, "run_id": night_run_id(n), "logical_date": night_date(n),
+                       "run_type": "scheduled", "fleet": "t", "cases_total": len(rows), "cases_ok": len(rows),
+                       "cases_failed": 0, "cases_skipped": 0}, [], [{**r, "dag_id": dag} for r in rows])
+
+
+@pytest.fixture()
+def engine(tmp_path):
+    engine = get_engine(f"sqlite:///{tmp_path}/w.db")
+    upgrade(engine)
+    for n in range(8):
+        driver = "550.127.05" if n < 4 else "590.48.01"
+        store(engine, "fleet_benchmark", n, [night_row(n, host="gpu-a", value=1000.0, driver_version=driver),
+                                             night_row(n, host="gpu-b", value=900.0, driver_version=driver)])
+        store(engine, "other_dag", n, [night_row(n, host="gpu-a", value=4242.0, driver_version=driver)])
+    yield engine
+    engine.dispose()
+
+
+def test_two_dags_benchmarking_one_host_are_compared_apart(engine):
+    rows = compare(engine, "550.127.05", "590.48.01")
+    got = {(r["dag_id"], r["host"], r["case_key"]): (r["before_n"], r["after_n"], r["before_value"]) for r in rows}
+    assert got == {("fleet_benchmark", "gpu-a", "c1"): (4, 4, 1000.0),
+                   ("fleet_benchmark", "gpu-b", "c1"): (4, 4, 900.0), ("other_dag", "gpu-a", "c1"): (4, 4, 4242.0)}
+    from fleetbench.regression.compare import format_compare
+
+    assert "other_dag/c1" in format_compare(rows)
+    assert "other_dag" not in format_compare(compare(engine, "550.127.05", "590.48.01", dag_id="fleet_benchmark"))
+
+
+def test_a_host_side_compares_only_with_a_host_side(engine):
+    with pytest.raises(ValueError, match="a host= side compares with another host= side only"):
+        compare(engine, "host=gpu-a", "590.48.01")
+    with pytest.raises(ValueError, match="a host= side compares with another host= side only"):
+        compare(engine, "550.127.05", "host=gpu-b")
+    [row] = compare(engine, "host=gpu-a", "host=gpu-b", dag_id="fleet_benchmark")
+    assert (row["host"], row["before_value"], row["after_value"]) == ("gpu-a -> gpu-b", 1000.0, 900.0)
+
+
+def test_no_results_names_the_dag_filter_and_lists_only_its_values(engine):
+    with pytest.raises(NoResults) as err:
+        compare(engine, "550.127.05", "590.48.01", dag_id="nightly_typo")
+    assert str(err.value) == "no ok results with driver_version '550.127.05' of DAG 'nightly_typo' (known: none)"
