@@ -423,3 +423,56 @@ def test_a_baked_images_name_must_be_a_docker_repository_name():
     from fleetbench.config import parse_config
 
     parse_config({**bad, "images": [{**bad["images"][0], "bake": None}]})  # not baked: a name as any other
+
+
+def test_a_remote_engines_free_space_goes_down_with_each_image_it_pulls(monkeypatch):
+    """On a tcp:// engine the disk check reads the host check's df: each image's min_free_gb was checked against the
+    same figure, so a second 15 GB image passed at "35 GB free" and filled the disk. Each pull now counts."""
+    from contextlib import contextmanager
+
+    from docker.errors import ImageNotFound
+
+    from fleetbench import engines
+    from fleetbench.airflow.pipeline import prepare_host_images
+    from fleetbench.config import parse_config
+    from fleetbench.plan import build_plan
+    from fleetbench.run_model import HostImages, HostVerdict
+
+    gb = 10**9
+
+    class TcpEngine:
+        base_url = "https://gpu-a:2376"
+
+        def __init__(self):
+            self.pulled: dict[str, str] = {}
+
+        def inspect_image(self, ref):
+            repo = _repository(ref)
+            if repo not in self.pulled:
+                raise ImageNotFound("no such image")
+            return {"Id": "sha256:" + "e" * 64, "RepoDigests": [f"{repo}@{self.pulled[repo]}"], "Size": 15 * gb}
+
+        def pull(self, ref, **kwargs):
+            repo = _repository(ref)
+            self.pulled[repo] = "sha256:" + str(len(self.pulled) + 1) * 64
+            yield {"status": f"Digest: {self.pulled[repo]}"}
+
+    engine = TcpEngine()
+
+    @contextmanager
+    def client(url, tls):
+        yield engine
+
+    monkeypatch.setattr(engines, "engine_client", client)
+    cfg = parse_config({
+        "hosts": [{"name": "gpu-a", "connection": "ssh_a", "docker_url": "tcp://gpu-a:2376",
+                   "docker_tls_conn_id": "t"}],
+        "images": [{"name": n, "ref": f"127.0.0.1:5000/{n}:1", "command": ["python3"], "min_free_gb": 30}
+                   for n in ("tf1", "pt")],
+        "benchmarks": [{"name": n, "image": n, "models": ["m"], "batch_sizes": [8]} for n in ("tf1", "pt")]})
+    plan = build_plan(cfg, {"dag_id": "d", "run_id": "r"})
+    validation = HostVerdict(host="gpu-a", verdict="ready", facts={"docker_root_free_bytes": 35 * gb}).to_xcom()
+    images = HostImages.load(prepare_host_images(plan.host("gpu-a").to_xcom(), [validation])).images
+    first, second = (images[n] for n in sorted(images, key=lambda n: images[n].get("free_bytes") or 0, reverse=True))
+    assert first["failure_class"] is None and first["free_bytes"] == 35 * gb
+    assert (second["failure_class"], second["free_bytes"]) == ("insufficient_disk", 20 * gb)

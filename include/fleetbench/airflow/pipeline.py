@@ -14,6 +14,8 @@ import logging
 from contextlib import ExitStack
 from pathlib import Path
 
+import requests
+
 from fleetbench import runs
 from fleetbench.config import load_config
 from fleetbench.measure import FAILED, OK, SKIPPED
@@ -122,8 +124,35 @@ def prepare_host_images(host, validations: list, needed: set[str] | None = None)
         if unused:
             log.info("host %s: not pulling %s: none of the host's cases can run there (see their skip class)",
                      host.name, ", ".join(unused))
-        images = {i.name: _prepare_one(api, i, free_hint) for i in host.images if i.name not in unused}
+        images = {}
+        for spec in host.images:
+            if spec.name in unused:
+                continue
+            images[spec.name] = _prepare_one(api, spec, free_hint)
+            if free_hint is not None and str(getattr(api, "base_url", "")) != "http+docker://localhost":
+                # a remote engine (a local one's free space is measured before each pull): the host check's df,
+                # less what each image took since
+                free_hint = max(0, free_hint - _bytes_added(api, images[spec.name]))
     return HostImages(host=host.name, images=images).to_xcom()
+
+
+def _bytes_added(api, prepared: dict) -> int:
+    """What preparing one image added to the engine's data root, at most: the pulled image's size (its layers the
+    engine already had count too), or a fresh bake's own layer. The next image's min_free_gb check on a remote engine
+    is made against the host check's free space less this (it was made against the same figure for every image)."""
+    from docker.errors import DockerException
+
+    def size(ref: str | None) -> int:
+        return int(api.inspect_image(ref).get("Size") or 0) if ref else 0
+
+    try:
+        if prepared.get("pulled"):
+            return size(prepared.get("pinned_ref"))
+        if prepared.get("baked_id") and not prepared.get("bake_cache_hit"):
+            return max(0, size(prepared["baked_id"]) - size(prepared.get("base_pinned_ref")))
+    except (DockerException, requests.RequestException):
+        pass
+    return 0
 
 
 def _prepare_one(api, spec, free_hint: int | None) -> dict:
