@@ -134,9 +134,13 @@ def tree_hash(root: Path) -> str:
     return h.hexdigest()
 
 
-def inputs_hash(base_digest: str, copies: list[dict], git: dict | None, run: list[str], network: str) -> str:
-    """The bake's identity: same inputs -> same hash -> same tag (see module doc)."""
-    blob = json.dumps({"base": base_digest, "copy": copies, "git": git, "run": run, "network": network}, sort_keys=True)
+def inputs_hash(base_digest: str, copies: list[dict], git: dict | None, run: list[str], network: str,
+                platform: str | None = None) -> str:
+    """The bake's identity: same inputs -> same hash -> same tag (see module doc). `platform` is the engine's
+    (`linux/x86_64`): a multi-arch base has one digest on every architecture, and what `run` built (nccl-tests'
+    `make`) is of one; a bake pushed from an arm64 host is not an x86 host's."""
+    blob = json.dumps({"base": base_digest, "copy": copies, "git": git, "run": run, "network": network,
+                       "platform": platform}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -227,7 +231,9 @@ def bake_image(api: docker.APIClient, name: str, spec: BakeSpec, base_ref: str, 
     if spec.git:
         git = {"url": public_url(spec.git.url), "branch": spec.git.branch, "dest": spec.git.dest,
                "revision": git_revision(spec.git.url, spec.git.branch)}  # the clone uses spec.git.url (_bake)
-    inputs = inputs_hash(base_digest, copies, git, list(spec.run), spec.network)
+    info = api.info()
+    platform = f"{info.get('OSType') or 'linux'}/{info.get('Architecture') or 'unknown'}"
+    inputs = inputs_hash(base_digest, copies, git, list(spec.run), spec.network, platform)
     repo, tag = baked_repository(name), baked_tag(base_ref, inputs)
     ref = f"{repo}:{tag}"
     source = ",".join(([f"git:{git['url']}#{git['branch']}"] if git else [])

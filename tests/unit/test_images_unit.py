@@ -98,11 +98,13 @@ def test_disk_check_refuses_with_the_numbers():
 def test_inputs_hash_is_deterministic_and_covers_every_input():
     base = dict(base_digest="sha256:" + "1" * 64, copies=[{"dest": "/opt/h", "sha256": "ab"}],
                 git={"url": "https://x/y.git", "branch": "b", "dest": "/w", "revision": "c" * 40},
-                run=["sh", "-c", "true"], network="none")
+                run=["sh", "-c", "true"], network="none", platform="linux/x86_64")
     h = inputs_hash(**base)
     assert h == inputs_hash(**base) and len(h) == 64
+    # the platform too: a multi-arch base has one digest on arm64 and x86, what `run` built is of one of them
     for key, other in [("base_digest", "sha256:" + "2" * 64), ("copies", [{"dest": "/opt/h", "sha256": "ac"}]),
-                       ("git", {**base["git"], "revision": "d" * 40}), ("run", ["true"]), ("network", "host")]:
+                       ("git", {**base["git"], "revision": "d" * 40}), ("run", ["true"]), ("network", "host"),
+                       ("platform", "linux/aarch64")]:
         assert inputs_hash(**{**base, key: other}) != h, key
 
 
