@@ -109,7 +109,11 @@ with DAG(
         run = {"dag_id": dag_run.dag_id, "run_id": dag_run.run_id,
                "logical_date": logical_date.isoformat() if logical_date else None,
                "run_type": str(getattr(dag_run.run_type, "value", dag_run.run_type))}
-        return pipeline.make_plan(run, params=dict(ctx["params"]))
+        the_plan = pipeline.make_plan(run, params=dict(ctx["params"]))
+        # the lanes this run has (the DAG as the scheduler last parsed it) against the hosts the config names now
+        pipeline.check_lanes(the_plan, ctx["ti"].get_task_states(dag_id=dag_run.dag_id, run_ids=[dag_run.run_id])
+                             .get(dag_run.run_id, {}))
+        return the_plan
 
     # A host whose lane failed (a crash) costs its own cases only: store runs whatever happened to the lanes
     # (ALL_DONE; a lane without a verdict has its cases recorded as host_check_failed, one that failed after it

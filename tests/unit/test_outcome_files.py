@@ -41,3 +41,14 @@ def test_each_case_task_stamps_its_outcome_with_the_runs_execution(tmp_path, dat
     assert kwargs["case"]["run_started_at"] == plan["run"]["started_at"]
     op = BenchmarkCaseOperator(task_id="run_case", **kwargs)
     assert op._blank_outcome()["run_started_at"] == plan["run"]["started_at"]
+
+
+def test_a_host_added_to_the_config_after_the_dag_was_parsed_fails_the_plan_naming_it(tmp_path, data_dir):
+    """The plan reads the config when the run starts, the scheduler made the run's tasks from the DAG as last parsed:
+    a host added in between had no lane, and its cases were recorded as host_check_failed in a run that succeeded."""
+    from fleetbench.airflow.pipeline import check_lanes
+
+    plan, _, _ = night(tmp_path, "r1")
+    check_lanes(plan, ["plan", "host_localhost.cases", "host_localhost.run_case", "store"])
+    with pytest.raises(ValueError, match=r"host\(s\) localhost of the fleet config have no lane in this run"):
+        check_lanes(plan, ["plan", "host_gpu-a.cases", "store"])

@@ -50,6 +50,18 @@ def make_plan(run: dict, config_path: str | None = None, params: dict | None = N
     return plan.to_xcom()
 
 
+def check_lanes(plan, task_ids) -> None:
+    """Every host the run plans has a lane among the run's tasks (`task_ids`, what the scheduler created from the DAG
+    as last parsed). The plan reads the fleet config when the run starts; a host added since the dag-processor's
+    last parse has no lane yet, and its cases would be recorded as host_check_failed in a run that succeeds."""
+    have = set(task_ids)
+    missing = [h.name for h in RunPlan.load(plan).hosts if f"{runs.lane_id(h.name)}.cases" not in have]
+    if missing:
+        raise ValueError(f"host(s) {', '.join(missing)} of the fleet config have no lane in this run: the config "
+                         "changed after the DAG was last parsed; trigger the run again once the dag-processor has "
+                         "parsed it (its min_file_process_interval)")
+
+
 def planned_host(plan, name: str) -> dict | None:
     """The host as planned for this run; None when the run has no case on it (e.g. a `hosts` parameter)."""
     host = RunPlan.load(plan).host(name)
