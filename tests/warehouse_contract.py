@@ -24,8 +24,8 @@ from fleetbench.warehouse import (
 from fleetbench.warehouse.schema import benchmark_results, host_facts, regressions, result_metrics, runs, steps
 from warehouse_rows import DERIVED, result_row, run_row, step_rows
 
-# 0022: whole-GPU scaled_gpus masks; 0021: run_case_rollup.mig_profile, nodes; 0020: host_month_rollup.model_runs;
-HEAD = "0022"  # 0019: regressions.mailed_at; 0018: torch_synthetic precision
+# 0023: bake_inputs, harness_revision; 0022: whole-GPU scaled_gpus masks; 0021: run_case_rollup.mig_profile, nodes;
+HEAD = "0023"  # 0020: host_month_rollup.model_runs; 0019: regressions.mailed_at; 0018: torch_synthetic precision
 # from --precision; 0017: CPU cases out of the GPU rollups; 0016: partial indexes; 0015: superseded_host_facts; 0014:
 # multi-node cases; 0013: regression units; 0012: MIG
 NEW_RESULT_COLUMNS = set(DERIVED)  # the derived-metric columns revision 0003 adds
@@ -1033,3 +1033,25 @@ def check_migrate_whole_gpu_scaled_mask(engine):
     with engine.begin() as conn:
         rollup.rebuild(conn)
     assert _rollups(engine) == new
+
+
+def check_migrate_bake_provenance(engine):
+    """0022 -> 0023 adds bake_inputs and harness_revision to the current and superseded results (NULL for the rows
+    stored before); down to 0022 drops them and keeps every row."""
+    upgrade(engine)
+    store_run(engine, run_row("r1"), [], [result_row("a", bake_inputs="b" * 64, harness_revision="c" * 40)])
+    store_run(engine, {**run_row("r1"), "finished_at": "2026-12-01T03:00:00+00:00"}, [],
+              [result_row("a", started_at="2026-12-01T02:30:00+00:00", bake_inputs="d" * 64,
+                          harness_revision="e" * 40)])  # a second attempt: the first is superseded
+    with engine.connect() as conn:
+        got = {t: [tuple(r) for r in conn.execute(text(f"SELECT bake_inputs, harness_revision FROM {t}"))]
+               for t in ("benchmark_results", "superseded_results")}
+    assert got == {"benchmark_results": [("d" * 64, "e" * 40)], "superseded_results": [("b" * 64, "c" * 40)]}
+    downgrade(engine, "0022")
+    for table in ("benchmark_results", "superseded_results"):
+        assert not {"bake_inputs", "harness_revision"} & {c["name"] for c in inspect(engine).get_columns(table)}
+    assert count(engine, benchmark_results) == 1
+    upgrade(engine)
+    assert current_revision(engine) == HEAD
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT bake_inputs, harness_revision FROM benchmark_results")).all() == [(None, None)]

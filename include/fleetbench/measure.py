@@ -291,6 +291,8 @@ def result_row(run, case, verdict, image: dict | None, fields: dict) -> dict:
         "num_batches": case.num_batches, "image_name": case.image,
         # The registry digest; an image that only exists locally (no RepoDigest) is known by its image id.
         "image_ref": image.get("ref"), "image_digest": image.get("digest") or image.get("image_id"),
+        # a baked image's own identity: what ran under the base digest (fleetbench.bake)
+        "bake_inputs": image.get("bake_inputs"), "harness_revision": image.get("harness_revision"),
         "driver_version": facts.driver_version if facts else None,
         "cuda_driver_version": facts.cuda_driver_version if facts else None,
         "gpu_model": facts.gpu_model if facts else None,

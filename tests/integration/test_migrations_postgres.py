@@ -91,3 +91,9 @@ def test_migrate_whole_gpu_scaled_mask(pg_engine):
     from warehouse_contract import check_migrate_whole_gpu_scaled_mask
 
     check_migrate_whole_gpu_scaled_mask(pg_engine)
+
+
+def test_migrate_bake_provenance(pg_engine):
+    from warehouse_contract import check_migrate_bake_provenance
+
+    check_migrate_bake_provenance(pg_engine)

@@ -157,3 +157,9 @@ def test_migrate_whole_gpu_scaled_mask(tmp_path):
     from warehouse_contract import check_migrate_whole_gpu_scaled_mask
 
     check_migrate_whole_gpu_scaled_mask(engine_at(tmp_path))
+
+
+def test_migrate_bake_provenance(tmp_path):
+    from warehouse_contract import check_migrate_bake_provenance
+
+    check_migrate_bake_provenance(engine_at(tmp_path))

@@ -52,3 +52,12 @@ def test_a_host_added_to_the_config_after_the_dag_was_parsed_fails_the_plan_nami
     check_lanes(plan, ["plan", "host_localhost.cases", "host_localhost.run_case", "store"])
     with pytest.raises(ValueError, match=r"host\(s\) localhost of the fleet config have no lane in this run"):
         check_lanes(plan, ["plan", "host_gpu-a.cases", "store"])
+
+
+def test_a_baked_images_inputs_and_harness_revision_are_on_its_rows(tmp_path, data_dir):
+    from fleetbench.airflow.pipeline import collect
+
+    plan, validations, prepared = night(tmp_path, "r1")
+    prepared[0]["images"]["cpu-smoke"].update(bake_inputs="b" * 64, harness_revision="c" * 40)
+    [row] = collect(plan, validations, prepared, measured_outcomes(plan))["rows"]
+    assert (row["status"], row["bake_inputs"], row["harness_revision"]) == ("ok", "b" * 64, "c" * 40)

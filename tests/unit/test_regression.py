@@ -765,3 +765,15 @@ def test_a_shared_metric_whose_before_median_is_0_is_judged_on_it_not_on_wall_ti
 def test_a_side_range_needs_its_last_day():
     with pytest.raises(ValueError, match="a range needs its last day too"):
         parse_side("2026-11-07..")
+
+
+def test_a_new_bake_under_the_same_base_is_an_image_change_and_names_its_harness_revision():
+    """A baked image keeps its base's registry digest: the bake's inputs and harness revision say that the harness
+    code changed (a git branch that moved, an edited script), for compare and for a finding's changes."""
+    from fleetbench.regression.detect import what_changed
+
+    before = result_rows(wobble(5), bake_inputs="a" * 64, harness_revision="1" * 40)
+    after = result_rows(wobble(5, seed=9), bake_inputs="b" * 64, harness_revision="2" * 40)
+    assert compare_case(before, after, TRACKED)["image_changed"] is True
+    assert compare_case(before, result_rows(wobble(5, seed=9), bake_inputs="a" * 64), TRACKED)["image_changed"] is False
+    assert what_changed(after[-1], before)["harness_revision"] == {"before": "1" * 40, "after": "2" * 40}

@@ -154,7 +154,9 @@ def compare_case(before: Sequence[Row], after: Sequence[Row], settings: Regressi
         # What each side ran under (its most common value): driver, CUDA driver, the GPUs' health.
         **{f"{side}_{c}": most_common(r.get(c) for r in rows) for side, rows in (("before", before), ("after", after))
            for c in ("driver_version", "cuda_driver_version", "host_gpu_health")},
-        "image_changed": {r.get("image_digest") for r in before} != {r.get("image_digest") for r in after},
+        # the base's digest, or (a baked image) what the bake put on it
+        "image_changed": ({(r.get("image_digest"), r.get("bake_inputs")) for r in before}
+                          != {(r.get("image_digest"), r.get("bake_inputs")) for r in after}),
     }
     for metric, label in (("duration_s", "duration"), ("energy_j", "energy"), ("cost_usd", "cost")):
         s = shifts[metric]

@@ -62,7 +62,7 @@ MAD_TO_SIGMA = 1.4826  # 1 / Phi^-1(3/4): MAD x 1.4826 estimates sigma of normal
 ENERGY_SOURCES = ("measured", "estimated")
 SEVERITIES = ("minor", "major")
 # What "what changed" compares, besides the image digest and the GPU clocks.
-CHANGE_FIELDS = ("driver_version", "cuda_driver_version", "gpu_model")
+CHANGE_FIELDS = ("driver_version", "cuda_driver_version", "gpu_model", "harness_revision")
 CLOCK_CHANGE_PCT = 2.0  # a mean SM clock this much off the baseline's median is listed as a change
 
 

@@ -70,7 +70,8 @@ class RunAssessment:
 # What the replay reads of a result (no telemetry: a year of them would not fit in memory).
 HISTORY_COLUMNS = ("dag_id", "run_id", "logical_date", "host", "case_key", "image_digest", "driver_version",
                    "cuda_driver_version", "gpu_model", "images_per_sec", "duration_s", "energy_source", "energy_j",
-                   "cost_usd", "step_cv", "step_count", "host_gpu_health", "metric", "value", "unit", "better")
+                   "cost_usd", "step_cv", "step_count", "host_gpu_health", "metric", "value", "unit", "better",
+                   "harness_revision")
 HOSTS_PER_READ = 50  # hosts whose history is read at once
 
 

@@ -181,6 +181,11 @@ benchmark_results = Table(
     Column("roles_json", Text),
     Column("node_efficiency", Float),
     Column("node_baseline_images_per_sec", Float),
+    # What a baked image added to its base (revision 0023, fleetbench.bake): the bake's inputs hash (its tag's) and
+    # the harness revision (git commit, copied files' hash). image_digest stays the base's registry digest, so these
+    # say when the harness code changed under one base (NULL: not baked, or stored before 0023).
+    Column("bake_inputs", String(64)),
+    Column("harness_revision", String(200)),
     UniqueConstraint(*RESULT_KEY, name="uq_benchmark_results_key"),
     Index("ix_benchmark_results_host_case_time", "host", "case_key", "started_at"),
     Index("ix_benchmark_results_logical_date", "logical_date"),
