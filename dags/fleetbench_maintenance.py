@@ -12,6 +12,7 @@ which engines each queue cleans is read when the run starts.
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 import pendulum
@@ -20,6 +21,8 @@ from airflow.sdk import DAG, BaseOperator, Param, get_current_context, task
 from fleetbench import cleanup
 from fleetbench.config import ConfigError, load_config_once
 from fleetbench.paths import default_config_path
+
+log = logging.getLogger(__name__)
 
 
 def fleet_queues() -> list[str]:
@@ -41,9 +44,18 @@ PARAMS = {
 }
 
 
+# What a whole-engine cleanup (no `scope`) keeps whatever the ages say: a case container that just stopped is still
+# read (its state, its log) by its own task, which removes it; a superseded bake may be a night's pinned image.
+MIN_AGE_H = 1.0
+
+
 def clean_engine(engine: dict, params: dict) -> dict:
-    return cleanup.clean_url(engine["docker_url"], params["container_max_age_h"], params["image_max_age_h"],
-                             scope=params["scope"] or None, dry_run=params["dry_run"],
+    ages = params["container_max_age_h"], params["image_max_age_h"]
+    if not params["scope"] and min(ages) < MIN_AGE_H:
+        log.warning("a cleanup of the whole engine keeps what is younger than %g h (asked: containers %g h, images "
+                    "%g h); give a scope to remove younger objects", MIN_AGE_H, *ages)
+        ages = tuple(max(a, MIN_AGE_H) for a in ages)
+    return cleanup.clean_url(engine["docker_url"], *ages, scope=params["scope"] or None, dry_run=params["dry_run"],
                              docker_tls_conn_id=engine.get("docker_tls_conn_id"))
 
 

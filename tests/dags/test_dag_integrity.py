@@ -216,3 +216,23 @@ def test_one_engine_that_cannot_be_cleaned_does_not_stop_the_others_of_its_queue
                                                r"tcp://g1:2376: g1 unreachable"):
         task.execute({"params": params})
     assert cleaned == ["tcp://g2:2376", "tcp://g3:2376"]
+
+
+def test_a_whole_engine_cleanup_keeps_what_is_younger_than_an_hour(monkeypatch, caplog):
+    """Ages of 0 on the whole engine (no scope) would remove a case container its task is still reading, or a bake a
+    night in progress runs; with a scope (a targeted cleanup) they are taken as given."""
+    import importlib.util
+
+    from fleetbench import cleanup
+
+    spec = importlib.util.spec_from_file_location("fleetbench_maintenance_dag", DAGS / "fleetbench_maintenance.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    seen = []
+    monkeypatch.setattr(cleanup, "clean_url", lambda url, c, i, **kw: seen.append((c, i, kw["scope"])) or {})
+    module.clean_engine({"docker_url": "unix:///var/run/docker.sock"},
+                        {"container_max_age_h": 0, "image_max_age_h": 0, "scope": None, "dry_run": True})
+    module.clean_engine({"docker_url": "unix:///var/run/docker.sock"},
+                        {"container_max_age_h": 0, "image_max_age_h": 0, "scope": {"t": "1"}, "dry_run": True})
+    assert seen == [(1.0, 1.0, None), (0, 0, {"t": "1"})]
+    assert "keeps what is younger than 1 h" in caplog.text
