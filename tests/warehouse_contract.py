@@ -267,11 +267,12 @@ def check_capacity_reads_profiles_bounds_and_misses(engine):
     assert {r["model"] for r in got} == {"resnet50"} and len(got) == 6 + 5 + 1
     assert {r["logical_date"] is not None for r in got} == {True}
     profiles = fit_profiles(got, Settings())
-    tf = profiles[("tf_cnn_benchmarks", "resnet50", "fp32", "gpu", "")]
-    torch = profiles[("torch_synthetic", "resnet50", "fp32", "gpu", "channels_last=0,compile=0")]
+    tf = profiles[("tf_cnn_benchmarks", "resnet50", "fp32", "gpu", "", "cnn")]  # result_row's benchmark
+    torch = profiles[("torch_synthetic", "resnet50", "fp32", "gpu", "channels_last=0,compile=0", "cnn")]
     assert (tf.slope, tf.intercept, tf.n) == (60.0, 1000.0, 3) and (torch.slope, torch.intercept) == (10.0, 500.0)
     assert tf.ooms == {40960.0: 512, 81920.0: 768} and torch.ooms == {40960.0: 256}
-    assert profiles[("torch_synthetic", "resnet50", "fp32", "gpu", "channels_last=0,compile=1")].ooms == {40960.0: 512}
+    compiled = profiles[("torch_synthetic", "resnet50", "fp32", "gpu", "channels_last=0,compile=1", "cnn")]
+    assert compiled.ooms == {40960.0: 512}
     assert [m["case_key"] for m in tf.misses] == ["cnn.resnet50.bs768.g1.replicated"]
     assert {r["model"] for r in read_rows(engine)} == {"resnet50", "vgg16"}
     assert {r["model"] for r in read_rows(engine, dag_ids={"other"})} == {"vgg16"}

@@ -1,7 +1,7 @@
 """Capacity profiles: peak memory against batch size, fitted from the warehouse, used before a case runs.
 
-A profile per (harness, model, precision, device kind, memory variant) is a Theil-Sen line through the (per-device
-batch, peak memory per device) points of its ok results: peak GPU memory for GPU cases, the
+A profile per (harness, model, precision, device kind, memory variant, benchmark) is a Theil-Sen line through the
+(per-device batch, peak memory per device) points of its ok results: peak GPU memory for GPU cases, the
 container's peak memory for CPU cases. Theil-Sen (the median of the pairwise slopes, then the
 median intercept) because a handful of nightly readings is all a profile has, and one bad reading
 (a neighbour's process on the GPU, a page-cache spike) must not tilt the line: it ignores up to
@@ -57,7 +57,9 @@ AT_CAPACITY = 0.95
 _BYTES = re.compile(r"^([0-9]+)([bkmgBKMG]?)$")
 _UNIT = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 
-Key = tuple[str, str, str, str, str]  # harness, model, precision, device kind, memory variant
+# harness, model, precision, device kind, memory variant, benchmark: two benchmarks of one model differ in what
+# memory a batch takes (a forward-only one, another --image_size or --xla in its extra_args, another image)
+Key = tuple[str, str, str, str, str, str]
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,7 @@ def key_of(row: Mapping[str, Any]) -> Key:
     """A result row's (or a case's dict's) profile key."""
     harness = row.get("harness") or DEFAULT_HARNESS
     return (harness, str(row.get("model")), row.get("precision") or precision_of(row.get("command")) or "fp32",
-            row.get("device") or "gpu", variant_of(harness, row.get("command")))
+            row.get("device") or "gpu", variant_of(harness, row.get("command")), str(row.get("benchmark") or ""))
 
 
 def variant_of(harness: str, command: Any) -> str:
@@ -156,7 +158,7 @@ class Profile:
 
     def to_dict(self) -> dict:
         return {"harness": self.key[0], "model": self.key[1], "precision": self.key[2], "device": self.key[3],
-                "variant": self.key[4],
+                "variant": self.key[4], "benchmark": self.key[5],
                 "n": self.n, "batches": self.batches, "slope_mib_per_sample": self.slope,
                 "intercept_mib": self.intercept, "spread_mib": self.spread_mib, "reason": self.reason,
                 "ooms": [{"capacity_mib": c, "batch": b} for c, b in sorted(self.ooms.items())],
@@ -219,6 +221,9 @@ def fit_profiles(rows: Iterable[Mapping[str, Any]], settings: Settings = Setting
             continue
         if row.get("status") != "ok":
             continue
+        if row.get("mig_profile"):  # an instance's reading is of the whole board (NVML): not a whole GPU's point
+            p.dropped["MIG instance"] = p.dropped.get("MIG instance", 0) + 1
+            continue
         raw = reading(row)
         if raw is None:
             continue
@@ -268,13 +273,17 @@ def case_capacity(case, gpu_mib: Mapping[str, float | None]) -> tuple[float | No
         return (limit, "container limit") if limit else (None, "the case has no container memory limit")
     if getattr(case, "mig_profile", None):  # a slice of a GPU: the host's GPU memory is not the case's
         return None, f"the memory of a MIG {case.mig_profile} instance is not known to the plan"
-    mem = gpu_mib.get(case.host)
-    return (mem, "GPU memory") if mem else (None, f"the GPU memory of host {case.host} is not known yet")
+    hosts = list(getattr(case, "hosts", None) or [case.host])  # a multi-node case: its set's smallest GPU
+    unknown = [h for h in hosts if not gpu_mib.get(h)]
+    if unknown:
+        return None, f"the GPU memory of host {', '.join(unknown)} is not known yet"
+    mem = min(gpu_mib[h] for h in hosts)
+    return mem, "GPU memory" if len(hosts) == 1 else f"GPU memory of the set's smallest ({len(hosts)} hosts)"
 
 
 def case_row(case) -> dict:
     return {"harness": getattr(case, "harness", None), "model": case.model, "command": case.command,
-            "device": case.device}
+            "device": case.device, "benchmark": case.benchmark}
 
 
 def assess(case, profiles: Mapping[Key, Profile], gpu_mib: Mapping[str, float | None], settings: Settings,
@@ -291,7 +300,7 @@ def assess(case, profiles: Mapping[Key, Profile], gpu_mib: Mapping[str, float | 
         return {**out, "note": f"no prediction: {what}"}
     if profile is None:
         variant = key_of(case_row(case))[4]
-        return {**out, "note": "no prediction: no result of this harness, model, precision and device"
+        return {**out, "note": "no prediction: no result of this benchmark, harness, model, precision and device"
                                f"{f' ({variant})' if variant else ''} yet"}
     oom = profile.known_oom(batch, capacity)
     predicted = profile.predict(batch)
@@ -337,11 +346,11 @@ def has_results(engine) -> bool:
 
 
 # What a profile reads of a result (`key_of`, `fit_profiles`, a miss's evidence, the memory sizes known).
-READ_COLUMNS = ("dag_id", "run_id", "logical_date", "host", "case_key", "harness", "model", "precision", "command",
-                "device", "batch_size_per_device", "status", "failure_class", "peak_gpu_mem_mib", "peak_mem_mib",
-                "capacity_mib", "predicted_mem_mib", "capacity_note")
+READ_COLUMNS = ("dag_id", "run_id", "logical_date", "host", "case_key", "benchmark", "harness", "model", "precision",
+                "command", "device", "batch_size_per_device", "status", "failure_class", "peak_gpu_mem_mib",
+                "peak_mem_mib", "capacity_mib", "predicted_mem_mib", "capacity_note", "mig_profile")
 # An OOM bound is the smallest batch per (profile features, memory size, OOM class): `fit_profiles` keeps no more.
-BOUND_COLUMNS = ("harness", "model", "precision", "device", "capacity_mib", "failure_class")
+BOUND_COLUMNS = ("benchmark", "harness", "model", "precision", "device", "capacity_mib", "failure_class")
 # OOM rows whose profile key needs their command: stored without a precision (before revision 0003), or of a
 # harness with a memory variant (`memory_flags`, on the command line). The rest group on the OOM index alone.
 BY_COMMAND = ("(precision IS NULL OR COALESCE(harness, '') IN ("
@@ -479,7 +488,8 @@ def plan_capacity(plan, engine=None):
             if has_results(engine):  # a new warehouse has no tables yet: nothing learned, every case runs
                 models = {c.model for c in plan.cases if c.model is not None}
                 profiles = fit_profiles(read_rows(engine, models), settings) if models else {}
-                gpu_mib = read_gpu_memory(engine, {c.host for c in plan.cases if c.device == "gpu"})
+                gpu_mib = read_gpu_memory(engine, {h for c in plan.cases if c.device == "gpu"
+                                                   for h in (getattr(c, "hosts", None) or [c.host])})
         finally:
             if own:
                 engine.dispose()

@@ -740,8 +740,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     cap = sub.add_parser(
         "capacity", help="the largest batch per model predicted to fit in a GPU or a memory size, with the evidence",
-        description="Fits peak memory against the per-device batch size per harness, model, precision and device "
-                    "kind (and torch_synthetic's channels_last and compile) from the warehouse's ok results "
+        description="Fits peak memory against the per-device batch size per harness, model, precision, device "
+                    "kind and benchmark (and torch_synthetic's channels_last and compile) from the warehouse's ok "
+                    "results "
                     "(Theil-Sen; README 'Capacity profiles'), and prints the line, its points and spread, the OOMs "
                     "on record and the misses, and the largest batch per device predicted to fit. Without "
                     "--gpu-model or --memory-gib: for each memory size the results ran with.")

@@ -21,7 +21,7 @@ from fleetbench.params import apply_params
 from fleetbench.plan import build_plan
 from fleetbench.telemetry.container_memory import PeakMemory, cgroup_files, mib, stats_peak_mib
 
-KEY = ("tf_cnn_benchmarks", "resnet50", "fp32", "gpu", "")
+KEY = ("tf_cnn_benchmarks", "resnet50", "fp32", "gpu", "", "")  # no benchmark in these rows
 
 
 def row(batch: int, mem, status: str = "ok", device: str = "gpu", **extra) -> dict:
@@ -79,9 +79,9 @@ def test_profiles_are_per_harness_model_precision_and_device():
             + [row(b, 100.0 + b, device="cpu") for b in (8, 16, 32)])
     profiles = fit_profiles(rows)
     assert {k: p.slope for k, p in profiles.items()} == {
-        KEY: 40.0, ("tf_cnn_benchmarks", "vgg16", "fp32", "gpu", ""): 80.0,
-        ("tf_cnn_benchmarks", "resnet50", "fp16", "gpu", ""): 20.0,
-        ("tf_cnn_benchmarks", "resnet50", "fp32", "cpu", ""): 1.0}
+        KEY: 40.0, ("tf_cnn_benchmarks", "vgg16", "fp32", "gpu", "", ""): 80.0,
+        ("tf_cnn_benchmarks", "resnet50", "fp16", "gpu", "", ""): 20.0,
+        ("tf_cnn_benchmarks", "resnet50", "fp32", "cpu", "", ""): 1.0}
 
 
 # -- bad input: no prediction and the reason, never a crash ------------------------------------------------
@@ -135,7 +135,7 @@ def test_an_oom_bounds_only_the_memory_that_ran_out():
     cpu_rows = [row(b, 100.0 + b, device="cpu") for b in (8, 16, 32)] + [
         row(64, None, device="cpu", **{**killed, "capacity_mib": 256.0}),
         row(128, None, device="cpu", status="failed", failure_class="gpu_oom", capacity_mib=256.0)]
-    cpu = fit_profiles(cpu_rows)[KEY[:3] + ("cpu", "")]
+    cpu = fit_profiles(cpu_rows)[KEY[:3] + ("cpu", "", "")]
     assert cpu.ooms == {256.0: 64} and len(cpu.misses) == 1
 
 
@@ -197,13 +197,14 @@ def test_the_warehouse_read_lifts_an_oom_bound_a_later_night_disproved(tmp_path)
                           status="ok" if ok else "failed", ips=100.0 if ok else None,
                           peak_gpu_mem_mib=1000.0 + 40 * batch if ok else None)
 
+    cnn = KEY[:5] + ("cnn",)  # result_row's benchmark
     night("r1", 1, case(8), case(16), case(64))
     night("r2", 2, case(8), case(16), case(64, ok=False))  # a stray OOM after an ok night
-    assert fit_profiles(read_rows(engine, ["resnet50"]))[KEY].ooms == {16384.0: 64}
+    assert fit_profiles(read_rows(engine, ["resnet50"]))[cnn].ooms == {16384.0: 64}
     night("r3", 3, case(64))  # forced: ran
-    assert fit_profiles(read_rows(engine, ["resnet50"]))[KEY].ooms == {}
+    assert fit_profiles(read_rows(engine, ["resnet50"]))[cnn].ooms == {}
     night("r4", 4, case(128, ok=False))  # a real bound later on still counts
-    assert fit_profiles(read_rows(engine, ["resnet50"]))[KEY].ooms == {16384.0: 128}
+    assert fit_profiles(read_rows(engine, ["resnet50"]))[cnn].ooms == {16384.0: 128}
 
 
 def test_torch_synthetic_compile_and_channels_last_are_profiles_of_their_own(tmp_path):
@@ -232,6 +233,7 @@ def test_torch_synthetic_compile_and_channels_last_are_profiles_of_their_own(tmp
             case, mib = cases[(layout, mode, batch)], need[mode](batch)
             ok = mib < 40960.0 and layout == "nchw"  # every channels_last case died: its own bound, nobody else's
             rows.append(result_row(case.case_key, run_id=run, host="g", logical_date=date, model="resnet50",
+                                   benchmark="pt",
                                    batch_size_per_device=batch, harness="torch_synthetic", precision="bf16",
                                    command=case.command, capacity_mib=40960.0, status="ok" if ok else "failed",
                                    ips=100.0 if ok else None, peak_gpu_mem_mib=mib if ok else None))
@@ -243,7 +245,7 @@ def test_torch_synthetic_compile_and_channels_last_are_profiles_of_their_own(tmp
     assert {k[4]: p.ooms for k, p in profiles.items()} == {
         "channels_last=0,compile=0": {40960.0: 256}, "channels_last=0,compile=1": {},
         "channels_last=1,compile=0": {40960.0: 64}, "channels_last=1,compile=1": {40960.0: 64}}
-    compiled = profiles[("torch_synthetic", "resnet50", "bf16", "gpu", "channels_last=0,compile=1")]
+    compiled = profiles[("torch_synthetic", "resnet50", "bf16", "gpu", "channels_last=0,compile=1", "pt")]
     assert (compiled.slope, compiled.intercept) == (94.0, 1000.0)
 
     def verdict(layout: str, mode: str, batch: int) -> dict:
@@ -269,7 +271,7 @@ def plan_cfg(batches, on_predicted_oom="skip", mem_limit="256m", **capacity) -> 
 
 
 def cpu_rows(batches, a=18.0, b=36.0 / 1024) -> list[dict]:
-    return [{"model": "trivial", "batch_size_per_device": x, "device": "cpu", "status": "ok",
+    return [{"model": "trivial", "batch_size_per_device": x, "device": "cpu", "status": "ok", "benchmark": "smoke",
              "command": ["python3", "tf_cnn_benchmarks.py"], "peak_mem_mib": a + b * x} for x in batches]
 
 
@@ -337,7 +339,7 @@ def test_unreadable_warehouse_runs_everything_with_the_reason(tmp_path):
     plan = build_plan(parse_config(plan_cfg([8192])), {"dag_id": "d", "run_id": "r"})
     (case,) = plan_capacity(plan, engine=get_engine(f"sqlite:///{tmp_path}/new.db")).cases  # nothing stored yet
     assert case.capacity["action"] == "run"
-    assert case.capacity["note"].startswith("no prediction: no result of this harness, model")
+    assert case.capacity["note"].startswith("no prediction: no result of this benchmark, harness, model")
 
     class Broken:
         def connect(self):
@@ -376,7 +378,7 @@ def test_gpu_case_on_a_host_of_unknown_memory_is_not_predicted():
     case = Case(host="g", case_key="k", benchmark="b", image="i", model="resnet50", batch_size_per_device=512,
                 num_gpus=1, variable_update="replicated", device="gpu", num_batches=1, num_warmup_batches=0,
                 timeout_s=60, command=["python", "tf_cnn_benchmarks.py"])
-    profiles = fit_profiles(line([8, 16, 32, 64, 128]))
+    profiles = fit_profiles([dict(r, benchmark="b") for r in line([8, 16, 32, 64, 128])])
     v = assess(case, profiles, {"g": None}, Settings())
     assert v["action"] == "run" and v["note"] == "no prediction: the GPU memory of host g is not known yet"
     v = assess(case, profiles, {"g": 16384.0}, Settings())  # 1000 + 40 x 512 = 21480 MiB > 16 GiB
@@ -467,3 +469,34 @@ def test_gpu_memory_comes_from_each_hosts_newest_facts(tmp_path):
         ])
     assert read_gpu_memory(engine, ["g", "cpu", "odd", "broken", "absent"]) == {
         "g": 40960.0, "cpu": None, "odd": None, "broken": None}
+
+
+def test_two_benchmarks_of_one_model_are_profiles_of_their_own():
+    """A training and a forward-only benchmark of resnet50 need very different memory at one batch: one line through
+    both predicted nonsense, and the training OOM skipped the inference case at that batch for good."""
+    train = [dict(r, benchmark="train") for r in line([32, 64, 128], a=2000.0, b=80.0)]
+    infer = [dict(r, benchmark="infer") for r in line([32, 64, 128, 512], a=1500.0, b=12.0)]
+    oom = row(512, None, status="failed", benchmark="train", capacity_mib=32510.0, logical_date="2026-12-02")
+    profiles = fit_profiles([*train, *infer, oom])
+    t, i = profiles[KEY[:5] + ("train",)], profiles[KEY[:5] + ("infer",)]
+    assert (t.slope, i.slope) == (80.0, 12.0) and t.ooms == {32510.0: 512} and i.ooms == {}
+
+
+def test_mig_readings_are_not_points_of_the_whole_gpu_profile():
+    """NVML reads a MIG case's whole board (and TF reserves the instance): such readings bent the whole-GPU line."""
+    whole = line([8, 16, 32, 64, 128])
+    mig = [row(b, 9700.0, mig_profile="1g.10gb") for b in (8, 64, 512)]
+    p = fit_profiles([*whole, *mig])[KEY]
+    assert (p.slope, p.intercept, p.n, p.dropped) == (40.0, 1000.0, 5, {"MIG instance": 3})
+
+
+def test_a_multi_node_case_is_judged_against_its_sets_smallest_gpu():
+    from fleetbench.capacity import case_capacity
+    from fleetbench.plan import Case
+
+    case = Case(host="a100", host_set=["a100", "rtx3070"], case_key="k", benchmark="b", image="i", model="resnet50",
+                batch_size_per_device=64, num_gpus=1, variable_update="distributed_replicated", device="gpu",
+                num_batches=1, num_warmup_batches=0, timeout_s=60, command=["python"], nodes=2)
+    assert case_capacity(case, {"a100": 40960.0, "rtx3070": 8192.0}) == (
+        8192.0, "GPU memory of the set's smallest (2 hosts)")
+    assert case_capacity(case, {"a100": 40960.0}) == (None, "the GPU memory of host rtx3070 is not known yet")

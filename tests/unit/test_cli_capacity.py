@@ -36,14 +36,14 @@ def warehouse(tmp_path, monkeypatch) -> str:
 def test_suggests_the_largest_batch_for_a_catalog_gpu_with_the_evidence(warehouse, capsys):
     assert main(["capacity", "--gpu-model", "A100 SXM4 40GB"]) == 0
     out = capsys.readouterr().out
-    assert ("tf_cnn_benchmarks/resnet50/fp32/gpu: peak MiB = 1000.0 + 60.0000 x batch per device, +- "
+    assert ("tf_cnn_benchmarks/resnet50/fp32/gpu/cnn: peak MiB = 1000.0 + 60.0000 x batch per device, +- "
             in out)
     assert "from 4 point(s) at batch(es) [32, 64, 128, 256]" in out
     assert "OOM on record: batch 512 with 40960 MiB" in out
     assert "miss: h1 cnn.resnet50.bs512.g1.replicated (run r1) was predicted to fit" in out
     # 40 GiB less 10 % = 36864 MiB; (36864 - spread - 1000) / 60 -> 596, but 512 died with 40 GiB: 511.
     assert "40960 MiB (less 10 %): largest batch per device predicted to fit: 511" in out
-    assert "vgg16/fp32/gpu: no prediction: 1 usable point(s)" in out
+    assert "vgg16/fp32/gpu/cnn: no prediction: 1 usable point(s)" in out
 
 
 def test_memory_size_and_json(warehouse, capsys):

@@ -437,8 +437,8 @@ def _capacity_section(report: dict, charts: Sequence[Chart], plot_files: dict[st
                                if f["largest_batch"] is not None) or "–"}
             for p in profiles]
     return ["<h2>Capacity: peak memory per batch</h2>",
-            '<p class="meta">Per harness, model, precision and device kind (and torch_synthetic\'s channels_last '
-            'and compile): peak memory per device (GPU memory, '
+            '<p class="meta">Per harness, model, precision, device kind and benchmark (and torch_synthetic\'s '
+            'channels_last and compile): peak memory per device (GPU memory, '
             'or the container\'s for CPU cases) of ok results against the batch per device, a Theil-Sen line '
             '(± its spread), OOMs at the memory they had, and misses (an OOM the plan predicted to fit). All '
             'results of the model, not only this window\'s.</p>',
