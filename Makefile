@@ -11,6 +11,9 @@ help:
 	@echo "make run    - run fleet_benchmark once on the embedded default (local Docker, CPU smoke image) and print results"
 	@echo "make ui     - Airflow's UI with the fleetbench view on this machine (prints the URL and login; Ctrl-C stops)"
 	@echo "make test   - start what the tests need and run the test suite"
+	@echo "make test-unit - the unit tests only (no services)"
+	@echo "make venv   - the Python environment in .venv (make run, ui and test make it too)"
+	@echo "make images - the CPU benchmark images (smoke, TensorFlow, PyTorch from PyPI: several GB; make test makes them)"
 	@echo "make lint   - check the Python code with ruff (pyflakes, pycodestyle, import order)"
 	@echo "make bench  - measure fleetbench itself"
 	@echo "make fleet-celery - the CeleryExecutor deployment as local processes (two workers, REST API)"
@@ -22,7 +25,8 @@ help:
 $(VENV)/.installed: requirements.txt requirements-dev.txt requirements.lock pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "[fleetbench] error: $(PYTHON) not found: install Python 3.11 (Debian: apt-get install python3 python3-venv)"; exit 1; }
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 11) else 1)' || { echo "[fleetbench] error: Python >= 3.11 needed, found $$($(PYTHON) --version)"; exit 1; }
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { echo "[fleetbench] error: cannot create a venv: install python3-venv"; exit 1; }
+	@# a venv without pip (made before python3-venv was installed) is made again, not reused
+	@$(PY) -m pip --version >/dev/null 2>&1 || { rm -rf $(VENV); $(PYTHON) -m venv $(VENV); } || { rm -rf $(VENV); echo "[fleetbench] error: cannot create a venv: install python3-venv, then rerun"; exit 1; }
 	@echo "[fleetbench] installing Python dependencies into $(VENV)"
 	@$(PY) -m pip install -q --upgrade pip
 	@$(PY) -m pip install -q -r requirements.txt -c requirements.lock
@@ -57,7 +61,7 @@ run: venv smoke-image
 	@bash scripts/run.sh
 
 # api-server, scheduler, dag-processor and triggerer as local processes (LocalExecutor, .airflow/).
-ui: venv images
+ui: venv smoke-image
 	@bash scripts/ui.sh
 
 # The distributed setup without containers: PostgreSQL, Redis, api-server, scheduler, dag-processor and

@@ -11,6 +11,15 @@ fi
 if ! is_debian_root; then
   die "no Docker engine answers at ${DOCKER_HOST:-unix:///var/run/docker.sock}. Install Docker Engine (Debian/Ubuntu: apt-get install docker.io), start it, and rerun."
 fi
+if [ -n "${DOCKER_HOST:-}" ] && [ "$DOCKER_HOST" != "unix:///var/run/docker.sock" ]; then
+  die "no Docker engine answers at DOCKER_HOST=$DOCKER_HOST: start it there, or unset DOCKER_HOST for this machine's engine"
+fi
+# Another engine's packages (Docker CE, Moby) conflict with docker.io: installing it would remove them. Say so instead.
+for other in docker-ce moby-engine; do
+  if dpkg-query -W -f='${Status}' "$other" 2>/dev/null | grep -q 'install ok installed'; then
+    die "Docker engine package $other is installed but its engine does not answer at unix:///var/run/docker.sock: start it (systemctl start docker) and rerun; fleetbench does not replace it with docker.io"
+  fi
+done
 apt_install docker.io
 command -v docker >/dev/null || die "docker client not found after installing docker.io"
 if ! pgrep -x dockerd >/dev/null; then

@@ -26,7 +26,9 @@ apt_install() {
   if [ ! -e "$APT_UPDATED" ] || [ -n "$(find "$APT_UPDATED" -mmin +360 2>/dev/null)" ]; then
     apt-get update -qq && touch "$APT_UPDATED"
   fi
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # --no-remove: never let a package fleetbench needs take another one away (docker.io conflicts with docker-ce)
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends --no-remove "${missing[@]}" >/dev/null \
+    || die "apt-get could not install ${missing[*]} without removing other packages (or failed): install them by hand"
 }
 
 wait_for() {

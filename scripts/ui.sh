@@ -11,11 +11,13 @@ source "$FB_ROOT/scripts/airflow-env.sh"
 
 port="${FLEETBENCH_UI_PORT:-8080}"
 listen="${FLEETBENCH_UI_HOST:-127.0.0.1}"
+# Where this machine reaches the api-server: the address it listens on, or loopback when that is every address.
+case "$listen" in 0.0.0.0|::|"[::]") reach=127.0.0.1 ;; *:*) reach="[$listen]" ;; *) reach="$listen" ;; esac
 user="${FLEETBENCH_UI_USER:-admin}"
 [[ "$port" =~ ^[0-9]+$ ]] && [ "$port" -ge 1 ] && [ "$port" -le 65535 ] \
   || die "FLEETBENCH_UI_PORT: '$port' is not a port number (1-65535)"
 [[ "$user" =~ ^[A-Za-z0-9_.-]+$ ]] || die "FLEETBENCH_UI_USER: '$user' is not a user name (letters, digits, _ . -)"
-if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+if (exec 3<>"/dev/tcp/${reach//[\[\]]/}/$port") 2>/dev/null; then
   die "port $port is in use (another 'make ui'?): stop it, or choose another with FLEETBENCH_UI_PORT=8090 make ui"
 fi
 
@@ -27,8 +29,8 @@ secret_file="$AIRFLOW_HOME/ui-jwt-secret"
 export AIRFLOW__API_AUTH__JWT_SECRET="${AIRFLOW__API_AUTH__JWT_SECRET:-$(cat "$secret_file")}"
 export AIRFLOW__CORE__EXECUTOR="${AIRFLOW__CORE__EXECUTOR:-LocalExecutor}"
 export AIRFLOW__API__PORT="$port"
-export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="http://127.0.0.1:$port/execution/"
-export AIRFLOW__API__BASE_URL="${AIRFLOW__API__BASE_URL:-http://127.0.0.1:$port}"
+export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="http://$reach:$port/execution/"
+export AIRFLOW__API__BASE_URL="${AIRFLOW__API__BASE_URL:-http://$reach:$port}"
 simple=airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager
 export AIRFLOW__CORE__AUTH_MANAGER="${AIRFLOW__CORE__AUTH_MANAGER:-$simple}"
 export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="${AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS:-$user:admin}"
@@ -75,7 +77,7 @@ alive() {
 say "starting the api-server on $listen:$port (logs: $logs)"
 start api-server api-server --host "$listen" --port "$port" --workers 1
 end=$((SECONDS + 300))
-until curl -fsS "http://127.0.0.1:$port/api/v2/monitor/health" >/dev/null 2>&1; do
+until curl -fsS "http://$reach:$port/api/v2/monitor/health" >/dev/null 2>&1; do
   alive
   [ $SECONDS -ge $end ] && die "the api-server did not answer in 300 s (log: $logs/api-server.log)"
   sleep 1
@@ -88,7 +90,7 @@ sleep 2
 alive
 
 echo
-echo "fleetbench UI: http://127.0.0.1:$port   (Ctrl-C stops it)"
+echo "fleetbench UI: http://$reach:$port   (Ctrl-C stops it)"
 if [ "$AIRFLOW__CORE__AUTH_MANAGER" = "$simple" ]; then
   passwords="${AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE:-$AIRFLOW_HOME/simple_auth_manager_passwords.json.generated}"
   password="$(python -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$passwords" "$user" 2>/dev/null)" \
@@ -97,8 +99,8 @@ if [ "$AIRFLOW__CORE__AUTH_MANAGER" = "$simple" ]; then
 else
   echo "  login:    as $AIRFLOW__CORE__AUTH_MANAGER is configured"
 fi
-echo "  trigger:  http://127.0.0.1:$port/dags/fleet_benchmark  (Trigger, then pick hosts and models)"
-echo "  results:  http://127.0.0.1:$port/plugin/fleetbench"
+echo "  trigger:  http://$reach:$port/dags/fleet_benchmark  (Trigger, then pick hosts and models)"
+echo "  results:  http://$reach:$port/plugin/fleetbench"
 echo "  logs:     $logs"
 echo
 while :; do
