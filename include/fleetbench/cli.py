@@ -221,9 +221,11 @@ def _parse(args: argparse.Namespace) -> int:
 
 
 def _host_check(args: argparse.Namespace) -> int:
+    import atexit
     import contextlib
     import os
     import re
+    import shutil
     import tempfile
 
     from fleetbench.config import GB, MAX_FREE_GB
@@ -277,6 +279,8 @@ def _host_check(args: argparse.Namespace) -> int:
                              "(uname-r.txt, nvidia-smi.txt, docker-info.json, ...)")
     else:
         folder = Path(args.save or tempfile.mkdtemp(prefix="fleetbench-facts-"))
+        if not args.save:  # the probe outputs are kept only with --save
+            atexit.register(shutil.rmtree, folder, ignore_errors=True)
         if args.local:
             env = {**os.environ, **({"DOCKER_HOST": args.docker_url} if args.docker_url else {})}
             runner = LocalRunner(env=env)

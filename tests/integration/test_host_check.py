@@ -84,9 +84,11 @@ def ssh_gather(conn_id: str, folder: Path, **kwargs) -> float:
 
 
 # -- local ---------------------------------------------------------------------------------------------
-def test_local_host_is_ready_for_cpu_cases(docker_api):
+def test_local_host_is_ready_for_cpu_cases(docker_api, tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # where its probe outputs go without --save
     proc = fleetbench("host-check", "--local")
     assert proc.returncode == 0, proc.stderr
+    assert list(tmp_path.iterdir()) == []  # and are gone after it (they were left in /tmp on every run)
     result = json.loads(proc.stdout)
     assert result["verdict"] == "ready", result["checks"]
     facts = result["facts"]
