@@ -777,3 +777,67 @@ def test_a_new_bake_under_the_same_base_is_an_image_change_and_names_its_harness
     assert compare_case(before, after, TRACKED)["image_changed"] is True
     assert compare_case(before, result_rows(wobble(5, seed=9), bake_inputs="a" * 64), TRACKED)["image_changed"] is False
     assert what_changed(after[-1], before)["harness_revision"] == {"before": "1" * 40, "after": "2" * 40}
+
+
+def _nights(tmp_path, count: int, make) -> list:
+    """Stores and assesses nights 0..count-1 (`make(n)` gives night n's row); each night's assessment."""
+    from fleetbench.warehouse import get_engine, upgrade
+    from regression_rows import assess_night, store_night
+
+    engine = get_engine(f"sqlite:///{tmp_path}/w.db")
+    upgrade(engine)
+    out = []
+    for n in range(count):
+        store_night(engine, n, [make(n)])
+        out.append(assess_night(engine, n))
+    engine.dispose()
+    return out
+
+
+def test_a_host_degraded_one_night_in_eight_still_gets_a_baseline_and_its_regression(tmp_path):
+    """One night in another segment (a warn check made the host degraded) threw the baseline being built away, so a
+    host whose health flapped never had one, and a -15 % driver regression went unflagged for good."""
+    import random
+
+    from regression_rows import night_row
+
+    rng = random.Random(6)
+
+    def make(n):
+        driver = "550.54.14" if n >= 30 else "535.104.05"
+        value = 100 * (1 + rng.gauss(0, 0.01)) * (0.85 if n >= 30 else 1)
+        return night_row(n, value=value, driver_version=driver, duration_s=60.0, cost_usd=None,
+                         host_gpu_health="degraded" if n % 8 == 7 else "healthy")
+
+    nights = _nights(tmp_path, 45, make)
+    assert not nights[20].insufficient_history  # a baseline of the healthy nights by then
+    found = [f for a in nights[31:] for f in a.findings if f["metric"] == "images_per_sec"]
+    assert found and found[0]["kind"] == "regression" and found[-1]["status"] == "confirmed"
+
+
+def test_a_precision_change_is_a_segment_not_a_regression(tmp_path):
+    """Removing --use_fp16 from a tf_cnn benchmark's extra_args keeps its case key: fp32 nights were judged against
+    the fp16 baseline and mailed as a confirmed major regression with nothing recorded changed."""
+    from regression_rows import night_row
+
+    nights = _nights(tmp_path, 32, lambda n: night_row(
+        n, value=100.0 if n < 30 else 54.0, precision="fp16" if n < 30 else "fp32", duration_s=60.0, cost_usd=None))
+    assert [f for a in nights[30:] for f in a.findings if f["kind"] == "regression"] == []
+    assert nights[31].insufficient_history  # a new baseline: the fp32 nights are not judged against the fp16 ones
+
+
+def test_a_findings_changes_name_the_mean_sm_clock_from_the_baselines_telemetry(tmp_path):
+    """The history read has no telemetry: the baseline's clocks were never compared, so throttling never showed."""
+    import json
+
+    from regression_rows import night_row
+
+    def make(n):
+        clock = 1100.0 if n >= 30 else 1410.0
+        return night_row(n, value=80.0 if n >= 30 else 100.0, duration_s=60.0, cost_usd=None,
+                         telemetry_json=json.dumps({"gpus": [{"index": 0, "mean_sm_clock_mhz": clock}]}))
+
+    nights = _nights(tmp_path, 31, make)
+    [finding] = [f for f in nights[30].findings if f["metric"] == "images_per_sec"]
+    assert finding["changes"]["gpu_sm_clock_mhz"]["before"] == 1410.0
+    assert finding["changes"]["gpu_sm_clock_mhz"]["after"] == 1100.0

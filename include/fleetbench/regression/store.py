@@ -71,7 +71,7 @@ class RunAssessment:
 HISTORY_COLUMNS = ("dag_id", "run_id", "logical_date", "host", "case_key", "image_digest", "driver_version",
                    "cuda_driver_version", "gpu_model", "images_per_sec", "duration_s", "energy_source", "energy_j",
                    "cost_usd", "step_cv", "step_count", "host_gpu_health", "metric", "value", "unit", "better",
-                   "harness_revision")
+                   "harness_revision", "precision")
 HOSTS_PER_READ = 50  # hosts whose history is read at once
 
 
@@ -177,6 +177,12 @@ def assess_run(engine, dag_id: str, run_id: str, settings: RegressionSettings | 
                 out.checked += 1
                 if found:
                     base_rows = [s for s in series[:-1] if s["run_id"] in found[0]["baseline_window"]]
+                    # the history has no telemetry (a year of it would not fit): the baseline's, for the findings only
+                    telemetry = dict(conn.execute(
+                        select(br.c.run_id, br.c.telemetry_json).where(
+                            br.c.dag_id == dag_id, br.c.host == key[0], br.c.case_key == key[1],
+                            br.c.run_id.in_(sorted({b["run_id"] for b in base_rows})))).all()) if base_rows else {}
+                    base_rows = [{**b, "telemetry_json": telemetry.get(b["run_id"])} for b in base_rows]
                     changes = what_changed({**series[-1], "telemetry_json": row["telemetry_json"]}, base_rows,
                                            previous_digest=most_common(b["image_digest"] for b in base_rows))
                     for f in found:
@@ -278,6 +284,10 @@ def _nights(cols: Mapping[str, list], metric: str, unit: str | None, common: tup
         values = [v if m in ENERGY_SOURCES else None for v, m in zip(values, measures)]
     else:
         measures = itertools.repeat(None)
+    # Another precision is another workload, never compared with this one (a new baseline, as energy measured another
+    # way): a tf_cnn_benchmarks case's key does not name it (--use_fp16 in the benchmark's extra_args).
+    if any(cols.get("precision") or ()):
+        measures = list(zip(measures, cols["precision"]))
     return list(map(NightIn, values, segments, whens, ses, run_ids, measures))
 
 

@@ -248,7 +248,11 @@ def track(nights: Sequence[NightIn], direction: str, settings: RegressionSetting
         if n.segment != base_seg:
             blocked = open_ is not None and open_.kind == "regression" and open_.confirmed
             mine = seen.get(n.segment, [])
-            if len(base_idx) < settings.min_history or (not blocked and len(mine) >= settings.accept_after_nights):
+            # A baseline still being built moves to another segment only once that one has as many nights: one
+            # night elsewhere (a host degraded for a night) threw away the nights gathered so far, and a host whose
+            # health flapped never had a baseline at all.
+            short = len(base_idx) < settings.min_history and len(mine) + 1 >= len(base_idx)
+            if short or (not blocked and len(mine) >= settings.accept_after_nights):
                 rebase(mine[0] if mine else i, i)
                 base_idx = baseline(settings.window)
         seen.setdefault(n.segment, []).append(i)
