@@ -153,7 +153,7 @@ def test_pipeline_validates_a_gpu_host_here_as_unfit_with_the_real_smoke_contain
     run = {"dag_id": "fleet_benchmark", "run_id": "validate_test", "logical_date": None, "run_type": "manual"}
     plan = make_plan(run, str(write_config(tmp_path / "fleet.yaml", cfg)))
     host = plan["hosts"][0]
-    assert host["needs"] == {"gpus": 1, "image_cuda": "12.1", "whole_gpus": 1, "mig": {}}
+    assert host["needs"] == {"gpus": 1, "image_cuda": "12.1", "whole_gpus": 1, "fewest_whole_gpus": 1, "mig": {}}
     result = validate_host(host, plan["run"])
     checks = {c["name"]: c for c in result["checks"]}
     assert result["verdict"] == "unfit"
