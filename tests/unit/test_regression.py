@@ -841,3 +841,24 @@ def test_a_findings_changes_name_the_mean_sm_clock_from_the_baselines_telemetry(
     [finding] = [f for f in nights[30].findings if f["metric"] == "images_per_sec"]
     assert finding["changes"]["gpu_sm_clock_mhz"]["before"] == 1410.0
     assert finding["changes"]["gpu_sm_clock_mhz"]["after"] == 1100.0
+
+
+def test_an_open_regression_stays_open_after_its_baseline_leaves_the_history_window(tmp_path):
+    """Not accepted, not recovered: it stays open (README). Its baseline's nights left the `history_days` window after
+    a while, the new level became the baseline and the finding closed by itself, with no log line."""
+    from fleetbench.config import RegressionSettings
+    from fleetbench.warehouse import get_engine, upgrade
+    from regression_rows import assess_night, night_row, store_night
+
+    settings = RegressionSettings(window=5, min_history=5, accept_after_nights=5, history_days=10)
+    engine = get_engine(f"sqlite:///{tmp_path}/w.db")
+    upgrade(engine)
+    open_on = []
+    for n in range(40):
+        driver = "550.54.14" if n >= 10 else "535.104.05"
+        store_night(engine, n, [night_row(n, value=85.0 if n >= 10 else 100.0 + (n % 3) * 0.1, driver_version=driver,
+                                          duration_s=60.0, cost_usd=None)])
+        found = assess_night(engine, n, settings).findings
+        open_on.append(any(f["kind"] == "regression" and f["status"] == "confirmed" for f in found))
+    engine.dispose()
+    assert open_on[11] and all(open_on[11:]), [n for n, o in enumerate(open_on) if not o]

@@ -118,6 +118,40 @@ def read_history(conn, dag_id: str, hosts: Sequence[str], case_keys: Sequence[st
     return {key: HistoryRows(HISTORY_COLUMNS, series) for key, series in grouped.items()}
 
 
+def open_regressions_since(conn, dag_id: str, hosts: Sequence[str], until, since) -> datetime | None:
+    """The first night of the oldest confirmed regression still open on these hosts before `until` (a finding of the
+    newest earlier night of its case, that night after `since`) that began in the older half of [since, until), or
+    None. A night without such old findings costs one small read of the regressions table."""
+    from sqlalchemy import select
+
+    from fleetbench.warehouse.schema import regressions as rg
+
+    old = conn.execute(select(rg.c.host, rg.c.case_key, rg.c.run_id, rg.c.since_date).where(
+        rg.c.dag_id == dag_id, rg.c.host.in_(list(hosts)), rg.c.kind == "regression", rg.c.status == "confirmed",
+        rg.c.since_date < since + (until - since) / 2)).all()
+    if not old:
+        return None
+    newest = _newest_runs(conn, dag_id, sorted({(h, c) for h, c, _, _ in old}), until, since)
+    began = [utc(d) for h, c, r, d in old if newest.get((h, c)) == r and utc(d) is not None]
+    return min(began) if began else None
+
+
+def _newest_runs(conn, dag_id: str, keys: Sequence[tuple[str, str]], until, since) -> dict[tuple[str, str], str]:
+    """(host, case) -> the run id of its newest ok night in [since, until)."""
+    from sqlalchemy import select
+
+    from fleetbench.warehouse.schema import benchmark_results as br
+
+    out: dict[tuple[str, str], str] = {}
+    for host, case_key in keys:
+        row = conn.execute(select(br.c.run_id).where(
+            br.c.dag_id == dag_id, br.c.host == host, br.c.case_key == case_key, br.c.status == "ok",
+            br.c.logical_date < until, br.c.logical_date >= since).order_by(br.c.logical_date.desc()).limit(1)).first()
+        if row is not None:
+            out[(host, case_key)] = row[0]
+    return out
+
+
 def read_acceptances(conn, dag_id: str, hosts: Sequence[str]) -> dict[tuple[str, str], list[datetime]]:
     from sqlalchemy import select
 
@@ -157,8 +191,12 @@ def assess_run(engine, dag_id: str, run_id: str, settings: RegressionSettings | 
         cases = sorted({r["case_key"] for r in rows})
         for i in range(0, len(hosts), HOSTS_PER_READ):
             chunk = hosts[i:i + HOSTS_PER_READ]
-            history = read_history(conn, dag_id, chunk, cases, when, when - timedelta(days=settings.history_days),
-                                   run_id)
+            since = when - timedelta(days=settings.history_days)
+            if (began := open_regressions_since(conn, dag_id, chunk, when, since)) is not None:
+                # an open confirmed regression keeps its baseline however long it stays open (it closes when
+                # accepted or recovered, not when its baseline's nights leave the window)
+                since = min(since, began - timedelta(days=settings.history_days))
+            history = read_history(conn, dag_id, chunk, cases, when, since, run_id)
             accepted = read_acceptances(conn, dag_id, chunk)
             for row in (r for r in rows if r["host"] in chunk):
                 key = (row["host"], row["case_key"])
