@@ -47,7 +47,7 @@ def test_profile_learns_then_skips_the_batch_that_would_not_fit(airflow_db, data
         assert r["peak_mem_source"] in ("cgroup_v1", "cgroup_v2", "engine_stats")
         assert 30 < r["peak_mem_mib"] < 256, r  # under the limit, and more than an idle Python
         assert r["capacity_mib"] == 256.0 and r["predicted_mem_mib"] is None
-        assert r["capacity_note"].startswith("no prediction: no result of this harness")
+        assert r["capacity_note"].startswith("no prediction: no result of this benchmark, harness")
     assert rows[6144]["peak_mem_mib"] > rows[2048]["peak_mem_mib"] + 100  # memory grows with the batch
     learned = {b: r["peak_mem_mib"] for b, r in rows.items()}
 
@@ -59,7 +59,7 @@ def test_profile_learns_then_skips_the_batch_that_would_not_fit(airflow_db, data
     assert big["failure_detail"].startswith("predicted OOM: ") and "container limit 256 MiB" in big["failure_detail"]
     assert big["predicted_mem_mib"] > 256 * 0.9 and big["capacity_mib"] == 256.0 and big["peak_mem_mib"] is None
     profile = fit_profiles(read_rows(get_engine(), ["trivial"]), Settings())[
-        ("tf_cnn_benchmarks", "trivial", "fp32", "cpu", "")]
+        ("tf_cnn_benchmarks", "trivial", "fp32", "cpu", "", "smoke")]
     print(profile.explain(), learned, {b: (r["predicted_mem_mib"], r["peak_mem_mib"]) for b, r in rows.items()})
     for batch in (2048, 4096):
         r = rows[batch]
@@ -79,6 +79,6 @@ def test_profile_learns_then_skips_the_batch_that_would_not_fit(airflow_db, data
     assert big["capacity_note"].startswith("predicted OOM") and "forced by force_cases" in big["capacity_note"]
     assert json.loads(big["command"])[3] == "--batch_size=8192"
     profile = fit_profiles(read_rows(get_engine(), ["trivial"]), Settings())[
-        ("tf_cnn_benchmarks", "trivial", "fp32", "cpu", "")]
+        ("tf_cnn_benchmarks", "trivial", "fp32", "cpu", "", "smoke")]
     assert profile.ooms == {256.0: 8192} and profile.misses == []  # predicted, so not a miss
     assert profile.largest_fitting(256.0, 10.0) < 8192

@@ -324,8 +324,8 @@ def _nights(cols: Mapping[str, list], metric: str, unit: str | None, common: tup
         measures = itertools.repeat(None)
     # Another precision is another workload, never compared with this one (a new baseline, as energy measured another
     # way): a tf_cnn_benchmarks case's key does not name it (--use_fp16 in the benchmark's extra_args).
-    if any(cols.get("precision") or ()):
-        measures = list(zip(measures, cols["precision"]))
+    if cols.get("precision"):  # a result stored without one ran at the default, fp32 (as capacity reads it)
+        measures = list(zip(measures, [p or "fp32" for p in cols["precision"]]))
     return list(map(NightIn, values, segments, whens, ses, run_ids, measures))
 
 
