@@ -61,3 +61,21 @@ def test_a_baked_images_inputs_and_harness_revision_are_on_its_rows(tmp_path, da
     prepared[0]["images"]["cpu-smoke"].update(bake_inputs="b" * 64, harness_revision="c" * 40)
     [row] = collect(plan, validations, prepared, measured_outcomes(plan))["rows"]
     assert (row["status"], row["bake_inputs"], row["harness_revision"]) == ("ok", "b" * 64, "c" * 40)
+
+
+def test_the_orphan_sweep_is_best_effort(tmp_path, data_dir):
+    """An engine that refuses the listing before a case does not make the case a start failure: the sweep gives up."""
+    from docker.errors import APIError
+
+    from fleetbench.airflow.operators import BenchmarkCaseOperator, case_kwargs
+
+    plan, validations, prepared = night(tmp_path, "r1")
+    [kwargs] = case_kwargs(plan, validations, prepared, host="localhost")
+    op = BenchmarkCaseOperator(task_id="run_case", **kwargs)
+
+    class Refusing:
+        def containers(self, **kwargs):
+            raise APIError("500 Server Error: listing refused")
+
+    op.__dict__["cli"] = Refusing()  # the cached client
+    op._remove_orphans()  # returns, raises nothing

@@ -574,7 +574,12 @@ class BenchmarkCaseOperator(DockerOperator):
         if not all(labels.get(k) for k in keys):
             return
         mine = self.case.get("case_key")
-        for c in self.cli.containers(all=True, filters={"label": [f"{k}={labels[k]}" for k in keys]}):
+        try:
+            listed = self.cli.containers(all=True, filters={"label": [f"{k}={labels[k]}" for k in keys]})
+        except APIError as exc:  # best effort: an engine that refuses the listing is the create's to name
+            self.log.warning("could not list this run's containers on the host before the case: %s", exc)
+            return
+        for c in listed:
             if (c.get("Labels") or {}).get(runs.label("case_key")) != mine:
                 self.log.warning("removing container %s of case %s of this run on this host: its task died and left "
                                  "it %s, and it would share the host's GPUs with this case", c["Id"][:12],
