@@ -312,6 +312,40 @@ def multinode_fields(case) -> dict:
     return {"nodes": nodes, "host_set": ",".join(case.hosts), "roles_json": json.dumps(case.roles)}
 
 
+HEALTH_ORDER = (None, "healthy", "degraded", "unfit")
+PROVENANCE_WIDTH = {"driver_version": 50, "cuda_driver_version": 20, "gpu_model": 200}  # their columns' widths
+
+
+def set_provenance(case, verdicts: dict) -> dict:
+    """A multi-node case's driver, CUDA driver, GPU model and GPU health are its whole set's, not its first host's:
+    one value where every host of the set has it, else each host's value in set order (`a+b`), so a driver
+    upgraded on any host of the set starts a new regression segment and `compare --driver` matches neither side
+    while the set is mixed; the health is the worst of the set. An empty dict for a single-host case or a set
+    not validated whole (its first host's values stay, as for a case that did not run)."""
+    hosts = getattr(case, "hosts", None) or []
+    if (getattr(case, "nodes", 1) or 1) <= 1 or len(hosts) < 2 or any(verdicts.get(h) is None for h in hosts):
+        return {}
+    facts = [verdicts[h].host_facts for h in hosts]
+    out = {name: _set_value([getattr(f, name) for f in facts], width) for name, width in PROVENANCE_WIDTH.items()}
+    health = [_gpu_health(verdicts[h]) for h in hosts]
+    out["host_gpu_health"] = max(health, key=lambda v: HEALTH_ORDER.index(v) if v in HEALTH_ORDER else 2)
+    return out
+
+
+def _set_value(values: list, width: int) -> str | None:
+    """One value, or the distinct values in set order joined by `+` (cut to the column's width, with a digest of
+    the whole so two different sets never read the same)."""
+    distinct = list(dict.fromkeys(str(v) if v is not None else "?" for v in values))
+    if len(distinct) == 1:
+        return values[0]
+    joined = "+".join(distinct)
+    if len(joined) <= width:
+        return joined
+    import hashlib
+
+    return f"{joined[:width - 9]}~{hashlib.sha256(joined.encode()).hexdigest()[:8]}"
+
+
 def capacity_fields(case) -> dict:
     """The plan's capacity verdict for the case (fleetbench.capacity): capacity, prediction, note."""
     from fleetbench.capacity import row_fields
@@ -346,7 +380,7 @@ def collect_rows(plan, verdicts: dict, images: dict, outcomes: list[dict]) -> di
             fields, steps = case_fields(case, verdict, image, outcome)
         fields = dict(fields)
         samples = fields.pop("metric_samples", None) or []
-        rows.append({**result_row(run, case, verdict, image, fields),
+        rows.append({**result_row(run, case, verdict, image, fields), **set_provenance(case, verdicts),
                      "attempt_id": _attempt_id(run, case, verdict, image, outcome, fields)})
         key = {"dag_id": run.dag_id, "run_id": run.run_id, "host": case.host, "case_key": case.case_key}
         step_rows += [{**key, **s} for s in steps]

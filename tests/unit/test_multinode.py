@@ -454,3 +454,40 @@ def test_a_set_whose_hosts_pinned_different_images_runs_nothing_and_lists_the_di
         "the hosts of the set pinned different images of tf1: a: aaaaaaaaaaaa, b: bbbbbbbbbbbb")
     same = [HostImages(host=h, images=pinned("a")).to_xcom() for h in "ab"]
     assert len(multinode_kwargs(plan, validations, same)) == 1
+
+
+def test_a_sets_row_records_the_drivers_and_the_worst_gpu_health_of_every_host():
+    """A driver upgraded on the second host of a set changes the row's driver (a new regression segment, and
+    `compare --driver` matches neither side while the set is mixed); a degraded GPU on any host of the set is the
+    row's health. A set of one driver keeps it as one value."""
+    from fleetbench.airflow.pipeline import collect
+    from fleetbench.run_model import HostImages, HostVerdict
+
+    plan = build_plan(parse_config(config(hosts=("a", "b"), nodes=[2])), {"dag_id": "d", "run_id": "r"}).to_xcom()
+    gpus = [{"index": 0, "name": "NVIDIA A100-SXM4-40GB", "uuid": None, "memory_total_mib": 40960}]
+    image = {"tf1": {"name": "tf1", "ref": "127.0.0.1:5000/tf:1", "pinned_ref": "127.0.0.1:5000/tf@sha256:" + "a" * 64,
+                     "digest": "sha256:" + "a" * 64}}
+    prepared = [HostImages(host=h, images=image).to_xcom() for h in "ab"]
+
+    def row(drivers: dict, health: dict):
+        validations = [HostVerdict(host=h, verdict="ready", reasons="", facts={
+            "gpus": gpus, "driver_version": drivers[h][0], "cuda_driver_version": drivers[h][1]},
+            checks=[{"name": "gpu_persistence", "status": health[h], "detail": ""}]).to_xcom() for h in "ab"]
+        [r] = [r for r in collect(plan, validations, prepared, [])["rows"] if r["nodes"] == 2]
+        return r["host"], r["driver_version"], r["cuda_driver_version"], r["gpu_model"], r["host_gpu_health"]
+
+    assert row({"a": ("550.54.15", "12.4"), "b": ("570.86.10", "12.8")}, {"a": "pass", "b": "warn"}) == (
+        "a", "550.54.15+570.86.10", "12.4+12.8", "NVIDIA A100-SXM4-40GB", "degraded")
+    assert row({"a": ("550.54.15", "12.4"), "b": ("550.54.15", "12.4")}, {"a": "pass", "b": "pass"}) == (
+        "a", "550.54.15", "12.4", "NVIDIA A100-SXM4-40GB", "healthy")
+    # one host's driver unknown: the set's value says so rather than taking the other host's
+    assert row({"a": ("550.54.15", "12.4"), "b": (None, None)}, {"a": "pass", "b": "pass"})[1:3] == (
+        "550.54.15+?", "12.4+?")
+
+
+def test_a_long_mixed_provenance_fits_its_column_and_stays_distinct():
+    from fleetbench.measure import _set_value
+
+    many = [f"{535 + i}.{i:02d}.{i:02d}" for i in range(8)]
+    a, b = _set_value(many, 50), _set_value(many[:-1] + ["999.99.99"], 50)
+    assert len(a) == len(b) == 50 and a != b and a.startswith("535.00.00+536.01.01")

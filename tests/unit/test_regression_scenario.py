@@ -134,3 +134,51 @@ def test_accepting_the_new_driver_closes_its_regressions(scenario, monkeypatch, 
     assert others  # another host's regressions stay open
     assert main(["regressions", "accept", "--host", "nosuchhost"]) == 2
     assert "no ok results on host 'nosuchhost'" in capsys.readouterr().err
+
+
+def test_a_multi_node_cases_regression_is_listed_and_accepted_through_any_host_of_its_set(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """A multi-node case's row is stored under its set's first host (host_set "gpu00,gpu01"). A driver upgrade on the
+    second host changes the row's driver (`fleetbench.measure.set_provenance`), and the drop that came with it is a
+    regression that `regressions list --host gpu01` shows and `regressions accept --host gpu01` closes, as it does
+    through gpu00; `compare --host gpu01` finds the case too."""
+    import numpy as np
+
+    from fleetbench.regression import assess_run, store_findings
+    from fleetbench.warehouse import store_run
+
+    url = f"sqlite:///{tmp_path}/w.db"
+    engine = get_engine(url)
+    upgrade(engine)
+    monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", url)
+    rng = np.random.default_rng(3)
+    key, nights = "cnn.resnet50.bs64.g8.n2.gpu00+gpu01", 24
+    for n in range(nights):
+        changed = n >= 16  # the second host's driver upgrade, and -25 % from then on
+        value = 6000.0 * (1 + rng.normal(0.0, 0.005)) * (0.75 if changed else 1.0)
+        when = f"2026-10-{n + 1:02d}T02:00:00+00:00"
+        row = {"dag_id": "fleet_benchmark", "run_id": f"n{n:02d}", "logical_date": when, "host": "gpu00",
+               "case_key": key, "benchmark": "cnn", "model": "resnet50", "batch_size_per_device": 64,
+               "batch_size_global": 1024, "num_gpus": 8, "device": "gpu", "num_batches": 1000, "image_name": "tf1",
+               "image_digest": "sha256:" + "d" * 64, "status": "ok", "images_per_sec": value, "step_count": 100,
+               "exit_code": 0, "duration_s": 100.0, "step_cv": 0.02, "nodes": 2, "host_set": "gpu00,gpu01",
+               "driver_version": "535.104.05+550.54.14" if changed else "535.104.05", "cuda_driver_version": "12.2",
+               "gpu_model": "NVIDIA H100 80GB HBM3"}
+        store_run(engine, {"dag_id": "fleet_benchmark", "run_id": f"n{n:02d}", "logical_date": when,
+                           "run_type": "scheduled", "fleet": "mn", "cases_total": 1, "cases_ok": 1}, [], [row])
+        store_findings(engine, "fleet_benchmark", f"n{n:02d}", assess_run(engine, "fleet_benchmark", f"n{n:02d}").findings)
+    with engine.connect() as conn:
+        [found] = [r for r in open_regressions(conn, Filters(host="gpu01")) if r["metric"] == "images_per_sec"]
+        assert open_regressions(conn, Filters(host="gpu0")) == []  # a member, not a prefix
+    assert (found["host"], found["case_key"], found["status"]) == ("gpu00", key, "confirmed")
+    assert found["changes"]["driver_version"] == {"before": "535.104.05", "after": "535.104.05+550.54.14"}
+    assert main(["regressions", "list", "--host", "gpu01"]) == 0
+    assert f"gpu00  {key}  images_per_sec" in capsys.readouterr().out
+    assert [r["host"] for r in compare(engine, "driver=535.104.05", "driver=535.104.05+550.54.14",
+                                       host="gpu01")] == ["gpu00"]
+    assert main(["regressions", "accept", "--host", "gpu01", "--note", "the new driver on gpu01"]) == 0
+    assert f"fleet_benchmark gpu00 {key}" in capsys.readouterr().out
+    with engine.connect() as conn:
+        assert open_regressions(conn, Filters(host="gpu01")) == []
+        assert open_regressions(conn, Filters(host="gpu00")) == []
+    engine.dispose()

@@ -281,8 +281,10 @@ def _side_query(table, side: str, host: str | None, dag_id: str | None):
         query = query.where(table.c.logical_date >= start, table.c.logical_date < end)
     else:
         query = query.where(table.c[SIDE_COLUMNS[kind]] == value)
-    if host:
-        query = query.where(table.c.host == host)
+    if host:  # with the multi-node cases whose set includes it
+        from fleetbench.warehouse.read import on_host
+
+        query = query.where(on_host(table, host))
     if dag_id:
         query = query.where(table.c.dag_id == dag_id)
     return query.order_by(table.c.logical_date.desc())

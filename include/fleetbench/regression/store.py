@@ -486,22 +486,24 @@ def store_findings(engine, dag_id: str, run_id: str, findings: Sequence[Mapping[
 
 
 def _newest_ok(conn, dag_id: str | None, host: str, case_key: str | None) -> list[dict]:
-    """The newest ok result of each (DAG, host, case) matching (the night an open regression is read from)."""
+    """The newest ok result of each (DAG, host, case) matching (the night an open regression is read from); a
+    multi-node case whose set includes `host` matches too, under the host it is stored under (its set's first)."""
     from sqlalchemy import func, select
 
+    from fleetbench.warehouse.read import on_host
     from fleetbench.warehouse.schema import benchmark_results as br
 
-    conds = [br.c.status == "ok", br.c.host == host]
+    conds = [br.c.status == "ok", on_host(br, host)]  # a multi-node case of the host's set too
     if dag_id:
         conds.append(br.c.dag_id == dag_id)
     if case_key:
         conds.append(br.c.case_key == case_key)
-    newest = (select(br.c.dag_id, br.c.case_key, func.max(br.c.logical_date).label("newest")).where(*conds)
-              .group_by(br.c.dag_id, br.c.case_key).subquery())
+    newest = (select(br.c.dag_id, br.c.host, br.c.case_key, func.max(br.c.logical_date).label("newest"))
+              .where(*conds).group_by(br.c.dag_id, br.c.host, br.c.case_key).subquery())
     cols = [br.c[c] for c in HISTORY_COLUMNS]
-    query = (select(*cols).join(newest, (newest.c.dag_id == br.c.dag_id) & (newest.c.case_key == br.c.case_key)
-                                & (newest.c.newest == br.c.logical_date))
-             .where(*conds).order_by(br.c.dag_id, br.c.case_key))
+    query = (select(*cols).join(newest, (newest.c.dag_id == br.c.dag_id) & (newest.c.host == br.c.host)
+                                & (newest.c.case_key == br.c.case_key) & (newest.c.newest == br.c.logical_date))
+             .where(*conds).order_by(br.c.dag_id, br.c.host, br.c.case_key))
     return [dict(r._mapping) for r in conn.execute(query)]
 
 
@@ -561,16 +563,16 @@ def accept_many(engine, targets: Sequence[tuple[str, str | None]], dag_id: str |
             for row in _newest_ok(conn, dag_id, host, case_key):
                 open_since = conn.execute(
                     select(rg.c.since_date).where(rg.c.dag_id == row["dag_id"], rg.c.run_id == row["run_id"],
-                                                  rg.c.host == host, rg.c.case_key == row["case_key"],
+                                                  rg.c.host == row["host"], rg.c.case_key == row["case_key"],
                                                   rg.c.kind == "regression", rg.c.status == "confirmed",
                                                   rg.c.since_date.is_not(None))
                     .order_by(rg.c.since_date).limit(1)).scalar()
                 since = utc(open_since) or utc(_segment_start(conn, row))
-                a = {"dag_id": row["dag_id"], "host": host, "case_key": row["case_key"], "since": since,
+                a = {"dag_id": row["dag_id"], "host": row["host"], "case_key": row["case_key"], "since": since,
                      "accepted_at": now, "accepted_by": accepted_by, "note": note,
                      "had_open_regression": open_since is not None}
                 accepted.append(a)
-                rows[(a["dag_id"], host, a["case_key"], since)] = a
+                rows[(a["dag_id"], a["host"], a["case_key"], since)] = a
                 rerun.add((row["dag_id"], row["run_id"]))
     if not rows:
         return done

@@ -65,6 +65,7 @@ from sqlalchemy import (
 )
 
 from fleetbench.config import NAME_PATTERN
+from fleetbench.warehouse.read import on_host
 from fleetbench.warehouse.rollup import month_of, next_month
 from fleetbench.warehouse.schema import MULTINODE_OK_ROWS
 from fleetbench.warehouse.schema import benchmark_results as br
@@ -719,7 +720,9 @@ def open_regressions(conn, f: Filters, include_suspected: bool = False,
                rg.c.unit)
         .join(br, and_(br.c.dag_id == rg.c.dag_id, br.c.run_id == rg.c.run_id, br.c.host == rg.c.host,
                        br.c.case_key == rg.c.case_key))
-        .where(*_scope(f), br.c.logical_date == newest_ok, rg.c.kind.in_(kinds),
+        # a host's findings include those of the multi-node cases whose set includes it (stored under its first host)
+        .where(*_scope(replace(f, host=None)), *([on_host(br, f.host)] if f.host else []),
+               br.c.logical_date == newest_ok, rg.c.kind.in_(kinds),
                rg.c.status.in_(("confirmed", "suspected") if include_suspected else ("confirmed",)))
         .order_by(case((rg.c.status == "confirmed", 0), else_=1), case((rg.c.severity == "major", 0), else_=1),
                   rg.c.host, rg.c.case_key, rg.c.metric)).all()

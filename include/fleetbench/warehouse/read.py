@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from sqlalchemy import DateTime, Engine, and_, select, text
+from sqlalchemy import DateTime, Engine, and_, literal, or_, select, text
 
 from fleetbench.warehouse.schema import CAPACITY_FEATURES_VIEW, benchmark_results, runs
 
@@ -26,6 +26,16 @@ def fetch_results(engine: Engine, run_id: str | None = None, dag_id: str | None 
             query = query.where(and_(*conds))
         rows = [dict(r._mapping) for r in conn.execute(query)]
     return iso_timestamps(rows)
+
+
+def on_host(table, host: str):
+    """The WHERE condition for a host's rows of `table`: its own, and where the table has `host_set`, the multi-node
+    cases whose set includes it (a set's row is stored under its first host; `host_set` is "a,b,c")."""
+    own = table.c.host == host
+    if "host_set" not in table.c:
+        return own
+    escaped = host.replace("!", "!!").replace("%", "!%").replace("_", "!_")  # `!`: the same in every SQL dialect
+    return or_(own, (literal(",") + table.c.host_set + literal(",")).like(f"%,{escaped},%", escape="!"))
 
 
 def iso_timestamps(rows: list[dict]) -> list[dict]:
