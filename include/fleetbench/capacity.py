@@ -345,6 +345,24 @@ def has_results(engine) -> bool:
     return "capacity_features" in inspect(engine).get_view_names()
 
 
+def reported_memory_mib(engine, gpu) -> float | None:
+    """The memory per GPU that the fleet's hosts of catalog model `gpu` report (nvidia-smi's memory.total, what the
+    plan sizes their cases with: a T4 reports 15360 MiB of its nominal 16 GiB), the most common value among the
+    whole-GPU results on record; None when the warehouse has no result on that model."""
+    from sqlalchemy import text
+
+    with engine.connect() as conn:
+        found = conn.execute(text(
+            "SELECT gpu_model, capacity_mib, COUNT(*) AS n FROM benchmark_results WHERE device = 'gpu' "
+            "AND mig_profile IS NULL AND capacity_mib IS NOT NULL AND gpu_model IS NOT NULL "
+            "GROUP BY gpu_model, capacity_mib")).all()
+    counts: dict[float, int] = {}
+    for model, mib, n in found:
+        if "," not in model and "+" not in model and gpu.matches(model):  # not a mix of models
+            counts[float(mib)] = counts.get(float(mib), 0) + int(n)
+    return max(counts, key=lambda mib: (counts[mib], -mib)) if counts else None
+
+
 # What a profile reads of a result (`key_of`, `fit_profiles`, a miss's evidence, the memory sizes known).
 READ_COLUMNS = ("dag_id", "run_id", "logical_date", "host", "case_key", "benchmark", "harness", "model", "precision",
                 "command", "device", "batch_size_per_device", "status", "failure_class", "peak_gpu_mem_mib",

@@ -562,6 +562,7 @@ def _capacity(args: argparse.Namespace) -> int:
         has_results,
         key_of,
         read_rows,
+        reported_memory_mib,
         suggest,
         suggest_lines,
     )
@@ -589,11 +590,16 @@ def _capacity(args: argparse.Namespace) -> int:
     engine = existing_engine()
     try:
         rows = read_rows(engine, [args.model] if args.model else None) if has_results(engine) else []
+        reported = reported_memory_mib(engine, gpu) if args.gpu_model and rows else None
     except SQLAlchemyError as exc:
         raise UsageError(f"cannot read the warehouse at {warehouse_display_url()}: {str(exc).splitlines()[0]} "
                          "(`fleetbench db upgrade`)") from None
     finally:
         engine.dispose()
+    if reported is not None and reported != memory_mib:  # the plan sizes with what the hosts report, so does this
+        print(f"note: sized with the {reported:g} MiB that this fleet's {gpu.name} GPUs report, as the plan sizes "
+              f"their cases (the catalog's nominal memory: {memory_mib:g} MiB)", file=sys.stderr)
+        memory_mib = reported
     settings, why = configured_settings()  # the fleet's fleet.capacity (window, points, margin), as the plan's
     if why:
         print(f"note: {why}", file=sys.stderr)

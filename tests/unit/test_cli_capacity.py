@@ -137,3 +137,30 @@ def test_gpu_model_over_cpu_profiles_only_says_so(tmp_path, monkeypatch, capsys)
     assert capsys.readouterr().out.startswith("no GPU profile in the warehouse (--gpu-model applies to GPU profiles")
     assert main(["capacity"]) == 0
     assert "trivial/fp32/cpu" in capsys.readouterr().out
+
+
+def test_a_catalog_gpu_is_sized_with_the_memory_the_fleets_gpus_of_that_model_report(tmp_path, monkeypatch, capsys):
+    """The plan sizes a T4's cases with the 15360 MiB nvidia-smi reports, not the catalog's nominal 16 GiB: so does
+    `--gpu-model T4` once the warehouse has results on T4s (the nominal size suggested batches the plan then
+    skipped). A MIG instance's size and a mix of models are not a GPU's memory."""
+    url = f"sqlite:///{tmp_path}/t4.db"
+    engine = get_engine(url)
+    upgrade(engine)
+    t4 = {"gpu_model": "Tesla T4", "capacity_mib": 15360.0}
+    rows = [gpu_row(f"cnn.resnet50.bs{b}.g1.replicated", b, 1000.0 + 60 * b, **t4) for b in (32, 64, 128)]
+    rows.append(gpu_row("cnn.resnet50.bs16.g1.replicated", 16, 1960.0, host="h2", gpu_model="Tesla T4",
+                        capacity_mib=4864.0, mig_profile="1g.5gb"))
+    rows.append(gpu_row("cnn.resnet50.bs8.g1.replicated", 8, 1480.0, host="h3", gpu_model="Tesla T4+Tesla T4",
+                        capacity_mib=16000.0))
+    store_run(engine, run_row("r1"), [], rows, [])
+    engine.dispose()
+    monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", url)
+    assert main(["capacity", "--gpu-model", "T4", "--format", "json"]) == 0
+    captured = capsys.readouterr()
+    [fit] = json.loads(captured.out)[0]["fits"]
+    assert fit["capacity_mib"] == 15360.0
+    assert "sized with the 15360 MiB that this fleet's T4 GPUs report" in captured.err
+    # a model without results on record: the catalog's nominal memory
+    assert main(["capacity", "--gpu-model", "A100 SXM4 40GB", "--format", "json"]) == 0
+    [fit] = json.loads(capsys.readouterr().out)[0]["fits"]
+    assert fit["capacity_mib"] == 40960.0
