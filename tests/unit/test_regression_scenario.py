@@ -166,7 +166,8 @@ def test_a_multi_node_cases_regression_is_listed_and_accepted_through_any_host_o
                "gpu_model": "NVIDIA H100 80GB HBM3"}
         store_run(engine, {"dag_id": "fleet_benchmark", "run_id": f"n{n:02d}", "logical_date": when,
                            "run_type": "scheduled", "fleet": "mn", "cases_total": 1, "cases_ok": 1}, [], [row])
-        store_findings(engine, "fleet_benchmark", f"n{n:02d}", assess_run(engine, "fleet_benchmark", f"n{n:02d}").findings)
+        found = assess_run(engine, "fleet_benchmark", f"n{n:02d}").findings
+        store_findings(engine, "fleet_benchmark", f"n{n:02d}", found)
     with engine.connect() as conn:
         [found] = [r for r in open_regressions(conn, Filters(host="gpu01")) if r["metric"] == "images_per_sec"]
         assert open_regressions(conn, Filters(host="gpu0")) == []  # a member, not a prefix
