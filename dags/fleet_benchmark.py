@@ -124,7 +124,7 @@ with DAG(
         """Every planned case as a classified row (`pipeline.collect`), then the run stored whole, in one
         transaction (`pipeline.store`): the rows never travel through XCom. Returns the run's counts."""
         validations = from_lanes(LANE_VALIDATION)
-        if not pipeline.proceed(the_plan, validations):
+        if not pipeline.proceed(the_plan, validations, whole_run=True):
             return None
         collected = pipeline.collect(the_plan, validations, from_lanes(LANE_IMAGES), every_host(outcomes))
         return pipeline.store(the_plan, collected)

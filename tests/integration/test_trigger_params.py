@@ -52,3 +52,28 @@ def test_invalid_trigger_is_refused_before_anything_runs(airflow_db, data_dir, s
     with pytest.raises(ParamValidationError) as info:
         run_fleet_dag(monkeypatch, config, run_conf=conf)
     assert needle in str(info.value)
+
+
+def test_a_dry_run_whose_host_check_crashed_fails_naming_the_host(airflow_db, data_dir, smoke_image, tmp_path,
+                                                                  monkeypatch):
+    """A dry run is there to validate the hosts: one whose check crashed (its lane's task failed, no verdict) fails
+    the run, named, instead of a green run that never mentions it."""
+    import fleetbench.hosts.check as check
+
+    real = check.check_host
+
+    def crashing(host, folder, timeout_s=None):
+        if host.name == "other":
+            raise RuntimeError("the check crashed")
+        return real(host, folder, timeout_s)
+
+    monkeypatch.setattr(check, "check_host", crashing)
+    config = write_config(tmp_path / "fleet.yaml", smoke_config(smoke_image, hosts=[
+        {"name": "localhost", "connection": "local"}, {"name": "other", "connection": "local"}]))
+    dag_run = run_fleet_dag(monkeypatch, config, run_conf={"dry_run": True})
+    states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
+    assert dag_run.state == "failed"
+    assert (states["host_localhost.cases"], states["host_other.cases"], states["store"]) == (
+        "success", "failed", "failed")
+    store = next(ti for ti in dag_run.get_task_instances() if ti.task_id == "store")
+    assert store.try_number == 1  # failed without a retry: it would say the same

@@ -139,3 +139,25 @@ def test_a_hosts_parameter_that_leaves_no_case_names_the_parameter_not_the_confi
     assert make_plan({"dag_id": "fleet_benchmark", "run_id": "r0"}, path)["cases"]  # the set runs without it
     with pytest.raises(ValueError, match=r"hosts parameter \['a'\]: no case of .*f\.yaml is left on these hosts"):
         make_plan({"dag_id": "fleet_benchmark", "run_id": "r1"}, path, {**DEFAULTS, "hosts": ["a"]})
+
+
+def test_a_dry_run_with_a_host_without_verdict_fails_naming_it(tmp_path):
+    """A dry run stops after the verdicts: in `store` (every lane's), a planned host whose check never gave one fails
+    the run, named; a lane's own call (its verdict only) just stops."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from fleet_configs import write_config
+    from fleetbench.airflow.pipeline import make_plan, proceed
+    from fleetbench.params import DEFAULTS
+    from fleetbench.run_model import HostVerdict
+
+    path = str(write_config(tmp_path / "f.yaml", config()))
+    plan = make_plan({"dag_id": "fleet_benchmark", "run_id": "r1"}, path, {**DEFAULTS, "dry_run": True})
+    a = HostVerdict(host="a", verdict="ready", reasons="").to_xcom()
+    assert proceed(plan, [a]) is False
+    with pytest.raises(AirflowFailException, match=r"^dry run: the check of host\(s\) b did not finish \(see the task "
+                                                    r"log of host_b.cases\)$"):
+        proceed(plan, [a, None], whole_run=True)
+    b = HostVerdict(host="b", verdict="unfit", reasons="gpu_count: 0 GPU(s)").to_xcom()
+    assert proceed(plan, [a, b], whole_run=True) is False
+    assert proceed(make_plan({"dag_id": "fleet_benchmark", "run_id": "r2"}, path), [None], whole_run=True) is True

@@ -68,14 +68,26 @@ def planned_host(plan, name: str) -> dict | None:
     return host.to_xcom() if host else None
 
 
-def proceed(plan, validations: list) -> bool:
-    """False for a dry run: log the verdicts and stop before anything is pulled or run."""
+def proceed(plan, validations: list, whole_run: bool = False) -> bool:
+    """False for a dry run: log the verdicts and stop before anything is pulled or run. With `whole_run` (`store`,
+    which gets every lane's verdict), a dry run in which a planned host got no verdict (its lane's task failed: the
+    check crashed or never ran) fails, naming the hosts: a dry run is there to validate the hosts, and it ended
+    green with that host unmentioned."""
     plan = RunPlan.load(plan)
     if not plan.run.dry_run:
         return True
-    for v in (HostVerdict.load(v) for v in validations if v):
+    verdicts = [HostVerdict.load(v) for v in validations if v]
+    for v in verdicts:
         log.info("dry run: host %s is %s%s", v.host, v.verdict, f" ({v.reasons})" if v.reasons else "")
     log.info("dry run: %d case(s) planned; stopping here", len(plan.cases))
+    checked = {v.host for v in verdicts}
+    missing = [h.name for h in plan.hosts if h.name not in checked]
+    if whole_run and missing:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        raise AirflowFailException(
+            "dry run: the check of host(s) " + ", ".join(missing) + " did not finish (see the task log of "
+            + ", ".join(f"{runs.lane_id(h)}.cases" for h in missing) + ")")
     return False
 
 
