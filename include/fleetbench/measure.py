@@ -363,7 +363,14 @@ def collect_rows(plan, verdicts: dict, images: dict, outcomes: list[dict]) -> di
     from fleetbench.warehouse.rows import metric_sample_rows
 
     run = plan.run
-    done = {(o["host"], o["case_key"]): o for o in outcomes}
+    done = {}
+    for o in outcomes:
+        # Another execution's (a cleared or re-backfilled run whose host now has fewer cases: Airflow marks the
+        # map indexes past the new count removed but keeps their XComs, and the lane's outcomes read them after
+        # this execution's own) is not this night's, never in place of this execution's outcome of the case.
+        if run.started_at and o.get("run_started_at") not in (None, run.started_at):
+            continue
+        done[(o["host"], o["case_key"])] = o
     rows, step_rows, metric_rows = [], [], []
     for case in plan.cases:
         verdict, host_images = verdicts.get(case.host), images.get(case.host)

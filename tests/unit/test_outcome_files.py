@@ -79,3 +79,21 @@ def test_the_orphan_sweep_is_best_effort(tmp_path, data_dir):
 
     op.__dict__["cli"] = Refusing()  # the cached client
     op._remove_orphans()  # returns, raises nothing
+
+
+def test_an_earlier_executions_outcome_from_xcom_never_replaces_this_ones(tmp_path, data_dir):
+    """A cleared or re-backfilled run whose host now has fewer cases: Airflow marks the lane's map indexes past the
+    new count removed and keeps their XComs, so the lane's outcomes hold the earlier execution's after this one's.
+    The earlier one (the old driver's measurement) replaced this night's, labelled with the new host check."""
+    from fleetbench.airflow.pipeline import collect
+
+    plan, validations, prepared = night(tmp_path, "r1")
+    [fresh] = measured_outcomes(plan)
+    fresh["run_started_at"] = plan["run"]["started_at"]
+    stale = {**json.loads(json.dumps(fresh)), "run_started_at": "2026-11-01T02:00:00+00:00", "exit_code": 137,
+             "oom_killed": True}
+    [row] = collect(plan, validations, prepared, [fresh, stale])["rows"]
+    assert (row["status"], row["failure_class"], row["exit_code"]) == ("ok", None, 0)
+    # only the earlier execution's outcome: this one's case task never reported it
+    [row] = collect(plan, validations, prepared, [stale])["rows"]
+    assert (row["status"], row["failure_class"]) == ("failed", "task_failed")
