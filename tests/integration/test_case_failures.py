@@ -494,3 +494,21 @@ def test_engine_lost_mid_case_is_engine_unreachable_not_a_timeout(case_run, dock
     left = docker_api.containers(all=True, filters={"name": op.container_name})
     assert len(left) == 1  # the engine was not reachable to remove it
     docker_api.remove_container(left[0]["Id"], force=True)
+
+
+@pytest.mark.parametrize("telemetry", [0, 0.5])
+def test_an_engine_that_does_not_answer_before_the_case_is_engine_unreachable(case_run, telemetry):
+    """The engine is down when the case starts (dockerd restarting, a socket gone): the task fails, so Airflow
+    retries it, and the outcome file says why, which the row takes if the retry cannot reach it either (it was
+    task_failed, "see its task log")."""
+    op = case_run.build(HARNESS, docker_url="unix:///nonexistent/docker.sock", telemetry_period_s=telemetry,
+                        case_key=f"engine_down{telemetry}")
+    with pytest.raises(Exception) as info:
+        op.execute({})
+    assert "Failed to establish connection" in str(info.value)
+    saved = json.loads(Path(op.log_dir, f"{op.case['case_key']}.outcome.json").read_text())
+    fields, _ = measure({"command": op.command}, saved)
+    assert (fields["status"], fields["failure_class"]) == ("failed", "engine_unreachable")
+    assert fields["failure_detail"].startswith("the Docker engine at unix:///nonexistent/docker.sock did not answer "
+                                               "before the case started")
+    assert "did not answer" in Path(saved["log_path"]).read_text()

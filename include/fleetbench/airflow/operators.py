@@ -347,6 +347,7 @@ class BenchmarkCaseOperator(DockerOperator):
         t0 = self._started_at = datetime.now(timezone.utc)
         rapl = None
         try:
+            self._connect()
             if self.telemetry_period_s:  # the wrapper, from its volume on the engine (made once per version)
                 self.mounts = [*self.mounts, telemetry.volume_mount(self.cli)]
             self._end_if_killed(None)
@@ -357,6 +358,17 @@ class BenchmarkCaseOperator(DockerOperator):
             rapl = self._rapl_start(outcome)
             self.cli.start(cid)
             self._end_if_killed(cid, rapl)
+        except ENGINE_LOST as exc:  # the engine did not answer before the case ran: retried, and said if it stays so
+            if rapl is not None:
+                rapl.stop()
+            now = datetime.now(timezone.utc)
+            outcome.update(engine_unreachable=True, started_at=t0.isoformat(), finished_at=now.isoformat(),
+                           duration_s=0.0, error=f"the Docker engine at {self.docker_url} did not answer before the "
+                                                 f"case started: {exc}")
+            self.log.error("case %s: %s", self.case["case_key"], outcome["error"])
+            log_path.write_text(f"fleetbench: {outcome['error']}\n")
+            self._finish(outcome)  # the outcome file: the row's class if the task's retry cannot reach it either
+            raise
         except APIError as exc:
             if rapl is not None:
                 rapl.stop()
@@ -426,6 +438,14 @@ class BenchmarkCaseOperator(DockerOperator):
                       ", OOM-killed" if outcome["oom_killed"] else "", ", timed out" if outcome["timed_out"] else "",
                       outcome["duration_s"] or 0.0, log_path)
         return outcome
+
+    def _connect(self) -> None:
+        """The engine's client, made here: DockerOperator's hook says an engine it cannot reach (its ping or version
+        query failed) with an AirflowException, which is an engine lost before the case for `run_case`."""
+        try:
+            self.cli
+        except AirflowException as exc:
+            raise requests.exceptions.ConnectionError(f"{exc} (see the warning above)") from exc
 
     def _end_if_killed(self, cid: str | None, rapl: RaplMeter | None = None) -> None:
         """The task was killed (on_kill ran) before its container was there to remove, or before it started:
