@@ -217,7 +217,7 @@ def free_disk_bytes(api: docker.APIClient) -> int | None:
     try:
         root = api.info().get("DockerRootDir") or "/var/lib/docker"
         return shutil.disk_usage(root).free if os.path.isdir(root) else None
-    except (DockerException, OSError):
+    except (DockerException, requests.RequestException, OSError):  # unknown: the pull that follows says why
         return None
 
 
@@ -291,6 +291,8 @@ def _pin(api: docker.APIClient, result: PreparedImage, digest: str | None) -> Pr
         digest = ref.split("@", 1)[1]
     try:
         info = api.inspect_image(f"{repo}@{digest}" if digest else ref)
+    except requests.RequestException as exc:  # the engine broke off after the pull: this image's failure, named
+        return result.fail("docker_unreachable", f"Docker engine not reachable pinning {ref}: {exc}")
     except DockerException as exc:
         return result.fail("image_not_found", f"inspect {ref}: {exc}")
     result.image_id = info.get("Id")

@@ -243,6 +243,11 @@ def case_fields(case, verdict, image: dict | None, outcome: dict | None) -> tupl
         fields = not_run(SKIPPED, "predicted_oom", case.capacity.get("note") or "predicted to run out of memory")
     elif (image or {}).get("failure_class"):
         fields = not_run(FAILED, image["failure_class"], image.get("error") or "image not prepared")
+    elif outcome is None and image is None:  # the lane gave its verdict, then failed before its images were ready
+        from fleetbench.runs import lane_id
+
+        fields = not_run(FAILED, "task_failed", f"the host's task {lane_id(case.host)}.cases failed after the host "
+                                                "check, before the case's image was prepared (see its task log)")
     elif outcome is None:
         fields = not_run(FAILED, "task_failed", "the case's task failed before reporting (see its task log)")
     else:

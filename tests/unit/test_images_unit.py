@@ -478,3 +478,75 @@ def test_a_remote_engines_free_space_goes_down_with_each_image_it_pulls(monkeypa
     first, second = (images[n] for n in sorted(images, key=lambda n: images[n].get("free_bytes") or 0, reverse=True))
     assert first["failure_class"] is None and first["free_bytes"] == 35 * gb
     assert (second["failure_class"], second["free_bytes"]) == ("insufficient_disk", 20 * gb)
+
+
+def test_an_engine_that_breaks_off_after_a_pull_fails_that_image_named_and_the_lane_goes_on(monkeypatch):
+    """The connection dropped on the inspect after a pull (the pin): it raised out of the lane's task, so the host's
+    images already pinned were lost and every case of the host read `task_failed`, "see its task log" of a case
+    task that never ran. It is that image's `docker_unreachable` now, the other image's cases run."""
+    from contextlib import contextmanager
+
+    import requests
+    from docker.errors import ImageNotFound
+
+    from fleetbench import engines
+    from fleetbench.airflow.pipeline import prepare_host_images
+    from fleetbench.config import parse_config
+    from fleetbench.plan import build_plan
+    from fleetbench.run_model import HostImages, HostVerdict
+
+    class Engine:
+        base_url = "http+docker://localhost"
+
+        def __init__(self):
+            self.pulled: set[str] = set()
+
+        def info(self):
+            raise requests.exceptions.ConnectionError("('Connection aborted.', RemoteDisconnected())")
+
+        def inspect_image(self, ref):
+            repo = _repository(ref)
+            if repo not in self.pulled:
+                raise ImageNotFound("no such image")
+            if repo.endswith("/pt"):
+                raise requests.exceptions.ConnectionError("('Connection aborted.', RemoteDisconnected())")
+            return {"Id": "sha256:" + "e" * 64, "RepoDigests": [f"{repo}@sha256:{'1' * 64}"]}
+
+        def pull(self, ref, **kwargs):
+            self.pulled.add(_repository(ref))
+            yield {"status": f"Digest: sha256:{'1' * 64}"}
+
+    @contextmanager
+    def client(url, tls):
+        yield Engine()
+
+    monkeypatch.setattr(engines, "engine_client", client)
+    cfg = parse_config({
+        "hosts": [{"name": "gpu-a"}],
+        "images": [{"name": n, "ref": f"127.0.0.1:5000/{n}:1", "command": ["python3"]} for n in ("tf1", "pt")],
+        "benchmarks": [{"name": n, "image": n, "models": ["m"], "batch_sizes": [8]} for n in ("tf1", "pt")]})
+    plan = build_plan(cfg, {"dag_id": "d", "run_id": "r"})
+    validation = HostVerdict(host="gpu-a", verdict="ready").to_xcom()
+    images = HostImages.load(prepare_host_images(plan.host("gpu-a").to_xcom(), [validation])).images
+    assert images["tf1"]["failure_class"] is None and images["tf1"]["pinned_ref"].endswith("1" * 64)
+    assert images["pt"]["failure_class"] == "docker_unreachable"
+    assert images["pt"]["error"].startswith("Docker engine not reachable pinning 127.0.0.1:5000/pt:1: ")
+
+
+def test_a_lane_that_failed_after_its_verdict_names_its_task_on_the_rows(tmp_path):
+    """No images from a lane that gave its verdict: its `cases` task failed before they were ready, and no case task
+    ran, so the rows name the lane's task, not a case task's log."""
+    from fleetbench.airflow.pipeline import collect
+    from fleetbench.config import parse_config
+    from fleetbench.plan import build_plan
+    from fleetbench.run_model import HostVerdict
+
+    cfg = parse_config({"hosts": [{"name": "gpu-a"}],
+                        "images": [{"name": "tf1", "ref": "127.0.0.1:5000/tf1:1", "command": ["python3"]}],
+                        "benchmarks": [{"name": "b", "image": "tf1", "device": "cpu", "num_gpus": [0],
+                                        "models": ["m"], "batch_sizes": [8]}]})
+    plan = build_plan(cfg, {"dag_id": "d", "run_id": "r"}).to_xcom()
+    [row] = collect(plan, [HostVerdict(host="gpu-a", verdict="ready").to_xcom()], [None], [])["rows"]
+    assert (row["status"], row["failure_class"]) == ("failed", "task_failed")
+    assert row["failure_detail"] == ("the host's task host_gpu-a.cases failed after the host check, before the case's "
+                                     "image was prepared (see its task log)")

@@ -152,7 +152,12 @@ def prepare_host_images(host, validations: list, needed: set[str] | None = None)
         for spec in host.images:
             if spec.name in unused:
                 continue
-            images[spec.name] = _prepare_one(api, spec, free_hint)
+            try:
+                images[spec.name] = _prepare_one(api, spec, free_hint)
+            except (DockerException, requests.RequestException) as exc:  # the engine broke off: this image's, named
+                log.error("host %s: image %s: Docker engine %s: %s", host.name, spec.name, host.docker_url, exc)
+                images[spec.name] = PreparedImage(spec.name, spec.ref, failure_class="docker_unreachable",
+                                                  error=f"Docker engine not reachable: {exc}"[:2000]).to_dict()
             if free_hint is not None and str(getattr(api, "base_url", "")) != "http+docker://localhost":
                 # a remote engine (a local one's free space is measured before each pull): the host check's df,
                 # less what each image took since
