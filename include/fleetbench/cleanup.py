@@ -11,6 +11,9 @@ started from one, whoever started it. So the rules look for marks only fleetbenc
   (created, exited, dead) older than the container age limit are removed, and running case
   containers that are past their own `org.fleetbench.timeout_s` plus a grace: the task that would
   have stopped them is gone (its worker was SIGKILLed or lost), and they hold their GPUs forever.
+- a host check's GPU smoke container (`org.fleetbench.probe=gpu-smoke` and a `fleetbench-gpu-smoke-` name, which no
+  image can give) still there past the probe's 120 s plus the grace: a hung `nvidia-smi` never exits, so its
+  `--rm` never removes it (its check removes it by name when the probe times out; this catches one it could not).
 - an image is a fleetbench bake when it has kind=baked, its bake.inputs label, and one of its tags
   is the deterministic bake tag `[registry/]fleetbench/<name>:<...>-<inputs[:12]>` (an image built
   FROM a baked image inherits the labels, not the tag). Per image name, the one tagged
@@ -99,6 +102,10 @@ def plan_cleanup(containers: list[dict], images: list[dict], now: float, contain
     """
     remove_c, remove_i, kept = [], [], []
     for c in containers:
+        if gpu_smoke_probe(c):
+            if scope is None:  # a host check's, of no run
+                _plan_smoke(c, orphan_grace_s, remove_c, kept)
+            continue
         if not in_scope(_labels(c), scope) or not created_by_fleetbench(_labels(c), c.get("ImageLabels") or {}):
             continue
         name = (c.get("Names") or ["?"])[0].lstrip("/")
@@ -154,6 +161,32 @@ def superseded_at(image: dict, name: str) -> float | None:
     stamp = re.compile(rf"^(.+/)?fleetbench/{re.escape(name)}:superseded-(\d+)(-[0-9a-f]+)?$")
     times = [int(m.group(2)) for m in map(stamp.match, image.get("RepoTags") or []) if m]
     return max(times) if times else None
+
+
+def gpu_smoke_probe(c: dict) -> bool:
+    """A host check's GPU smoke container (`fleetbench.hosts.probes.gpu_smoke_probe`): its label and its name, which
+    an image cannot give a container as it can a label."""
+    from fleetbench.hosts.probes import GPU_SMOKE_LABEL, GPU_SMOKE_NAME_PREFIX
+
+    key, _, value = GPU_SMOKE_LABEL.partition("=")
+    return (_labels(c).get(key) == value
+            and any(n.lstrip("/").startswith(GPU_SMOKE_NAME_PREFIX) for n in c.get("Names") or []))
+
+
+def _plan_smoke(c: dict, grace_s: float, remove_c: list, kept: list) -> None:
+    """A smoke container still there after its probe gave up: a hung `nvidia-smi` never exits, so its `--rm` never
+    removes it, and it holds the host's GPUs (its check removes it by name when it times out; this is for a check
+    that could not, e.g. its host went away meanwhile)."""
+    from fleetbench.hosts.probes import GPU_SMOKE_TIMEOUT_S
+
+    name = (c.get("Names") or ["?"])[0].lstrip("/")
+    age = c.get("RunningFor") if c.get("State") == "running" else c.get("Age")
+    if age is not None and age > GPU_SMOKE_TIMEOUT_S + grace_s:
+        remove_c.append({"id": c["Id"], "name": name, "running": c.get("State") == "running",
+                         "reason": f"a host check's GPU smoke container, {c.get('State')} for {age:.0f} s (its check "
+                                   f"gave up after {GPU_SMOKE_TIMEOUT_S:g} s)"})
+    else:
+        kept.append({"id": c["Id"], "name": name, "reason": "a host check's GPU smoke container, within its time"})
 
 
 def _overdue(c: dict, grace_s: float) -> str | None:
@@ -215,7 +248,7 @@ def clean_engine(api: docker.APIClient, container_max_age_s: float = 24 * 3600, 
     image_labels: dict[str, dict] = {}
     containers = []
     for c in listed:
-        if _labels(c).get(f"{LABEL}.managed") == "true":
+        if _labels(c).get(f"{LABEL}.managed") == "true" or gpu_smoke_probe(c):
             if c["ImageID"] not in image_labels:
                 try:
                     image_labels[c["ImageID"]] = ((api.inspect_image(c["ImageID"]).get("Config") or {}).get("Labels")

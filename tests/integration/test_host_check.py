@@ -304,3 +304,18 @@ def test_cli_unusable_arguments_exit_2(tmp_path, args, message):
     proc = fleetbench("host-check", *args)
     assert proc.returncode == 2
     assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_probe_container_that_outlives_its_timeout_is_removed_by_name(tmp_path, docker_api):
+    """What the GPU smoke probe does when its `nvidia-smi` hangs, with a container that sleeps instead (there is no GPU
+    here): killing the docker CLI at the timeout leaves the container to the engine, so the probe removes it by its
+    name. Before, it ran on, holding the host's GPUs, and every night's check added one."""
+    import uuid
+
+    name = f"fleetbench-gpu-smoke-test{uuid.uuid4().hex[:8]}"
+    hang = Probe("hang.txt", ("docker", "run", "--rm", "--name", name, "--network", "none", "--label",
+                              GPU_SMOKE_LABEL, GPU_SMOKE_IMAGE, "sleep", "120"), timeout_s=3,
+                 on_timeout=("docker", "rm", "-f", name))
+    [result] = gather(LocalRunner(), tmp_path, probes=(hang,))
+    assert result.exit_code is None and "timed out after 3 s" in result.error
+    assert docker_api.containers(all=True, filters={"name": name}) == []

@@ -550,3 +550,50 @@ def test_a_lane_that_failed_after_its_verdict_names_its_task_on_the_rows(tmp_pat
     assert (row["status"], row["failure_class"]) == ("failed", "task_failed")
     assert row["failure_detail"] == ("the host's task host_gpu-a.cases failed after the host check, before the case's "
                                      "image was prepared (see its task log)")
+
+
+def test_a_gpu_smoke_container_left_past_its_probes_time_is_removed_and_only_such_a_one():
+    """A hung `nvidia-smi` in a host check's smoke container never exits, so `--rm` never removes it, and it holds the
+    host's GPUs every night after. Maintenance removes one past the probe's time plus the grace; a label alone (an
+    image can carry it) or a container within its time is not one to remove."""
+    def smoke(cid, state, age, name=None, labels=None):
+        return {"Id": cid, "Names": [f"/{name or 'fleetbench-gpu-smoke-' + cid}"], "State": state,
+                "Age": age if state != "running" else 0, "RunningFor": age if state == "running" else None,
+                "ImageID": "sha256:x", "Labels": {"org.fleetbench.probe": "gpu-smoke"} if labels is None else labels,
+                "ImageLabels": {}}
+
+    containers = [smoke("hung", "running", 120 + 301), smoke("young", "running", 100),
+                  smoke("left", "exited", 3600), smoke("named-like", "running", 99999, name="my-gpu-job"),
+                  smoke("no-label", "running", 99999, labels={})]
+    rc, _, kept = plan_cleanup(containers, [], 1_000_000, 24 * 3600, 3600, orphan_grace_s=300)
+    assert [(c["id"], c["running"]) for c in rc] == [("hung", True), ("left", False)]
+    assert rc[0]["reason"] == ("a host check's GPU smoke container, running for 421 s (its check gave up after 120 s)")
+    assert [k["id"] for k in kept] == ["young"]
+    # one DAG's or one test's scope never covers a host check's container
+    assert plan_cleanup(containers, [], 1_000_000, 24 * 3600, 3600, {"org.fleetbench.dag_id": "d"}, 300)[0] == []
+
+
+def test_a_gpu_smoke_probe_that_times_out_removes_its_container_by_name(tmp_path):
+    from fleetbench.hosts.probes import GPU_SMOKE_NAME_PREFIX, gather
+
+    class Runner:
+        name = "fake"
+
+        def __init__(self):
+            self.calls = []
+
+        def run(self, argv, timeout_s):
+            self.calls.append(list(argv))
+            if "--gpus" in argv:  # the smoke container's `docker run`
+                return None, b"", f"timed out after {timeout_s:g} s".encode()
+            return 0, b"", b""
+
+    runner = Runner()
+    gather(runner, tmp_path, probes=(), gpu_smoke_image="fleetbench/base:bookworm")
+    run, rm = runner.calls
+    name = run[run.index("--name") + 1]
+    assert name.startswith(GPU_SMOKE_NAME_PREFIX) and rm == ["docker", "rm", "-f", name]
+    runner.calls.clear()
+    gather(runner, tmp_path, probes=(), gpu_smoke_image="fleetbench/base:bookworm", path=("/opt/bin",))
+    assert runner.calls[1][-4:] == ["docker", "rm", "-f", runner.calls[0][runner.calls[0].index("--name") + 1]]
+    assert runner.calls[1][:2] == ["sh", "-c"]  # with the probes' PATH

@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import time
+import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
@@ -28,6 +29,11 @@ PROBE_TIMEOUT_S = 15.0
 GPU_SMOKE_TIMEOUT_S = 120.0
 GPU_SMOKE_FILE = "gpu-smoke.txt"
 GPU_SMOKE_LABEL = "org.fleetbench.probe=gpu-smoke"  # finds a smoke container that outlived its `--rm`
+# Each smoke container's name: removed by it when its probe timed out (a hung `nvidia-smi` never exits, so `--rm`
+# never removes it, and killing the docker CLI leaves the container to the engine, holding every GPU); maintenance
+# removes one still there past GPU_SMOKE_TIMEOUT_S (the name, which an image cannot give, marks it as fleetbench's).
+GPU_SMOKE_NAME_PREFIX = "fleetbench-gpu-smoke-"
+CLEANUP_TIMEOUT_S = 30.0
 PROBES_FILE = "probes.json"
 # Same shape as fleetbench.config.IMAGE_REF_PATTERN; it never starts with "-", so it cannot be taken for an option.
 _IMAGE_REF = re.compile(r"^[a-z0-9][a-z0-9._:/-]*[a-z0-9](:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?$")
@@ -38,6 +44,7 @@ class Probe:
     filename: str
     argv: tuple[str, ...]
     timeout_s: float | None = None  # None: gather's default
+    on_timeout: tuple[str, ...] = ()  # run (best effort) when the probe did not end: what it leaves behind goes
 
 
 PROBES: tuple[Probe, ...] = (
@@ -116,8 +123,9 @@ def on_path(probes: tuple[Probe, ...], folders: tuple[str, ...]) -> tuple[Probe,
     if not folders:
         return probes
     prefix = ":".join(folders)
-    return tuple(Probe(p.filename, ("sh", "-c", 'PATH="$0:$PATH"; export PATH; exec "$@"', prefix, *p.argv),
-                       p.timeout_s) for p in probes)
+    wrap = ("sh", "-c", 'PATH="$0:$PATH"; export PATH; exec "$@"', prefix)
+    return tuple(Probe(p.filename, (*wrap, *p.argv), p.timeout_s, (*wrap, *p.on_timeout) if p.on_timeout else ())
+                 for p in probes)
 
 
 def gpu_smoke_probe(image: str) -> Probe:
@@ -128,9 +136,10 @@ def gpu_smoke_probe(image: str) -> Probe:
     """
     if not _IMAGE_REF.match(image or ""):
         raise ValueError(f"not an image reference: {image!r}")
-    argv = ("docker", "run", "--rm", "--network", "none", "--label", GPU_SMOKE_LABEL, "--gpus", "all", image,
-            "nvidia-smi", "-L")
-    return Probe(GPU_SMOKE_FILE, argv, timeout_s=GPU_SMOKE_TIMEOUT_S)
+    name = GPU_SMOKE_NAME_PREFIX + uuid.uuid4().hex[:12]
+    argv = ("docker", "run", "--rm", "--name", name, "--network", "none", "--label", GPU_SMOKE_LABEL, "--gpus", "all",
+            image, "nvidia-smi", "-L")
+    return Probe(GPU_SMOKE_FILE, argv, timeout_s=GPU_SMOKE_TIMEOUT_S, on_timeout=("docker", "rm", "-f", name))
 
 
 class HostUnreachable(Exception):
@@ -221,6 +230,11 @@ def _run_probe(runner: CommandRunner, probe: Probe, out_dir: Path, timeout_s: fl
     start = time.monotonic()
     code, out, err = runner.run(probe.argv, timeout_s)
     duration = time.monotonic() - start
+    if code is None and probe.on_timeout:  # it did not end (or could not run): remove what it may have left
+        try:
+            runner.run(probe.on_timeout, CLEANUP_TIMEOUT_S)
+        except HostUnreachable:
+            pass  # the host went away meanwhile: maintenance removes it once it answers
     ok = code == 0
     (out_dir / probe.filename).write_bytes(out if ok else _everything_said(out, err))
     error = None if ok else (err.decode(errors="replace").strip()[-500:] or f"exit code {code}")
