@@ -703,8 +703,30 @@ def test_cuda_statuses_that_are_not_gpu_faults_keep_their_class():
     oom = parse_log(HEADER + "Running warm up\nResourceExhaustedError: OOM when allocating tensor\n"
                     "E cuda_driver.cc:890] failed to alloc 8589934592 bytes on host: CUDA_ERROR_OUT_OF_MEMORY\n")
     assert oom.failure_class == "oom"
-    no_device = parse_log(HEADER + "E cuda_driver.cc:318] failed call to cuInit: CUDA_ERROR_NO_DEVICE: no "
-                          "CUDA-capable device is detected\nValueError: no GPU\n")
-    assert no_device.failure_class == "other_error"
+    # TF logs cuInit's failure on every CPU-only run: a CPU case that failed otherwise keeps its own error
+    cpu = parse_log(HEADER + "E cuda_driver.cc:318] failed call to cuInit: CUDA_ERROR_NO_DEVICE: no "
+                    "CUDA-capable device is detected\nValueError: bad --data_format\n")
+    assert (cpu.failure_class, cpu.failure_detail) == ("other_error", "ValueError: bad --data_format")
     launcher = parse_log(HEADER + "Running warm up\nmpirun launched 2 processes\nKeyError: 'x'\n")
     assert launcher.failure_class == "other_error"
+
+
+@pytest.mark.parametrize("init, raised", [
+    ("E cuda_driver.cc:318] failed call to cuInit: CUDA_ERROR_NO_DEVICE: no CUDA-capable device is detected", None),
+    ("E cuda_driver.cc:282] failed call to cuInit: CUDA_ERROR_SYSTEM_NOT_READY: system not yet initialized", None),
+    ("E cuda_driver.cc:282] failed call to cuInit: CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE: forward compatibility "
+     "was attempted on non supported HW", None),
+    (None, "RuntimeError: Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU and "
+           "installed a driver from http://www.nvidia.com/Download/index.aspx"),
+    (None, "RuntimeError: No CUDA GPUs are available"),
+    (None, "RuntimeError: CUDA error: system not yet initialized"),
+])
+def test_cuda_that_could_not_start_is_cuda_driver_naming_why(init, raised):
+    """No device visible, Fabric Manager down on an NVSwitch host, cuda-compat on a GPU without it: README's
+    cuda_driver ("CUDA could not initialise"), with CUDA's line as the detail, not the device-placement error TF
+    ends with (it was other_error, then nonzero_exit)."""
+    end = raised or ("tensorflow.python.framework.errors_impl.InvalidArgumentError: Cannot assign a device for "
+                     "operation tower_0/v/cg/conv0/conv2d/Conv2D: Could not satisfy explicit device specification "
+                     "'/device:GPU:0' because no supported kernel for GPU devices is available.")
+    log = parse_log(HEADER + (init + "\n" if init else "") + "Traceback (most recent call last):\n" + end + "\n")
+    assert (log.failure_class, log.failure_detail) == ("cuda_driver", init or raised)

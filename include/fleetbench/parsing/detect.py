@@ -179,6 +179,17 @@ _CUDA_DRIVER_RE = re.compile(
 driver version is insufficient for CUDA runtime version``, cuInit's driver
 mismatch, PyTorch's ``The NVIDIA driver on your system is too old``."""
 
+_CUDA_INIT_RE = re.compile(
+    r"CUDA_ERROR_(?:NO_DEVICE|SYSTEM_NOT_READY|COMPAT_NOT_SUPPORTED_ON_DEVICE|NOT_INITIALIZED)"
+    r"|no CUDA-capable device is detected|system not yet initialized"
+    r"|forward compatibility was attempted on non supported HW|Found no NVIDIA driver|No CUDA GPUs are available"
+)
+"""CUDA could not initialise (no device visible, Fabric Manager not running on an NVSwitch host, cuda-compat on a
+GPU that does not take it): TF's ``failed call to cuInit: CUDA_ERROR_NO_DEVICE`` (logged; then the op placed on
+``/device:GPU:0`` fails), PyTorch's raised ``Found no NVIDIA driver on your system``, ``No CUDA GPUs are available``,
+``CUDA error: system not yet initialized``. TF logs the same cuInit line on every CPU-only run, so a logged one is the
+cause only when the error that ended the run names a GPU; a raised one always is."""
+
 _OOM_RE = re.compile(
     r"OOM when allocating tensor|Out of memory while trying to allocate"
     r"|ResourceExhaustedError|CUDA out of memory|OutOfMemoryError|CUDA error: out of memory"
@@ -254,6 +265,8 @@ as XLA's autotuner running out of memory."""
 # Lowercase words that each failure pattern's every alternative contains: a pattern
 # is only tried on a line that mentions one of them, which most lines do not.
 _CUDA_DRIVER_HINTS = ("driver",)
+_CUDA_INIT_HINTS = ("cuda_error_", "cuda-capable", "not yet initialized", "forward compatibility", "nvidia driver",
+                    "cuda gpus")
 _OOM_HINTS = ("oom", "memory", "exhausted", "alloc_failed")
 _OOM_DRIVER_HINTS = ("out_of_memory",)
 _NCCL_HINTS = ("nccl", "unhandled")
@@ -264,7 +277,9 @@ def _may_name_a_failure(lowered: str) -> bool:
     """Whether a lowercased line holds any hint above (a chain of ``in``: the cheapest test per line)."""
     return ("driver" in lowered or "memory" in lowered or "oom" in lowered or "exhausted" in lowered
             or "nccl" in lowered or "unhandled" in lowered or "alloc_failed" in lowered or "cuda_error_" in lowered
-            or "illegal" in lowered or "launch" in lowered or "ecc error" in lowered or "misaligned" in lowered)
+            or "illegal" in lowered or "launch" in lowered or "ecc error" in lowered or "misaligned" in lowered
+            or "cuda-capable" in lowered or "not yet initialized" in lowered or "forward compatibility" in lowered
+            or "cuda gpus" in lowered)
 
 
 def _may_name_a_death(lowered: str) -> bool:
@@ -338,6 +353,8 @@ class _Evidence:
         self.oom_driver = _FirstLine()
         self.nccl = _FirstLine()
         self.cuda_error = _FirstLine()
+        self.cuda_init = _FirstLine()
+        self.cuda_init_raised: str | None = None
         self.import_error: str | None = None
         self.last_exception: str | None = None
         self.fatal: str | None = None
@@ -348,6 +365,7 @@ class _Evidence:
             (_OOM_DRIVER_RE, _OOM_DRIVER_HINTS, self.oom_driver),
             (_NCCL_RE, _NCCL_HINTS, self.nccl),
             (_CUDA_ERROR_RE, _CUDA_ERROR_HINTS, self.cuda_error),
+            (_CUDA_INIT_RE, _CUDA_INIT_HINTS, self.cuda_init),
         )
 
     def feed(self, index: int, text: str) -> None:
@@ -361,6 +379,8 @@ class _Evidence:
             self.traceback = text
         if exception is not None:
             self.last_exception = text
+            if self.cuda_init_raised is None and self.cuda_init.line == text:
+                self.cuda_init_raised = text
             if self.import_error is None and self._before_header(index) and self._is_import_failure(exception, text):
                 self.import_error = text
 
@@ -390,6 +410,7 @@ class _Evidence:
         ranked = (
             (FAILURE_CUDA_DRIVER, self.cuda_driver.line),
             (FAILURE_IMPORT, self.import_error),
+            (FAILURE_CUDA_DRIVER, self._cuda_init()),
             (FAILURE_OOM, self.oom.line),
             (FAILURE_OOM, self.oom_driver.line if self.oom_driver.reporting else None),  # raised, not logged
             # cuMemAlloc's line, which TF logs while it retries smaller chunks, is the evidence only when nothing
@@ -404,6 +425,16 @@ class _Evidence:
             if line is not None:
                 return failure_class, _detail(line)
         return None, None
+
+
+    def _cuda_init(self) -> str | None:
+        """CUDA's failed start as the run's end: raised, or logged (TF's cuInit line) and followed by an error that
+        names a GPU (the op TF could not place on one)."""
+        if self.cuda_init_raised is not None:
+            return self.cuda_init_raised
+        if self.cuda_init.line is not None and self.last_exception is not None and "GPU" in self.last_exception:
+            return self.cuda_init.line
+        return None
 
 
 def oom_is_fatal(detail: str | None) -> bool:
