@@ -40,9 +40,9 @@ def read_tail(path: str | None) -> str:
         return ""
 
 
-# Log classes that name the fault a process then aborts on (NCCL's or CUDA's): they outrank a crash exit (134/139),
-# as a fatal GPU OOM does; the exit status goes into the detail.
-FAULT_CLASSES = ("nccl", "cuda_error")
+# Log classes that name the fault a process then aborts on (NCCL's or CUDA's, CUDA that could not start): they outrank
+# a crash exit (134/139), as a fatal GPU OOM does; the exit status goes into the detail.
+FAULT_CLASSES = ("nccl", "cuda_error", "cuda_driver")
 
 
 def classify(outcome: dict, measured: Measured | ParsedLog | None, log_text: str,

@@ -252,6 +252,24 @@ def test_nccl_cuda_failure_without_nccl_debug_is_a_cuda_error():
     assert system.failure_class == "nccl"
 
 
+@pytest.mark.parametrize("quoted, failure_class", [
+    ("'out of memory'", "gpu_oom"),  # a size_ranges too large for the GPU, or memory another process holds
+    ("'CUDA driver version is insufficient for CUDA runtime version'", "cuda_driver"),  # NVIDIA/nccl-tests#98
+    ("'no CUDA-capable device is detected'", "cuda_driver"),
+    ("'an illegal memory access was encountered'", "cuda_error"),  # a GPU fault
+])
+def test_an_nccl_tests_cuda_failure_is_classed_by_what_it_quotes(quoted, failure_class):
+    """Every CUDA failure was `cuda_error`, README's GPU fault (an Xid, a dying board): an operator sent to check the
+    hardware for buffers that did not fit, or for a driver older than the image's CUDA."""
+    real = (GPU_TOOLS / "nccl_all_reduce_2gpu-1proc_rtx5090_nccl-warn-cuda-failure.log").read_text()
+    head = real[:real.index("#       size")] if "#       size" in real else real[:2000]
+    for line in (f"node1: Test CUDA failure common.cu:1045 {quoted}\n",
+                 f"node1:4766:4781 [3] include/alloc.h:125 NCCL WARN Cuda failure 2 {quoted}\n"):
+        measured = nccl_measure(lines(head + line))
+        assert (measured.failure_class, measured.failure_detail) == (failure_class, line.strip())
+        assert classify({"exit_code": 134}, measured, head + line)[1] == failure_class  # an abort keeps it
+
+
 def test_nccl_aborts_and_errors_without_a_summary():
     header = ("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw"
               "   busbw #wrong\n")

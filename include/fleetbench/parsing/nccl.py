@@ -75,13 +75,31 @@ class NcclLog:
         if complete:
             return None, None
         if self.cuda_error:
-            return "cuda_error", self.cuda_error
+            return cuda_failure_class(self.cuda_error), self.cuda_error
         reason = self.nccl_error or self.test_failure or self.aborted
         if reason:
             return "nccl", reason
         if self.cut_summary and self.avg_busbw is None:  # no failure of its own: why there is no result
             return None, f"'Avg bus bandwidth' line cut off, the log ends mid-line: {self.cut_summary!r}"
         return None, None
+
+
+_CUDA_OOM = re.compile(r"'out of memory'|\bout of memory\b", re.IGNORECASE)
+_CUDA_DRIVER = re.compile(
+    r"driver version is insufficient|no CUDA-capable device|system not yet initialized|initialization error"
+    r"|forward compatibility was attempted|CUDA driver is a stub library", re.IGNORECASE)
+
+
+def cuda_failure_class(line: str) -> str:
+    """The class of the CUDA failure an nccl-tests line quotes: its buffers not fitting (`'out of memory'`, a
+    `size_ranges` too large for the GPU or memory another process holds) is `gpu_oom`; CUDA that could not start
+    (the driver older than the image's CUDA runtime, no device visible) `cuda_driver`; anything else, a GPU fault,
+    `cuda_error`."""
+    if _CUDA_OOM.search(line):
+        return "gpu_oom"
+    if _CUDA_DRIVER.search(line):
+        return "cuda_driver"
+    return "cuda_error"
 
 
 def _number(token: str) -> float | None:
