@@ -211,7 +211,7 @@ def _ranks_per_node(row: Mapping[str, Any]) -> int:
     return max((r.get("procs") or 1 for r in roles if isinstance(r, dict)), default=1)
 
 
-_FP16_FLAG = re.compile(r"^--(use_fp16|auto_mixed_precision)(?:=(.*))?$")
+_FP16_FLAG = re.compile(r"^--(no)?(use_fp16|auto_mixed_precision)(?:=(.*))?$")  # absl: `--noflag` is `--flag=false`
 _PRECISION_FLAG = re.compile(r"^--precision=(fp32|fp16|bf16)$")  # torch_synthetic's precision axis
 _FALSE = {"false", "0", "no", "off", "f", "n"}
 
@@ -230,18 +230,20 @@ def command_argv(command: Sequence[str] | str | None) -> list | None:
 def precision_of(command: Sequence[str] | str | None) -> str | None:
     """torch_synthetic's `--precision=fp32|fp16|bf16`; 'fp16' when the tf_cnn_benchmarks command line turns on
     `--use_fp16` or `--auto_mixed_precision`; else 'fp32' (the harnesses' default); None without a command.
-    Accepts a list or its JSON text. (Precision splits speedup baselines and capacity profiles: a bf16 case is
-    neither scaled against nor predicted from fp32 ones.)"""
+    Accepts a list or its JSON text. A flag given twice counts as the programs read it, the last one (absl and
+    argparse both), and absl's `--nouse_fp16` turns it off: an image's `--use_fp16` overridden by a benchmark's
+    `extra_args` runs fp32. (Precision splits speedup baselines and capacity profiles: a bf16 case is neither scaled
+    against nor predicted from fp32 ones.)"""
     command = command_argv(command)
     if command is None:
         return None
+    precision, fp16 = None, {}
     for arg in command:
         if (m := _PRECISION_FLAG.match(str(arg))) is not None:
-            return m.group(1)
-        m = _FP16_FLAG.match(str(arg))
-        if m and (m.group(2) is None or m.group(2).strip().lower() not in _FALSE):
-            return "fp16"
-    return "fp32"
+            precision = m.group(1)
+        elif (m := _FP16_FLAG.match(str(arg))) is not None:
+            fp16[m.group(2)] = m.group(1) is None and (m.group(3) is None or m.group(3).strip().lower() not in _FALSE)
+    return precision or ("fp16" if any(fp16.values()) else "fp32")
 
 
 _VARIANT_FLAG = re.compile(r"^--(channels_last|compile)=([01])$")  # torch_synthetic's channels_last, compile axes

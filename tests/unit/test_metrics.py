@@ -198,6 +198,13 @@ def test_speedup_needs_the_same_host_batch_and_precision():
     (["python3", "torch_synthetic.py", "--model=resnet50", "--precision=bf16"], "bf16"),  # was fp32
     (["python3", "torch_synthetic.py", "--precision=fp16", "--channels_last=1"], "fp16"),
     (["python3", "torch_synthetic.py", "--precision=fp32"], "fp32"),
+    # a flag given twice is read as the programs read it, the last one (an image's --use_fp16, a benchmark's
+    # extra_args turning it off): it was fp16, and the fp32 case joined the fp16 baselines and profiles
+    (["python", "tf_cnn_benchmarks.py", "--use_fp16", "--model=resnet50", "--use_fp16=false"], "fp32"),
+    (["python", "tf_cnn_benchmarks.py", "--use_fp16=true", "--nouse_fp16"], "fp32"),
+    (["python", "tf_cnn_benchmarks.py", "--nouse_fp16", "--use_fp16"], "fp16"),
+    (["python", "tf_cnn_benchmarks.py", "--use_fp16=false", "--auto_mixed_precision"], "fp16"),
+    (["python3", "torch_synthetic.py", "--precision=fp16", "--precision=bf16"], "bf16"),
     (None, None),
 ])
 def test_precision_of_the_command_line(command, expected):
