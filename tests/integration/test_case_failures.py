@@ -16,6 +16,7 @@ import pytest
 from airflow.sdk.exceptions import AirflowException
 from docker.errors import NotFound
 
+from engine_proxy import EngineProxy
 from fleetbench.airflow.operators import BenchmarkCaseOperator
 from fleetbench.measure import measure
 
@@ -408,59 +409,6 @@ def test_an_image_without_python3_names_telemetry_period_s(case_run):
     assert "benchmarks[].telemetry_period_s: 0" in fields["failure_detail"]
     outcome, fields = case_run(["/bin/true"], telemetry_period_s=0, case_key="off", **no_path)
     assert (outcome["start_error_class"], outcome["exit_code"]) == (None, 0)  # it ran (printing no result)
-
-class EngineProxy:
-    """`tcp://127.0.0.1:<port>` in front of the local engine's unix socket; `cut()` drops the listener and
-    every connection at once, as a Docker engine that died or a network that went away would look to the worker."""
-
-    def __init__(self, upstream: str = "/var/run/docker.sock"):
-        import socket
-
-        self.upstream, self.sockets = upstream, []
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"tcp://127.0.0.1:{self.listener.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        import socket
-
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            engine = socket.socket(socket.AF_UNIX)
-            engine.connect(self.upstream)
-            self.sockets += [client, engine]
-            for a, b in ((client, engine), (engine, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(a, b):
-        try:
-            while data := a.recv(65536):
-                b.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (a, b):
-                try:
-                    s.shutdown(2)
-                except OSError:
-                    pass
-
-    def cut(self):
-        import socket
-
-        self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() blocked in the other thread
-        self.listener.close()
-        for s in self.sockets:
-            try:
-                s.shutdown(2)
-                s.close()
-            except OSError:
-                pass
-
 
 def test_engine_lost_mid_case_is_engine_unreachable_not_a_timeout(case_run, docker_api):
     """The engine stops answering 2 s into a case with a 600 s timeout: the case ends at once as

@@ -18,7 +18,9 @@ pytestmark = [pytest.mark.integration]
 SLEEP = ["python3", "-c", "import sys, time; print('up', sys.argv[1:], flush=True); time.sleep(600)"]
 
 
-def operator(image: str, log_dir, run_id: str, timeout_s: int = 120):
+def operator(image: str, log_dir, run_id: str, timeout_s: int = 120, h2: dict | None = None):
+    """Roles worker0 and ps0 on h1, worker1 on h2, both on this machine's engine unless `h2` says otherwise (its
+    role's `docker_url`, `image`)."""
     from fleetbench.airflow.multinode import MultiNodeCaseOperator, role_container_name
 
     case_key = "sleep.n2.h1+h2"
@@ -28,7 +30,8 @@ def operator(image: str, log_dir, run_id: str, timeout_s: int = 120):
                       "address": f"127.0.0.{1 + (role['host'] == 'h2')}", "local": True, "image": image,
                       "container_name": role_container_name("d", run_id, role, case_key),
                       "labels": {**runs.case_labels("d", run_id, role["host"], case_key, timeout_s),
-                                 runs.label("role"): multinode.role_name(role)}})
+                                 runs.label("role"): multinode.role_name(role)},
+                      **((h2 or {}) if role["host"] == "h2" else {})})
     return MultiNodeCaseOperator(
         task_id=f"mn_{i}", case={"host": "h1", "case_key": case_key, "harness": "tf_cnn_benchmarks",
                                  "harness_settings": {}, "hosts": ["h1", "h2"]},
@@ -65,6 +68,9 @@ def test_a_case_killed_from_airflow_removes_every_container_and_records_killed(s
     assert labelled(docker_api, run_id) == []  # gone by the time on_kill returns
     thread.join(timeout=60)
     assert raised and "was killed from Airflow" in str(raised[0])
+    # each role's log until the kill is kept (the row's log_path, the chief's, was a file that did not exist)
+    for name in ("", ".worker1", ".ps0"):
+        assert "up [" in (tmp_path / f"sleep.n2.h1+h2{name}.log").read_text()
     outcome = json.loads((tmp_path / "sleep.n2.h1+h2.outcome.json").read_text())
     assert outcome["killed_by_airflow"] and outcome["measurement"]["fields"]["failure_class"] == "killed"
     fields, _ = measure({"command": SLEEP}, outcome)
@@ -177,4 +183,74 @@ def test_a_chief_that_prints_a_flood_after_joining_is_not_a_rendezvous_timeout(s
     fields = outcome["measurement"]["fields"]
     assert fields["failure_class"] != "rendezvous_timeout", fields["failure_detail"]
     assert outcome["exit_code"] == 0 and fields["failure_class"] == "no_result"  # it ran to its end (no benchmark)
+    assert labelled(docker_api, run_id) == []
+
+
+def test_a_host_that_hangs_mid_case_frees_the_other_hosts_at_once_and_keeps_their_logs(smoke_image, docker_api,
+                                                                                        tmp_path, monkeypatch):
+    """h2's engine stops answering mid-case (a hung host: every call waits for its timeout). The first call that
+    times out marks it lost: h1's containers are killed and removed at once, their logs kept (the chief's is the
+    row's), no later call waits on h2, and the row is engine_unreachable naming h2. Before, every role after h2 in
+    the layout waited three timeouts of 600 s per removal, and h1's GPUs with them."""
+    from engine_proxy import EngineProxy
+    from fleetbench.airflow import multinode as operators
+    from fleetbench.measure import measure
+
+    monkeypatch.setattr(operators, "CALL_TIMEOUT_S", 3)
+    proxy = EngineProxy()
+    run_id = f"mn-hang-{uuid.uuid4().hex[:8]}"
+    op = operator(smoke_image, tmp_path, run_id, h2={"docker_url": proxy.url})
+    done: dict = {}
+    thread = threading.Thread(target=lambda: done.update(outcome=op.execute({})), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while len(docker_api.containers(filters={"label": f"org.fleetbench.run_id={run_id}"})) < 3:
+        assert time.monotonic() < deadline, "the case's containers never all ran"
+        time.sleep(0.2)
+    time.sleep(1)
+    frozen_at = time.monotonic()
+    proxy.freeze()
+    try:
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "the case did not end after h2's engine hung"
+        assert time.monotonic() - frozen_at < 20
+        outcome = done["outcome"]
+        fields, _ = measure({"command": SLEEP}, outcome)
+        assert (fields["status"], fields["failure_class"]) == ("failed", "engine_unreachable")
+        assert f"the Docker engine of host h2 ({proxy.url}) did not answer" in fields["failure_detail"]
+        left = labelled(docker_api, run_id)
+        assert [c["Labels"]["org.fleetbench.host"] for c in left] == ["h2"]  # only the lost engine's
+        assert "up [" in (tmp_path / "sleep.n2.h1+h2.log").read_text()  # the chief's log, on h1
+        assert "up [" in (tmp_path / "sleep.n2.h1+h2.ps0.log").read_text()
+    finally:
+        proxy.cut()
+        for c in labelled(docker_api, run_id):  # what maintenance removes once the engine answers again
+            docker_api.remove_container(c["Id"], force=True)
+
+
+def test_a_role_that_cannot_start_names_its_host(smoke_image, docker_api, tmp_path):
+    """The row is stored under the set's first host: a refusal on another host must say which one."""
+    run_id = f"mn-start-{uuid.uuid4().hex[:8]}"
+    outcome = operator(smoke_image, tmp_path, run_id, h2={"image": "127.0.0.1:5000/fleetbench/no-such-image:1"}
+                       ).execute({})
+    fields = outcome["measurement"]["fields"]
+    assert (fields["status"], fields["failure_class"]) == ("failed", "image_not_found")
+    assert fields["failure_detail"].startswith("worker1 on h2: ")
+    assert labelled(docker_api, run_id) == []
+
+
+def test_a_host_whose_engine_is_down_before_the_case_is_engine_unreachable_naming_it(smoke_image, docker_api,
+                                                                                      tmp_path):
+    from airflow.sdk.exceptions import AirflowException
+
+    from fleetbench.measure import measure
+
+    run_id = f"mn-down-{uuid.uuid4().hex[:8]}"
+    op = operator(smoke_image, tmp_path, run_id, h2={"docker_url": "unix:///nonexistent/docker.sock"})
+    with pytest.raises(AirflowException, match="the Docker engine of host h2"):
+        op.execute({})  # Airflow retries it; the outcome file is the row's if the retry cannot reach h2 either
+    saved = json.loads((tmp_path / "sleep.n2.h1+h2.outcome.json").read_text())
+    fields, _ = measure({"command": SLEEP}, saved)
+    assert (fields["status"], fields["failure_class"]) == ("failed", "engine_unreachable")
+    assert "the Docker engine of host h2 (unix:///nonexistent/docker.sock) did not answer" in fields["failure_detail"]
     assert labelled(docker_api, run_id) == []

@@ -37,9 +37,46 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.5
 MARKER_EVERY_S = 2.0
+# Each engine call of a multi-node case is short (create, start, inspect, a log read, kill, remove): an engine that
+# does not answer within this is lost for the rest of the case, and no further call waits on it.
+CALL_TIMEOUT_S = 120
+KEPT_LOG_LINES = 20000  # of each role, when the case is killed or an engine is lost (a normal end keeps all)
 # What a lost engine looks like to docker-py (its HTTP errors, APIError, are answers, not losses).
 ENGINE_LOST = (requests.exceptions.ConnectionError, requests.exceptions.Timeout,
                requests.exceptions.ChunkedEncodingError)
+
+
+class EngineLost(Exception):
+    """A host's engine did not answer (`host`): the case's outcome names it."""
+
+    def __init__(self, host: str, docker_url: str, exc: BaseException) -> None:
+        super().__init__(f"the Docker engine of host {host} ({docker_url}) did not answer: {exc}")
+        self.host = host
+
+
+class _Engine:
+    """A role host's client that marks its host lost on the first call the engine does not answer, and from then on
+    fails at once (a hung host held every later call, and the healthy hosts' containers, for the client's timeout
+    each)."""
+
+    def __init__(self, api, host: str, docker_url: str, lost: dict[str, str]) -> None:
+        self._api, self._host, self._url, self._lost = api, host, docker_url, lost
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._api, name)
+        if not callable(attr) or name == "wait":  # a wait past its own timeout is a container slow to die
+            return attr
+
+        def call(*args, **kwargs):
+            if self._host in self._lost:
+                raise EngineLost(self._host, self._url, self._lost[self._host])
+            try:
+                return attr(*args, **kwargs)
+            except ENGINE_LOST as exc:
+                self._lost[self._host] = str(exc)
+                raise EngineLost(self._host, self._url, exc) from exc
+
+        return call
 
 
 def role_container_name(dag_id: str, run_id: str, role: dict, case_key: str) -> str:
@@ -132,6 +169,7 @@ class MultiNodeCaseOperator(BaseOperator):
         self.log_dir = log_dir
         self.container = container or {}
         self._clients: dict[str, Any] = {}
+        self._lost: dict[str, str] = {}  # host -> why its engine is lost for the rest of the case
         self._cids: dict[str, str] = {}  # role name -> container id
         self._killed = False
         self._killed_outcome: dict | None = None  # what on_kill recorded, pushed from the main thread
@@ -144,7 +182,11 @@ class MultiNodeCaseOperator(BaseOperator):
         self._ti = context.get("ti") if hasattr(context, "get") else None
         try:
             with ExitStack() as stack:
-                self._open_clients(stack)
+                try:
+                    self._open_clients(stack)
+                except EngineLost as exc:  # a host of the set down before the case: said, and retried by Airflow
+                    self._engine_lost_before(exc)
+                    raise AirflowException(str(exc)) from None
                 return self.run_case()
         except AirflowTaskTimeout:
             self._execution_timeout = True
@@ -164,22 +206,38 @@ class MultiNodeCaseOperator(BaseOperator):
                                     "duration_s": round((now - started).total_seconds(), 3)}
             self._write(self._killed_outcome)
         finally:
-            self._remove_all()
+            self._end_and_keep_logs()
         self._finish(self._killed_outcome, [], None)
         if self._execution_timeout:  # the task runner calls on_kill from its main thread after the timeout
             runs.push_killed_outcome(self._ti, self._killed_outcome, self.log)
 
     # -- pieces ---------------------------------------------------------------------------
     def _open_clients(self, stack: ExitStack) -> None:
+        from docker.errors import DockerException
+
         from fleetbench.engines import engine_client
 
         for role in self.roles:
             if role["host"] not in self._clients:
-                self._clients[role["host"]] = stack.enter_context(
-                    engine_client(role["docker_url"], role.get("docker_tls_conn_id")))
+                try:
+                    self._clients[role["host"]] = stack.enter_context(
+                        engine_client(role["docker_url"], role.get("docker_tls_conn_id"), timeout=CALL_TIMEOUT_S))
+                except (DockerException, *ENGINE_LOST) as exc:
+                    raise EngineLost(role["host"], role["docker_url"], exc) from exc
 
     def _cli(self, role: dict):
-        return self._clients[role["host"]]
+        return _Engine(self._clients[role["host"]], role["host"], role["docker_url"], self._lost)
+
+    def _engine_lost_before(self, exc: EngineLost) -> None:
+        """The outcome file of a case whose host's engine did not answer before it ran: engine_unreachable, naming
+        the host; the row's class if Airflow's retry cannot reach it either."""
+        now = datetime.now(timezone.utc)
+        outcome = {**self._blank_outcome(), "engine_unreachable": True, "error": f"before the case started: {exc}",
+                   "started_at": now.isoformat(), "finished_at": now.isoformat(), "duration_s": 0.0}
+        self.log.error("case %s: %s", self.case["case_key"], outcome["error"])
+        self._paths()[0].parent.mkdir(parents=True, exist_ok=True)
+        self._paths()[0].write_text(f"fleetbench: {outcome['error']}\n")
+        self._finish(outcome, [], None)
 
     def _paths(self) -> tuple[Path, Path]:
         return runs.log_path(self.log_dir, self.case["case_key"]), runs.outcome_path(self.log_dir,
@@ -260,6 +318,7 @@ class MultiNodeCaseOperator(BaseOperator):
         outcome["command"] = commands[multinode.role_name(self.roles[0])]
         self.log.info("case %s: %s", self.case["case_key"],
                       ", ".join(f"{multinode.role_name(r)}@{r['host']}:{p}" for r, p in zip(self.roles, ports)))
+        role = self.roles[0]
         try:
             for role in self.roles:
                 self._end_if_killed()
@@ -267,12 +326,17 @@ class MultiNodeCaseOperator(BaseOperator):
             for role in self.roles:  # all created first, then started together
                 self._end_if_killed()
                 self._cli(role).start(self._cids[multinode.role_name(role)])
-        except APIError as exc:
+        except APIError as exc:  # the role and host that refused: the row is stored under the set's first host
             from fleetbench.airflow.operators import start_error_class
 
             self._remove_all()
-            return self._not_started(outcome, start_error_class(exc), str(exc), t0)
-        except BaseException:  # an engine lost, a timeout, a kill between create and start: nothing left behind
+            return self._not_started(outcome, start_error_class(exc),
+                                     f"{multinode.role_name(role)} on {role['host']}: {exc}", t0)
+        except EngineLost as exc:  # said in the outcome file, then retried by Airflow (the retry removes by name)
+            self._remove_all()
+            self._engine_lost_before(exc)
+            raise AirflowException(str(exc)) from None
+        except BaseException:  # a timeout, a kill between create and start: nothing left behind
             self._remove_all()
             raise
 
@@ -283,12 +347,12 @@ class MultiNodeCaseOperator(BaseOperator):
                 runs.push_killed_outcome(self._ti, self._killed_outcome, self.log)
                 raise AirflowException(f"case {self.case['case_key']} was killed from Airflow; its outcome is recorded")
             role_outcomes = self._role_outcomes(stopped, t0)
-        except ENGINE_LOST as exc:
-            self._remove_all()
+        except (EngineLost, *ENGINE_LOST) as exc:  # the other hosts' containers end at once, their logs kept
+            self._end_and_keep_logs()
             now = datetime.now(timezone.utc)
             outcome.update({"engine_unreachable": True, "started_at": t0.isoformat(), "finished_at": now.isoformat(),
                             "duration_s": round((now - t0).total_seconds(), 3),
-                            "error": f"a Docker engine of the case stopped answering: {exc}"})
+                            "error": f"mid-case, {exc}"})
             self._finish(outcome, [], None)
             return outcome
         finally:
@@ -337,8 +401,13 @@ class MultiNodeCaseOperator(BaseOperator):
         chief, marker = self.roles[0], multinode.joined_marker(self.cluster.get("layout"))
         while not self._killed:
             elapsed = time.monotonic() - start
-            states = {multinode.role_name(r): self._cli(r).inspect_container(self._cids[multinode.role_name(r)])
-                      ["State"] for r in self.roles}
+            try:
+                states = {multinode.role_name(r): self._cli(r).inspect_container(self._cids[multinode.role_name(r)])
+                          ["State"] for r in self.roles}
+            except NotFound:
+                if self._killed:  # on_kill removed them meanwhile: it recorded the case
+                    break
+                raise
             failed = [r for r in self.roles if states[multinode.role_name(r)].get("Status") in ("exited", "dead")
                       and (states[multinode.role_name(r)].get("ExitCode")
                            or states[multinode.role_name(r)].get("OOMKilled"))]
@@ -455,19 +524,69 @@ class MultiNodeCaseOperator(BaseOperator):
         tmp.write_text(json.dumps(outcome, indent=1))
         tmp.replace(path)
 
-    def _remove_all(self) -> None:
-        """Every container of the case, gone (killed first; a missing one is fine)."""
+    def _per_host(self, work) -> None:
+        """`work(role)` for every role, the hosts side by side (a host that does not answer holds only its own
+        roles), each host's roles in layout order."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        hosts: dict[str, list[dict]] = {}
         for role in self.roles:
-            self._remove(role, self._cids.get(multinode.role_name(role)) or role["container_name"])
+            hosts.setdefault(role["host"], []).append(role)
+        if len(hosts) == 1:
+            for role in self.roles:
+                work(role)
+            return
+        with ThreadPoolExecutor(max_workers=min(len(hosts), 32)) as pool:
+            for done in [pool.submit(lambda roles=roles: [work(r) for r in roles]) for roles in hosts.values()]:
+                done.result()
+
+    def _remove_all(self) -> None:
+        """Every container of the case, gone (killed first; a missing one is fine; one on a lost engine is left to
+        maintenance, which removes it once the engine answers)."""
+        self._per_host(lambda role: self._remove(role, self._cids.get(multinode.role_name(role))
+                                                 or role["container_name"]))
+
+    def _end_and_keep_logs(self) -> None:
+        """Killed, or an engine lost mid-case: every container still reachable is killed at once (its GPUs free),
+        then each role's log is kept (its last KEPT_LOG_LINES lines: what it printed until then), then every
+        container is removed."""
+        def kill(role: dict) -> None:
+            cid = self._cids.get(multinode.role_name(role))
+            if cid is None or role["host"] in self._lost:
+                return
+            try:
+                self._cli(role).kill(cid)
+            except (APIError, EngineLost) as exc:  # already exited, or gone
+                self.log.debug("killing %s: %s", multinode.role_name(role), exc)
+
+        def keep_log(role: dict) -> None:
+            cid = self._cids.get(multinode.role_name(role))
+            if cid is None or role["host"] in self._lost:
+                return
+            try:
+                text = self._cli(role).logs(cid, stdout=True, stderr=True, tail=KEPT_LOG_LINES)
+                self._role_log(role).write_bytes(text)
+            except (APIError, EngineLost, OSError) as exc:
+                self.log.warning("the log of %s on %s could not be kept: %s", multinode.role_name(role), role["host"],
+                                 exc)
+
+        self._per_host(kill)
+        self._per_host(keep_log)
+        self._remove_all()
 
     def _remove(self, role: dict, cid: str) -> bool:
         """Kill and remove one container, three tries (a 409 "removal in progress", an engine that blinked);
-        True when it was there and is gone."""
+        True when it was there and is gone; False at once on an engine lost earlier in the case, or lost now."""
         for attempt in range(3):
+            if role["host"] in self._lost:
+                return False
             try:
                 self._cli(role).remove_container(cid, force=True)
                 return True
             except NotFound:
+                return False
+            except EngineLost as exc:
+                self.log.warning("removing %s: %s; maintenance removes it once the engine answers", cid[:12], exc)
                 return False
             except (APIError, requests.exceptions.RequestException) as exc:
                 self.log.warning("removing %s failed (attempt %d): %s", cid[:12], attempt + 1, exc)
