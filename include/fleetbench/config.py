@@ -650,6 +650,10 @@ def _multinode_errors(data: dict, hosts: list[tuple[int, dict]], benches: list[t
         if bench.get("mig_profiles"):
             errors.append(f"{path}.mig_profiles: cases of several hosts (nodes > 1) run on whole GPUs; give the MIG "
                           "cases a benchmark of their own")
+        if layout != "launcher" and bench.get("ps_per_node", 1) == 0:  # tf_cnn_benchmarks' cluster needs a ps job
+            errors.append(f"{path}.ps_per_node: 0 leaves the cluster without a parameter server, which "
+                          f"variable_update {' and '.join(CLUSTER_UPDATES)} need (tf_cnn_benchmarks puts the "
+                          "variables on /job:ps): give at least 1")
         if bench.get("device", "gpu") == "gpu" and layout != "launcher" and bench.get("workers_per_node", 1) != 1:
             errors.append(f"{path}.workers_per_node: GPU cases run one worker per host with the case's num_gpus "
                           "GPUs (several workers on one host would each see every GPU)")

@@ -199,16 +199,21 @@ def match_nodes(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], tupl
 
 
 def _ranks_per_node(row: Mapping[str, Any]) -> int:
-    """CPU processes per host of a launcher (torchrun) row, else 1: a CPU 1-node case is one process, so only a
-    1-rank-per-host CPU case has a 1-node baseline with the same processes per node (a GPU case's ranks are its
-    GPUs per node, which the match compares already)."""
+    """CPU processes per host of a launcher (torchrun) row, or CPU workers per host of a ps_worker row
+    (`workers_per_node`), else 1: a CPU 1-node case is one process, so only a 1-rank-per-host CPU case has a 1-node
+    baseline with the same processes per node (a GPU case's ranks are its GPUs per node, which the match compares
+    already)."""
     if row.get("device") != "cpu" or not row.get("roles_json"):
         return 1
     try:
-        roles = json.loads(row["roles_json"])
+        roles = [r for r in json.loads(row["roles_json"]) if isinstance(r, dict)]
     except (TypeError, ValueError):
         return 1
-    return max((r.get("procs") or 1 for r in roles if isinstance(r, dict)), default=1)
+    workers: dict[Any, int] = {}
+    for r in roles:
+        if r.get("job") == "worker":
+            workers[r.get("host")] = workers.get(r.get("host"), 0) + 1
+    return max([r.get("procs") or 1 for r in roles] + list(workers.values()) + [1])
 
 
 _FP16_FLAG = re.compile(r"^--(no)?(use_fp16|auto_mixed_precision)(?:=(.*))?$")  # absl: `--noflag` is `--flag=false`

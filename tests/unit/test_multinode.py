@@ -491,3 +491,32 @@ def test_a_long_mixed_provenance_fits_its_column_and_stays_distinct():
     many = [f"{535 + i}.{i:02d}.{i:02d}" for i in range(8)]
     a, b = _set_value(many, 50), _set_value(many[:-1] + ["999.99.99"], 50)
     assert len(a) == len(b) == 50 and a != b and a.startswith("535.00.00+536.01.01")
+
+
+def test_a_ps_worker_cluster_without_a_parameter_server_is_refused():
+    """parameter_server and distributed_replicated put the variables on /job:ps: with ps_per_node 0 every case got
+    `--ps_hosts=` and failed every night, and nothing said the config was why."""
+    assert errors_of(config(hosts=("a", "b"), nodes=[2], ps_per_node=0)) == [
+        "benchmarks[0].ps_per_node: 0 leaves the cluster without a parameter server, which variable_update "
+        "parameter_server and distributed_replicated need (tf_cnn_benchmarks puts the variables on /job:ps): give at "
+        "least 1"]
+    parse_config(config(hosts=("a", "b"), nodes=[1], ps_per_node=0))  # no cluster: the field does not apply
+
+
+def test_a_cpu_ps_worker_case_with_several_workers_per_host_has_no_1_node_efficiency():
+    """A CPU 1-node case is one process: two workers per host against it read as super-linear scaling (1.5 from
+    300 vs 2 x 100). Like a launcher case with several ranks per host, it gets no efficiency; one worker per host
+    keeps it."""
+    from fleetbench.metrics import match_nodes
+
+    def row(host, case_key, ips, nodes=1, roles=None):
+        return {"dag_id": "d", "run_id": "r", "host": host, "case_key": case_key, "status": "ok", "benchmark": "cnn",
+                "harness": "tf_cnn_benchmarks", "model": "trivial", "batch_size_per_device": 8, "num_gpus": 0,
+                "device": "cpu", "images_per_sec": ips, "nodes": nodes, "host_set": "a,b" if nodes > 1 else None,
+                "roles_json": json.dumps(roles) if roles else None, "command": ["x"]}
+
+    singles = [row("a", "k", 100.0), row("b", "k", 100.0)]
+    two = multinode.layout(["a", "b"], 1, 2)
+    one = multinode.layout(["a", "b"], 1, 1)
+    assert match_nodes([*singles, row("a", "k.n2.a+b", 300.0, 2, two)]) == {}
+    assert match_nodes([*singles, row("a", "k.n2.a+b", 180.0, 2, one)]) == {("a", "k.n2.a+b"): (0.9, 100.0)}
