@@ -202,13 +202,16 @@ def _write_results(args: argparse.Namespace) -> int:
             return 0
         if run_id:
             print(f"run {run_id}" + (f" of {dag_id}" if dag_id else ""))
+        # DAGs on one schedule share run ids: a run id of several DAGs shows which DAG each row is of
+        dag_column = [("DAG", "dag_id")] if len({r.get("dag_id") for r in rows}) > 1 else []
         if args.attempts:
-            print(format_table(rows, ATTEMPT_TABLE))
+            print(format_table(rows, dag_column + ATTEMPT_TABLE))
             current = [r for r in rows if r["current"]]
-            print(f"{len(rows)} attempt(s) of {len({(r['run_id'], r['host'], r['case_key']) for r in rows})} case(s): "
-                  f"{len(current)} current, {len(rows) - len(current)} superseded")
+            cases = {(r.get("dag_id"), r["run_id"], r["host"], r["case_key"]) for r in rows}
+            print(f"{len(rows)} attempt(s) of {len(cases)} case(s): {len(current)} current, "
+                  f"{len(rows) - len(current)} superseded")
             return 0
-        print(format_table(rows))
+        print(format_table(rows, dag_column + RESULT_TABLE))
         counts = {s: sum(1 for r in rows if r["status"] == s) for s in ("ok", "failed", "skipped")}
         print(f"{len(rows)} case(s): {counts['ok']} ok, {counts['failed']} failed, {counts['skipped']} skipped")
     return 0
@@ -435,6 +438,16 @@ def _compare(args: argparse.Namespace) -> int:
         rows = compare(engine, args.before, args.after, host=args.host, dag_id=args.dag_id, settings=settings,
                        attempts=args.attempts)
     except NoResults as exc:
+        if args.dag_id:  # a typo in the DAG says so, rather than that a driver of it has no results
+            from fleetbench.warehouse import dag_ids
+
+            try:
+                known = dag_ids(engine)
+            except SQLAlchemyError:
+                known = None
+            if known is not None and args.dag_id not in known:
+                raise UsageError(f"--dag-id {args.dag_id!r}: no run of that DAG in the warehouse (DAGs there: "
+                                 f"{', '.join(known) or 'none'})") from None
         raise UsageError(str(exc)) from None
     except ValueError as exc:
         raise UsageError(f"--before/--after: {exc}") from None

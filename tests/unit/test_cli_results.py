@@ -395,3 +395,33 @@ def test_a_relative_data_dir_gives_an_absolute_warehouse_path(tmp_path, monkeypa
     monkeypatch.setenv("FLEETBENCH_DATA_DIR", "data")
     assert warehouse_url() == f"sqlite:///{tmp_path}/data/warehouse.db"
     assert artifacts_dir() == tmp_path / "data" / "artifacts"
+
+
+def test_a_run_id_of_two_dags_shows_each_rows_dag_and_counts_their_cases_apart(tmp_path, monkeypatch, capsys):
+    """DAGs on one schedule share run ids: `results --run-id ID --attempts` of both read as one case with two current
+    attempts numbered out of order."""
+    from fleetbench.cli import main
+
+    url = f"sqlite:///{tmp_path}/w.db"
+    engine = get_engine(url)
+    upgrade(engine)
+    run_id = "scheduled__2026-11-02T02:00:00+00:00"
+    for dag in ("fleet_benchmark", "fleet_benchmark_nccl"):
+        store_run(engine, run_row(run_id, dag), [], [result_row("a", run_id=run_id, dag_id=dag, attempt_id=dag,
+                                                                driver_version="550.127.05")])
+    store_run(engine, run_row(run_id, "fleet_benchmark"), [], [
+        result_row("a", run_id=run_id, dag_id="fleet_benchmark", attempt_id="again", driver_version="590.48.01")])
+    engine.dispose()
+    monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", url)
+    assert main(["results", "--run-id", run_id, "--attempts"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split()[:3] == ["DAG", "host", "case"]
+    assert [line.split()[:4] for line in out[3:6]] == [
+        ["fleet_benchmark", "h1", "a", "1"], ["fleet_benchmark", "h1", "a", "2"], ["fleet_benchmark_nccl", "h1", "a", "1"]]
+    assert out[-1] == "3 attempt(s) of 2 case(s): 2 current, 1 superseded"
+    assert main(["results", "--run-id", run_id]) == 0
+    assert [line.split()[0] for line in capsys.readouterr().out.splitlines()[3:5]] == [
+        "fleet_benchmark", "fleet_benchmark_nccl"]
+    # one DAG's run: no DAG column
+    assert main(["results", "--run-id", run_id, "--dag-id", "fleet_benchmark_nccl"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split()[0] == "host"

@@ -53,3 +53,20 @@ def test_no_results_names_the_dag_filter_and_lists_only_its_values(engine):
     with pytest.raises(NoResults) as err:
         compare(engine, "550.127.05", "590.48.01", dag_id="nightly_typo")
     assert str(err.value) == "no ok results with driver_version '550.127.05' of DAG 'nightly_typo' (known: none)"
+
+
+def test_the_cli_names_a_dag_id_that_is_not_in_the_warehouse(tmp_path, monkeypatch, capsys):
+    from fleetbench.cli import main
+
+    url = f"sqlite:///{tmp_path}/cli.db"
+    engine = get_engine(url)
+    upgrade(engine)
+    for n in range(2):
+        store(engine, "fleet_benchmark", n, [night_row(n, host="gpu-a", value=1000.0, driver_version="550.127.05")])
+    engine.dispose()
+    monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", url)
+    assert main(["compare", "--before", "550.127.05", "--after", "590.48.01", "--dag-id", "nightly_typo"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "--dag-id 'nightly_typo': no run of that DAG in the warehouse (DAGs there: fleet_benchmark)")
+    assert main(["compare", "--before", "550.127.05", "--after", "590.48.01", "--dag-id", "fleet_benchmark"]) == 2
+    assert "no ok results with driver_version '590.48.01' of DAG 'fleet_benchmark'" in capsys.readouterr().err
