@@ -417,7 +417,8 @@ def test_a_run_id_of_two_dags_shows_each_rows_dag_and_counts_their_cases_apart(t
     out = capsys.readouterr().out.splitlines()
     assert out[1].split()[:3] == ["DAG", "host", "case"]
     assert [line.split()[:4] for line in out[3:6]] == [
-        ["fleet_benchmark", "h1", "a", "1"], ["fleet_benchmark", "h1", "a", "2"], ["fleet_benchmark_nccl", "h1", "a", "1"]]
+        ["fleet_benchmark", "h1", "a", "1"], ["fleet_benchmark", "h1", "a", "2"],
+        ["fleet_benchmark_nccl", "h1", "a", "1"]]
     assert out[-1] == "3 attempt(s) of 2 case(s): 2 current, 1 superseded"
     assert main(["results", "--run-id", run_id]) == 0
     assert [line.split()[0] for line in capsys.readouterr().out.splitlines()[3:5]] == [
