@@ -3,6 +3,7 @@ and the container peak-memory sampler's readings."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -500,3 +501,24 @@ def test_a_multi_node_case_is_judged_against_its_sets_smallest_gpu():
     assert case_capacity(case, {"a100": 40960.0, "rtx3070": 8192.0}) == (
         8192.0, "GPU memory of the set's smallest (2 hosts)")
     assert case_capacity(case, {"a100": 40960.0}) == (None, "the GPU memory of host rtx3070 is not known yet")
+
+
+def test_a_data_parallel_torch_case_is_a_profile_of_its_own_gpu_count():
+    """torch_synthetic on several GPUs in one process (DataParallel) makes the whole input batch on GPU 0, whose
+    peak memory at a batch per device grows with the GPU count: 4-GPU readings are not points of the 1-GPU
+    profile (nor its OOMs a bound for 1 GPU). CPU cases and launcher ranks (one GPU each) have no such term."""
+    from fleetbench.capacity import key_of
+
+    def cmd(*flags):
+        return ["python3", "/opt/fleetbench/torch_synthetic.py", "--model=resnet50", "--batch_size=64",
+                "--precision=fp32", "--channels_last=0", "--compile=0", *flags]
+
+    def variant(command):
+        return key_of({"harness": "torch_synthetic", "model": "resnet50", "device": "gpu", "command": command})[4]
+
+    assert variant(cmd("--device=cuda", "--num_gpus=1")) == "channels_last=0,compile=0"
+    assert variant(cmd("--device=cuda", "--num_gpus=4")) == "channels_last=0,compile=0,data_parallel=4"
+    assert variant(json.dumps(cmd("--device=cuda", "--num_gpus=2"))) == "channels_last=0,compile=0,data_parallel=2"
+    assert variant(cmd("--device=cpu", "--num_gpus=1")) == "channels_last=0,compile=0"
+    assert variant(["torchrun", "--nproc_per_node=4", *cmd("--device=cuda", "--num_gpus=4")[1:]]) == (
+        "channels_last=0,compile=0")

@@ -8,7 +8,7 @@ primary; step_time_median; final_loss), read as the command harness reads them.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from fleetbench.files import open_regular
 from fleetbench.harnesses.base import HIGHER, CasePoint, Harness, Measured
@@ -38,6 +38,25 @@ class TorchSynthetic(Harness):
     # channels_last and torch.compile change the activations' memory a lot: an eager OOM says nothing of the
     # compiled case at that batch (include/images/torch-cpu/torch_synthetic.py: both default to 0).
     memory_flags = (("channels_last", "0"), ("compile", "0"))
+
+    def memory_variant(self, command: Any) -> str:
+        """`memory_flags`, and on CUDA with more than one GPU in one process (`DataParallel`: the whole input batch,
+        `--batch_size` x GPUs, is made on GPU 0, which then holds the gathered outputs too) `data_parallel=N`:
+        GPU 0's peak memory at a batch per device grows with N, so a 4-GPU case's readings are not a 1-GPU
+        profile's points, nor its OOMs a bound for 1 GPU. A launcher (torchrun) case's ranks hold one GPU each."""
+        from fleetbench.metrics import command_argv
+
+        variant = super().memory_variant(command)
+        argv = [str(a) for a in command_argv(command) or []]
+        flags = {}
+        for arg in argv:
+            name, eq, value = arg.partition("=")
+            if eq and name in ("--device", "--num_gpus"):
+                flags[name] = value
+        if flags.get("--device") == "cpu" or any(a.rsplit("/", 1)[-1] == "torchrun" for a in argv):
+            return variant
+        gpus = flags.get("--num_gpus", "1")
+        return f"{variant},data_parallel={gpus}" if gpus.isdigit() and int(gpus) > 1 else variant
 
     def points(self, bench: "BenchmarkSpec") -> list[CasePoint]:
         return [CasePoint(case_key(bench.name, model, bs, gpus, prec, cl, comp), model, bs, gpus, None,
