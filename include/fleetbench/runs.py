@@ -24,7 +24,13 @@ def label(name: str) -> str:
 
 
 def safe_name(text: str) -> str:
-    return _UNSAFE.sub("_", text).strip("_.-")[:120] or "x"
+    """`text` as a file or container name: letters, digits and `_.-`, at most 120 characters. A longer one keeps
+    its first 111 and a digest of the whole, so two names that differ only past the cut stay apart (two long case
+    keys of one host shared a container name, and each case's 409 removed the other's container)."""
+    name = _UNSAFE.sub("_", text).strip("_.-") or "x"
+    if len(name) <= 120:
+        return name
+    return f"{name[:111]}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
 
 
 def run_dir(dag_id: str, run_id: str) -> Path:

@@ -97,3 +97,17 @@ def test_an_earlier_executions_outcome_from_xcom_never_replaces_this_ones(tmp_pa
     # only the earlier execution's outcome: this one's case task never reported it
     [row] = collect(plan, validations, prepared, [stale])["rows"]
     assert (row["status"], row["failure_class"]) == ("failed", "task_failed")
+
+
+def test_names_cut_to_120_characters_stay_apart():
+    """Two case keys of one host that differ only past the cut shared a container name (and a log folder name where
+    a run id did): each keeps a digest of the whole now; a name within 120 characters is as it was."""
+    from fleetbench.runs import container_name, safe_name
+
+    host = "gpu-node-" + "x" * 54
+    a = container_name("fleet_benchmark", "r1", host, "torch.resnet152.bs256.g8.bf16.nhwc.compiled.long")
+    b = container_name("fleet_benchmark", "r1", host, "torch.resnet152.bs256.g8.bf16.nhwc.compiled.longer")
+    assert a != b and len(a) == len(b) == 120
+    assert a[:111] == b[:111]  # the same up to the cut: only the digest tells them apart
+    assert safe_name("scheduled__2026-11-02T02:00:00+00:00") == "scheduled__2026-11-02T02_00_00_00_00"
+    assert safe_name("x" * 120) == "x" * 120 and safe_name("") == "x"
