@@ -36,8 +36,9 @@ _CLASSES = [
                  "(`images[].cuda`), not even through minor-version or forward compatibility; the detail names the "
                  "driver it needs (update the driver, or use an image of an older CUDA)", "devices.assign"),
     # images (fleetbench.images, fleetbench.bake, fleetbench.prepare)
-    FailureClass("image_not_found", "the registry has no such repository, tag or digest (or pull_policy 'never' and "
-                 "not on the host)", "images.prepare_image", permanent=True),
+    FailureClass("image_not_found", "the registry has no such repository, tag or digest, or no image of the host's "
+                 "platform under that tag (a manifest list without linux/arm64, say); or pull_policy 'never' and not "
+                 "on the host", "images.prepare_image", permanent=True),
     FailureClass("registry_unreachable", "the registry did not answer (after bounded retries)", "images.prepare_image"),
     FailureClass("registry_auth", "the registry refused the credentials, or none were given where it needs them",
                  "images.prepare_image", permanent=True),

@@ -100,7 +100,8 @@ def classify_pull_error(exc: Exception) -> str:
             or "incorrect username or password" in text or " 401 " in text):
         return "registry_auth"
     if (isinstance(exc, (NotFound, ImageNotFound)) or "manifest unknown" in text or "not found" in text
-            or "repository does not exist" in text or "name unknown" in text):
+            or "repository does not exist" in text or "name unknown" in text
+            or "no matching manifest for" in text):  # a manifest list without the host's platform: no retry helps
         return "image_not_found"
     if "denied" in text:
         return "registry_auth"

@@ -28,6 +28,9 @@ ENGINE_ERRORS = [
     (APIError, "write /var/lib/docker/tmp/GetImageBlob123: no space left on device", "insufficient_disk"),
     (APIError, "received unexpected HTTP status: 503 Service Unavailable", "registry_unreachable"),
     (APIError, "something nobody has seen before", "pull_failed"),
+    # an arm64 host (GH200) pulling a tag published for amd64 only: permanent, named, not retried as pull_failed
+    (APIError, "500 Server Error: no matching manifest for linux/arm64/v8 in the manifest list entries",
+     "image_not_found"),
 ]
 
 
