@@ -198,6 +198,15 @@ def match_nodes(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], tupl
     return out
 
 
+def _first_gpu_model(row: Mapping[str, Any]) -> str | None:
+    """The GPU model a row's price and TDP come from: a multi-node row of a set with several models names each
+    host's (`fleetbench.measure.set_provenance`: `A+B`), and is priced at its first host's, as README says."""
+    model = row.get("gpu_model")
+    if model and (row.get("nodes") or 1) > 1:
+        return model.split("+", 1)[0]
+    return model
+
+
 def _ranks_per_node(row: Mapping[str, Any]) -> int:
     """CPU processes per host of a launcher (torchrun) row, or CPU workers per host of a ps_worker row
     (`workers_per_node`), else 1: a CPU 1-node case is one process, so only a 1-rank-per-host CPU case has a 1-node
@@ -689,7 +698,7 @@ def derive(rows: Sequence[Mapping[str, Any]], steps: Iterable[Mapping[str, Any]]
         gpus = r.get("num_gpus") or 0
         ips = r.get("images_per_sec")
         duration = r.get("duration_s")
-        gpu = catalog.lookup(r.get("gpu_model")) if catalog is not None and gpus > 0 else None
+        gpu = catalog.lookup(_first_gpu_model(r)) if catalog is not None and gpus > 0 else None
         r["gpu_catalog_name"] = gpu.name if gpu else None
 
         # 1. training time

@@ -520,3 +520,18 @@ def test_a_cpu_ps_worker_case_with_several_workers_per_host_has_no_1_node_effici
     one = multinode.layout(["a", "b"], 1, 1)
     assert match_nodes([*singles, row("a", "k.n2.a+b", 300.0, 2, two)]) == {}
     assert match_nodes([*singles, row("a", "k.n2.a+b", 180.0, 2, one)]) == {("a", "k.n2.a+b"): (0.9, 100.0)}
+
+
+def test_a_mixed_sets_row_is_priced_at_its_first_hosts_gpu():
+    """A set of two GPU models (mixed_gpu_models) names both on its row; its cost and estimated energy still come
+    from the first host's GPU, as README says (the joined name matched no catalog entry: no cost, no energy)."""
+    from fleetbench.metrics import MetricSettings, derive, load_catalog
+
+    row = {"dag_id": "d", "run_id": "r", "status": "ok", "duration_s": 3600.0, "benchmark": "b", "model": "resnet50",
+           "batch_size_per_device": 64, "device": "gpu", "host": "a", "case_key": "cnn.n2.a+b", "num_gpus": 1,
+           "nodes": 2, "host_set": "a,b", "images_per_sec": 1000.0, "energy_source": "none",
+           "gpu_model": "NVIDIA A100-SXM4-80GB+NVIDIA GeForce RTX 3070"}
+    [got] = derive([row], [], load_catalog(), MetricSettings())
+    assert (got["gpu_catalog_name"], got["price_source"], got["energy_source"]) == (
+        "A100 SXM4 80GB", "catalog", "estimated")
+    assert got["cost_usd"] == pytest.approx(2 * got["price_per_gpu_hour"])  # 2 nodes x 1 GPU x 1 hour
