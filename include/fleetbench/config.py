@@ -67,6 +67,19 @@ class _UniqueKeyLoader(_BASE_LOADER):
         # (line, column, message): sorted, as mappings are built nested-last
         self.duplicate_keys: list[tuple[int, int, str]] = []
 
+    def construct_object(self, node, deep=False):
+        """A scalar YAML reads as a value it cannot be (an unquoted `2026-02-30` is a date, a 5,000-digit number an
+        int past Python's limit) is a YAML error at its line, not a ValueError out of the loader."""
+        try:
+            return super().construct_object(node, deep=deep)
+        except (ValueError, OverflowError) as exc:
+            value = node.value if isinstance(node, yaml.ScalarNode) else node.tag
+            shown = value if len(str(value)) <= 40 else f"{str(value)[:40]}..."
+            kind = node.tag.rsplit(":", 1)[-1]
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{shown!r} is not a valid {kind}: {str(exc)[:200]} (quote it to keep it as text)",
+                node.start_mark) from None
+
     def construct_mapping(self, node, deep=False):
         own = list(node.value)  # the mapping's own entries: flatten_mapping replaces `<<: *defaults` by what it merges
         mapping = super().construct_mapping(node, deep=deep)

@@ -634,7 +634,7 @@ def load_catalog_or_none(path: str | Path | None = None) -> GpuCatalog | None:
 
     try:
         return load_catalog(path)
-    except ConfigError as exc:
+    except (ConfigError, ValueError, OSError) as exc:
         log.error("GPU catalog not used: %s", exc)
         return None
 

@@ -108,6 +108,30 @@ def test_yaml_syntax_error_names_line(tmp_path):
     assert "invalid YAML" in info.value.errors[0]
 
 
+@pytest.mark.parametrize("value, message", [
+    ("2024-13-01", "line 2, column 11: invalid YAML: '2024-13-01' is not a valid timestamp: month must be in 1..12 "
+                   "(quote it to keep it as text)"),
+    ("9" * 5000, "line 2, column 11: invalid YAML: '" + "9" * 40 + "...' is not a valid int: Exceeds the limit"),
+])
+def test_a_scalar_yaml_cannot_read_as_its_type_is_an_error_at_its_line(tmp_path, value, message):
+    """An unquoted impossible date or a number past Python's digit limit raised a ValueError out of the loader: a
+    traceback from `config check`, and from the store task for the GPU catalog's `read_on` dates."""
+    path = tmp_path / "fleet.yaml"
+    path.write_text(f"hosts:\n  - name: {value}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.errors[0].startswith(message)
+
+
+def test_a_catalog_with_an_impossible_date_is_not_used_and_the_night_is_stored(tmp_path):
+    from fleetbench.metrics import catalog_path, load_catalog_or_none
+
+    text = catalog_path().read_text()
+    bad = tmp_path / "catalog.yaml"
+    bad.write_text(text.replace("read_on: ", "read_on: 2026-02-30 #", 1))
+    assert load_catalog_or_none(bad) is None
+
+
 def test_missing_file_and_wrong_top_level(tmp_path):
     with pytest.raises(ConfigError, match="cannot read file"):
         load_config(tmp_path / "nope.yaml")
