@@ -42,6 +42,9 @@ ATTEMPT_TABLE = [*RESULT_TABLE[:1], ("case", "case_key"), ("attempt", "attempt")
                  *RESULT_TABLE[4:]]
 
 
+PATH_ARGUMENTS = ("file", "files", "out", "config", "facts", "save", "func")
+
+
 class UsageError(Exception):
     """A mistake in what the user asked for: printed as one line, exit code 2."""
 
@@ -791,6 +794,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:  # bare `fleetbench`: what it can do
         parser.print_help()
         return 0
+    for name, value in vars(args).items():  # bytes not UTF-8 in a name or value (a terminal in another encoding)
+        if isinstance(value, str) and name not in PATH_ARGUMENTS:  # a file name may be any bytes
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                shown = value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+                print(f"fleetbench {args.command}: {name.replace('_', '-')} '{shown}': not UTF-8 text",
+                      file=sys.stderr)
+                return 2
     try:
         return args.func(args)
     except UsageError as exc:

@@ -32,6 +32,7 @@ from fleetbench.harnesses.base import UNITS as _UNITS
 # Names that end up in container names, labels, file paths and command lines: a strict pattern,
 # so nothing from a config file or a trigger parameter can smuggle shell or path syntax.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+MAX_NUM_BATCHES = 1_000_000  # benchmarks[].num_batches and the trigger parameter num_batches
 # A Docker image reference: [registry[:port]/]path[:tag][@sha256:digest]
 IMAGE_REF_PATTERN = r"^[a-z0-9][a-z0-9._:/-]*[a-z0-9](:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?$"
 DOCKER_URL_PATTERN = r"^(unix:///[^\s]+|tcp://[A-Za-z0-9_.-]+:\d+|ssh://[^\s]+)$"
@@ -499,8 +500,8 @@ class BenchmarkSpec(_Model):
     # nccl_tests: a launcher put in front of the binary (e.g. mpirun -np 2 ...), default none.
     command: list[Annotated[str, Field(max_length=4096, pattern=r"^[^\x00]*$")]] | None = Field(None, min_length=1)
     metrics: CommandMetrics | None = None
-    num_batches: PositiveInt = 100
-    num_warmup_batches: Annotated[int, Field(ge=0)] = 5
+    num_batches: Annotated[int, Field(gt=0, le=MAX_NUM_BATCHES)] = 100  # the warehouse's integer column holds it
+    num_warmup_batches: Annotated[int, Field(ge=0, le=MAX_NUM_BATCHES)] = 5
     device: Literal["gpu", "cpu"] = "gpu"
     timeout_s: TimeoutS = 3600
     hosts: Annotated[list[Name], Field(min_length=1)] | None = None  # [] would run nowhere: leave it out for all
@@ -599,6 +600,7 @@ def _cross_check(data: dict) -> list[str]:
             errors.append(f"images[{i}].name: {name!r} cannot name its baked image fleetbench/{name.lower()} (Docker "
                           "repository names: letters and digits, separated by one '.', one or two '_', or '-')")
     lanes: dict[str, str] = {}  # a host's lane is task group host_<name> with "." as "_" (fleetbench.runs.lane_id)
+    folders: dict[str, str] = {}
     for i, item in items("hosts"):
         name = item.get("name")
         if not isinstance(name, str):
@@ -607,6 +609,11 @@ def _cross_check(data: dict) -> list[str]:
         if other != name:
             errors.append(f"hosts[{i}].name: {name!r} and {other!r} would share the task group "
                           f"host_{name.replace('.', '_')} (a '.' is written '_' there): rename one")
+            continue
+        other = folders.setdefault(name.rstrip("_.-"), name)  # fleetbench.runs.safe_name: files, pools
+        if other != name:
+            errors.append(f"hosts[{i}].name: {name!r} and {other!r} would share the artifacts folder and pool "
+                          f"{name.rstrip('_.-')!r} (a name's trailing '_', '.' and '-' are dropped there): rename one")
     host_names, image_names = names("hosts"), names("images")
     image_commands = {item["name"]: item.get("command") for _, item in items("images")
                       if isinstance(item.get("name"), str)}

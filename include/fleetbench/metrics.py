@@ -525,7 +525,7 @@ Numeric = Literal["memory_gib", "tdp_w", "price_per_gpu_hour_usd"]
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # a price of .inf: every cost inf
 
 
 class CatalogSource(_Frozen):

@@ -11,7 +11,7 @@ import logging
 import re
 from typing import Any
 
-from fleetbench.config import IMAGE_REF_PATTERN, NAME_PATTERN, ConfigError, FleetConfig, parse_config
+from fleetbench.config import IMAGE_REF_PATTERN, MAX_NUM_BATCHES, NAME_PATTERN, ConfigError, FleetConfig, parse_config
 from fleetbench.registry import registry_of, repository_of
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,6 @@ CASE_KEY_PART = r"(/" + CASE_KEY + ")?"
 ACCEPT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}" + CASE_KEY_PART + "$"
 
 
-MAX_NUM_BATCHES = 1_000_000
 
 # Up to this many hosts, the trigger form offers the host names: a multi-select (Airflow's form draws one for an
 # array with `examples`) and an enum of the items, checked at trigger time. The form sends null for a

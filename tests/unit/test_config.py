@@ -475,3 +475,47 @@ def test_a_gpu_benchmarks_container_keeps_ngcs_flags_it_does_not_set():
     c = parse_config(data).benchmarks[0].container_settings()
     assert (c.shm_size, c.ulimits) == ("8g", {"nofile": 65536})  # what it sets is its own
 
+
+
+def test_hosts_whose_names_differ_only_in_a_trailing_separator_are_refused():
+    """`gpu01` and `gpu01-` wrote one artifacts folder (a host judged on the other's probe outputs, each case's files
+    replacing the other's) and one pool."""
+    from test_harnesses import config_errors
+
+    data = {"hosts": [{"name": "gpu01"}, {"name": "gpu01-"}, {"name": "gpu01_"}],
+            "images": [{"name": "tf1", "ref": "127.0.0.1:5000/tf:1", "command": ["python3", "x.py"]}],
+            "benchmarks": [{"name": "b", "image": "tf1", "models": ["m"], "batch_sizes": [8]}]}
+    assert config_errors(data) == [
+        "hosts[1].name: 'gpu01-' and 'gpu01' would share the artifacts folder and pool 'gpu01' (a name's trailing '_', "
+        "'.' and '-' are dropped there): rename one",
+        "hosts[2].name: 'gpu01_' and 'gpu01' would share the artifacts folder and pool 'gpu01' (a name's trailing '_', "
+        "'.' and '-' are dropped there): rename one"]
+
+
+def test_num_batches_beyond_the_warehouses_column_is_refused():
+    from test_harnesses import config_errors
+
+    data = {"hosts": [{"name": "a"}],
+            "images": [{"name": "tf1", "ref": "127.0.0.1:5000/tf:1", "command": ["python3", "x.py"]}],
+            "benchmarks": [{"name": "b", "image": "tf1", "models": ["m"], "batch_sizes": [8],
+                            "num_batches": 3_000_000_000}]}
+    [error] = config_errors(data)
+    assert error.startswith("benchmarks[0].num_batches: ") and "1000000" in error
+
+
+def test_a_gpu_catalog_price_of_inf_is_refused(tmp_path):
+    from fleetbench.metrics import catalog_path, load_catalog
+
+    bad = tmp_path / "catalog.yaml"
+    text = catalog_path().read_text()
+    start = text.index("price_per_gpu_hour_usd: ") + len("price_per_gpu_hour_usd: ")
+    bad.write_text(text[:start] + ".inf" + text[text.index("\n", start):])
+    with pytest.raises(ConfigError, match=r"gpus\[0\]\.price_per_gpu_hour_usd"):
+        load_catalog(bad)
+
+
+def test_a_cli_argument_that_is_not_utf8_is_named_not_a_traceback(capsys):
+    from fleetbench.cli import main
+
+    assert main(["results", "--run-id", "\udcff"]) == 2  # how Python passes the byte 0xff of argv
+    assert capsys.readouterr().err == "fleetbench results: run-id '\\xff': not UTF-8 text\n"
