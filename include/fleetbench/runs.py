@@ -52,13 +52,26 @@ def case_log_dir(dag_id: str, run_id: str, host: str) -> Path:
     return run_dir(dag_id, run_id) / "hosts" / safe_name(host) / "cases"
 
 
+MAX_FILE_STEM = 200  # a file name is at most 255 bytes (ext4, xfs): room for `.worker31.log.tmp` and the like
+
+
+def file_stem(case_key: str) -> str:
+    """A case's files' name before their suffix: its key, or for a key longer than MAX_FILE_STEM (a multi-node set of
+    long host names: case keys go to 250) its start and a digest of the whole; such a case ran, then lost its
+    result to ENAMETOOLONG writing its logs."""
+    if len(case_key.encode()) <= MAX_FILE_STEM:
+        return case_key
+    head = case_key.encode()[:MAX_FILE_STEM - 13].decode(errors="ignore")
+    return f"{head}-{hashlib.sha256(case_key.encode()).hexdigest()[:12]}"
+
+
 def outcome_path(log_dir: str | Path, case_key: str) -> Path:
     """The outcome file a case's task writes next to its log (read back when the task died before returning)."""
-    return Path(log_dir) / f"{case_key}.outcome.json"
+    return Path(log_dir) / f"{file_stem(case_key)}.outcome.json"
 
 
 def log_path(log_dir: str | Path, case_key: str) -> Path:
-    return Path(log_dir) / f"{case_key}.log"
+    return Path(log_dir) / f"{file_stem(case_key)}.log"
 
 
 def push_killed_outcome(ti, outcome: dict | None, log) -> None:

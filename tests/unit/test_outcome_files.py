@@ -111,3 +111,24 @@ def test_names_cut_to_120_characters_stay_apart():
     assert a[:111] == b[:111]  # the same up to the cut: only the digest tells them apart
     assert safe_name("scheduled__2026-11-02T02:00:00+00:00") == "scheduled__2026-11-02T02_00_00_00_00"
     assert safe_name("x" * 120) == "x" * 120 and safe_name("") == "x"
+
+
+def test_a_case_key_too_long_for_a_file_name_gets_a_short_stem(tmp_path):
+    """A 4-host set of 48-character host names has a 241-character case key (within the column's 250): its role logs
+    (`<key>.worker1.log.tmp`, 257 bytes) failed with ENAMETOOLONG after the case had run, losing its result."""
+    from fleetbench.airflow.multinode import MultiNodeCaseOperator
+    from fleetbench.multinode import layout, set_case_key
+    from fleetbench.runs import file_stem, log_path, outcome_path
+
+    hosts = [f"gpu-h100-0{i}.rack07.fra2.prod.cluster.example.net" for i in range(4)]
+    key = set_case_key("cnn-dist.resnet50.bs64.g8.parameter_server", hosts)
+    assert 240 <= len(key) <= 250
+    stem = file_stem(key)
+    assert len(stem) == 200 and stem != file_stem(key[:-1] + "x") and file_stem("short.key") == "short.key"
+    roles = [{**r, "docker_url": "unix:///var/run/docker.sock", "address": "10.0.0.1", "image": "x",
+              "container_name": f"c{i}", "labels": {}} for i, r in enumerate(layout(hosts, 1, 1))]
+    op = MultiNodeCaseOperator(task_id="mn", case={"host": hosts[0], "case_key": key}, command=["python3"],
+                               roles=roles, cluster={}, timeout_s=60, log_dir=str(tmp_path))
+    for path in [log_path(tmp_path, key), outcome_path(tmp_path, key), *(op._role_log(r) for r in roles)]:
+        path.with_suffix(path.suffix + ".tmp").write_text("x")  # each name fits, with the longest suffix
+        path.write_text("x")

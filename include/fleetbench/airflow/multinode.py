@@ -246,7 +246,7 @@ class MultiNodeCaseOperator(BaseOperator):
     def _role_log(self, role: dict) -> Path:
         if multinode.is_chief(role):
             return self._paths()[0]
-        return Path(self.log_dir) / f"{self.case['case_key']}.{multinode.role_name(role)}.log"
+        return Path(self.log_dir) / f"{runs.file_stem(self.case['case_key'])}.{multinode.role_name(role)}.log"
 
     def _blank_outcome(self) -> dict[str, Any]:
         chief = self.roles[0]
