@@ -183,3 +183,37 @@ def test_a_multi_node_cases_regression_is_listed_and_accepted_through_any_host_o
         assert open_regressions(conn, Filters(host="gpu01")) == []
         assert open_regressions(conn, Filters(host="gpu00")) == []
     engine.dispose()
+
+
+@pytest.mark.parametrize("every_days, history_days", [(7, 120), (1, 14)])
+def test_a_confirmed_regression_on_a_sparse_schedule_stays_open_with_its_first_night(tmp_path, every_days,
+                                                                                      history_days):
+    """A weekly fleet (or a daily one with a short history_days): the history read reached back for an open regression
+    only once it began in the older half of the window, but by then the nights before it had left the window and
+    the baseline had taken in the regressed nights: the finding's first night moved forward each week, then the
+    finding closed by itself, the throughput still 20 % down."""
+    import random
+    from datetime import datetime, timedelta, timezone
+
+    from fleetbench.config import RegressionSettings
+    from fleetbench.regression import assess_run, store_findings
+    from fleetbench.warehouse import store_run
+    from warehouse_rows import DERIVED, result_row, run_row
+
+    engine = get_engine(f"sqlite:///{tmp_path}/w.db")
+    upgrade(engine)
+    settings = RegressionSettings(history_days=history_days)
+    rng, night0, drop = random.Random(7), datetime(2026, 1, 4, 2, 0, tzinfo=timezone.utc), 20
+    for i in range(drop + 25):
+        when = (night0 + timedelta(days=every_days * i)).isoformat()
+        run_id = f"scheduled__{when}"
+        ips = (100.0 if i < drop else 80.0) * (1 + rng.gauss(0, 0.01))
+        store_run(engine, {**run_row(run_id), "logical_date": when}, [], [
+            result_row("c1", run_id=run_id, ips=ips, value=ips, metric="images_per_sec", unit="images/s",
+                       better="higher", logical_date=when, **{**DERIVED, "step_cv": 0.001})])
+        found = assess_run(engine, "fleet_benchmark", run_id, settings).findings
+        store_findings(engine, "fleet_benchmark", run_id, found)
+    [last] = [f for f in found if f["metric"] == "images_per_sec"]
+    assert (last["kind"], last["status"]) == ("regression", "confirmed")
+    assert last["since_run_id"] == f"scheduled__{(night0 + timedelta(days=every_days * drop)).isoformat()}"
+    engine.dispose()

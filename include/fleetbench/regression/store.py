@@ -120,15 +120,20 @@ def read_history(conn, dag_id: str, hosts: Sequence[str], case_keys: Sequence[st
 
 def open_regressions_since(conn, dag_id: str, hosts: Sequence[str], until, since) -> datetime | None:
     """The first night of the oldest confirmed regression still open on these hosts before `until` (a finding of the
-    newest earlier night of its case, that night after `since`) that began in the older half of [since, until), or
-    None. A night without such old findings costs one small read of the regressions table."""
-    from sqlalchemy import select
+    newest earlier night of its case, that night in [since, until)), or None. Whenever it began: on a sparse
+    schedule (weekly) the nights before a recent start leave the window too, and the baseline took in the regressed
+    nights until the finding closed by itself (it began in the older half of the window, before). A night without
+    such findings costs one small read of the regressions table."""
+    from sqlalchemy import and_, select
 
     from fleetbench.warehouse.schema import regressions as rg
+    from fleetbench.warehouse.schema import runs as rn
 
-    old = conn.execute(select(rg.c.host, rg.c.case_key, rg.c.run_id, rg.c.since_date).where(
-        rg.c.dag_id == dag_id, rg.c.host.in_(list(hosts)), rg.c.kind == "regression", rg.c.status == "confirmed",
-        rg.c.since_date < since + (until - since) / 2)).all()
+    old = conn.execute(select(rg.c.host, rg.c.case_key, rg.c.run_id, rg.c.since_date)
+                       .join(rn, and_(rn.c.dag_id == rg.c.dag_id, rn.c.run_id == rg.c.run_id))
+                       .where(rg.c.dag_id == dag_id, rg.c.host.in_(list(hosts)), rg.c.kind == "regression",
+                              rg.c.status == "confirmed", rg.c.since_date.is_not(None), rn.c.logical_date >= since,
+                              rn.c.logical_date < until)).all()
     if not old:
         return None
     newest = _newest_runs(conn, dag_id, sorted({(h, c) for h, c, _, _ in old}), until, since)
