@@ -350,6 +350,20 @@ def test_stale_pngs_are_removed(history, tmp_path):
     assert not list(out.glob(".*"))  # no temporary files left
 
 
+def test_reports_written_into_one_folder_at_once_all_succeed(history, tmp_path):
+    """Two operators (or a cron job and a manual run) writing reports into the default folder at once: each PNG went
+    through one fixed temporary name, and a report failed on the other's rename."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fleetbench.report import write_report
+
+    out = tmp_path / "out"
+    with ThreadPoolExecutor(4) as pool:
+        written = list(pool.map(lambda _: write_report(out, engine=history), range(4)))
+    assert all(w["plots"] for w in written)
+    assert not list(out.glob(".*"))
+
+
 def test_warehouse_older_than_the_report(engine, tmp_path):
     from fleetbench.warehouse import upgrade
 

@@ -80,9 +80,15 @@ def write_report(out_dir: str | Path | None = None, filters: Filters | None = No
         else:
             from fleetbench.report.plots import to_png
 
-            tmp = out / f".{name}.tmp.png"
-            to_png(chart, tmp)
-            os.replace(tmp, out / name)
+            fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.", suffix=".png")  # its own: reports may run at once
+            os.close(fd)
+            try:
+                to_png(chart, Path(tmp))
+                os.chmod(tmp, 0o644)
+                os.replace(tmp, out / name)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
         files[chart.id] = name
     for fmt in PLOT_FORMATS:
         for old in out.glob(f"{PLOT_PREFIX}*.{fmt}"):
