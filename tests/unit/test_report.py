@@ -350,12 +350,22 @@ def test_stale_pngs_are_removed(history, tmp_path):
     assert not list(out.glob(".*"))  # no temporary files left
 
 
-def test_reports_written_into_one_folder_at_once_all_succeed(history, tmp_path):
+def test_reports_written_into_one_folder_at_once_all_succeed(history, tmp_path, monkeypatch):
     """Two operators (or a cron job and a manual run) writing reports into the default folder at once: each PNG went
-    through one fixed temporary name, and a report failed on the other's rename."""
+    through one fixed temporary name, and a report failed on the other's rename. (Each plot is held a moment after
+    it is drawn, so the reports' writes overlap.)"""
+    import time
     from concurrent.futures import ThreadPoolExecutor
 
-    from fleetbench.report import write_report
+    from fleetbench.report import plots, write_report
+
+    draw = plots.to_png
+
+    def slow(chart, path):
+        draw(chart, path)
+        time.sleep(0.05)
+
+    monkeypatch.setattr(plots, "to_png", slow)
 
     out = tmp_path / "out"
     with ThreadPoolExecutor(4) as pool:
