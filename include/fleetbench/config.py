@@ -212,6 +212,11 @@ class CapacitySettings(_Model):
         return self
 
 
+# The cron presets Airflow's schedule takes (airflow.sdk timetables' CRON_PRESETS).
+CRON_PRESETS = {"@hourly": "0 * * * *", "@daily": "0 0 * * *", "@weekly": "0 0 * * 0", "@monthly": "0 0 1 * *",
+                "@quarterly": "0 0 1 */3 *", "@yearly": "0 0 1 1 *"}
+
+
 class FleetSettings(_Model):
     name: Name = "fleet"
     timezone: str = "UTC"
@@ -246,10 +251,22 @@ class FleetSettings(_Model):
     def _cron(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        from croniter import croniter
+        from datetime import datetime, timezone
 
-        if not croniter.is_valid(value):
-            raise ValueError("not a valid cron expression (e.g. '0 2 * * *': minute hour day month weekday)")
+        from croniter import CroniterBadDateError, croniter
+
+        expression = CRON_PRESETS.get(value, value)
+        if value.startswith("@") and value not in CRON_PRESETS:
+            raise ValueError(f"unknown preset (one of {', '.join(CRON_PRESETS)}, or a cron expression)")
+        # five fields: croniter reads a sixth as seconds, so a seconds-first '0 0 2 * * *' ran every second of
+        # 00:00 on the 2nd of each month
+        if len(expression.split()) != 5 or not croniter.is_valid(expression):
+            raise ValueError("not a cron expression of five fields (e.g. '0 2 * * *': minute hour day-of-month "
+                             "month day-of-week)")
+        try:
+            croniter(expression, datetime(2026, 1, 1, tzinfo=timezone.utc)).get_next(datetime)
+        except CroniterBadDateError:  # e.g. '0 2 31 2 *': February has no 31st
+            raise ValueError("never fires (no date matches it)") from None
         return value
 
 

@@ -45,6 +45,13 @@ def test_defaults():
     assert cfg.benchmarks[0].num_batches == 100 and cfg.benchmarks[0].timeout_s == 3600
 
 
+@pytest.mark.parametrize("schedule", ["@weekly", "@quarterly", "30 1 * * 1-5", "0 2 29 2 *", None])
+def test_schedules_airflow_takes_are_accepted(schedule):
+    data = good()
+    data["fleet"] = {"schedule": schedule}
+    assert parse_config(data).fleet.schedule == schedule
+
+
 @pytest.mark.parametrize("mutate, expected", [
     (lambda d: d["benchmarks"][0]["batch_sizes"].__setitem__(1, -1),
      "benchmarks[0].batch_sizes[1]: must be > 0, got -1"),
@@ -77,8 +84,13 @@ def test_defaults():
     (lambda d: d["hosts"].extend([{"name": "gpu-01.lab"}, {"name": "gpu-01_lab"}]),
      "hosts[2].name: 'gpu-01_lab' and 'gpu-01.lab' would share the task group host_gpu-01_lab"),
     (lambda d: d.update(fleet={"schedule": "every night"}),
-     "fleet.schedule: not a valid cron expression (e.g. '0 2 * * *': minute hour day month weekday), got "
-     "'every night'"),  # the value once
+     "fleet.schedule: not a cron expression of five fields (e.g. '0 2 * * *': minute hour day-of-month month "
+     "day-of-week), got 'every night'"),  # the value once
+    # croniter reads a sixth field as seconds: this seconds-first 'daily at 02:00' ran every second of a minute
+    (lambda d: d.update(fleet={"schedule": "0 0 2 * * *"}), "fleet.schedule: not a cron expression of five fields"),
+    (lambda d: d.update(fleet={"schedule": "0 2 31 2 *"}), "fleet.schedule: never fires (no date matches it), got "
+     "'0 2 31 2 *'"),  # no 31st of February: the DAG never ran, silently
+    (lambda d: d.update(fleet={"schedule": "@midnight"}), "fleet.schedule: unknown preset (one of @hourly, @daily"),
     (lambda d: d["benchmarks"][0].update(hosts=[]), "benchmarks[0].hosts: must not be empty"),
     (lambda d: d["hosts"][0].update(connection=""), "hosts[0].connection: must match"),
     (lambda d: d["hosts"][0].update(connection="ssh gpu01"), "hosts[0].connection: must match"),
