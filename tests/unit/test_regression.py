@@ -298,6 +298,36 @@ def test_energy_is_compared_only_like_with_like():
     assert "energy_j" not in {f["metric"] for f in assess_series(rows, TRACKED)}
 
 
+@pytest.mark.parametrize("field, old, new", [
+    ("price_per_gpu_hour", 2.0, 3.0),  # hosts[].price_per_gpu_hour, or the GPU catalog's price
+    ("price_per_hour", 1.0, 1.5),  # a CPU host's price by the hour
+    ("price_source", "catalog", "host"),  # the host's own price set where the catalog's was used
+])
+def test_a_new_price_is_a_new_cost_baseline_not_a_regression(field, old, new):
+    """cost_usd is price x time: an operator who sets a new price must not get a confirmed major cost regression on
+    every case of the host. The same rise at the same price is one."""
+    values = [1.0] * 30
+    rows = result_rows(values, **{field: old})
+    for r in rows[25:]:
+        r["cost_usd"] *= 1.5
+    assert "cost_usd" in {f["metric"] for f in assess_series(rows, TRACKED) if f["status"] == "confirmed"}
+    for r in rows[25:]:
+        r[field] = new
+    assert "cost_usd" not in {f["metric"] for f in assess_series(rows, TRACKED) or []}
+
+
+def test_a_new_cpu_tdp_is_a_new_baseline_of_estimated_energy():
+    rows = result_rows([1.0] * 30, cpu_tdp_w=65.0)
+    for r in rows:
+        r["energy_source"] = "estimated"
+    for r in rows[25:]:
+        r["energy_j"] *= 2.0
+    assert "energy_j" in {f["metric"] for f in assess_series(rows, TRACKED) if f["status"] == "confirmed"}
+    for r in rows[25:]:
+        r["cpu_tdp_w"] = 130.0  # hosts[].cpu_tdp_w set: every estimate doubles
+    assert "energy_j" not in {f["metric"] for f in assess_series(rows, TRACKED) or []}
+
+
 def metric_rows(values, metric: str, unit: str, better: str, scale: float = 100.0, **extra) -> list[dict]:
     """Nights of a non-image harness: the primary metric in `metric`/`value`, no images/sec, steady time and cost."""
     return [row(f"n{i}", None, logical_date=DAY0 + timedelta(days=i), harness="command", metric=metric,
@@ -483,6 +513,9 @@ def _night_by_night(series, accepted, detected_at) -> list[dict] | None:
             if metric == "energy_j":
                 measure = r.get("energy_source")
                 value = value if measure in ENERGY_SOURCES else None
+                measure = measure if r.get("cpu_tdp_w") is None else (measure, r["cpu_tdp_w"])
+            elif metric == "cost_usd":
+                measure = (r.get("price_source"), r.get("price_per_gpu_hour"), r.get("price_per_hour"))
             se = r["step_cv"] / math.sqrt(r["step_count"]) if r.get("step_cv") is not None and r.get(
                 "step_count") else None
             ns.append(NightIn(value, segment_of(r), r["logical_date"] if accepted else None, se, r["run_id"], measure))

@@ -71,7 +71,7 @@ class RunAssessment:
 HISTORY_COLUMNS = ("dag_id", "run_id", "logical_date", "host", "case_key", "image_digest", "driver_version",
                    "cuda_driver_version", "gpu_model", "images_per_sec", "duration_s", "energy_source", "energy_j",
                    "cost_usd", "step_cv", "step_count", "host_gpu_health", "metric", "value", "unit", "better",
-                   "harness_revision", "precision")
+                   "harness_revision", "precision", "price_source", "price_per_gpu_hour", "price_per_hour", "cpu_tdp_w")
 HOSTS_PER_READ = 50  # hosts whose history is read at once
 
 
@@ -267,9 +267,13 @@ def assess_series(series: Sequence[Mapping[str, Any]], settings: RegressionSetti
     return findings if judged else None
 
 
+# What a night's cost and estimated energy were worked out at: a price or a TDP changed in the config or the GPU
+# catalog moves every night's figure with it, and is a new baseline (as energy measured another way), not a finding.
+BASIS_COLUMNS = ("price_source", "price_per_gpu_hour", "price_per_hour", "cpu_tdp_w")
+
 # What the replay reads of a row: its segment, date, step-level noise, run, primary metric and metric values.
 REPLAY_COLUMNS = (*SEGMENT_FIELDS, "logical_date", "step_cv", "step_count", "run_id", "metric", "unit", "better",
-                  "value", "images_per_sec", "energy_source", *SECONDARY)
+                  "value", "images_per_sec", "energy_source", *SECONDARY, *BASIS_COLUMNS)
 
 
 def _columns(series: Sequence[Mapping[str, Any]]) -> dict[str, list]:
@@ -300,7 +304,8 @@ def _night_fields(cols: Mapping[str, list], dated: bool = True) -> tuple[list, l
 def nights_of(series: Sequence[Mapping[str, Any]], metric: str, unit: str | None = None) -> list[NightIn]:
     """A metric's nights for `track` (`detect.metric_value`: a night whose primary metric is another one, or in
     another unit than `unit`, has no value). Energy compares like with like: a night whose energy came another
-    way (measured, estimated) starts a new baseline."""
+    way (measured, estimated) starts a new baseline, as does a cost at another price and a CPU estimate at another
+    TDP (`BASIS_COLUMNS`)."""
     cols = _columns(series)
     return _nights(cols, metric, unit, _night_fields(cols), _primaries(cols))
 
@@ -323,8 +328,12 @@ def _nights(cols: Mapping[str, list], metric: str, unit: str | None, common: tup
     else:
         values = [_value_of(r, p, metric, unit) for r, p in zip(_dicts(cols), primaries)]
     if metric == "energy_j":
-        measures = cols["energy_source"]
-        values = [v if m in ENERGY_SOURCES else None for v, m in zip(values, measures)]
+        sources = cols["energy_source"]
+        values = [v if m in ENERGY_SOURCES else None for v, m in zip(values, sources)]
+        # a CPU case's estimate is the host's TDP x utilisation: a new cpu_tdp_w is a new baseline
+        measures = [s if t is None else (s, t) for s, t in zip(sources, cols["cpu_tdp_w"])]
+    elif metric == "cost_usd":  # price x time: a new price is a new baseline
+        measures = list(zip(cols["price_source"], cols["price_per_gpu_hour"], cols["price_per_hour"]))
     else:
         measures = itertools.repeat(None)
     # Another precision is another workload, never compared with this one (a new baseline, as energy measured another
