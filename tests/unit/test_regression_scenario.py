@@ -217,3 +217,57 @@ def test_a_confirmed_regression_on_a_sparse_schedule_stays_open_with_its_first_n
     assert (last["kind"], last["status"]) == ("regression", "confirmed")
     assert last["since_run_id"] == f"scheduled__{(night0 + timedelta(days=every_days * drop)).isoformat()}"
     engine.dispose()
+
+
+def test_an_accept_during_the_nights_assessment_is_not_overwritten(tmp_path, monkeypatch):
+    """`fleetbench regressions accept` while the night's report assesses the run: the accept stores the run's findings
+    (the regression closed), then the report stored its own, read before the acceptance, over them: the regression
+    was open again until the next night. The report's assessment (`assess_and_store`) sees the acceptance land and
+    assesses again; a plain assess-then-store, the way it was, keeps the stale finding."""
+    import random
+    from datetime import datetime, timedelta, timezone
+
+    from fleetbench.regression import accept, assess_run, store_findings
+    from fleetbench.regression import store as rstore
+    from fleetbench.warehouse import store_run
+    from warehouse_rows import DERIVED, result_row, run_row
+
+    engine = get_engine(f"sqlite:///{tmp_path}/w.db")
+    upgrade(engine)
+    rng, night0 = random.Random(5), datetime(2026, 3, 1, 2, 0, tzinfo=timezone.utc)
+    for i in range(30):
+        when = (night0 + timedelta(days=i)).isoformat()
+        run_id = f"scheduled__{when}"
+        ips = (100.0 if i < 24 else 80.0) * (1 + rng.gauss(0, 0.01))
+        store_run(engine, {**run_row(run_id), "logical_date": when}, [], [
+            result_row("c1", run_id=run_id, ips=ips, value=ips, metric="images_per_sec", unit="images/s",
+                       better="higher", logical_date=when, **{**DERIVED, "step_cv": 0.001})])
+        store_findings(engine, "fleet_benchmark", run_id, assess_run(engine, "fleet_benchmark", run_id).findings)
+
+    def is_open() -> bool:
+        with engine.connect() as conn:
+            return any(r["metric"] == "images_per_sec" for r in open_regressions(conn, Filters(host="h1")))
+
+    assert is_open()
+    real, calls = rstore.assess_run, []
+
+    def operator_accepts_meanwhile(*args, **kwargs):
+        result = real(*args, **kwargs)  # the report's read, before the acceptance
+        calls.append(1)
+        if len(calls) == 1:
+            monkeypatch.setattr(rstore, "assess_run", real)
+            assert accept(engine, "h1") and not is_open()  # the operator's accept closes it
+            monkeypatch.setattr(rstore, "assess_run", operator_accepts_meanwhile)
+        return result
+
+    monkeypatch.setattr(rstore, "assess_run", operator_accepts_meanwhile)
+    result = rstore.assess_run(engine, "fleet_benchmark", run_id)  # the way it was: assess, then store
+    store_findings(engine, "fleet_benchmark", run_id, result.findings)
+    assert is_open()  # the stale finding is back
+    assert accept(engine, "h1") and not is_open()
+
+    calls.clear()
+    monkeypatch.setattr(rstore, "assess_run", operator_accepts_meanwhile)
+    rstore.assess_and_store(engine, "fleet_benchmark", run_id)
+    assert len(calls) == 2 and not is_open()  # assessed again once the acceptance landed
+    engine.dispose()

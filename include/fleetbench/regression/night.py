@@ -28,8 +28,8 @@ def assess_night(run, triggered_by: str | None = None) -> dict:
     accept`), and the night is assessed again; an item that matches nothing raises NothingToAccept, naming it."""
     from fleetbench.notify import notify
     from fleetbench.params import accept_targets
-    from fleetbench.regression import accept_many, assess_run, describe, store_findings
-    from fleetbench.regression.store import mark_mailed, to_mail
+    from fleetbench.regression import accept_many, describe
+    from fleetbench.regression.store import assess_and_store, mark_mailed, to_mail
     from fleetbench.warehouse import get_engine
 
     fleet = run.fleet_settings
@@ -37,8 +37,7 @@ def assess_night(run, triggered_by: str | None = None) -> dict:
     accepted, unmatched = [], []
     engine = get_engine()
     try:
-        result = assess_run(engine, run.dag_id, run.run_id, fleet.regressions)
-        store_findings(engine, run.dag_id, run.run_id, result.findings)
+        result = assess_and_store(engine, run.dag_id, run.run_id, fleet.regressions)
         if items:
             targets = accept_targets(items)
             done = accept_many(engine, targets, run.dag_id, accepted_by=triggered_by or run.dag_id,
@@ -51,8 +50,7 @@ def assess_night(run, triggered_by: str | None = None) -> dict:
                              a["since"].isoformat(), "the open regression's level" if a["had_open_regression"]
                              else "the newest segment")
                     accepted.append(f"{a['host']}/{a['case_key']} since {a['since'].isoformat()}")
-            result = assess_run(engine, run.dag_id, run.run_id, fleet.regressions)
-            store_findings(engine, run.dag_id, run.run_id, result.findings)
+            result = assess_and_store(engine, run.dag_id, run.run_id, fleet.regressions)
         # Mailed: each change once, the first night it is confirmed at notify.min_severity or worse (not again as
         # cost or energy, nor the next night through another metric, nor by a backfill or a cleared task), until a
         # send is on record: fleetbench.regression.store.to_mail

@@ -499,6 +499,34 @@ def store_findings(engine, dag_id: str, run_id: str, findings: Sequence[Mapping[
     return len(rows)
 
 
+def acceptances_mark(engine, dag_id: str) -> tuple:
+    """The DAG's acceptances in short: how many, and the newest `accepted_at` (an accept again updates it)."""
+    from sqlalchemy import func, select
+
+    from fleetbench.warehouse.schema import regression_acceptances as ra
+
+    with engine.connect() as conn:
+        return tuple(conn.execute(select(func.count(), func.max(ra.c.accepted_at)).where(ra.c.dag_id == dag_id)).one())
+
+
+ASSESS_TRIES = 5
+
+
+def assess_and_store(engine, dag_id: str, run_id: str, settings: RegressionSettings | None = None) -> RunAssessment:
+    """`assess_run`, then `store_findings`; again while an acceptance landed meanwhile. An operator's `fleetbench
+    regressions accept` during the night's report stores the run's findings with it, and the report's, read before
+    it, overwrote them: the regression accepted was open again (until the next night). An acceptance stored after
+    this check re-assesses the run itself, after its own write."""
+    for _ in range(ASSESS_TRIES):
+        mark = acceptances_mark(engine, dag_id)
+        result = assess_run(engine, dag_id, run_id, settings)
+        store_findings(engine, dag_id, run_id, result.findings)
+        if acceptances_mark(engine, dag_id) == mark:
+            break
+        log.info("%s %s: a baseline was accepted while the run was assessed: assessing it again", dag_id, run_id)
+    return result
+
+
 def _newest_ok(conn, dag_id: str | None, host: str, case_key: str | None) -> list[dict]:
     """The newest ok result of each (DAG, host, case) matching (the night an open regression is read from); a
     multi-node case whose set includes `host` matches too, under the host it is stored under (its set's first)."""
@@ -595,5 +623,5 @@ def accept_many(engine, targets: Sequence[tuple[str, str | None]], dag_id: str |
                                                   "note")} for _, a in sorted(rows.items(), key=lambda kv: str(kv[0]))],
                     ("dag_id", "host", "case_key", "since"))
     for dag, run_id in sorted(rerun - {assessed_by_caller}):
-        store_findings(engine, dag, run_id, assess_run(engine, dag, run_id, settings).findings)
+        assess_and_store(engine, dag, run_id, settings)
     return done
