@@ -248,6 +248,8 @@ def bake_image(api: docker.APIClient, name: str, spec: BakeSpec, base_ref: str, 
     }
 
     image_id = _cached(api, ref, inputs)
+    if image_id is None and (image_id := _cached(api, f"{repo}:current", inputs, warn=False)):
+        api.tag(image_id, repo, tag)  # a bake of these inputs lost the tag to another lane's, then cleanup took it
     if image_id is None and spec.push_to:
         image_id = _cached_in_registry(api, f"{spec.push_to}/{repo}", tag, inputs, ref, push_auth_config)
     cache_hit = image_id is not None
@@ -292,13 +294,14 @@ def make_current(api: docker.APIClient, repo: str, image_id: str) -> None:
     api.tag(image_id, repo, "current", force=True)
 
 
-def _cached(api: docker.APIClient, ref: str, inputs: str) -> str | None:
+def _cached(api: docker.APIClient, ref: str, inputs: str, warn: bool = True) -> str | None:
     try:
         info = api.inspect_image(ref)
     except NotFound:
         return None
     if (info.get("Config") or {}).get("Labels", {}).get(f"{LABEL}.bake.inputs") != inputs:
-        log.warning("bake: %s exists but was made from other inputs; baking again", ref)
+        if warn:
+            log.warning("bake: %s exists but was made from other inputs; baking again", ref)
         return None
     return info["Id"]
 

@@ -81,13 +81,19 @@ def created_by_fleetbench(container_labels: dict, image_labels: dict) -> bool:
 
 
 def bake_tag_of(image: dict) -> str | None:
-    """The image's deterministic bake tag, when it is a fleetbench bake (see module doc)."""
+    """The image's fleetbench tag, when it is a fleetbench bake (see module doc): its deterministic tag, else the
+    `current` or `superseded-` tag `bake.make_current` gave it. Two lanes on one engine that baked the same inputs at
+    once both committed the deterministic tag: the first bake kept only its `current`, then `superseded-` tag, and
+    was never removed. An image built FROM a bake has its labels but none of these tags."""
     labels = _labels(image)
     name, inputs = labels.get(f"{LABEL}.image"), labels.get(f"{LABEL}.bake.inputs")
     if labels.get(f"{LABEL}.kind") != "baked" or labels.get(f"{LABEL}.managed") != "true" or not name or not inputs:
         return None
-    pattern = re.compile(rf"^(.+/)?fleetbench/{re.escape(name.lower())}:.+-{re.escape(inputs[:12])}$")
-    return next((t for t in image.get("RepoTags") or [] if pattern.match(t)), None)
+    repo = rf"^(.+/)?fleetbench/{re.escape(name.lower())}:"
+    tags = image.get("RepoTags") or []
+    deterministic = re.compile(rf"{repo}.+-{re.escape(inputs[:12])}$")
+    given = re.compile(rf"{repo}(current|superseded-\d+(-[0-9a-f]+)?)$")
+    return next((t for t in tags if deterministic.match(t)), None) or next((t for t in tags if given.match(t)), None)
 
 
 def plan_cleanup(containers: list[dict], images: list[dict], now: float, container_max_age_s: float,

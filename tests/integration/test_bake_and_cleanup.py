@@ -107,6 +107,14 @@ def test_bake_copies_the_harness_labels_the_image_and_reuses_it(docker_api, smok
     assert (second.pinned_ref, second.baked_ref, second.digest) == (first.pinned_ref, first.baked_ref, digest)
     assert f"bake {name}: cache hit, reusing {first.baked_ref}" in caplog.text
 
+    # the deterministic tag lost (another lane's bake of the same inputs took it, and cleanup removed that one): the
+    # current bake of these inputs is reused and tagged again, not baked again
+    docker_api.remove_image(first.baked_ref)  # an untag: `current` still holds the image
+    third = prepare(docker_api, spec, extra_labels=scope)
+    assert third.ok and third.bake_cache_hit is True and third.pinned_ref == first.pinned_ref
+    assert sorted(docker_api.inspect_image(first.pinned_ref)["RepoTags"]) == [f"fleetbench/{name}:current",
+                                                                            first.baked_ref]
+
 
 def _git(cwd: Path, *args: str) -> str:
     return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", *args], cwd=cwd,

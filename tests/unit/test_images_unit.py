@@ -247,6 +247,28 @@ def test_a_superseded_bake_is_aged_from_when_it_stopped_being_current():
     assert [(i["id"], i["tags"]) for i in ri] == [("sha256:old", sorted(old["RepoTags"]))]
 
 
+def test_a_bake_that_lost_its_tag_to_a_bake_of_the_same_inputs_is_still_cleaned_up():
+    """Two lanes on one engine baking the same inputs at once both commit `fleetbench/tf1:23.03-<inputs12>`: the first
+    image keeps only the `current` tag, then the `superseded-` stamp the second bake's make_current gives it. It was
+    not recognised as a bake (no deterministic tag) and stayed for ever."""
+    now = 10_000_000
+    stamp = f"fleetbench/tf1:superseded-{now - 86400}-0123456789ab"
+    lost = _baked("sha256:first", "tf1", "a" * 64, now - 86400, [stamp])
+    won = _baked("sha256:second", "tf1", "a" * 64, now - 86400, ["fleetbench/tf1:23.03-aaaaaaaaaaaa",
+                                                                 "fleetbench/tf1:current"])
+    assert bake_tag_of(lost) == stamp
+    _, ri, kept = plan_cleanup([], [lost, won], now, 3600, image_max_age_s=3600)
+    assert [(i["id"], i["tags"]) for i in ri] == [("sha256:first", lost["RepoTags"])]
+    assert {k["id"]: k["reason"] for k in kept} == {"sha256:second": "current bake of tf1"}
+    # the other order: the second bake made current first, then the first; the second keeps the deterministic tag
+    current_only = {**lost, "RepoTags": ["fleetbench/tf1:current"]}
+    assert bake_tag_of(current_only) == "fleetbench/tf1:current"
+    _, ri, kept = plan_cleanup([], [current_only, {**won, "RepoTags": won["RepoTags"][:1]}], now, 3600, 3600)
+    assert [i["id"] for i in ri] == ["sha256:second"] and kept[0]["id"] == "sha256:first"
+    # an image built FROM a bake, tagged anywhere else, is still not fleetbench's
+    assert bake_tag_of({**lost, "RepoTags": ["someone/tf1:current", "fleetbench/other:current"]}) is None
+
+
 def test_cleanup_plan_stops_case_containers_running_past_their_timeout():
     """An orphan of a SIGKILLed worker: running, with a run mark and its own timeout label, for longer than
     the timeout plus the grace. A case still within it, or a container without the label, is kept."""
