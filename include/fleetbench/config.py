@@ -881,6 +881,24 @@ def _case_key_errors(cfg: FleetConfig) -> list[str]:
             for (i, j), keys in clashes.items()]
 
 
+def nights_within(fleet: FleetSettings) -> int | None:
+    """How many times `fleet.schedule` fires in `regressions.history_days` (counted up to min_history + 1); None
+    without a schedule."""
+    if fleet.schedule is None:
+        return None
+    from datetime import datetime, timedelta
+    from zoneinfo import ZoneInfo
+
+    from croniter import croniter
+
+    start = datetime(2026, 1, 1, tzinfo=ZoneInfo(fleet.timezone))
+    end = start + timedelta(days=fleet.regressions.history_days)
+    it, n = croniter(CRON_PRESETS.get(fleet.schedule, fleet.schedule), start), 0
+    while n <= fleet.regressions.min_history and it.get_next(datetime) < end:
+        n += 1
+    return n
+
+
 def config_warnings(cfg: FleetConfig) -> list[str]:
     """What is valid but probably not meant: a Docker engine over plain tcp:// (no TLS) is root on its host for
     anyone who reaches the port."""
@@ -907,6 +925,12 @@ def config_warnings(cfg: FleetConfig) -> list[str]:
             warnings.append(f"benchmarks[{i}].nodes: multi-node cases do not take the per-host pools "
                             "(fleet.host_pools); within fleet_benchmark they never overlap a host's other cases, "
                             "but another DAG's task in a spanned host's pool can")
+    if (nights := nights_within(cfg.fleet)) is not None and nights <= cfg.fleet.regressions.min_history:
+        reg = cfg.fleet.regressions
+        warnings.append(f"fleet.regressions.history_days: {reg.history_days} days of fleet.schedule "
+                        f"{cfg.fleet.schedule!r} hold {nights} night(s), but a verdict needs min_history "
+                        f"({reg.min_history}) earlier ones: no case is ever compared with a baseline; raise "
+                        "history_days or lower min_history")
     for i, image in enumerate(cfg.images):
         if not (image.bake and image.bake.git):
             continue

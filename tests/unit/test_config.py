@@ -45,6 +45,25 @@ def test_defaults():
     assert cfg.benchmarks[0].num_batches == 100 and cfg.benchmarks[0].timeout_s == 3600
 
 
+@pytest.mark.parametrize("fleet, warned", [
+    ({}, False),  # nightly, 120 days
+    ({"schedule": "0 2 * * 1"}, False),  # weekly, 120 days: 17 nights
+    ({"schedule": "0 2 * * 1", "regressions": {"history_days": 60}}, True),  # 8 nights, min_history 10
+    ({"schedule": "@monthly"}, True),  # 4 nights in 120 days
+    ({"schedule": "0 2 * * 1", "regressions": {"history_days": 60, "min_history": 5, "window": 10}}, False),
+    ({"schedule": None, "regressions": {"history_days": 7}}, False),  # manual runs only: no schedule to count
+])
+def test_a_history_too_short_for_the_schedule_is_warned_of(fleet, warned):
+    from fleetbench.config import config_warnings
+
+    data = good()
+    data["fleet"] = fleet
+    got = [w for w in config_warnings(parse_config(data)) if w.startswith("fleet.regressions.history_days")]
+    assert bool(got) == warned, got
+    if warned:
+        assert "no case is ever compared with a baseline" in got[0]
+
+
 @pytest.mark.parametrize("schedule", ["@weekly", "@quarterly", "30 1 * * 1-5", "0 2 29 2 *", None])
 def test_schedules_airflow_takes_are_accepted(schedule):
     data = good()
