@@ -756,8 +756,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "count, images per joule and cost per million images per GPU model, the latest run's failures "
                     "by class and the open regressions, as one self-contained HTML file plus PNGs and JSON. "
                     "DATE is YYYY-MM-DD (whole UTC days, both ends included) or an ISO date-time.")
-    rep.add_argument("--since", metavar="DATE", help="first day (default: the 30 days ending with the newest result)")
-    rep.add_argument("--until", metavar="DATE", help="last day (default: no end)")
+    rep.add_argument("--since", metavar="DATE", help="first day, or a date-time from which on (default: the 30 days "
+                     "ending with the newest result)")
+    rep.add_argument("--until", metavar="DATE", help="last day, inclusive, or a date-time before which (default: no "
+                     "end)")
     rep.add_argument("--host", help="only this host")
     rep.add_argument("--model", help="only this model")
     rep.add_argument("--dag-id", help="only results of this DAG")
