@@ -773,6 +773,25 @@ def test_report_judges_and_labels_each_primary_metric(engine, tmp_path):
     assert len(costs) == 1 and costs[0]["metric_text"][0] == "avg_busbw [GB/s]" and costs[0]["per"][0] == "GB"
     assert costs[0]["cost_per_unit_usd"][1] == pytest.approx(0.6 / (151.0 * 60.0))  # $ / GB moved, night 13
     assert costs[0]["energy_per_unit_wh"][1] == pytest.approx(10.0 / (151.0 * 60.0))
+    assert (costs[0]["measured"][1], costs[0]["estimated"][1]) == (1, 0)
+
+
+def test_the_unit_cost_table_counts_measured_and_estimated_energy(engine, tmp_path):
+    """Wh per unit of one GPU model sums the cases' energy as it came: a host measured by NVML and one estimated from
+    the TDP are one figure, and the table says how many of each went into it."""
+    from fleetbench.warehouse import store_run, upgrade
+
+    upgrade(engine)
+    common = {"harness": "nccl_tests", "metric": "avg_busbw", "value": 200.0, "unit": "GB/s", "better": "higher",
+              "ips": None, "duration_s": 60.0, "cost_usd": 0.6}
+    rows = [result_row("nccl.all_reduce", host="gpu-a", energy_source="measured", energy_j=36_000.0, **common),
+            result_row("nccl.all_reduce", host="gpu-b", energy_source="estimated", energy_j=72_000.0, **common),
+            result_row("nccl.all_gather", host="gpu-b", energy_source="none", energy_j=None, **common)]
+    store_run(engine, plain_run_row("r1"), [], rows)
+    _, page = written_page(tmp_path, engine)
+    [costs] = page.tables["unit-cost-table"]
+    assert (costs["n"][1], costs["measured"][1], costs["estimated"][1]) == (3, 1, 1)
+    assert costs["energy_per_unit_wh"][1] == pytest.approx(30.0 / (2 * 200.0 * 60.0))
 
 
 def test_multi_node_rows_show_their_scaling_across_nodes(engine, tmp_path):

@@ -648,8 +648,8 @@ def latest_run(conn, f: Filters) -> dict | None:
 def unit_costs(conn, f: Filters, run: dict | None) -> list[dict]:
     """The run's cost and energy per unit of its primary metrics (`fleetbench.metrics.per_unit`), per metric, unit
     and GPU model (`CPU_LABEL` for CPU cases): total cost (energy) / total work at the measured rates, over the ok
-    cases that have a cost (energy). Rate metrics where higher is better only: a latency does no work. One GROUP BY
-    over the run's rows."""
+    cases that have a cost (energy), with how many of them had their energy measured and estimated. Rate metrics
+    where higher is better only: a latency does no work. One GROUP BY over the run's rows."""
     from fleetbench.metrics import ESTIMATED, MEASURED, work_unit
 
     if run is None:
@@ -663,6 +663,8 @@ def unit_costs(conn, f: Filters, run: dict | None) -> list[dict]:
         func.sum(case((br.c.cost_usd.is_not(None), work))).label("cost_work"),
         func.sum(case((has_energy, br.c.energy_j))).label("energy"),
         func.sum(case((has_energy, work))).label("energy_work"),
+        func.sum(case((has_energy & (br.c.energy_source == MEASURED), 1), else_=0)).label("measured"),
+        func.sum(case((has_energy & (br.c.energy_source == ESTIMATED), 1), else_=0)).label("estimated"),
     ).where(*_scope(f, window=(None, None)), br.c.dag_id == run["dag_id"], br.c.run_id == run["run_id"],
             br.c.status == "ok", br.c.better == "higher", br.c.value > 0, br.c.duration_s > 0)
         .group_by(br.c.metric, br.c.unit, gpu).order_by(br.c.metric, br.c.unit, gpu)).all()
@@ -677,7 +679,9 @@ def unit_costs(conn, f: Filters, run: dict | None) -> list[dict]:
         out.append({"metric": r.metric, "unit": r.unit, "gpu": r.gpu if r.gpu is not None else CPU_LABEL,
                     "n": int(r.n), "per": f"10^6 {thing}" if amount == 1e6 else thing,
                     "cost_per_unit_usd": cost if cost is None or math.isfinite(cost) else None,
-                    "energy_per_unit_wh": energy if energy is None or math.isfinite(energy) else None})
+                    "energy_per_unit_wh": energy if energy is None or math.isfinite(energy) else None,
+                    # a figure of measured and estimated energy together says so (`measured`, `estimated`: cases)
+                    "measured": _int(r.measured), "estimated": _int(r.estimated)})
     return out
 
 

@@ -371,12 +371,15 @@ def render_html(report: dict, charts: Sequence[Chart], *, form_values: dict[str,
     parts.append("<h3>Latest run: cost and energy per unit of the primary metric</h3>")
     parts.append('<p class="meta">Per metric and GPU model: the run\'s cost (energy) ÷ the work its cases did at the '
                  "measured rate (value × wall time): $ and Wh per 10⁶ images or samples, per GB moved. Rate metrics "
-                 "where higher is better only.</p>")
+                 "where higher is better only. Wh per unit sums the cases' energy as it came, measured or estimated: "
+                 "the last two columns count each.</p>")
     rows = [{**r, "metric_text": f"{r['metric']} [{r['unit']}]"} for r in report.get("unit_costs") or []]
     parts.append(table("unit-cost-table", [("metric", "metric_text", "text"), ("GPU model", "gpu", "text"),
                                            ("cases", "n", "int"), ("per", "per", "text"),
                                            ("USD per unit", "cost_per_unit_usd", "num"),
-                                           ("Wh per unit", "energy_per_unit_wh", "num")],
+                                           ("Wh per unit", "energy_per_unit_wh", "num"),
+                                           ("energy measured", "measured", "int"),
+                                           ("energy estimated", "estimated", "int")],
                        rows, empty="No rate metric with a cost or energy figure in the latest run."))
 
     run = report["latest_run"]
