@@ -425,7 +425,8 @@ def test_dcgm3_level3_results_per_gpu_set_and_a_failed_gpu(tmp_path):
     `Pass - GPUs: 0, 2, 3` then `Fail - GPU: 1`): every test is read, and a GPU's failure fails the host."""
     diag = G.parse_dcgm_diag(DCGM3_R3.read_text())
     got = {t["name"]: (t["section"], t["result"], t["gpus"]) for t in diag["tests"]}
-    assert len(got) == 15 and got["PCIe"] == ("Integration", "Pass", {}) and got["EUD Test"] == ("Stress", "Skip", {})
+    assert len(got) == 16 and got["PCIe"] == ("Integration", "Pass", {}) and got["EUD Test"] == ("Stress", "Skip", {})
+    assert got["Diagnostic"] == ("Hardware", "Pass", {})  # the stress test of that name, not the table's header
     assert got["Targeted Power"] == ("Stress", "Fail", {"0": "Pass", "2": "Pass", "3": "Pass", "1": "Fail"})
     power = next(t for t in diag["tests"] if t["name"] == "Targeted Power")
     assert power["warning"].startswith("GPU 1 Max power of 224.1 did not reach desired power minimum")
@@ -436,6 +437,22 @@ def test_dcgm3_level3_results_per_gpu_set_and_a_failed_gpu(tmp_path):
     assert check.status == "fail" and check.detail.startswith(
         "dcgmi diag (DCGM 3.3.9) failed: Targeted Power (GPU 1): GPU 1 Max power of 224.1")
     assert [e["gpu"] for e in check.evidence] == ["1"] and verdict(checks) == "unfit"
+
+
+def test_dcgm3_diagnostic_test_that_fails_fails_the_host(tmp_path):
+    """DCGM 3.x's level 3/4 GPU stress test is a Hardware row named `Diagnostic`, the header's name: it was skipped
+    as a header, and a GPU that failed it (the only failure) passed the host check."""
+    text = DCGM3_R3.read_text()
+    failed = (text.replace("| Diagnostic                | Pass - All                                     |",
+                           "| Diagnostic                | Fail - GPU: 2                                  |")
+              .replace("Fail - GPU: 1", "Pass - GPU: 1"))
+    assert failed.count("Fail - GPU: 2") == 1 and "Fail - GPU: 1" not in failed
+    got = {t["name"]: t for t in G.parse_dcgm_diag(failed)["tests"]}
+    assert (got["Diagnostic"]["result"], got["Diagnostic"]["gpus"]) == ("Fail", {"2": "Fail"})
+    checks = evaluate(facts_from_dir(folder(tmp_path, nvidia_smi_q_xml=P100_XML.read_text(), xid=journal(),
+                                            dcgm=failed)), GPU_NEEDS)
+    check = by_name(checks)["gpu_dcgm_diag"]
+    assert check.status == "fail" and "Diagnostic (GPU 2)" in check.detail and verdict(checks) == "unfit"
 
 
 def test_xids_and_dcgm_are_judged_when_nvidia_smi_q_cannot_read_the_gpu(tmp_path):

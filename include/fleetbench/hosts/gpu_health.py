@@ -478,8 +478,8 @@ def parse_dcgm_diag(text: str) -> dict:
             continue
         # The cell is " " + text + "  ": long text wraps at the column width, mid-word, spaces kept.
         name, cell = parts[1].strip(), parts[2][1:-2] if len(parts[2]) > 3 else parts[2].strip()
-        if name == "Diagnostic":
-            seen_header = True
+        if name == "Diagnostic" and cell.strip() == "Result":  # the header; DCGM 3.x's Hardware section has a
+            seen_header = True  # test of that name too (the level 3 and 4 stress test), with its own result
             continue
         rows.append((name, cell))
         if section == "Metadata":
