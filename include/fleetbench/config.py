@@ -278,7 +278,7 @@ class GpuHealthSpec(_Model):
     """GPU health thresholds of a host (README "GPU health"); fleetbench.hosts.health.HealthThresholds."""
 
     xid_window_hours: int = Field(24, ge=1, le=24 * 90)
-    unfit_xids: list[int] = Field([48, 63, 64, 74, 79, 92, 94, 95], max_length=100)
+    unfit_xids: list[int] = Field([48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 154], max_length=100)
     max_correctable_remapped_rows: int = Field(0, ge=0)
     min_power_limit_ratio: float = Field(1.0, ge=0, le=1)
     idle_clock_reasons: list[Literal["hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown",

@@ -225,14 +225,51 @@ def test_xid_79_in_the_window_makes_the_host_unfit(tmp_path):
     facts = facts_from_dir(folder(tmp_path, nvidia_smi_q_xml=P100_XML.read_text(), xid=journal(JOURNAL_79.read_text())))
     check = by_name(evaluate(facts, GPU_NEEDS))["gpu_xid"]
     assert check.status == "fail" and "XID 79 on 0000:01:00" in check.detail
-    assert check.evidence[0]["value"] == 79 and check.evidence[0]["threshold"] == [48, 63, 64, 74, 79, 92, 94, 95]
+    assert check.evidence[0]["value"] == 79
+    assert check.evidence[0]["threshold"] == [48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 154]
 
 
-def test_xid_62_is_reported_but_not_fatal(tmp_path):
+def test_xid_62_a_micro_controller_halt_makes_the_host_unfit(tmp_path):
+    """XID 62 asks for a GPU reset (NVIDIA's XID catalog); it passed as 'application-level'."""
     xid = f"# kernel log: dmesg, window 86400 s, uptime 300\n{DMESG_62.read_text()}"
     facts = facts_from_dir(folder(tmp_path, nvidia_smi_q_xml=P100_XML.read_text(), xid=xid))
     check = by_name(evaluate(facts, GPU_NEEDS))["gpu_xid"]
-    assert check.status == "pass" and "(62: application-level, not judged)" in check.detail
+    assert check.status == "fail" and "XID 62 on 0000:01:00" in check.detail
+
+
+APP_XIDS = """[  120.1] NVRM: Xid (PCI:0000:01:00): 13, pid=4242, name=python3, Graphics Exception: ESR 0x404490=0x8
+[  121.2] NVRM: Xid (PCI:0000:01:00): 31, pid=4242, name=python3, Ch 00000010, intr 10000000. MMU Fault
+[  122.3] NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x1 (GPU Reset Required) to 0x0 (None)
+"""
+
+
+@pytest.mark.parametrize("lines, status, detail", [
+    (APP_XIDS, "pass", "3 other XID event(s) (13, 31, 154: not in unfit_xids, not judged)"),
+    ("[  123.4] NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset "
+     "Required)\n", "fail", "XID 154 on 0000:01:00"),
+    ("[  123.5] NVRM: Xid (PCI:0000:01:00): 119, pid=1, name=nvidia-smi, Timeout after 6s of waiting for RPC "
+     "response from GPU0 GSP! Expected function 76 (GSP_RM_CONTROL)\n", "fail", "XID 119 on 0000:01:00"),
+])
+def test_application_xids_pass_and_a_required_reset_fails(tmp_path, lines, status, detail):
+    """An application's fault (13, 31) is listed, not judged; XID 154 is the driver saying the GPU needs a reset or
+    the node a reboot (unless the action went back to none), and a GSP timeout (119) needs a reset."""
+    xid = f"# kernel log: dmesg, window 86400 s, uptime 300\n{lines}"
+    facts = facts_from_dir(folder(tmp_path, nvidia_smi_q_xml=P100_XML.read_text(), xid=xid))
+    check = by_name(evaluate(facts, GPU_NEEDS))["gpu_xid"]
+    assert check.status == status and detail in check.detail
+
+
+def test_an_xid_names_its_gpu_by_pci_domain_too():
+    """GH200 and GB200 nodes put their GPUs at 0009:01:00, 0019:01:00, ...: one bus number in other PCI domains. The
+    event named the last GPU of that bus number, not its own."""
+    from fleetbench.hosts.facts import HostFacts
+    from fleetbench.hosts.health import HealthThresholds, check_xid
+
+    gpus = [{"index": i, "bus_id": f"0000{d}:01:00.0"} for i, d in enumerate(("0009", "0019", "0029", "0039"))]
+    facts = HostFacts(xid={"source": "journalctl", "window_s": 86400,
+                           "events": [{"bus_id": "0009:01:00", "xid": 79, "detail": ""}]})
+    check = check_xid(facts, gpus, HealthThresholds())
+    assert check.status == "fail" and check.evidence[0]["gpu"] == 0
 
 
 def test_dcgm_fail_makes_the_host_unfit_and_names_the_test(tmp_path):

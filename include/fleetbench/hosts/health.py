@@ -14,15 +14,20 @@ what it was held against.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from fleetbench.hosts.facts import HostFacts
 from fleetbench.hosts.rules import Check, HostNeeds
 
-#: XIDs that mean the GPU must not be benchmarked (NVIDIA XID catalog): 48 double-bit ECC error, 63 ECC page
-#: retirement / row remap recorded, 64 page retirement or row remap failure, 74 NVLink error, 79 fallen off
-#: the bus, 92 high single-bit ECC rate, 94 contained ECC error, 95 uncontained ECC error.
-UNFIT_XIDS = (48, 63, 64, 74, 79, 92, 94, 95)
+#: XIDs that mean the GPU must not be benchmarked (NVIDIA XID catalog): 48 double-bit ECC error, 62 internal
+#: micro-controller halt, 63 ECC page retirement / row remap recorded, 64 page retirement or row remap failure,
+#: 74 NVLink error, 79 fallen off the bus, 92 high single-bit ECC rate, 94 contained ECC error, 95 uncontained ECC
+#: error, 119 GSP RPC timeout, 120 GSP error, 154 the driver's recovery action changed (GPU reset or node reboot
+#: required; not when it changed to None). 62, 119, 120 and 154 all ask for a GPU reset or a reboot.
+UNFIT_XIDS = (48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 154)
+#: XID 154's text when the recovery action went back to none: nothing to do.
+_RECOVERED = re.compile(r"changed from .{0,40} to 0x0 \(None\)", re.IGNORECASE)
 IDLE_CLOCK_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown")
 #: Product brands that are not data-center boards: ECC off there is how they ship.
 NON_DATACENTER_BRANDS = ("GeForce", "TITAN", "Quadro", "NVIDIA RTX", "Titan")
@@ -95,10 +100,17 @@ def check_retired_pages(gpus: list[dict]) -> Check:
     return Check("gpu_retired_pages", "pass", "; ".join(counts) or "no retired page pending")
 
 
-def _bus_key(bus_id: str | None) -> tuple[str, str] | None:
-    """'00000000:01:00.0' and '0000:01:00' -> ('01', '00')."""
+def _bus_key(bus_id: str | None) -> tuple[int, str, str] | None:
+    """'00000000:01:00.0' and '0000:01:00' -> (0, '01', '00'): the PCI domain too (a GH200 node's GPUs are
+    0009:01:00, 0019:01:00, ...), as a number ('0009' in the kernel log, '00000009' in nvidia-smi)."""
     parts = (bus_id or "").lower().split(":")
-    return (parts[-2], parts[-1].split(".")[0]) if len(parts) >= 3 else None
+    if len(parts) < 3:
+        return None
+    try:
+        domain = int(parts[-3], 16)
+    except ValueError:
+        return None
+    return (domain, parts[-2], parts[-1].split(".")[0])
 
 
 def check_xid(facts: HostFacts, gpus: list[dict], t: HealthThresholds) -> Check:
@@ -111,7 +123,9 @@ def check_xid(facts: HostFacts, gpus: list[dict], t: HealthThresholds) -> Check:
     for event in facts.xid.get("events", []):
         gpu = by_bus.get(_bus_key(event["bus_id"]), {"index": None, "bus_id": event["bus_id"]})
         ev = _ev({"index": gpu.get("index"), "bus_id": event["bus_id"]}, event["xid"], list(t.unfit_xids))
-        (fatal if event["xid"] in t.unfit_xids else other).append(ev)
+        unfit = event["xid"] in t.unfit_xids and not (event["xid"] == 154
+                                                       and _RECOVERED.search(event.get("detail") or ""))
+        (fatal if unfit else other).append(ev)
     if fatal:
         codes = ", ".join(f"XID {e['value']} on {e['bus_id']}" for e in fatal[:8])
         return Check("gpu_xid", "fail", f"{len(fatal)} fatal XID event(s) in the last {hours:g} h: {codes}",
@@ -119,7 +133,7 @@ def check_xid(facts: HostFacts, gpus: list[dict], t: HealthThresholds) -> Check:
     if other:
         codes = sorted({e["value"] for e in other})
         return Check("gpu_xid", "pass", f"no fatal XID in the last {hours:g} h; {len(other)} other XID event(s) "
-                     f"({', '.join(map(str, codes))}: application-level, not judged)", tuple(other[:50]))
+                     f"({', '.join(map(str, codes))}: not in unfit_xids, not judged)", tuple(other[:50]))
     return Check("gpu_xid", "pass", f"no XID in the last {hours:g} h ({facts.xid.get('source')})")
 
 
