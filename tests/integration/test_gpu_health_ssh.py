@@ -63,6 +63,13 @@ def ssh_check(conn_id: str, folder: Path, bin_dir: Path, dcgm_level: int | None 
     return facts, checks
 
 
+def app_xid_log() -> str:
+    """The GTX's kernel log with its XID 62 (a reset required: unfit) made an application's MMU fault (31)."""
+    text = (FIX / "dmesg_xid62_gtx.txt").read_text()
+    assert text.count("): 62, ") == 1
+    return text.replace("): 62, ", "): 31, ")
+
+
 @pytest.fixture()
 def hosts(sshd, monkeypatch, tmp_path):  # noqa: F811
     conn = define_ssh_connection(monkeypatch, "gpu_ssh")
@@ -71,8 +78,10 @@ def hosts(sshd, monkeypatch, tmp_path):  # noqa: F811
                       FIX / "nvidia-smi-topo-m_8xv100-pcie_pix-node-sys_2xmlx5.txt",
                       FIX / "journalctl-k_xid79_gpu-fallen-off-bus.txt",
                       FIX / "dcgmi-diag-r1_8xh200_dcgm3.1.8_persistence-mode-fail.txt", dcgm_exit=1)
+    app_xid = tmp_path / "dmesg_xid31.txt"
+    app_xid.write_text(app_xid_log())
     rtx = fake_tools(tmp_path / "rtx-bin", None, FIX / "nvidia-smi-q_2xrtx4060ti_550.54.14_pcie-x4-downtrained.txt",
-                     FIX / "nvidia-smi-topo-m_4xh100_nv18_8nic-phb_nic-legend.txt", FIX / "dmesg_xid62_gtx.txt")
+                     FIX / "nvidia-smi-topo-m_4xh100_nv18_8nic-phb_nic-legend.txt", app_xid)
     return conn, p100, rtx
 
 
@@ -96,7 +105,7 @@ def test_probe_facts_rules_warehouse_report_over_ssh(hosts, tmp_path):
     rtx_by = {c.name: c for c in rtx_checks}
     assert rtx_by["gpu_pcie_link"].evidence[0] == {"gpu": 0, "bus_id": "00000000:03:00.0", "value": "x4",
                                                    "threshold": "x8"}
-    assert rtx_by["gpu_xid"].status == "pass" and "62" in rtx_by["gpu_xid"].detail  # not fatal
+    assert rtx_by["gpu_xid"].status == "pass" and "31" in rtx_by["gpu_xid"].detail  # not fatal
     assert health_state(rtx_checks) == "degraded"
 
     engine = get_engine(f"sqlite:///{tmp_path}/w.db")
@@ -118,7 +127,7 @@ def test_health_rows_and_report_on_postgres(pg_engine, tmp_path):
     (rtx_dir / "nvidia-smi-q.txt").write_bytes((FIX / "nvidia-smi-q_2xrtx4060ti_550.54.14_pcie-x4-downtrained.txt")
                                                .read_bytes())
     (rtx_dir / "kernel-xid.txt").write_text("# kernel log: dmesg, window 86400 s, uptime 300\n"
-                                            + (FIX / "dmesg_xid62_gtx.txt").read_text())
+                                            + app_xid_log())
     hosts = {}
     for name, folder in (("p100", p100_dir), ("rtx", rtx_dir)):
         facts = facts_from_dir(folder)
