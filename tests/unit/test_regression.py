@@ -290,6 +290,21 @@ def test_a_slower_case_is_one_change_seen_through_time_cost_and_energy():
     assert [f["same_change_as"] for f in mixed] == [None, None]  # not the same finding: both stand
 
 
+def test_a_secondary_change_more_severe_than_the_primary_one_is_a_change_of_its_own():
+    """Throughput down 4 % (minor) and measured energy up 35 % (major): the energy is more than the slowdown explains.
+    Grouped under the throughput finding it was never mailed at min_severity major, nor counted as major."""
+    values = wobble(30)
+    for k in (27, 28, 29):
+        values[k] *= 0.96
+    rows = result_rows(values)
+    for r in rows[27:]:
+        r["energy_j"] *= 1.35 / 1.04  # result_rows already scales energy with the slowdown
+    found = {f["metric"]: f for f in assess_series(rows, TRACKED)}
+    assert (found["images_per_sec"]["severity"], found["energy_j"]["severity"]) == ("minor", "major")
+    assert found["energy_j"]["status"] == "confirmed" and found["energy_j"]["same_change_as"] is None
+    assert found["duration_s"]["same_change_as"] == "images_per_sec"  # the slowdown's own consequence
+
+
 def test_energy_is_compared_only_like_with_like():
     values = wobble(30)
     rows = result_rows(values)
