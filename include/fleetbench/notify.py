@@ -3,7 +3,8 @@
 The mail goes through the SMTP provider's `SmtpNotifier` with the Airflow Connection
 `fleet.notify.smtp_conn_id` (host, port, login, password; extras such as `from_email`,
 `disable_tls`, `disable_ssl`, `timeout`, `retry_limit`), so no server name or secret lives in the
-fleet config. Only findings of at least `min_severity` are mailed; all are logged.
+fleet config. Of the findings given (the night's news: `fleetbench.regression.store.to_mail`), those of at least
+`min_severity` are mailed; all are logged. The report task logs every confirmed regression open that night besides.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def html_body(findings: Sequence[Mapping[str, Any]], run: Mapping[str, Any]) -> 
 def log_findings(findings: Sequence[Mapping[str, Any]], run: Mapping[str, Any]) -> None:
     """One warning per finding, or one info line saying there is none."""
     if not findings:
-        log.info("no regressions in run %s", run.get("run_id"))
+        log.info("no new regression to tell of in run %s", run.get("run_id"))
         return
     log.warning("%d regression(s) in run %s:", len(findings), run.get("run_id"))
     for f in findings:

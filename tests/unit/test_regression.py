@@ -797,6 +797,40 @@ def test_the_report_task_records_a_mail_only_once_it_is_sent(data_dir, tmp_path,
     engine.dispose()
 
 
+def test_the_report_task_logs_every_confirmed_regression_whatever_is_mailed(data_dir, tmp_path, monkeypatch, caplog):
+    """With notify at min_severity major, a confirmed minor regression is not mailed: the task's log said 'no
+    regressions in run ...' that night and every night after, the regression open all along."""
+    import logging
+    import random
+
+    from fleet_configs import smoke_config, write_config
+    from fleetbench import notify
+    from fleetbench.airflow.pipeline import detect_regressions, make_plan
+    from fleetbench.warehouse import get_engine, upgrade
+    from regression_rows import night_date, night_row, night_run_id, store_night
+
+    cfg = smoke_config("127.0.0.1:5000/fleetbench/cpu-smoke:latest", models=("trivial",), batch_sizes=(8,))
+    cfg["fleet"]["notify"] = {"smtp_conn_id": "smtp_ops", "to": ["gpu-team@example.org"], "min_severity": "major"}
+    path = str(write_config(tmp_path / "fleet.yaml", cfg))
+    monkeypatch.setattr(notify, "send_mail", lambda *a, **k: pytest.fail("nothing of major severity to mail"))
+    engine = get_engine()
+    upgrade(engine)
+    rng = random.Random(3)
+    for n in range(34):
+        plan = make_plan({"dag_id": "fleet_benchmark", "run_id": night_run_id(n), "logical_date": night_date(n),
+                          "run_type": "scheduled"}, path)
+        value = 100.0 * (1 + rng.gauss(0, 0.002)) * (0.95 if n >= 30 else 1.0)
+        store_night(engine, n, [night_row(n, case_key=plan["cases"][0]["case_key"], host="localhost", value=value,
+                                          duration_s=60.0, cost_usd=None)])
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="fleetbench"):
+            summary = detect_regressions(plan, {"run_id": night_run_id(n)})
+    assert summary["regressions"] >= 1 and summary["mailed"] == 0
+    assert "confirmed regression (minor): localhost" in caplog.text
+    assert "no regressions in run" not in caplog.text
+    engine.dispose()
+
+
 def test_a_shared_metric_whose_before_median_is_0_is_judged_on_it_not_on_wall_time():
     """Failed requests 0 -> 250 after the upgrade (a lower-is-better count): no % change exists, and falling back to
     wall time (60 s on both sides) said "no change"."""

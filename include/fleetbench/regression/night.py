@@ -63,6 +63,10 @@ def assess_night(run, triggered_by: str | None = None) -> dict:
              "(%d newly), %d suspected, %d improvement(s)", result.checked, len(result.insufficient_history),
              len(confirmed), sum(1 for f in confirmed if f.get("newly_confirmed")),
              sum(1 for f in result.regressions if f["status"] == "suspected"), len(result.improvements))
+    for f in confirmed:  # every open change, whether or not it is news tonight (mailed once: notify below)
+        if not f.get("same_change_as"):
+            log.warning("confirmed regression (%s%s): %s", f["severity"],
+                        ", new tonight" if f.get("newly_confirmed") else "", describe(f))
     for imp in result.improvements:
         log.info("improvement (%s): %s %s: %s %+.1f %%", imp["status"], imp["host"], imp["case_key"], imp["metric"],
                  imp["delta_pct"])
