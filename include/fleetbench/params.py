@@ -60,11 +60,11 @@ def param_specs(cfg: FleetConfig) -> dict[str, dict]:
                               "items": {"type": "string", "pattern": NAME_PATTERN, "enum": models}}},
         "batch_sizes": {"default": [], "title": "Batch sizes per device",
                         "description": "Run these batch sizes instead of the configured ones (empty: as configured).",
-                        "schema": {"type": "array", "uniqueItems": True,
+                        "schema": {"type": ["array", "null"], "uniqueItems": True,
                                    "items": {"type": "integer", "minimum": 1, "maximum": 65536}}},
         "num_gpus": {"default": [], "title": "GPU counts",
                      "description": "Run GPU benchmarks with these GPU counts (empty: as configured).",
-                     "schema": {"type": "array", "uniqueItems": True,
+                     "schema": {"type": ["array", "null"], "uniqueItems": True,
                                 "items": {"type": "integer", "minimum": 1, "maximum": 64}}},
         "image": {"default": None, "title": "Image override",
                   "description": "Run every benchmark with this image reference instead of the configured one "
@@ -78,14 +78,14 @@ def param_specs(cfg: FleetConfig) -> dict[str, dict]:
         "force_cases": {"default": [], "title": "Force cases",
                         "description": "Run these cases even when their capacity profile predicts an OOM: "
                                        "case_key (every host) or host/case_key.",
-                        "schema": {"type": "array", "uniqueItems": True, "maxItems": 1000,
+                        "schema": {"type": ["array", "null"], "uniqueItems": True, "maxItems": 1000,
                                    "items": {"type": "string", "pattern": FORCE_CASE_PATTERN, "maxLength": 360}}},
         "accept_baselines": {
             "default": [], "title": "Accept new baselines",
             "description": "After this run's results are stored and compared: accept the current level of these "
                            "hosts' cases as their new baseline, as `fleetbench regressions accept` does (host: "
                            "every case of it; host/case_key: one case). Their open regressions close.",
-            "schema": {"type": "array", "uniqueItems": True, "maxItems": 1000,
+            "schema": {"type": ["array", "null"], "uniqueItems": True, "maxItems": 1000,
                        "items": {"type": "string", "pattern": accept_pattern(hosts), "maxLength": 360}}},
         "dry_run": {"default": False, "title": "Dry run",
                     "description": "Validate the hosts and print the plan; pull and run nothing, store nothing.",
@@ -103,6 +103,16 @@ def accept_pattern(hosts: list[str]) -> str:
         return ACCEPT_PATTERN
     names = "|".join(h.replace(".", "\\.") for h in hosts)  # names are [A-Za-z0-9_.-]: only "." is special
     return f"^({names})" + CASE_KEY_PART + "$"
+
+
+NAMES_SHOWN = 20
+
+
+def names(known) -> str:
+    """The first NAMES_SHOWN names, sorted, and how many there are in all (a 1,000-host fleet's list was 10 KB)."""
+    ordered = sorted(known)
+    more = f", ... ({len(ordered)} in all)" if len(ordered) > NAMES_SHOWN else ""
+    return ", ".join(ordered[:NAMES_SHOWN]) + more
 
 
 def accept_targets(items: list[str]) -> list[tuple[str, str | None]]:
@@ -131,7 +141,7 @@ def apply_params(cfg: FleetConfig, params: dict | None, source: str = "params") 
     for name, known, what in (("hosts", known_hosts, "host"), ("models", known_models, "model")):
         for i, value in enumerate(params[name] or []):
             if value not in known:
-                errors.append(f"{name}[{i}]: unknown {what} {value!r} (known: {', '.join(sorted(known))})")
+                errors.append(f"{name}[{i}]: unknown {what} {value!r} (known: {names(known)})")
     batches = params["num_batches"]
     if batches is not None and (isinstance(batches, bool) or not isinstance(batches, int)
                                 or not 1 <= batches <= MAX_NUM_BATCHES):
@@ -151,7 +161,7 @@ def apply_params(cfg: FleetConfig, params: dict | None, source: str = "params") 
                 errors.append(f"accept_baselines[{i}]: {v!r} is not a host or host/case_key")
             elif v.partition("/")[0] not in known_hosts:
                 errors.append(f"accept_baselines[{i}]: unknown host {v.partition('/')[0]!r} "
-                              f"(known: {', '.join(sorted(known_hosts))})")
+                              f"(known: {names(known_hosts)})")
     if errors:
         raise ConfigError(source, errors)
 
