@@ -25,6 +25,7 @@ import dataclasses
 import io
 import json
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -323,7 +324,7 @@ def _db_upgrade(args: argparse.Namespace) -> int:
     from alembic.util import CommandError
     from sqlalchemy.exc import SQLAlchemyError
 
-    from fleetbench.warehouse import current_revision, get_engine, upgrade, warehouse_display_url
+    from fleetbench.warehouse import WarehouseTooNew, current_revision, get_engine, upgrade, warehouse_display_url
 
     engine = get_engine()
     try:
@@ -333,6 +334,8 @@ def _db_upgrade(args: argparse.Namespace) -> int:
                              "upgrade does not go back (nothing changed)")
         upgrade(engine, args.revision)
         now = current_revision(engine)
+    except WarehouseTooNew as exc:
+        raise UsageError(str(exc)) from None
     except (CommandError, RevisionError) as exc:
         detail = _first_line(exc)  # Alembic's message usually names the revision already: say it once
         raise UsageError(f"--revision: {detail}" if repr(args.revision) in detail or args.revision in detail.split()
@@ -358,9 +361,14 @@ def _past(current: str | None, revision: str) -> bool:
         return False
     script = ScriptDirectory(str(MIGRATIONS))
     try:
-        targets = script.get_revisions(revision)
         below = {r.revision for r in script.iterate_revisions(current, "base")}
-    except (CommandError, RevisionError):
+        if relative := re.fullmatch(r"(.*?)([+-])(\d+)", revision):  # head-1, 0023-2, -1 (from the current one)
+            chain = [r.revision for r in script.walk_revisions()]  # newest first (one line of revisions)
+            [start] = script.get_revisions(relative.group(1) or current)
+            at = chain.index(start.revision) + int(relative.group(3)) * (1 if relative.group(2) == "-" else -1)
+            return 0 <= at < len(chain) and chain[at] != current and chain[at] in below
+        targets = script.get_revisions(revision)
+    except (CommandError, RevisionError, ValueError):
         return False
     if not targets:  # base
         return True

@@ -283,13 +283,37 @@ def test_db_upgrade_names_the_revision_it_reached_and_refuses_to_go_back(tmp_pat
     for args, revision in ((("--revision", "0011"), "0011"), ((), head)):
         proc = db_upgrade(url, *args)
         assert (proc.returncode, proc.stdout) == (0, f"warehouse at {url} is at revision {revision}\n"), proc.stderr
-    for older in ("0011", "base"):
+    for older in ("0011", "base", "head-1", f"{head}-2", "-1"):  # relative ones too (they exited 0, unchanged)
         proc = db_upgrade(url, "--revision", older)
         assert (proc.returncode, proc.stdout) == (2, "")
         assert proc.stderr == (f"fleetbench db: --revision {older}: the warehouse is at revision {head}, newer; "
                                "upgrade does not go back (nothing changed)\n")
     engine = get_engine(url)
     assert current_revision(engine) == head
+    engine.dispose()
+
+
+def test_a_warehouse_a_newer_fleetbench_upgraded_is_named_so(tmp_path):
+    """A warehouse at a revision this fleetbench does not have: the error said "--revision 'head': Can't locate
+    revision identified by '0099'", blaming an option nobody gave."""
+    import sqlite3
+
+    from alembic.script import ScriptDirectory
+
+    from fleetbench.warehouse import MIGRATIONS, WarehouseTooNew, get_engine, upgrade
+
+    url = f"sqlite:///{tmp_path}/w.db"
+    assert db_upgrade(url).returncode == 0
+    with sqlite3.connect(tmp_path / "w.db") as conn:
+        conn.execute("UPDATE alembic_version SET version_num = '0099'")
+    head = ScriptDirectory(str(MIGRATIONS)).get_current_head()
+    proc = db_upgrade(url)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (f"fleetbench db: the warehouse is at revision 0099, which this fleetbench (newest {head}) "
+                           "does not know: a newer fleetbench upgraded it; use that one (nothing changed)\n")
+    engine = get_engine(url)
+    with pytest.raises(WarehouseTooNew, match="revision 0099"):  # the DAG's store task says the same
+        upgrade(engine)
     engine.dispose()
 
 

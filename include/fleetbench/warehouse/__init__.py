@@ -19,6 +19,7 @@ disagree with the rows they summarise.
 
 from fleetbench.warehouse.engine import (
     MIGRATIONS,
+    WarehouseTooNew,
     WarehouseURLError,
     current_revision,
     downgrade,
@@ -32,6 +33,6 @@ from fleetbench.warehouse.engine import (
 from fleetbench.warehouse.read import dag_ids, fetch_capacity_features, fetch_results, latest_run_id
 from fleetbench.warehouse.store import WRITE_ATTEMPTS, store_run, upsert_rows
 
-__all__ = ["MIGRATIONS", "WRITE_ATTEMPTS", "WarehouseURLError", "current_revision", "downgrade", "dag_ids",
-           "existing_engine", "fetch_capacity_features", "fetch_results", "get_engine", "latest_run_id",
+__all__ = ["MIGRATIONS", "WRITE_ATTEMPTS", "WarehouseTooNew", "WarehouseURLError", "current_revision", "downgrade",
+           "dag_ids", "existing_engine", "fetch_capacity_features", "fetch_results", "get_engine", "latest_run_id",
            "store_run", "upgrade", "upsert_rows", "warehouse_display_url", "warehouse_read_url", "warehouse_url"]

@@ -127,12 +127,30 @@ def _alembic(engine: Engine, action, revision: str, script_location: Path = MIGR
         action(cfg, revision)
 
 
+class WarehouseTooNew(RuntimeError):
+    """The warehouse is at a revision this fleetbench does not have: a newer fleetbench upgraded it."""
+
+
 def upgrade(engine: Engine, revision: str = "head") -> None:
     """Apply Alembic migrations (`fleetbench db upgrade`); the DAG calls this before its first write.
 
     One transaction (PostgreSQL and SQLite both have transactional DDL): a failed migration leaves
-    the previous revision. Concurrent callers on PostgreSQL take turns.
+    the previous revision. Concurrent callers on PostgreSQL take turns. A warehouse a newer fleetbench upgraded
+    raises WarehouseTooNew, saying so (Alembic's "Can't locate revision identified by ..." did not).
     """
+    from alembic.script import ScriptDirectory
+    from alembic.script.revision import ResolutionError
+    from alembic.util import CommandError
+
+    current = current_revision(engine)
+    if current is not None:
+        script = ScriptDirectory(str(MIGRATIONS))
+        try:
+            script.get_revision(current)
+        except (CommandError, ResolutionError):  # ScriptDirectory turns the second into the first
+            raise WarehouseTooNew(
+                f"the warehouse is at revision {current}, which this fleetbench (newest {script.get_current_head()}) "
+                "does not know: a newer fleetbench upgraded it; use that one (nothing changed)") from None
     _alembic(engine, command.upgrade, revision)
 
 
