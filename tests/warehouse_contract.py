@@ -24,10 +24,10 @@ from fleetbench.warehouse import (
 from fleetbench.warehouse.schema import benchmark_results, host_facts, regressions, result_metrics, runs, steps
 from warehouse_rows import DERIVED, result_row, run_row, step_rows
 
-# 0023: bake_inputs, harness_revision; 0022: whole-GPU scaled_gpus masks; 0021: run_case_rollup.mig_profile, nodes;
-HEAD = "0023"  # 0020: host_month_rollup.model_runs; 0019: regressions.mailed_at; 0018: torch_synthetic precision
-# from --precision; 0017: CPU cases out of the GPU rollups; 0016: partial indexes; 0015: superseded_host_facts; 0014:
-# multi-node cases; 0013: regression units; 0012: MIG
+# 0024: 0016's OOM indexes repaired; 0023: bake_inputs, harness_revision; 0022: whole-GPU scaled_gpus masks; 0021:
+# run_case_rollup.mig_profile, nodes; 0020: host_month_rollup.model_runs; 0019: regressions.mailed_at; 0018:
+HEAD = "0024"  # torch_synthetic precision from --precision; 0017: CPU cases out of the GPU rollups; 0016: partial
+# indexes; 0015: superseded_host_facts; 0014: multi-node cases; 0013: regression units; 0012: MIG
 NEW_RESULT_COLUMNS = set(DERIVED)  # the derived-metric columns revision 0003 adds
 REGRESSION_COLUMNS = {  # name: nullable, as the regression detector expects them
     "id": False, "dag_id": False, "run_id": False, "host": False, "case_key": False, "metric": False,
@@ -1056,3 +1056,30 @@ def check_migrate_bake_provenance(engine):
     assert current_revision(engine) == HEAD
     with engine.connect() as conn:
         assert conn.execute(text("SELECT bake_inputs, harness_revision FROM benchmark_results")).all() == [(None, None)]
+
+
+def check_repair_oom_indexes(engine):
+    """A warehouse migrated by 0016's first version (the OOM index on logical_date, no missed-OOM index) gets both
+    as 0016 makes them now at 0024, its rows kept; down past 0016 then works (it failed on the missing index)."""
+    from fleetbench.warehouse.schema import OOM_BOUND_COLUMNS
+
+    def indexes() -> dict:
+        return {i["name"]: i["column_names"] for i in inspect(engine).get_indexes("benchmark_results")
+                if "oom" in i["name"]}
+
+    upgrade(engine, "0023")
+    store_run(engine, run_row("r1"), [], [result_row("a", status="failed", failure_class="gpu_oom", ips=None)])
+    with engine.begin() as conn:  # the first version's shape
+        conn.execute(text("DROP INDEX ix_benchmark_results_ooms"))
+        conn.execute(text("DROP INDEX ix_benchmark_results_missed_ooms"))
+        conn.execute(text("CREATE INDEX ix_benchmark_results_ooms ON benchmark_results (logical_date) "
+                          "WHERE failure_class IN ('gpu_oom', 'oom_killed')"))
+    assert indexes() == {"ix_benchmark_results_ooms": ["logical_date"]}
+    upgrade(engine)
+    assert current_revision(engine) == HEAD and count(engine, benchmark_results) == 1
+    assert indexes() == {"ix_benchmark_results_ooms": list(OOM_BOUND_COLUMNS),
+                         "ix_benchmark_results_missed_ooms": ["logical_date"]}
+    downgrade(engine, "0015")
+    assert indexes() == {} and count(engine, benchmark_results) == 1
+    upgrade(engine)
+    assert set(indexes()) == {"ix_benchmark_results_ooms", "ix_benchmark_results_missed_ooms"}

@@ -97,3 +97,9 @@ def test_migrate_bake_provenance(pg_engine):
     from warehouse_contract import check_migrate_bake_provenance
 
     check_migrate_bake_provenance(pg_engine)
+
+
+def test_repair_oom_indexes(pg_engine):
+    from warehouse_contract import check_repair_oom_indexes
+
+    check_repair_oom_indexes(pg_engine)

@@ -163,3 +163,9 @@ def test_migrate_bake_provenance(tmp_path):
     from warehouse_contract import check_migrate_bake_provenance
 
     check_migrate_bake_provenance(engine_at(tmp_path))
+
+
+def test_repair_oom_indexes(tmp_path):
+    from warehouse_contract import check_repair_oom_indexes
+
+    check_repair_oom_indexes(engine_at(tmp_path))

@@ -44,4 +44,4 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     for name, _, _ in reversed(INDEXES):
-        op.drop_index(name, table_name="benchmark_results")
+        op.drop_index(name, table_name="benchmark_results", if_exists=True)  # the missed OOMs' came later (0024)
