@@ -49,7 +49,7 @@ def test_min_driver_for_cuda(cuda, driver):
     ("580.65.06", "13.0", "pass"),
     ("580.65.06", "13.1", "warn"),   # 13.1 needs 590.44.01; 13.x minor-version compatibility from 580.65.06
     ("590.44.01", "13.1", "pass"),
-    ("570.172.08", "13.0", "fail"),  # R570 is below 13.x and no forward-compatibility branch
+    ("560.35.03", "13.0", "fail"),   # R560 is below 13.x and no forward-compatibility branch
 ])
 def test_driver_for_cuda_table(driver, cuda, status):
     check = check_driver_for_cuda(driver, cuda)
@@ -80,6 +80,8 @@ def test_minor_version_compatibility_says_what_is_limited_and_what_to_do():
     ("550.54.15", "13.0", ["NVIDIA H100 80GB HBM3"], "warn"),      # R550 >= 550.54
     ("535.54.03", "13.0", ["NVIDIA A100-SXM4-80GB"], "fail"),      # R535 but below 535.86
     ("550.54.15", "13.0", ["NVIDIA GeForce RTX 4090"], "fail"),
+    ("570.195.03", "13.0", ["NVIDIA A10G"], "warn"),               # R570, the production branch: as R535 (it failed)
+    ("570.26", "13.0", ["NVIDIA A10G"], "fail"),                   # R570 but below its first data-center release
 ])
 def test_forward_compatibility_branches(driver, cuda, gpus, status):
     check = check_driver_for_cuda(driver, cuda, gpus)
@@ -99,7 +101,7 @@ def test_a_cuda_version_newer_than_the_table_is_not_judged_by_an_older_row():
     version the driver reports, and not judged without one."""
     assert check_driver_for_cuda("590.48.01", "13.2", cuda_driver_version="13.1").status == "warn"
     assert check_driver_for_cuda("595.71.05", "13.2", cuda_driver_version="13.2").status == "pass"
-    assert check_driver_for_cuda("570.172.08", "13.2").status == "fail"
+    assert check_driver_for_cuda("560.35.03", "13.2").status == "fail"
     assert check_driver_for_cuda("610.57.04", "14.0", cuda_driver_version="13.3").status == "fail"
     unknown = check_driver_for_cuda("610.57.04", "14.0")
     assert unknown.status == "unknown" and "check the image's CUDA against the driver by hand" in unknown.detail

@@ -27,9 +27,11 @@ CUDA_MIN_DRIVER: dict[str, str] = {
 # 450.80.02, as its note says).
 MINOR_COMPAT: dict[int, str] = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
 # Data-center forward-compatibility branches: an older branch runs a newer CUDA major only with the cuda-compat package
-# in the image (R535 and R550 as the NGC release notes of CUDA 12.8 and 13.x images list them): a warning.
+# in the image (R535 and R550 as the NGC release notes of CUDA 12.8 and 13.x images list them; R570 and R580, the
+# data-center production and long-term branches of NVIDIA's driver support matrix, from their first data-center
+# releases): a warning. R570 was missing: a CUDA 13 image was refused on it and ran, with a warning, on R535.
 FORWARD_COMPAT_BRANCHES = {"450": "450.51", "470": "470.57", "510": "510.47", "515": "515.65", "525": "525.85",
-                           "535": "535.86", "550": "550.54"}
+                           "535": "535.86", "550": "550.54", "570": "570.86", "580": "580.65"}
 # Forward compatibility is for data-center GPUs only; these names are consumer boards.
 CONSUMER_GPU_MARKERS = ("GeForce", "TITAN")
 MIN_KERNEL = (3, 10)
