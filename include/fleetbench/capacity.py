@@ -109,8 +109,7 @@ class Profile:
     ooms: dict[float, int] = field(default_factory=dict)  # capacity MiB -> smallest batch that OOMed with it
     misses: list[dict] = field(default_factory=list)  # OOM rows whose prediction said the case fits
     dropped: dict[str, int] = field(default_factory=dict)  # readings left out, by why
-    at_capacity: int = 0  # points at AT_CAPACITY of their device's memory or more (of those whose memory is known)
-    capacity_known: int = 0
+    capacities: list[float | None] = field(default_factory=list)  # each point's device memory (MiB), None: unknown
     slope: float | None = None  # MiB per sample of per-device batch
     intercept: float | None = None  # MiB
     spread_mib: float | None = None
@@ -175,20 +174,35 @@ def theil_sen(points: list[tuple[float, float]]) -> tuple[float, float, list[flo
 
 def fit(profile: Profile, settings: Settings) -> Profile:
     """Fit the profile's line in place (or say why not) and return it."""
-    profile.points = profile.points[: settings.window]
-    if profile.n < max(2, settings.min_points):
+    # Each reading at its device's memory is left out by itself (the framework reserved the memory up front: it says
+    # nothing of what a batch needs), after the window: the nights before TF_FORCE_GPU_ALLOW_GROWTH was set stay out
+    # of the line the nights after it draw (all of a profile's readings were judged at once, and a few below the
+    # mark let the reserved ones in: every batch predicted to need the whole card).
+    window = list(zip(profile.points, profile.capacities + [None] * (len(profile.points) - len(profile.capacities))))
+    window = window[: settings.window]
+    reserved = sum(1 for (_, v), cap in window if cap is not None and v >= AT_CAPACITY * cap)
+    profile.points = [pt for pt, cap in window if cap is None or pt[1] < AT_CAPACITY * cap]
+    profile.capacities = [cap for pt, cap in window if cap is None or pt[1] < AT_CAPACITY * cap]
+    if reserved:
+        why = "at its device's memory (reserved up front)"
+        profile.dropped[why] = profile.dropped.get(why, 0) + reserved
+    if reserved and not profile.points:
+        profile.reason = (f"every reading is at its device's memory ({reserved} of {len(window)} within "
+                          f"{100 - AT_CAPACITY * 100:g} %): "
+                          "the framework reserved the memory up front, so the readings say nothing of what a batch "
+                          "needs (TensorFlow: set TF_FORCE_GPU_ALLOW_GROWTH=true in the benchmark's "
+                          "container.environment)")
+    elif profile.n < max(2, settings.min_points):
         profile.reason = f"{profile.n} usable point(s), fewer than min_points {max(2, settings.min_points)}"
-    elif profile.capacity_known and profile.at_capacity == profile.capacity_known:
-        profile.reason = (f"every reading is at its device's memory ({profile.at_capacity} of {profile.capacity_known} "
-                          f"within {100 - AT_CAPACITY * 100:g} %): the framework reserved the memory up front, so "
-                          "the readings say nothing of what a batch needs (TensorFlow: set TF_FORCE_GPU_ALLOW_GROWTH="
-                          "true in the benchmark's container.environment)")
     elif len(profile.batches) < 2:
         profile.reason = f"every point is at one batch size ({profile.batches[0]}): no slope"
     else:
         slope, intercept, residuals = theil_sen(profile.points)
         if slope < 0:
             profile.reason = f"peak memory falls as the batch grows (slope {slope:.3f} MiB per sample)"
+        elif slope == 0:  # most readings on a fixed part (a floor the batch has not outgrown): every batch would fit
+            profile.reason = ("peak memory does not grow with the batch over most readings (slope 0): no line to "
+                              "size a larger batch by")
         else:
             mad = median(abs(r) for r in residuals)
             floor = SPREAD_FLOOR * median(y for _, y in profile.points)
@@ -233,9 +247,7 @@ def fit_profiles(rows: Iterable[Mapping[str, Any]], settings: Settings = Setting
             p.dropped[why] = p.dropped.get(why, 0) + 1
             continue
         p.points.append((batch, value))
-        if (cap := valid_mib(row.get("capacity_mib"))) is not None:
-            p.capacity_known += 1
-            p.at_capacity += value >= AT_CAPACITY * cap
+        p.capacities.append(valid_mib(row.get("capacity_mib")))
     return {k: fit(p, settings) for k, p in profiles.items()}
 
 

@@ -302,7 +302,7 @@ def result_row(run, case, verdict, image: dict | None, fields: dict) -> dict:
         "cuda_driver_version": facts.cuda_driver_version if facts else None,
         "gpu_model": facts.gpu_model if facts else None,
         "host_gpu_health": _gpu_health(verdict),
-        **capacity_fields(case),
+        **capacity_fields(case, facts),
         **multinode_fields(case),
         **fields,
     }
@@ -351,11 +351,17 @@ def _set_value(values: list, width: int) -> str | None:
     return f"{joined[:width - 9]}~{hashlib.sha256(joined.encode()).hexdigest()[:8]}"
 
 
-def capacity_fields(case) -> dict:
-    """The plan's capacity verdict for the case (fleetbench.capacity): capacity, prediction, note."""
-    from fleetbench.capacity import row_fields
+def capacity_fields(case, facts=None) -> dict:
+    """The plan's capacity verdict for the case (fleetbench.capacity): capacity, prediction, note. A GPU case the plan
+    knew no memory for (a host's first night: no facts stored yet) gets its host's GPU memory from this run's check,
+    so its reading can be told from a framework's reservation of the whole card (`capacity.fit`)."""
+    from fleetbench.capacity import gpu_memory_of, row_fields
 
-    return row_fields(case)
+    out = row_fields(case)
+    if (out["capacity_mib"] is None and case.device == "gpu" and not getattr(case, "mig_profile", None)
+            and (getattr(case, "nodes", 1) or 1) <= 1 and facts is not None and facts.gpus):
+        out["capacity_mib"] = gpu_memory_of({"gpus": [{"memory_total_mib": g.memory_total_mib} for g in facts.gpus]})
+    return out
 
 
 def collect_rows(plan, verdicts: dict, images: dict, outcomes: list[dict]) -> dict:

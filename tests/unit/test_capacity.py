@@ -110,8 +110,20 @@ def test_readings_at_the_devices_memory_are_no_profile():
     assert "TF_FORCE_GPU_ALLOW_GROWTH=true" in p.reason
     grown = [row(b, 2000 + 250 * b, capacity_mib=card) for b in (32, 64, 128, 256)]  # with allow_growth: a line
     assert fit_profiles(grown)[KEY].fitted
-    mixed = flat + [row(16, 6000.0, capacity_mib=card)]  # one reading below: the line stands
-    assert fit_profiles(mixed)[KEY].fitted
+    # TF_FORCE_GPU_ALLOW_GROWTH set after some nights: the reserved readings are left out one by one, and the grown
+    # ones draw the line (judged all at once, a few below the mark let the reserved in: every batch an OOM)
+    mixed = fit_profiles(grown + flat)[KEY]
+    assert mixed.fitted and (mixed.slope, mixed.intercept) == (250.0, 2000.0) and mixed.n == 4
+    assert mixed.dropped == {"at its device's memory (reserved up front)": 8}
+    assert not fit_profiles(flat + [row(16, 6000.0, capacity_mib=card)])[KEY].fitted  # one usable point: no line
+
+
+def test_a_flat_floor_is_no_line():
+    """Most readings on a fixed part (a CPU case's 54 MiB floor up to batch 1024): the median slope is 0, and every
+    batch was predicted to fit (`capacity` suggested batch 1,048,576; batch 8192 was OOM-killed)."""
+    readings = [row(b, max(54.0, 18 + 36 / 1024 * b), capacity_mib=256.0) for b in (128, 256, 512, 1024, 2048)]
+    p = fit_profiles(readings)[KEY]
+    assert not p.fitted and "slope 0" in p.reason
 
 
 def test_bad_readings_are_dropped_and_counted():
@@ -371,6 +383,33 @@ def test_a_model_less_command_benchmark_leaves_the_others_predicted(tmp_path):
     assert notes["smoke.trivial.bs5120.g0.parameter_server"].startswith("fits: 198 +- 3 MiB")
     assert notes["smoke.trivial.bs8192.g0.parameter_server"].startswith("predicted OOM: 306 +- 3 MiB")
     assert not notes["serve.g0"].startswith("no prediction: the warehouse could not be read"), notes["serve.g0"]
+
+
+def test_a_hosts_first_night_stores_its_gpu_memory_from_the_nights_check():
+    """The plan knows no GPU memory on a host's first night (no facts stored yet): its rows kept no capacity, so a
+    TensorFlow fleet's readings (the whole card, reserved up front) could not be told from real needs, and a line
+    at the card's memory skipped every case from the second night on, for good."""
+    from fleetbench.hosts.facts import Gpu, HostFacts
+    from fleetbench.measure import result_row
+    from fleetbench.plan import Case
+    from fleetbench.run_model import RunInfo
+
+    case = Case(host="g", case_key="k", benchmark="b", image="i", model="resnet50", batch_size_per_device=64,
+                num_gpus=1, variable_update="replicated", device="gpu", num_batches=1, num_warmup_batches=0,
+                timeout_s=60, command=["python", "tf_cnn_benchmarks.py"],
+                capacity={"action": "run", "capacity_mib": None, "note": "no prediction: the GPU memory of host g is "
+                          "not known yet"})
+    facts = HostFacts(gpus=[Gpu(0, "NVIDIA A100-SXM4-40GB", None, 40960), Gpu(1, "NVIDIA A100-SXM4-40GB", None,
+                                                                                  40960)])
+    verdict = type("V", (), {"host_facts": facts, "checks": []})()
+    stored = result_row(RunInfo(dag_id="d", run_id="r"), case, verdict, None, {"status": "ok"})
+    assert stored["capacity_mib"] == 40960 and stored["capacity_note"].startswith("no prediction")
+    assert result_row(RunInfo(dag_id="d", run_id="r"), case, None, None, {"status": "ok"})["capacity_mib"] is None
+    # the night's readings, the card reserved up front, are then no line: the cases of the next nights run
+    nights = [row(b, 40960 - 600 + b / 10, capacity_mib=40960.0, benchmark="b") for b in (32, 64, 128, 256, 512)]
+    p = fit_profiles(nights)[KEY[:5] + ("b",)]
+    assert not p.fitted and "reserved the memory up front" in p.reason
+    assert assess(case, {p.key: p}, {"g": 40960.0}, Settings())["action"] == "run"
 
 
 def test_gpu_case_on_a_host_of_unknown_memory_is_not_predicted():
