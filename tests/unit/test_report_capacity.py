@@ -99,6 +99,25 @@ def test_torch_synthetic_eager_and_compiled_profiles_each_have_their_plot_and_ro
     assert "resnet50 · bf16 · gpu · torch_synthetic · channels_last=0,compile=1" in html
 
 
+def test_two_benchmarks_of_one_model_each_have_their_plot_and_row(tmp_path):
+    """Profiles are per benchmark: a training and an inference benchmark of resnet50 shared one chart id, so one plot
+    file overwrote the other and both table rows read the same."""
+    engine = get_engine(f"sqlite:///{tmp_path}/w.db")
+    upgrade(engine)
+    store_run(engine, run_row("r1"), [], [
+        result_row(f"{bench}.resnet50.bs{b}.g1.replicated", benchmark=bench, batch_size_per_device=b,
+                   peak_gpu_mem_mib=base + slope * b)
+        for bench, base, slope in (("train", 1000.0, 60.0), ("infer", 500.0, 15.0)) for b in (64, 128, 256)], [])
+    report = build_report(engine)
+    assert {(p["benchmark"], p["slope_mib_per_sample"]) for p in report["capacity"]} == {("train", 60.0),
+                                                                                         ("infer", 15.0)}
+    assert len({c.id for c in capacity_charts(report)}) == 2
+    written = write_report(tmp_path / "out", engine=engine, plot_format="svg")
+    assert len([p for p in written["plots"] if "capacity-resnet50" in p]) == 2
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "resnet50 · fp32 · gpu · tf_cnn_benchmarks · train" in html and "· infer</td>" in html
+
+
 def test_the_cli_report_and_the_view_show_the_capacity_the_dags_report_shows(tmp_path, monkeypatch, capsys):
     """`fleetbench report` and the UI view fit with the fleet config's `fleet.capacity`, as the DAG's report task
     does (`settings_of` of the run's fleet settings), and the table's header names the margin it kept free."""

@@ -100,7 +100,8 @@ def capacity_charts(report: dict) -> list[ScatterChart]:
     results), the fitted line, OOMs on record (at the memory they died with) and misses."""
     out = []
     for p in report.get("capacity") or []:
-        features = (p["precision"], p["device"], p["harness"], p.get("variant"))  # the variant: "" for most
+        # the variant: "" for most; the benchmark: two benchmarks of one model are two profiles (one chart each)
+        features = (p["precision"], p["device"], p["harness"], p.get("variant"), p.get("benchmark"))
         name = f"{p['model']} ({', '.join(filter(None, features))})"
         series = [Series("ok: peak memory", points=[(float(b), float(m)) for b, m in p["points"]])]
         if p["ooms"]:

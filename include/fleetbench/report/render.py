@@ -430,7 +430,7 @@ def _capacity_section(report: dict, charts: Sequence[Chart], plot_files: dict[st
     profiles = report.get("capacity") or []
     margin = profiles[0]["margin_pct"] if profiles else 10.0  # the margin the fit suggested with (fleet.capacity)
     rows = [{"profile": " · ".join(filter(None, (p["model"], p["precision"], p["device"], p["harness"],
-                                                  p.get("variant")))),
+                                                  p.get("variant"), p.get("benchmark")))),
              "line": (f"{p['intercept_mib']:.1f} + {p['slope_mib_per_sample']:.4g} × batch"
                       if p["slope_mib_per_sample"] is not None else f"none: {p['reason']}"),
              "n": p["n"], "spread": p["spread_mib"],
