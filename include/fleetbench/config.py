@@ -200,10 +200,12 @@ class CapacitySettings(_Model):
     """What the plan does with a case its capacity profile predicts to run out of memory (`fleetbench.capacity`)."""
 
     on_predicted_oom: Literal["skip", "warn", "run"] = "skip"  # skip: the case is stored skipped, predicted_oom
-    min_points: int = Field(3, ge=2, le=10000)  # ok readings a profile needs before it predicts anything
-    confident_points: int = Field(5, ge=2, le=10000)  # below this many, a predicted OOM only warns
+    min_points: int = Field(3, ge=2, le=1000)  # ok readings a profile needs before it predicts anything
+    confident_points: int = Field(5, ge=2, le=1000)  # below this many, a predicted OOM only warns
     margin_pct: float = Field(10.0, ge=0, lt=100)  # predicted + spread above capacity less this %: predicted OOM
-    window: int = Field(200, ge=2, le=10000)  # the newest readings per profile
+    # the newest readings per profile; at most 1000: the fit weighs every pair of them (10,000 took 53 s and 1.9 GB
+    # per profile, in the plan task and each report)
+    window: int = Field(200, ge=2, le=1000)
 
     @model_validator(mode="after")
     def _consistent(self) -> "CapacitySettings":

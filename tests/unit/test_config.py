@@ -110,6 +110,8 @@ def test_schedules_airflow_takes_are_accepted(schedule):
     (lambda d: d.update(fleet={"schedule": "0 2 31 2 *"}), "fleet.schedule: never fires (no date matches it), got "
      "'0 2 31 2 *'"),  # no 31st of February: the DAG never ran, silently
     (lambda d: d.update(fleet={"schedule": "@midnight"}), "fleet.schedule: unknown preset (one of @hourly, @daily"),
+    # the capacity fit weighs every pair of a profile's readings: 10,000 of them took 53 s and 1.9 GB per profile
+    (lambda d: d.update(fleet={"capacity": {"window": 10000}}), "fleet.capacity.window: must be <= 1000, got 10000"),
     (lambda d: d["benchmarks"][0].update(hosts=[]), "benchmarks[0].hosts: must not be empty"),
     (lambda d: d["hosts"][0].update(connection=""), "hosts[0].connection: must match"),
     (lambda d: d["hosts"][0].update(connection="ssh gpu01"), "hosts[0].connection: must match"),
