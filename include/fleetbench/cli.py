@@ -292,6 +292,10 @@ def _host_check(args: argparse.Namespace) -> int:
             env = {**os.environ, **({"DOCKER_HOST": args.docker_url} if args.docker_url else {})}
             runner = LocalRunner(env=env)
         else:
+            # Outside a task, Airflow's SDK reads connections from the environment and secrets backends only: a
+            # connection made with `airflow connections add` (the metadata database) was "not defined". This
+            # process reads them as Airflow's own server processes do.
+            os.environ.setdefault("_AIRFLOW_PROCESS_CONTEXT", "server")
             from fleetbench.hosts.ssh import SSHRunner
 
             runner = SSHRunner(args.ssh)

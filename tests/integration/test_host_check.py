@@ -199,6 +199,30 @@ def test_ssh_gives_the_same_facts_as_local(ssh_conn, tmp_path):
     assert seconds < 30
 
 
+def test_a_connection_in_the_airflow_database_is_found(airflow_db, sshd, monkeypatch, tmp_path):
+    """README's first GPU host: `airflow connections add`, then `fleetbench host-check --ssh ID`. Outside a task the
+    SDK read only AIRFLOW_CONN_* variables: the host was 'unfit: connection ... isn't defined', exit 0."""
+    import uuid
+
+    from ssh_hosts import ssh_connection
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    conn_id = f"fleet_db_{uuid.uuid4().hex[:8]}"
+    conn = ssh_connection()
+    add = subprocess.run([str(VENV_BIN / "airflow"), "connections", "add", conn_id, "--conn-type", "ssh",
+                          "--conn-host", conn["host"], "--conn-port", str(conn["port"]), "--conn-login",
+                          conn["login"], "--conn-extra", json.dumps(conn["extra"])],
+                         capture_output=True, text=True, env=os.environ.copy(), timeout=120)
+    assert add.returncode == 0, add.stderr[-2000:]
+    try:
+        proc = fleetbench("host-check", "--ssh", conn_id, "--format", "table")
+        assert proc.returncode == 0, proc.stderr
+        assert f"probes ran (ssh:{conn_id})" in proc.stdout and "isn't defined" not in proc.stdout
+    finally:
+        subprocess.run([str(VENV_BIN / "airflow"), "connections", "delete", conn_id], capture_output=True,
+                       env=os.environ.copy(), timeout=120)
+
+
 def test_ssh_host_key_from_known_hosts_file(ssh_conn, tmp_path):
     conn_id = ssh_conn()
     ssh_dir = Path(os.environ["HOME"]) / ".ssh"
