@@ -33,3 +33,5 @@ RUN pip install --no-cache-dir --no-deps -e /opt/airflow \
     && fleetbench --help >/dev/null
 COPY --chown=airflow:0 dags /opt/airflow/dags
 COPY --chown=airflow:0 plugins /opt/airflow/plugins
+# The artifacts folder (a named volume in docker-compose.yaml): a new volume takes this folder's owner.
+RUN mkdir -p /opt/airflow/fleetbench-data

@@ -72,7 +72,7 @@ def variables(value: object) -> set[str]:
 
 
 def test_the_official_services_and_the_gpu_host_worker(compose):
-    assert set(compose["services"]) == {"postgres", "redis"} | AIRFLOW_SERVICES
+    assert set(compose["services"]) == {"postgres", "redis", "airflow-gpu-worker-init"} | AIRFLOW_SERVICES
     commands = {name: compose["services"][name].get("command") for name in AIRFLOW_SERVICES - {"airflow-init"}}
     assert commands["airflow-apiserver"] == "api-server"
     assert commands["airflow-scheduler"] == "scheduler"
@@ -221,8 +221,21 @@ def test_healthchecks_and_start_order(compose):
         assert deps["postgres"]["condition"] == deps["redis"]["condition"] == "service_healthy", name
         assert deps["airflow-init"]["condition"] == "service_completed_successfully", name
     assert services["airflow-worker"]["depends_on"]["airflow-apiserver"]["condition"] == "service_healthy"
-    # the GPU host's worker must not start a local PostgreSQL/Redis: it uses the central machine's
-    assert "depends_on" not in services["airflow-gpu-worker"]
+    # the GPU host's worker must not start a local PostgreSQL/Redis: it uses the central machine's; it waits only for
+    # the local init that makes its folders and gives them to its user (airflow-init runs on the central machine)
+    assert services["airflow-gpu-worker"]["depends_on"] == {
+        "airflow-gpu-worker-init": {"condition": "service_completed_successfully"}}
+    init_gpu = services["airflow-gpu-worker-init"]
+    assert init_gpu["profiles"] == ["gpu-worker"] and init_gpu["user"] == "0:0"
+    def target(volume: str) -> str:
+        return re.search(r":(/[^:]*)(:ro|:rw)?$", volume).group(1)
+
+    gpu_writes = {target(v) for v in services["airflow-gpu-worker"]["volumes"]
+                  if target(v) in ("/opt/airflow/logs", "/opt/airflow/config", "/opt/airflow/fleetbench-data")}
+    assert gpu_writes == {target(v) for v in init_gpu["volumes"]} == {
+        "/opt/airflow/logs", "/opt/airflow/config", "/opt/airflow/fleetbench-data"}
+    for folder in gpu_writes:
+        assert folder in init_gpu["command"][1] and 'chown -R "${AIRFLOW_UID:-50000}:0"' in init_gpu["command"][1]
     assert "central" in services["airflow-gpu-worker"]["environment"]["AIRFLOW__CELERY__BROKER_URL"]
     init = services["airflow-init"]
     assert init["environment"]["_AIRFLOW_DB_MIGRATE"] == "true"
