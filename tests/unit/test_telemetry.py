@@ -71,6 +71,27 @@ def test_energy_from_counter_and_from_trapezoid():
     assert report["mean_power_w"] == 400.0 and report["duration_s"] == 10.0
 
 
+def test_power_readings_that_stop_mid_run_are_no_measured_energy():
+    """A GPU lost 1 s into a 10 s case: its counter cannot be read at the end either, and the power integral of that
+    one second was stored as the run's measured energy (150 J beside a 300 W mean over 10 s). Readings that do not
+    cover the run give no energy: the row's energy_source is none, and `derive` estimates it."""
+    clock = FakeClock()
+    sampler = tw.Sampler(FakeGpus(clock), period_s=0.5, clock=clock)
+    sampler.started = 0.0
+    for i in range(3):  # 0, 0.5, 1.0 s: then the GPU is lost
+        clock.t = i * 0.5
+        sampler.sample_once()
+    clock.t = 10.0
+    sampler.stopped = 10.0
+    report = sampler.summary()  # no counter at the end: energy_end_mj stays None
+    assert [g["energy_j"] for g in report["gpus"]] == [None, None]
+    assert report["energy_source"] == "none" and report["energy_j"] is None
+    for i in range(3, 21):  # readings to the end: the integral stands
+        clock.t = i * 0.5
+        sampler.sample_once()
+    assert sampler.summary()["gpus"][1]["energy_j"] == 2000.0
+
+
 def test_missing_values_are_left_out_not_zeroed():
     clock = FakeClock()
 
@@ -241,6 +262,11 @@ def test_the_wrapper_runs_the_benchmark_whatever_nvml_does(python, mode, tmp_pat
     if mode == "dies":  # what it had before the GPU was lost, and why it stopped
         assert report["sampling_error"] == "RuntimeError: the GPU fell off the bus"
         assert gpu["samples"] >= 1 and gpu["mean_power_w"] == 70.0
+        # its first readings are not the run's energy; the warehouse keeps why (clean_report dropped the key)
+        assert gpu["energy_j"] is None and report["energy_source"] == "none"
+        from fleetbench.telemetry.report import clean_report
+
+        assert clean_report(report)["sampling_error"] == "RuntimeError: the GPU fell off the bus"
     else:
         assert "sampling_error" not in report and gpu["samples"] >= 4
         assert gpu["energy_method"] == ("counter" if mode == "full" else "trapezoid")  # old: no counter call

@@ -17,7 +17,7 @@ NUMBERS = {
     "mean_sm_clock_mhz": 1e5, "max_temp_c": 1e3, "duration_s": 1e9, "period_s": 3600.0, "sampler_cpu_s": 1e9,
     "samples": 1e12, "index": 1e4, "memory_total_mib": 1e9,
 }
-TEXTS = {"energy_source", "energy_method", "reason", "name", "uuid"}
+TEXTS = {"energy_source", "energy_method", "reason", "name", "uuid", "sampling_error"}  # why sampling stopped early
 # The container's CPU time (`cpu`): seconds used and of wall time, the host's logical CPUs, their model.
 CPU_NUMBERS = {"usage_s": 1e9, "wall_s": 1e9, "count": 1e5, "sockets": 1e3}
 CPU_TEXTS = {"model", "source", "path"}

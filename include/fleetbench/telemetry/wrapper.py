@@ -119,6 +119,7 @@ class GpuTrack:
         self.counts = dict.fromkeys(self.FIELDS, 0)
         self.peaks = dict.fromkeys(self.FIELDS)
         self.trapezoid_j = 0.0
+        self._first_t = None  # when the first power reading came
         self._last = None  # (t, power_w)
 
     def add(self, t: float, sample: dict) -> None:
@@ -133,15 +134,24 @@ class GpuTrack:
                 self.peaks[key] = value
         power = sample.get("power_w")
         if power is not None:
+            if self._first_t is None:
+                self._first_t = t
             if self._last is not None:
                 t0, p0 = self._last
                 self.trapezoid_j += (t - t0) * (p0 + power) / 2.0
             self._last = (t, power)
 
-    def summary(self) -> dict:
+    def summary(self, window=None, period_s=None) -> dict:
+        """`window`: (start, stop) of the sampling; the power integral stands for the run's energy only when its
+        readings cover it, to within two periods at either end (a GPU lost mid-run, its counter unreadable too:
+        the integral of its first second was stored as the run's measured energy)."""
         mean = {k: (self.sums[k] / self.counts[k] if self.counts[k] else None) for k in self.FIELDS}
         counter_ok = (self.energy_start_mj is not None and self.energy_end_mj is not None
                       and self.energy_end_mj >= self.energy_start_mj)
+        covered = self.counts["power_w"] >= 2
+        if covered and window is not None and period_s is not None:
+            slack = 2 * period_s + 0.05
+            covered = self._first_t - window[0] <= slack and window[1] - self._last[0] <= slack
         return {
             **self.device,
             "samples": self.n,
@@ -152,8 +162,8 @@ class GpuTrack:
             "mean_sm_clock_mhz": _round(mean["sm_clock_mhz"]),
             "max_temp_c": self.peaks["temp_c"],
             "energy_j": (_round((self.energy_end_mj - self.energy_start_mj) / 1000.0) if counter_ok
-                         else _round(self.trapezoid_j) if self.counts["power_w"] >= 2 else None),
-            "energy_method": "counter" if counter_ok else "trapezoid" if self.counts["power_w"] >= 2 else None,
+                         else _round(self.trapezoid_j) if covered else None),
+            "energy_method": "counter" if counter_ok else "trapezoid" if covered else None,
         }
 
 
@@ -221,9 +231,10 @@ class Sampler:
         return self.summary()
 
     def summary(self) -> dict:
-        gpus = [t.summary() for t in self.tracks]
-        energies = [g["energy_j"] for g in gpus]
         now = self.clock()
+        window = (now if self.started is None else self.started, now if self.stopped is None else self.stopped)
+        gpus = [t.summary(window, self.period_s) for t in self.tracks]
+        energies = [g["energy_j"] for g in gpus]
         wall = (now if self.stopped is None else self.stopped) - (now if self.started is None else self.started)
         return {
             "nvml": True,
