@@ -51,11 +51,23 @@ def every_host(results: list) -> list:
     return out
 
 
-def from_lanes(key: str) -> list:
-    """`validation` or `images` of every lane (None where the run has no case on the host or the lane failed
-    first), read when the task runs: handed over as arguments they would be 2,000 more dependency edges in a
-    1,000-host DAG."""
-    return list(get_current_context()["ti"].xcom_pull(task_ids=list(LANES.values()), key=key) or [])
+def from_lanes(key: str, the_plan) -> list:
+    """`validation` or `images` of every planned host's lane (None where the run has no case on the host or the lane
+    failed first), read when the task runs: handed over as arguments they would be 2,000 more dependency edges in a
+    1,000-host DAG. The lanes are the run's plan's, not those of the config as it is when this task runs (each task
+    parses the DAG file again: a host removed from the config during the night had its results read by nobody,
+    its cases stored as host_check_failed in a green run)."""
+    lanes = [f"{lane_id(h)}.cases" for h in pipeline.planned_hosts(the_plan)]
+    return list(get_current_context()["ti"].xcom_pull(task_ids=lanes, key=key) or []) if lanes else []
+
+
+def unparsed_lane_outcomes(the_plan) -> list:
+    """The `run_case` outcomes of the planned hosts that have no lane in the DAG as this task parsed it (removed from
+    the config during the night), read by task id: every map index of each."""
+    gone = [f"{lane_id(h)}.run_case" for h in pipeline.planned_hosts(the_plan) if h not in LANES]
+    if not gone:
+        return []
+    return [o for o in get_current_context()["ti"].xcom_pull(task_ids=gone) or [] if o is not None]
 
 
 # Cases that span hosts (benchmarks with nodes > 1) get the `multinode` group; without them, no extra task.
@@ -123,10 +135,12 @@ with DAG(
     def store(the_plan: dict, outcomes: list) -> dict | None:
         """Every planned case as a classified row (`pipeline.collect`), then the run stored whole, in one
         transaction (`pipeline.store`): the rows never travel through XCom. Returns the run's counts."""
-        validations = from_lanes(LANE_VALIDATION)
+        the_plan = pipeline.RunPlan.load(the_plan)  # read once: each step below takes the model as it is
+        validations = from_lanes(LANE_VALIDATION, the_plan)
         if not pipeline.proceed(the_plan, validations, whole_run=True):
             return None
-        collected = pipeline.collect(the_plan, validations, from_lanes(LANE_IMAGES), every_host(outcomes))
+        collected = pipeline.collect(the_plan, validations, from_lanes(LANE_IMAGES, the_plan),
+                                     every_host(outcomes) + unparsed_lane_outcomes(the_plan))
         return pipeline.store(the_plan, collected)
 
     # Retried by hand only (clear `report`): a retry would compare the night again and could mail its news twice.
@@ -170,8 +184,7 @@ with DAG(
         from fleetbench.airflow.multinode import MultiNodeCaseOperator, MultiNodeCasesOperator  # only then
 
         with TaskGroup(group_id="multinode", tooltip="cases that span hosts"):
-            multi = MultiNodeCasesOperator(task_id="cases", retries=0, plan=p, lanes=LANES,
-                                           trigger_rule=TriggerRule.ALL_DONE)
+            multi = MultiNodeCasesOperator(task_id="cases", retries=0, plan=p, trigger_rule=TriggerRule.ALL_DONE)
             lane_runs >> multi
             multi_runs = MultiNodeCaseOperator.partial(
                 task_id="run_case", max_active_tis_per_dag=1,

@@ -236,3 +236,37 @@ def test_a_whole_engine_cleanup_keeps_what_is_younger_than_an_hour(monkeypatch, 
                         {"container_max_age_h": 0, "image_max_age_h": 0, "scope": {"t": "1"}, "dry_run": True})
     assert seen == [(1.0, 1.0, None), (0, 0, {"t": "1"})]
     assert "keeps what is younger than 1 h" in caplog.text
+
+
+def test_store_reads_the_lanes_of_the_runs_plan_not_of_the_config_it_parses(tmp_path, monkeypatch, no_services):
+    """Each task parses the DAG file again when it runs: a host removed from the config during the night had no lane
+    in the DAG `store` parsed, so its lane's verdict, images and case outcomes were read by nobody and its measured
+    cases were stored as host_check_failed, in a run that ended green. `store` reads the plan's lanes by task id."""
+    from fleetbench.airflow import pipeline
+
+    def fleet(*hosts):
+        return {"hosts": [{"name": h} for h in hosts],
+                "images": [{"name": "i", "ref": "127.0.0.1:5000/x:1", "command": ["python3"]}],
+                "benchmarks": [{"name": "b", "image": "i", "models": ["resnet50"], "batch_sizes": [32]}]}
+
+    path = write_config(tmp_path / "fleet.yaml", fleet("a", "b"))
+    monkeypatch.setenv("FLEETBENCH_CONFIG", str(path))
+    plan = pipeline.make_plan({"dag_id": "fleet_benchmark", "run_id": "manual__1", "logical_date":
+                               "2026-12-07T02:00:00+00:00", "run_type": "manual"}, str(path))
+    write_config(path, fleet("a"))  # gpu b removed while the run is under way
+    bag = load_bag()
+    store = bag.dags["fleet_benchmark"].get_task("store").python_callable
+    pulled = []
+
+    class TI:
+        @staticmethod
+        def xcom_pull(task_ids, key="return_value"):
+            pulled.append((list(task_ids), key))
+            return [{"case_key": "k", "host": "b"}] if key == "return_value" else [None] * len(task_ids)
+
+    monkeypatch.setitem(store.__globals__, "get_current_context", lambda: {"ti": TI})
+    assert "b" not in store.__globals__["LANES"]
+    store.__globals__["from_lanes"]("validation", plan)
+    assert pulled[-1] == (["host_a.cases", "host_b.cases"], "validation")
+    assert store.__globals__["unparsed_lane_outcomes"](plan) == [{"case_key": "k", "host": "b"}]
+    assert pulled[-1] == (["host_b.run_case"], "return_value")

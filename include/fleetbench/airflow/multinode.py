@@ -131,13 +131,12 @@ class MultiNodeCasesOperator(BaseOperator):
     """`multinode.cases`: the runnable multi-node cases, the map source of `multinode.run_case`. It runs after
     every host lane is done (trigger rule all_done), so a multi-node case never overlaps a single-node case
     of its hosts, and its cases run one at a time, so two that share a host never overlap (nor wait on
-    each other). The verdicts and images of the hosts its cases span come from those hosts' lanes (`lanes`:
-    host -> the lane's `cases` task id), read when it runs. A dry run runs none."""
+    each other). The verdicts and images of the hosts its cases span come from those hosts' lanes (their `cases`
+    tasks), read when it runs. A dry run runs none."""
 
-    def __init__(self, *, plan: Any, lanes: dict[str, str], **kwargs: Any) -> None:
+    def __init__(self, *, plan: Any, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.plan_ref = plan
-        self.lanes = lanes
 
     def execute(self, context) -> list[dict]:
         from fleetbench.airflow.operators import LANE_IMAGES, LANE_VALIDATION
@@ -146,7 +145,9 @@ class MultiNodeCasesOperator(BaseOperator):
         if plan.run.dry_run:
             return []
         hosts = sorted({h for case in plan.cases if case.nodes > 1 for h in case.hosts})
-        task_ids = [self.lanes[h] for h in hosts if h in self.lanes]
+        # every planned host's lane by its task id, also one the config lost since the run started (this task
+        # parses the DAG file again: a host removed during the night had no lane here, its multi-node cases lost)
+        task_ids = [f"{runs.lane_id(h)}.cases" for h in hosts]
         if not task_ids:
             return []
         ti = context["ti"]

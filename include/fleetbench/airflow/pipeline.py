@@ -62,6 +62,11 @@ def check_lanes(plan, task_ids) -> None:
                          "parsed it (its min_file_process_interval)")
 
 
+def planned_hosts(plan) -> list[str]:
+    """The names of the hosts the run plans (its lanes), as the plan task read the fleet config."""
+    return [h.name for h in RunPlan.load(plan).hosts]
+
+
 def planned_host(plan, name: str) -> dict | None:
     """The host as planned for this run; None when the run has no case on it (e.g. a `hosts` parameter)."""
     host = RunPlan.load(plan).host(name)
