@@ -142,7 +142,7 @@ Unique = AfterValidator(_no_repeats)
 
 
 def _mig_profile(value: str) -> str:
-    if not re.match(MIG_PROFILE_PATTERN, value):
+    if not re.fullmatch(MIG_PROFILE_PATTERN, value):  # not re.match: its $ passes a final newline
         raise ValueError("not a MIG profile as nvidia-smi -L names it (e.g. 1g.10gb, 3g.40gb, 1g.10gb+me, "
                          "1c.3g.20gb)")
     return value

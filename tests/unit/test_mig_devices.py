@@ -114,6 +114,11 @@ def test_mig_config_errors_name_the_field():
         parse_config(config(["1g.20gb", "3g40gb"]))
     assert any(line.startswith("benchmarks[0].mig_profiles[1]: not a MIG profile as nvidia-smi -L names it")
                and "'3g40gb'" in line for line in err.value.errors), err.value.errors
+    # a YAML block scalar's trailing newline: a profile nvidia-smi never names, and a second case key beside
+    # 1g.20gb's that shared its container name
+    with pytest.raises(ConfigError) as err:
+        parse_config(config(["1g.20gb", "1g.20gb\n"]))
+    assert any(line.startswith("benchmarks[0].mig_profiles[1]: not a MIG profile") for line in err.value.errors)
     with pytest.raises(ConfigError) as err:
         parse_config(config(["1g.20gb", "1g.20gb"]))
     assert err.value.errors[0].startswith("benchmarks[0].mig_profiles: must not repeat a value: '1g.20gb'")
