@@ -174,16 +174,21 @@ def public_url(url: str) -> str:
 
 def _git(*args: str, cwd: str | None = None) -> str:
     env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "true"}
+
+    def public(text: str) -> str:  # git (and a timeout's message: the whole command) may quote the URL, token and all
+        for arg in args:
+            if (shown := public_url(arg)) != arg:
+                text = text.replace(arg, shown)
+        return text
+
     try:
         proc = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=GIT_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise BakeError("bake_failed", f"git {args[0]}: {exc}") from None
+    except subprocess.TimeoutExpired:
+        raise BakeError("bake_failed", f"git {args[0]}: no answer within {GIT_TIMEOUT_S:g} s") from None
+    except OSError as exc:
+        raise BakeError("bake_failed", public(f"git {args[0]}: {exc}")) from None
     if proc.returncode != 0:
-        stderr = proc.stderr
-        for arg in args:  # git may print the URL as given, token and all
-            if (public := public_url(arg)) != arg:
-                stderr = stderr.replace(arg, public)
-        raise BakeError("bake_failed", f"git {args[0]} exited with {proc.returncode}: {_tail(stderr)}")
+        raise BakeError("bake_failed", f"git {args[0]} exited with {proc.returncode}: {_tail(public(proc.stderr))}")
     return proc.stdout
 
 

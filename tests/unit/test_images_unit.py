@@ -391,6 +391,21 @@ def test_a_failed_git_call_does_not_print_the_token():
     assert "ghp_SECRET" not in str(info.value) and "ci-bot" not in str(info.value)
 
 
+def test_a_git_call_that_times_out_does_not_print_the_token(tmp_path, monkeypatch):
+    """A slow git server: the timeout's message is the whole command line, the URL's token with it, and it went to
+    XCom, the rows and the logs."""
+    import fleetbench.bake as bake
+
+    slow = tmp_path / "git"
+    slow.write_text("#!/bin/sh\nsleep 5\n")
+    slow.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setattr(bake, "GIT_TIMEOUT_S", 0.2)
+    with pytest.raises(BakeError) as info:
+        bake.git_revision("https://ci-bot:ghp_SECRET@git.example/org/benchmarks.git", "master")
+    assert str(info.value) == "git ls-remote: no answer within 0.2 s"
+
+
 def test_a_git_url_with_a_token_is_a_config_warning():
     from fleetbench.config import config_warnings
 
