@@ -613,11 +613,17 @@ def _cross_check(data: dict) -> list[str]:
             if name in seen:
                 errors.append(f"{section}[{i}].name: duplicate name {name!r}")
             seen.add(name)
+    baked: dict[str, tuple[int, str]] = {}
     for i, item in items("images"):  # a baked image is fleetbench/<name> (lower case): a Docker path component
         name = item.get("name")
         if item.get("bake") and isinstance(name, str) and not _DOCKER_PATH.fullmatch(name.lower()):
             errors.append(f"images[{i}].name: {name!r} cannot name its baked image fleetbench/{name.lower()} (Docker "
                           "repository names: letters and digits, separated by one '.', one or two '_', or '-')")
+        elif item.get("bake") and isinstance(name, str):
+            j, other = baked.setdefault(name.lower(), (i, name))
+            if j != i and other != name:  # one repository: each bake would supersede the other, and cleanup take it
+                errors.append(f"images[{i}].name: {name!r} and images[{j}]'s {other!r} would both bake into "
+                              f"fleetbench/{name.lower()}: rename one")
     lanes: dict[str, str] = {}  # a host's lane is task group host_<name> with "." as "_" (fleetbench.runs.lane_id)
     folders: dict[str, str] = {}
     for i, item in items("hosts"):

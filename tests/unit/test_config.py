@@ -109,6 +109,9 @@ def test_schedules_airflow_takes_are_accepted(schedule):
     (lambda d: d.update(fleet={"schedule": "0 0 2 * * *"}), "fleet.schedule: not a cron expression of five fields"),
     (lambda d: d.update(fleet={"schedule": "0 2 31 2 *"}), "fleet.schedule: never fires (no date matches it), got "
      "'0 2 31 2 *'"),  # no 31st of February: the DAG never ran, silently
+    (lambda d: d["images"].extend([{**d["images"][0], "name": "Smoke", "bake": {"run": ["true"]}},
+                                   {**d["images"][0], "name": "smoke", "bake": {"run": ["true"]}}]),
+     "images[2].name: 'smoke' and images[1]'s 'Smoke' would both bake into fleetbench/smoke: rename one"),
     (lambda d: d.update(fleet={"schedule": "@midnight"}), "fleet.schedule: unknown preset (one of @hourly, @daily"),
     # the capacity fit weighs every pair of a profile's readings: 10,000 of them took 53 s and 1.9 GB per profile
     (lambda d: d.update(fleet={"capacity": {"window": 10000}}), "fleet.capacity.window: must be <= 1000, got 10000"),
