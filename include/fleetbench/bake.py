@@ -134,6 +134,13 @@ def tree_hash(root: Path) -> str:
     return h.hexdigest()
 
 
+def copy_inputs(sources: list) -> list[dict]:
+    """What each (copy spec, resolved source) adds to the bake's identity: its `dest` and content, and whether it is a
+    file: a folder holding only run.sh hashes as the file run.sh, and one `dest` takes either (the file at
+    dest/run.sh, or at dest), so the two layouts had one tag (folders are written as before: their tags stand)."""
+    return [{"dest": c.dest, "sha256": tree_hash(p), **({"file": True} if p.is_file() else {})} for c, p in sources]
+
+
 def inputs_hash(base_digest: str, copies: list[dict], git: dict | None, run: list[str], network: str,
                 platform: str | None = None) -> str:
     """The bake's identity: same inputs -> same hash -> same tag (see module doc). `platform` is the engine's
@@ -231,7 +238,7 @@ def bake_image(api: docker.APIClient, name: str, spec: BakeSpec, base_ref: str, 
                extra_labels: dict[str, str] | None = None) -> BakeResult:
     """Bake `spec` on top of `base_pinned_ref`, or reuse the image these inputs already made. Raises BakeError."""
     sources = [(c, resolve_src(c.src, project_root)) for c in spec.copy_]
-    copies = [{"dest": c.dest, "sha256": tree_hash(p)} for c, p in sources]
+    copies = copy_inputs(sources)
     git = None
     if spec.git:
         git = {"url": public_url(spec.git.url), "branch": spec.git.branch, "dest": spec.git.dest,

@@ -50,3 +50,20 @@ def test_the_bake_identity_follows_link_targets_not_the_files_behind_them(tmp_pa
     (tree / "creds.txt").unlink()
     os.symlink("/etc/other", tree / "creds.txt")  # the link itself changed: a new bake
     assert tree_hash(tree) != before
+
+
+def test_a_file_and_a_folder_holding_only_that_file_are_two_bakes(tmp_path):
+    """`copy: [{src: h, dest: /opt/h}]` with h/run.sh, and `copy: [{src: h/run.sh, dest: /opt/h}]`: the same tree
+    hash, one inputs hash and tag, two layouts in the image (/opt/h/run.sh and /opt/h): a cache hit reused the other."""
+    from types import SimpleNamespace
+
+    from fleetbench.bake import copy_inputs, inputs_hash
+
+    (tmp_path / "h").mkdir()
+    (tmp_path / "h" / "run.sh").write_text("echo hi\n")
+    spec = SimpleNamespace(dest="/opt/h")
+    folder = copy_inputs([(spec, tmp_path / "h")])
+    single = copy_inputs([(spec, tmp_path / "h" / "run.sh")])
+    assert tree_hash(tmp_path / "h") == tree_hash(tmp_path / "h" / "run.sh")  # why the kind must count
+    assert folder == [{"dest": "/opt/h", "sha256": tree_hash(tmp_path / "h")}]  # a folder's inputs as before
+    assert inputs_hash("sha256:b", folder, None, [], "none") != inputs_hash("sha256:b", single, None, [], "none")
