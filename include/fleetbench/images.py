@@ -64,6 +64,9 @@ class PreparedImage:
     harness_revision: str | None = None
     pushed_ref: str | None = None
     free_bytes: int | None = None
+    # layers the pull downloaded ("Pull complete"; 0: the engine had every one, the image took no space); None:
+    # not pulled
+    fetched_layers: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -265,8 +268,10 @@ def prepare_image(api: docker.APIClient, name: str, ref: str, pull_policy: str =
         for attempt in range(1, attempts + 1):
             result.pull_attempts = attempt
             try:
-                digest = pull_with_progress(api, ref, auth_config, every_s=progress_every_s).digest
+                progress = pull_with_progress(api, ref, auth_config, every_s=progress_every_s)
+                digest = progress.digest
                 result.pulled = True
+                result.fetched_layers = sum(1 for s in progress.layers.values() if s == "Pull complete")
                 result.failure_class = result.error = None
                 break
             except (DockerException, requests.RequestException) as exc:  # requests: the engine's connection

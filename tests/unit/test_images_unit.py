@@ -467,9 +467,12 @@ def test_a_baked_images_name_must_be_a_docker_repository_name():
     parse_config({**bad, "images": [{**bad["images"][0], "bake": None}]})  # not baked: a name as any other
 
 
-def test_a_remote_engines_free_space_goes_down_with_each_image_it_pulls(monkeypatch):
+@pytest.mark.parametrize("layer_status, second_fails", [("Pull complete", True), ("Already exists", False)])
+def test_a_remote_engines_free_space_goes_down_with_each_image_it_pulls(monkeypatch, layer_status, second_fails):
     """On a tcp:// engine the disk check reads the host check's df: each image's min_free_gb was checked against the
-    same figure, so a second 15 GB image passed at "35 GB free" and filled the disk. Each pull now counts."""
+    same figure, so a second 15 GB image passed at "35 GB free" and filled the disk. Each pull that downloaded now
+    counts; one the engine had every layer of ("Already exists", each night's `pull_policy: always` of a cached
+    image) took no space, and it refused the next image every night."""
     from contextlib import contextmanager
 
     from docker.errors import ImageNotFound
@@ -497,6 +500,7 @@ def test_a_remote_engines_free_space_goes_down_with_each_image_it_pulls(monkeypa
         def pull(self, ref, **kwargs):
             repo = _repository(ref)
             self.pulled[repo] = "sha256:" + str(len(self.pulled) + 1) * 64
+            yield {"id": "layer1", "status": layer_status}
             yield {"status": f"Digest: {self.pulled[repo]}"}
 
     engine = TcpEngine()
@@ -515,6 +519,9 @@ def test_a_remote_engines_free_space_goes_down_with_each_image_it_pulls(monkeypa
     plan = build_plan(cfg, {"dag_id": "d", "run_id": "r"})
     validation = HostVerdict(host="gpu-a", verdict="ready", facts={"docker_root_free_bytes": 35 * gb}).to_xcom()
     images = HostImages.load(prepare_host_images(plan.host("gpu-a").to_xcom(), [validation])).images
+    if not second_fails:
+        assert [(images[n]["failure_class"], images[n]["free_bytes"]) for n in sorted(images)] == [(None, 35 * gb)] * 2
+        return
     first, second = (images[n] for n in sorted(images, key=lambda n: images[n].get("free_bytes") or 0, reverse=True))
     assert first["failure_class"] is None and first["free_bytes"] == 35 * gb
     assert (second["failure_class"], second["free_bytes"]) == ("insufficient_disk", 20 * gb)
@@ -637,3 +644,43 @@ def test_a_gpu_smoke_probe_that_times_out_removes_its_container_by_name(tmp_path
     gather(runner, tmp_path, probes=(), gpu_smoke_image="fleetbench/base:bookworm", path=("/opt/bin",))
     assert runner.calls[1][-4:] == ["docker", "rm", "-f", runner.calls[0][runner.calls[0].index("--name") + 1]]
     assert runner.calls[1][:2] == ["sh", "-c"]  # with the probes' PATH
+
+
+def test_a_bake_on_a_remote_engine_is_checked_against_the_space_its_own_pull_left(monkeypatch):
+    """A 20 GB base pulled from 50 GB free, then baked: the bake's min_free_gb check saw the 50 GB the pull started
+    from."""
+    import fleetbench.prepare as prep
+    from fleetbench.bake import BakeResult
+    from fleetbench.config import ImageSpec
+
+    gb = 10**9
+
+    class TcpEngine:
+        base_url = "https://gpu-a:2376"
+        had = set()
+
+        def inspect_image(self, ref):
+            from docker.errors import ImageNotFound
+
+            if ref not in self.had and "@" not in ref:
+                raise ImageNotFound("no such image")
+            return {"Id": "sha256:" + "e" * 64, "RepoDigests": [f"127.0.0.1:5000/tf@sha256:{'1' * 64}"],
+                    "Size": 20 * gb}
+
+        def pull(self, ref, **kwargs):
+            self.had.add(ref)
+            yield {"id": "layer1", "status": "Pull complete"}
+            yield {"status": f"Digest: sha256:{'1' * 64}"}
+
+    seen = []
+
+    def bake_image(api, name, spec, **kwargs):
+        seen.append(kwargs["free_bytes_hint"])
+        return BakeResult(ref="fleetbench/tf:1-x", image_id="sha256:" + "f" * 64, cache_hit=True, inputs="x" * 64,
+                          source="run-only", revision="none", labels={})
+
+    monkeypatch.setattr(prep, "bake_image", bake_image)
+    spec = ImageSpec.model_validate({"name": "tf", "ref": "127.0.0.1:5000/tf:1", "command": ["python3"],
+                                     "min_free_gb": 10, "bake": {"run": ["true"]}})
+    assert prep.prepare(TcpEngine(), spec, free_bytes_hint=50 * gb).ok
+    assert seen == [30 * gb]

@@ -171,22 +171,28 @@ def prepare_host_images(host, validations: list, needed: set[str] | None = None)
 
 
 def _bytes_added(api, prepared: dict) -> int:
-    """What preparing one image added to the engine's data root, at most: the pulled image's size (its layers the
-    engine already had count too), or a fresh bake's own layer. The next image's min_free_gb check on a remote engine
-    is made against the host check's free space less this (it was made against the same figure for every image)."""
+    """What preparing one image added to the engine's data root, at most: what its pull added
+    (`fleetbench.prepare.pulled_bytes`: nothing for an image the engine had), and a fresh bake's own layer. The next
+    image's min_free_gb check on a remote engine is made against the host check's free space less this."""
     from docker.errors import DockerException
+
+    from fleetbench.images import PreparedImage
+    from fleetbench.prepare import pulled_bytes
 
     def size(ref: str | None) -> int:
         return int(api.inspect_image(ref).get("Size") or 0) if ref else 0
 
+    added = 0
     try:
         if prepared.get("pulled"):
-            return size(prepared.get("pinned_ref"))
+            image = PreparedImage(**{k: v for k, v in prepared.items() if k in PreparedImage.__dataclass_fields__})
+            image.pinned_ref = prepared.get("base_pinned_ref") or prepared.get("pinned_ref")  # the pulled image
+            added += pulled_bytes(api, image)
         if prepared.get("baked_id") and not prepared.get("bake_cache_hit"):
-            return max(0, size(prepared["baked_id"]) - size(prepared.get("base_pinned_ref")))
+            added += max(0, size(prepared["baked_id"]) - size(prepared.get("base_pinned_ref")))
     except (DockerException, requests.RequestException):
         pass
-    return 0
+    return added
 
 
 def _prepare_one(api, spec, free_hint: int | None) -> dict:
