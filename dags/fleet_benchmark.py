@@ -26,7 +26,13 @@ import pendulum
 from airflow.sdk import DAG, Asset, Param, TaskGroup, TriggerRule, get_current_context, task
 
 from fleetbench.airflow import parse_speed, pipeline
-from fleetbench.airflow.operators import LANE_IMAGES, LANE_VALIDATION, BenchmarkCaseOperator, LaneCasesOperator
+from fleetbench.airflow.operators import (
+    EXECUTION_GRACE_S,
+    LANE_IMAGES,
+    LANE_VALIDATION,
+    BenchmarkCaseOperator,
+    LaneCasesOperator,
+)
 from fleetbench.airflow.operators import all_items as items
 from fleetbench.config import load_config_once
 from fleetbench.params import param_specs
@@ -73,6 +79,9 @@ def unparsed_lane_outcomes(the_plan) -> list:
 # Cases that span hosts (benchmarks with nodes > 1) get the `multinode` group; without them, no extra task.
 MULTINODE = any(n > 1 for b in CONFIG.benchmarks for n in b.nodes)
 LONGEST_CASE_S = max(b.timeout_s for b in CONFIG.benchmarks)
+# What a case task shows before it runs; running, it is its own case's timeout_s as planned, and the grace
+# (`operators.case_execution_timeout`: a config edited during the night no longer kills its cases)
+CASE_TASK_TIMEOUT = timedelta(seconds=LONGEST_CASE_S + EXECUTION_GRACE_S)
 # A host's probes (SSH, nvidia-smi, a GPU smoke container, plus the longest dcgmi diag its check runs) end well
 # within this; past it something hangs, and the host's verdict says so (unreachable) instead of holding the run.
 HOST_CHECK_TIMEOUT_S = 15 * 60
@@ -174,7 +183,7 @@ with DAG(
                 # one benchmark at a time on the host, with or without pools (a missing pool would stall the night)
                 max_active_tis_per_dag=1,
                 **in_pool,
-                execution_timeout=timedelta(seconds=LONGEST_CASE_S + 300),
+                execution_timeout=CASE_TASK_TIMEOUT, execution_grace_s=EXECUTION_GRACE_S,  # running: its own case's
                 map_index_template="{{ task.case['case_key'] }}",
                 **on_host,
             ).expand_kwargs(cases.output)
@@ -188,7 +197,7 @@ with DAG(
             lane_runs >> multi
             multi_runs = MultiNodeCaseOperator.partial(
                 task_id="run_case", max_active_tis_per_dag=1,
-                execution_timeout=timedelta(seconds=LONGEST_CASE_S + 300),
+                execution_timeout=CASE_TASK_TIMEOUT, execution_grace_s=EXECUTION_GRACE_S,  # running: its own case's
                 map_index_template="{{ task.case['case_key'] }}",
             ).expand_kwargs(multi.output)
         outcomes.append(multi_runs.output)

@@ -132,3 +132,34 @@ def test_a_case_key_too_long_for_a_file_name_gets_a_short_stem(tmp_path):
     for path in [log_path(tmp_path, key), outcome_path(tmp_path, key), *(op._role_log(r) for r in roles)]:
         path.with_suffix(path.suffix + ".tmp").write_text("x")  # each name fits, with the longest suffix
         path.write_text("x")
+
+
+def test_a_case_task_times_out_by_its_own_cases_timeout_as_planned(tmp_path, data_dir):
+    """The DAG gives every case task its longest case's timeout from the config as each task parses it: lowered during
+    a night (7200 s -> 600 s), it killed the rest of the night's cases after 15 minutes, each twice with its retry.
+    Running, a case task's execution_timeout is its own case's, as the run's plan has it."""
+    from datetime import timedelta
+
+    from fleetbench.airflow.multinode import MultiNodeCaseOperator
+    from fleetbench.airflow.operators import EXECUTION_GRACE_S, BenchmarkCaseOperator, case_kwargs
+
+    plan, validations, prepared = night(tmp_path, "r1")
+    [kwargs] = case_kwargs(plan, validations, prepared, host="localhost")
+    kwargs["timeout_s"] = 7200
+    op = BenchmarkCaseOperator(task_id="run_case", execution_timeout=timedelta(seconds=900),
+                               execution_grace_s=EXECUTION_GRACE_S, **kwargs)
+    assert op.execution_timeout == timedelta(seconds=7200 + EXECUTION_GRACE_S)
+    # without a grace, the execution_timeout given stands (a task of another DAG, a fault test's 4 s)
+    assert BenchmarkCaseOperator(task_id="r2", execution_timeout=timedelta(seconds=4), **kwargs).execution_timeout \
+        == timedelta(seconds=4)
+    multi = MultiNodeCaseOperator(task_id="m", case={}, command=["true"], roles=[], cluster={}, timeout_s=7200,
+                                  log_dir=str(tmp_path), execution_timeout=timedelta(seconds=900),
+                                  execution_grace_s=EXECUTION_GRACE_S)
+    assert multi.execution_timeout == timedelta(seconds=7200 + EXECUTION_GRACE_S)
+    # the DAG's case tasks take the grace
+    from pathlib import Path
+
+    from airflow.dag_processing.dagbag import DagBag
+
+    dag = DagBag(dag_folder=str(Path(__file__).resolve().parents[2] / "dags")).dags["fleet_benchmark"]
+    assert dag.get_task("host_localhost.run_case").partial_kwargs["execution_grace_s"] == EXECUTION_GRACE_S

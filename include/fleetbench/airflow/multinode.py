@@ -159,7 +159,8 @@ class MultiNodeCaseOperator(BaseOperator):
     """One multi-node case: its roles' containers on their hosts' engines, its outcome as the chief's."""
 
     def __init__(self, *, case: dict, command: list[str], roles: list[dict], cluster: dict, timeout_s: int,
-                 log_dir: str, container: dict | None = None, num_gpus: int = 0, **kwargs: Any) -> None:
+                 log_dir: str, container: dict | None = None, num_gpus: int = 0,
+                 execution_grace_s: float | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.num_gpus = num_gpus
         self.case = case
@@ -167,6 +168,9 @@ class MultiNodeCaseOperator(BaseOperator):
         self.roles = roles
         self.cluster = cluster
         self.timeout_s = timeout_s
+        from fleetbench.airflow.operators import case_execution_timeout  # as the other imports of it here
+
+        self.execution_timeout = case_execution_timeout(self.execution_timeout, timeout_s, execution_grace_s)
         self.log_dir = log_dir
         self.container = container or {}
         self._clients: dict[str, Any] = {}

@@ -23,7 +23,7 @@ import json
 import logging
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -197,13 +197,25 @@ def container_settings(container: dict) -> dict:
     }
 
 
+# Past its case's timeout_s, a case task has this long to stop the container, keep its log and say so.
+EXECUTION_GRACE_S = 300
+
+
+def case_execution_timeout(given: timedelta | None, timeout_s: int, grace_s: float | None) -> timedelta | None:
+    """A case task's execution_timeout: with `grace_s` (the DAG's case tasks), its own case's timeout_s as the run's
+    plan has it, and the grace. The DAG's own (its longest case's, from the config as each task parses it) changed
+    with the config: lowered during a night, it killed the rest of the night's longer cases, each twice with its
+    retry. Without `grace_s`, the given one."""
+    return given if grace_s is None else timedelta(seconds=timeout_s + grace_s)
+
+
 class BenchmarkCaseOperator(DockerOperator):
     template_fields = tuple(DockerOperator.template_fields)
 
     def __init__(self, *, case: dict | None = None, timeout_s: int = 3600, log_dir: str | None = None,
                  num_gpus: int = 0, gpu_device_ids: list[str] | None = None, ulimit_map: dict[str, int] | None = None,
                  cpu_limit: float | None = None, telemetry_period_s: float = 0, docker_tls_conn_id: str | None = None,
-                 container: dict | None = None, **kwargs: Any) -> None:
+                 container: dict | None = None, execution_grace_s: float | None = None, **kwargs: Any) -> None:
         if container is not None:  # the case's ContainerSpec (plain data): its docker run settings
             settings = container_settings(container)
             ulimit_map = settings.pop("ulimit_map")
@@ -220,6 +232,7 @@ class BenchmarkCaseOperator(DockerOperator):
         super().__init__(**kwargs)
         self.case = case or {}
         self.timeout_s = timeout_s
+        self.execution_timeout = case_execution_timeout(self.execution_timeout, timeout_s, execution_grace_s)
         self.log_dir = log_dir
         self.num_gpus = num_gpus
         self.gpu_device_ids = gpu_device_ids
