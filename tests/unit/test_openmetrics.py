@@ -211,6 +211,39 @@ def test_a_warehouse_url_that_is_no_url_is_a_503_naming_the_setting(monkeypatch,
     assert "not a database URL" in caplog.text
 
 
+def test_a_warehouse_an_upgrade_behind_says_so_in_the_view(history):
+    """New code, the warehouse not yet migrated (the DAG's next run, or airflow-init, does it): the view answered 503
+    "not reachable" (SQLite's "no such column" is an OperationalError) with no word of `fleetbench db upgrade`."""
+    from fastapi.testclient import TestClient
+
+    from fleetbench.report.web import create_app
+    from fleetbench.warehouse import downgrade
+
+    downgrade(history, "0020")
+    with TestClient(create_app(engine_factory=lambda: history), raise_server_exceptions=False) as c:
+        page, data, metrics = c.get("/"), c.get("/report.json"), c.get("/metrics")
+    assert page.status_code == data.status_code == 200 and data.json()["state"] == "outdated"
+    assert "revision 0020, older than this fleetbench" in data.json()["notes"][0]
+    assert "fleetbench db upgrade" in page.text and "not reachable" not in page.text
+    assert metrics.status_code == 503 and "revision 0020" in metrics.json()["detail"]
+    assert "fleetbench db upgrade" in metrics.json()["detail"]
+
+
+def test_a_sqlite_warehouse_file_that_is_not_there_is_not_created_by_the_view(tmp_path, monkeypatch):
+    """A mistyped FLEETBENCH_WAREHOUSE_READ_URL: the view made an empty warehouse there, said "No results yet" and
+    served an empty /metrics (a scrape that succeeds: alerts on the last run's age never fired)."""
+    from fastapi.testclient import TestClient
+
+    from fleetbench.report.web import MISCONFIGURED, create_app
+
+    wrong = tmp_path / "wrong-name.db"
+    monkeypatch.setenv("FLEETBENCH_WAREHOUSE_READ_URL", f"sqlite:///{wrong}")
+    with TestClient(create_app(), raise_server_exceptions=False) as c:
+        page, metrics = c.get("/"), c.get("/metrics")
+    assert (page.status_code, metrics.status_code) == (503, 503)
+    assert metrics.json()["detail"] == MISCONFIGURED and not wrong.exists()
+
+
 def test_open_regressions_count_each_change_once(tmp_path):
     """A new driver 20 % slower on one case: images/sec down, wall time and cost up. One change, as `regressions
     list` shows it, so the major gauge is 1, not 3 (the time and cost findings name it in same_change_as)."""

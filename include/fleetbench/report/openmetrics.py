@@ -125,11 +125,15 @@ def latest_runs(conn, f: Filters) -> list[dict]:
 
 def collect(engine, f: Filters | None = None, now: datetime | None = None) -> list[Family]:
     """Every family, read in one connection. A warehouse without tables yet (nothing stored) has none: the page is
-    just `# EOF`, an answer, not an outage."""
+    just `# EOF`, an answer, not an outage. A warehouse at an older revision raises SchemaBehind, saying so."""
     from sqlalchemy import inspect
+
+    from fleetbench.warehouse import SchemaBehind, schema_behind
 
     if "benchmark_results" not in inspect(engine).get_table_names():
         return []
+    if behind := schema_behind(engine):  # not an outage, nor an empty answer: an upgrade to run
+        raise SchemaBehind(behind)
     f = f or Filters()
     now = now or datetime.now(timezone.utc)
     ips = Family("fleetbench_images_per_second", "Throughput of the newest ok result of each host and case.")

@@ -948,6 +948,12 @@ def build_report(engine: Engine, f: Filters | None = None, *, max_series: int | 
         report["notes"].append("No results yet: nothing has been stored in this warehouse (the fleet DAG creates "
                                "its tables with the first run; `fleetbench db upgrade` creates them by hand).")
         return report
+    from fleetbench.warehouse import schema_behind
+
+    if behind := schema_behind(engine):  # its queries would name columns it lacks: an error that read as an outage
+        report["state"] = OUTDATED
+        report["notes"].append(behind[0].upper() + behind[1:] + ".")
+        return report
     if not {rg.name, hr.name, hm.name, cr.name, ra.name} <= tables:
         report["state"] = OUTDATED
         report["notes"].append("This warehouse's schema predates the report (it needs revision 0003's derived metrics "

@@ -100,10 +100,10 @@ def create_app(engine_factory: Callable | None = None, readable_dags: Callable =
         with lock:
             if "engine" not in state:
                 if engine_factory is None:
-                    from fleetbench.warehouse import WarehouseURLError, get_engine, warehouse_read_url
+                    from fleetbench.warehouse import WarehouseURLError, existing_engine, warehouse_read_url
 
-                    try:
-                        state["engine"] = get_engine(warehouse_read_url())
+                    try:  # a SQLite file that is not there is refused, not created empty (a mistyped path)
+                        state["engine"] = existing_engine(warehouse_read_url())
                     except WarehouseURLError as exc:  # the message names no password
                         log.warning("fleetbench view: %s", exc)
                         raise HTTPException(503, MISCONFIGURED) from None
@@ -169,9 +169,13 @@ def create_app(engine_factory: Callable | None = None, readable_dags: Callable =
             key = next(iter(request.query_params.keys()))
             return JSONResponse({"detail": f"bad filter: {key}: /metrics takes no parameters", "field": key},
                                 status_code=400)
+        from fleetbench.warehouse import SchemaBehind
+
         eng = engine()
         try:
             families = openmetrics.collect(eng, Filters(dag_ids=dag_ids))
+        except SchemaBehind as exc:
+            raise HTTPException(503, f"{str(exc)[0].upper()}{str(exc)[1:]}.") from None
         except SQLAlchemyError as exc:
             raise warehouse_error(eng, exc) from None
         return Response(openmetrics.render(families), media_type=openmetrics.CONTENT_TYPE)

@@ -19,12 +19,14 @@ disagree with the rows they summarise.
 
 from fleetbench.warehouse.engine import (
     MIGRATIONS,
+    SchemaBehind,
     WarehouseTooNew,
     WarehouseURLError,
     current_revision,
     downgrade,
     existing_engine,
     get_engine,
+    schema_behind,
     upgrade,
     warehouse_display_url,
     warehouse_read_url,
@@ -33,6 +35,7 @@ from fleetbench.warehouse.engine import (
 from fleetbench.warehouse.read import dag_ids, fetch_capacity_features, fetch_results, latest_run_id
 from fleetbench.warehouse.store import WRITE_ATTEMPTS, store_run, upsert_rows
 
-__all__ = ["MIGRATIONS", "WRITE_ATTEMPTS", "WarehouseTooNew", "WarehouseURLError", "current_revision", "downgrade",
-           "dag_ids", "existing_engine", "fetch_capacity_features", "fetch_results", "get_engine", "latest_run_id",
-           "store_run", "upgrade", "upsert_rows", "warehouse_display_url", "warehouse_read_url", "warehouse_url"]
+__all__ = ["MIGRATIONS", "WRITE_ATTEMPTS", "SchemaBehind", "WarehouseTooNew", "WarehouseURLError",
+           "current_revision", "downgrade", "dag_ids", "existing_engine", "fetch_capacity_features", "fetch_results",
+           "get_engine", "latest_run_id", "schema_behind", "store_run", "upgrade", "upsert_rows",
+           "warehouse_display_url", "warehouse_read_url", "warehouse_url"]

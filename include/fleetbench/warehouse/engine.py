@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -125,6 +126,30 @@ def _alembic(engine: Engine, action, revision: str, script_location: Path = MIGR
             conn.exec_driver_sql("BEGIN IMMEDIATE")
         cfg.attributes["connection"] = conn
         action(cfg, revision)
+
+
+class SchemaBehind(RuntimeError):
+    """The warehouse is at an older revision than this fleetbench reads (`fleetbench db upgrade`)."""
+
+
+@functools.lru_cache(maxsize=1)
+def _revisions() -> tuple[str, frozenset[str]]:
+    """(head, every revision) of the migrations shipped."""
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory(str(MIGRATIONS))
+    return script.get_current_head(), frozenset(r.revision for r in script.walk_revisions())
+
+
+def schema_behind(engine: Engine) -> str | None:
+    """A sentence naming the warehouse's revision and the one this fleetbench reads when the warehouse is at an older
+    one it knows; None at head, before the first migration, or at a revision a newer fleetbench made."""
+    head, known = _revisions()
+    current = current_revision(engine)
+    if current is None or current == head or current not in known:
+        return None
+    return (f"the warehouse's schema is at revision {current}, older than this fleetbench's {head}: run "
+            "`fleetbench db upgrade`, or let the fleet DAG's next run do it")
 
 
 class WarehouseTooNew(RuntimeError):
