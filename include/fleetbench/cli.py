@@ -185,6 +185,8 @@ def _write_results(args: argparse.Namespace) -> int:
         try:
             write_frame(frame, args.format, args.out if args.format == "parquet" else sys.stdout,
                         index=bool(args.pivot))
+        except BrokenPipeError:  # the reader stopped (`| head`): as the other formats, not a usage error
+            raise
         except OSError as exc:
             raise UsageError(f"--out {args.out}: {exc.strerror or str(exc).splitlines()[0]}") from None
         if args.format == "parquet":

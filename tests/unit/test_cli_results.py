@@ -426,3 +426,18 @@ def test_a_run_id_of_two_dags_shows_each_rows_dag_and_counts_their_cases_apart(t
     # one DAG's run: no DAG column
     assert main(["results", "--run-id", run_id, "--dag-id", "fleet_benchmark_nccl"]) == 0
     assert capsys.readouterr().out.splitlines()[1].split()[0] == "host"
+
+
+def test_a_pivot_piped_into_head_ends_quietly(fleet, monkeypatch, capsys):
+    """`results --pivot ... | head -1`: the reader stops, the write gets EPIPE; it was a usage error naming an
+    `--out None` nobody gave (exit 2), where the other formats end with 0."""
+    from fleetbench.cli import main
+
+    class ClosedPipe(io.StringIO):
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", fleet)
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    assert main(["results", "--all", "--metric", "images_per_sec", "--pivot", "date:host", "--format", "csv"]) == 0
+    assert "--out" not in capsys.readouterr().err
