@@ -214,9 +214,11 @@ class CapacitySettings(_Model):
         return self
 
 
-# The cron presets Airflow's schedule takes (airflow.sdk timetables' CRON_PRESETS).
+# The cron presets Airflow's schedule takes (airflow.sdk timetables' CRON_PRESETS, and croniter's own aliases, which
+# Airflow passes on to it).
 CRON_PRESETS = {"@hourly": "0 * * * *", "@daily": "0 0 * * *", "@weekly": "0 0 * * 0", "@monthly": "0 0 1 * *",
-                "@quarterly": "0 0 1 */3 *", "@yearly": "0 0 1 1 *"}
+                "@quarterly": "0 0 1 */3 *", "@yearly": "0 0 1 1 *", "@midnight": "0 0 * * *",
+                "@annually": "0 0 1 1 *"}
 
 
 class FleetSettings(_Model):

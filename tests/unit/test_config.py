@@ -64,7 +64,8 @@ def test_a_history_too_short_for_the_schedule_is_warned_of(fleet, warned):
         assert "no case is ever compared with a baseline" in got[0]
 
 
-@pytest.mark.parametrize("schedule", ["@weekly", "@quarterly", "30 1 * * 1-5", "0 2 29 2 *", None])
+@pytest.mark.parametrize("schedule", ["@weekly", "@quarterly", "@midnight", "@annually", "30 1 * * 1-5", "0 2 29 2 *",
+                                      "*/15 * * * *", "0 2 * * MON", None])
 def test_schedules_airflow_takes_are_accepted(schedule):
     data = good()
     data["fleet"] = {"schedule": schedule}
@@ -112,7 +113,7 @@ def test_schedules_airflow_takes_are_accepted(schedule):
     (lambda d: d["images"].extend([{**d["images"][0], "name": "Smoke", "bake": {"run": ["true"]}},
                                    {**d["images"][0], "name": "smoke", "bake": {"run": ["true"]}}]),
      "images[2].name: 'smoke' and images[1]'s 'Smoke' would both bake into fleetbench/smoke: rename one"),
-    (lambda d: d.update(fleet={"schedule": "@midnight"}), "fleet.schedule: unknown preset (one of @hourly, @daily"),
+    (lambda d: d.update(fleet={"schedule": "@nightly"}), "fleet.schedule: unknown preset (one of @hourly, @daily"),
     # the capacity fit weighs every pair of a profile's readings: 10,000 of them took 53 s and 1.9 GB per profile
     (lambda d: d.update(fleet={"capacity": {"window": 10000}}), "fleet.capacity.window: must be <= 1000, got 10000"),
     (lambda d: d["benchmarks"][0].update(hosts=[]), "benchmarks[0].hosts: must not be empty"),

@@ -247,6 +247,10 @@ APP_XIDS = """[  120.1] NVRM: Xid (PCI:0000:01:00): 13, pid=4242, name=python3, 
     (APP_XIDS, "pass", "3 other XID event(s) (13, 31, 154: not in unfit_xids, not judged)"),
     ("[  123.4] NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset "
      "Required)\n", "fail", "XID 154 on 0000:01:00"),
+    # a reset done: the newest XID 154 of the GPU says no action is needed any more
+    ("[  123.4] NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x1 (GPU Reset "
+     "Required)\n[  160.0] NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x1 (GPU Reset "
+     "Required) to 0x0 (None)\n", "pass", "2 other XID event(s) (154: not in unfit_xids, not judged)"),
     ("[  123.5] NVRM: Xid (PCI:0000:01:00): 119, pid=1, name=nvidia-smi, Timeout after 6s of waiting for RPC "
      "response from GPU0 GSP! Expected function 76 (GSP_RM_CONTROL)\n", "fail", "XID 119 on 0000:01:00"),
 ])

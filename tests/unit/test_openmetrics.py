@@ -242,6 +242,14 @@ def test_a_sqlite_warehouse_file_that_is_not_there_is_not_created_by_the_view(tm
         page, metrics = c.get("/"), c.get("/metrics")
     assert (page.status_code, metrics.status_code) == (503, 503)
     assert metrics.json()["detail"] == MISCONFIGURED and not wrong.exists()
+    # the default warehouse, under the data folder, before the first run: not a setting of anyone's, no results yet
+    monkeypatch.delenv("FLEETBENCH_WAREHOUSE_READ_URL")
+    monkeypatch.delenv("FLEETBENCH_WAREHOUSE_URL", raising=False)
+    monkeypatch.setenv("FLEETBENCH_DATA_DIR", str(tmp_path / "data"))
+    with TestClient(create_app(), raise_server_exceptions=False) as c:
+        page, metrics = c.get("/report.json"), c.get("/metrics")
+    assert (page.status_code, page.json()["state"]) == (200, "no_tables")
+    assert (metrics.status_code, metrics.text) == (200, "# EOF\n")
 
 
 def test_open_regressions_count_each_change_once(tmp_path):

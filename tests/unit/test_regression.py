@@ -303,6 +303,15 @@ def test_a_secondary_change_more_severe_than_the_primary_one_is_a_change_of_its_
     assert (found["images_per_sec"]["severity"], found["energy_j"]["severity"]) == ("minor", "major")
     assert found["energy_j"]["status"] == "confirmed" and found["energy_j"]["same_change_as"] is None
     assert found["duration_s"]["same_change_as"] == "images_per_sec"  # the slowdown's own consequence
+    # wall time up 35 % beside the 4 % slowdown: one major change of duration, which cost and energy repeat
+    rows = result_rows(values)
+    for r in rows[27:]:
+        r["duration_s"], r["cost_usd"], r["energy_j"] = (x * 1.35 / 1.04 for x in (r["duration_s"], r["cost_usd"],
+                                                                                  r["energy_j"]))
+    found = {f["metric"]: f for f in assess_series(rows, TRACKED)}
+    assert {m: (f["severity"], f["same_change_as"]) for m, f in found.items()} == {
+        "images_per_sec": ("minor", None), "duration_s": ("major", None), "cost_usd": ("major", "duration_s"),
+        "energy_j": ("major", "duration_s")}
 
 
 def test_energy_is_compared_only_like_with_like():

@@ -24,7 +24,8 @@ from fleetbench.hosts.rules import Check, HostNeeds
 #: micro-controller halt, 63 ECC page retirement / row remap recorded, 64 page retirement or row remap failure,
 #: 74 NVLink error, 79 fallen off the bus, 92 high single-bit ECC rate, 94 contained ECC error, 95 uncontained ECC
 #: error, 119 GSP RPC timeout, 120 GSP error, 154 the driver's recovery action changed (GPU reset or node reboot
-#: required; not when it changed to None). 62, 119, 120 and 154 all ask for a GPU reset or a reboot.
+#: required; judged by each GPU's newest, not when it changed back to None). 62, 119, 120 and 154 all ask for a GPU
+#: reset or a reboot.
 UNFIT_XIDS = (48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 154)
 #: XID 154's text when the recovery action went back to none: nothing to do.
 _RECOVERED = re.compile(r"changed from .{0,40} to 0x0 \(None\)", re.IGNORECASE)
@@ -120,11 +121,14 @@ def check_xid(facts: HostFacts, gpus: list[dict], t: HealthThresholds) -> Check:
     by_bus = {_bus_key(g.get("bus_id")): g for g in gpus}
     hours = facts.xid.get("window_s", t.xid_window_hours * 3600) / 3600
     fatal, other = [], []
-    for event in facts.xid.get("events", []):
+    events = facts.xid.get("events", [])
+    # XID 154 says what the GPU needs now: only each GPU's newest counts (a reset done, the action back to none)
+    newest_154 = {_bus_key(e["bus_id"]): i for i, e in enumerate(events) if e["xid"] == 154}
+    for i, event in enumerate(events):
         gpu = by_bus.get(_bus_key(event["bus_id"]), {"index": None, "bus_id": event["bus_id"]})
         ev = _ev({"index": gpu.get("index"), "bus_id": event["bus_id"]}, event["xid"], list(t.unfit_xids))
-        unfit = event["xid"] in t.unfit_xids and not (event["xid"] == 154
-                                                       and _RECOVERED.search(event.get("detail") or ""))
+        unfit = event["xid"] in t.unfit_xids and not (event["xid"] == 154 and (
+            newest_154[_bus_key(event["bus_id"])] != i or _RECOVERED.search(event.get("detail") or "")))
         (fatal if unfit else other).append(ev)
     if fatal:
         codes = ", ".join(f"XID {e['value']} on {e['bus_id']}" for e in fatal[:8])

@@ -393,7 +393,8 @@ def group_findings(findings: list[dict], primary: str | None = "images_per_sec")
     """Set `same_change_as` on the findings of one (host, case) that repeat an earlier metric's finding of the
     same kind and status (the chain: the row's primary metric, then `SAME_CHANGE`), and no more severe: energy up
     35 % (major) beside a 4 % throughput drop (minor) is more than that drop explains, and a change of its own
-    (as one, it was neither mailed at `min_severity: major` nor counted as major on /metrics)."""
+    (as one, it was neither mailed at `min_severity: major` nor counted as major on /metrics), which the metrics
+    after it (cost and energy after a major duration change) repeat in turn."""
     first: dict[tuple[str, str], tuple[str, int]] = {}
     for metric in ((primary,) if primary else ()) + tuple(m for m in SAME_CHANGE if m != primary):
         for f in findings:
@@ -401,7 +402,7 @@ def group_findings(findings: list[dict], primary: str | None = "images_per_sec")
                 key, rank = (f["kind"], f["status"]), SEVERITIES.index(f.get("severity") or "minor")
                 if key in first and rank <= first[key][1]:
                     f["same_change_as"] = first[key][0]
-                elif key not in first:
+                else:  # the first of its kind, or more severe than the change before it: it heads the rest
                     first[key] = (metric, rank)
 
 

@@ -100,10 +100,21 @@ def create_app(engine_factory: Callable | None = None, readable_dags: Callable =
         with lock:
             if "engine" not in state:
                 if engine_factory is None:
-                    from fleetbench.warehouse import WarehouseURLError, existing_engine, warehouse_read_url
+                    import os
 
-                    try:  # a SQLite file that is not there is refused, not created empty (a mistyped path)
-                        state["engine"] = existing_engine(warehouse_read_url())
+                    from fleetbench.warehouse import (
+                        WarehouseURLError,
+                        existing_engine,
+                        get_engine,
+                        warehouse_read_url,
+                    )
+
+                    # a SQLite file a URL setting names that is not there is refused, not created empty (a mistyped
+                    # path); the default one, under the data folder, is the warehouse before its first run
+                    settings = ("FLEETBENCH_WAREHOUSE_READ_URL", "FLEETBENCH_WAREHOUSE_URL")
+                    given = any(os.environ.get(v) for v in settings)
+                    try:
+                        state["engine"] = (existing_engine if given else get_engine)(warehouse_read_url())
                     except WarehouseURLError as exc:  # the message names no password
                         log.warning("fleetbench view: %s", exc)
                         raise HTTPException(503, MISCONFIGURED) from None
