@@ -180,9 +180,9 @@ def fit(profile: Profile, settings: Settings) -> Profile:
     # mark let the reserved ones in: every batch predicted to need the whole card).
     window = list(zip(profile.points, profile.capacities + [None] * (len(profile.points) - len(profile.capacities))))
     window = window[: settings.window]
-    reserved = sum(1 for (_, v), cap in window if cap is not None and v >= AT_CAPACITY * cap)
-    profile.points = [pt for pt, cap in window if cap is None or pt[1] < AT_CAPACITY * cap]
-    profile.capacities = [cap for pt, cap in window if cap is None or pt[1] < AT_CAPACITY * cap]
+    kept = [(pt, cap) for pt, cap in window if cap is None or pt[1] < AT_CAPACITY * cap]
+    reserved = len(window) - len(kept)
+    profile.points, profile.capacities = [pt for pt, _ in kept], [cap for _, cap in kept]
     if reserved:
         why = "at its device's memory (reserved up front)"
         profile.dropped[why] = profile.dropped.get(why, 0) + reserved

@@ -13,14 +13,15 @@ from fleetbench.bake import BakeError, bake_image
 from fleetbench.images import PreparedImage, classify_pull_error, prepare_image
 
 
-def pulled_bytes(api: docker.APIClient, result: PreparedImage) -> int:
-    """What a pull added to the engine's data root, at most: the image's size when it downloaded a layer (the layers
-    it had count too), 0 when the engine had them all ("Already exists": an image that is up to date took nothing;
-    each night's `pull_policy: always` counted a cached image's whole size, and the next image was refused)."""
-    if not result.pulled or result.fetched_layers == 0:
+def pulled_bytes(api: docker.APIClient, ref: str, fetched_layers: int | None) -> int:
+    """What a pull of `ref` added to the engine's data root, at most: the image's size when it downloaded a layer
+    (the layers it had count too), 0 when the engine had them all ("Already exists": an image that is up to date
+    took nothing; each night's `pull_policy: always` counted a cached image's whole size, and the next image was
+    refused). `fetched_layers`: `PreparedImage.fetched_layers` (None: not known, counted as downloaded)."""
+    if fetched_layers == 0:
         return 0
     try:
-        return int(api.inspect_image(result.pinned_ref or result.ref).get("Size") or 0)
+        return int(api.inspect_image(ref).get("Size") or 0)
     except (docker.errors.DockerException, requests.RequestException):
         return 0
 
@@ -37,8 +38,9 @@ def prepare(api: docker.APIClient, spec, auth_config: dict | None = None, push_a
                            backoff_s=backoff_s, min_free_gb=spec.min_free_gb, free_bytes_hint=free_bytes_hint)
     if not result.ok or spec.bake is None:
         return result
-    if free_bytes_hint is not None:  # a remote engine: the bake's check is made after this image's own pull
-        free_bytes_hint = max(0, free_bytes_hint - pulled_bytes(api, result))
+    if free_bytes_hint is not None and result.pulled:  # a remote engine: the bake's check follows its base's pull
+        free_bytes_hint = max(0, free_bytes_hint - pulled_bytes(api, result.pinned_ref or result.ref,
+                                                                result.fetched_layers))
     try:
         baked = bake_image(api, spec.name, spec.bake, base_ref=spec.ref, base_pinned_ref=result.pinned_ref,
                            base_digest=result.digest or result.image_id, push_auth_config=push_auth_config,

@@ -176,7 +176,6 @@ def _bytes_added(api, prepared: dict) -> int:
     image's min_free_gb check on a remote engine is made against the host check's free space less this."""
     from docker.errors import DockerException
 
-    from fleetbench.images import PreparedImage
     from fleetbench.prepare import pulled_bytes
 
     def size(ref: str | None) -> int:
@@ -184,10 +183,9 @@ def _bytes_added(api, prepared: dict) -> int:
 
     added = 0
     try:
-        if prepared.get("pulled"):
-            image = PreparedImage(**{k: v for k, v in prepared.items() if k in PreparedImage.__dataclass_fields__})
-            image.pinned_ref = prepared.get("base_pinned_ref") or prepared.get("pinned_ref")  # the pulled image
-            added += pulled_bytes(api, image)
+        if prepared.get("pulled"):  # the pulled image: a baked one's base
+            pulled = prepared.get("base_pinned_ref") or prepared.get("pinned_ref") or prepared["ref"]
+            added += pulled_bytes(api, pulled, prepared.get("fetched_layers"))
         if prepared.get("baked_id") and not prepared.get("bake_cache_hit"):
             added += max(0, size(prepared["baked_id"]) - size(prepared.get("base_pinned_ref")))
     except (DockerException, requests.RequestException):

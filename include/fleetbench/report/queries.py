@@ -952,7 +952,7 @@ def build_report(engine: Engine, f: Filters | None = None, *, max_series: int | 
 
     if behind := schema_behind(engine):  # its queries would name columns it lacks: an error that read as an outage
         report["state"] = OUTDATED
-        report["notes"].append(behind[0].upper() + behind[1:] + ".")
+        report["notes"].append(behind)
         return report
     if not {rg.name, hr.name, hm.name, cr.name, ra.name} <= tables:
         report["state"] = OUTDATED

@@ -186,7 +186,7 @@ def create_app(engine_factory: Callable | None = None, readable_dags: Callable =
         try:
             families = openmetrics.collect(eng, Filters(dag_ids=dag_ids))
         except SchemaBehind as exc:
-            raise HTTPException(503, f"{str(exc)[0].upper()}{str(exc)[1:]}.") from None
+            raise HTTPException(503, str(exc)) from None
         except SQLAlchemyError as exc:
             raise warehouse_error(eng, exc) from None
         return Response(openmetrics.render(families), media_type=openmetrics.CONTENT_TYPE)

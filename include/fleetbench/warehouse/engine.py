@@ -148,8 +148,8 @@ def schema_behind(engine: Engine) -> str | None:
     current = current_revision(engine)
     if current is None or current == head or current not in known:
         return None
-    return (f"the warehouse's schema is at revision {current}, older than this fleetbench's {head}: run "
-            "`fleetbench db upgrade`, or let the fleet DAG's next run do it")
+    return (f"The warehouse's schema is at revision {current}, older than this fleetbench's {head}: run "
+            "`fleetbench db upgrade`, or let the fleet DAG's next run do it.")
 
 
 class WarehouseTooNew(RuntimeError):
