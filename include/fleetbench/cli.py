@@ -164,7 +164,7 @@ def _write_results(args: argparse.Namespace) -> int:
                 raise UsageError(f"--dag-id {args.dag_id!r}: no run of that DAG in the warehouse (DAGs there: "
                                  f"{', '.join(known) or 'none'})")
     except SQLAlchemyError as exc:
-        raise UsageError(f"cannot read the warehouse at {warehouse_display_url()}: {str(exc).splitlines()[0]} "
+        raise UsageError(f"cannot read the warehouse at {warehouse_display_url()}: {_first_line(exc)} "
                          "(run the DAG once, or `fleetbench db upgrade`)") from None
     finally:
         engine.dispose()
@@ -383,18 +383,10 @@ def _past(current: str | None, revision: str) -> bool:
 
 
 def _first_line(exc: Exception) -> str:
-    """The first line of an error, without the warehouse password should a driver quote the URL."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
+    """The first line of an error, without the warehouse's secrets should a driver quote the URL."""
+    from fleetbench.warehouse import redact, warehouse_url
 
-    from fleetbench.warehouse import warehouse_url
-
-    line = (str(exc).splitlines() or [type(exc).__name__])[0]
-    try:
-        password = make_url(warehouse_url()).password
-    except ArgumentError:
-        password = None
-    return line.replace(str(password), "***") if password else line
+    return redact((str(exc).splitlines() or [type(exc).__name__])[0], warehouse_url())
 
 
 def _regression_settings(config: str | None, writes: bool = False):
@@ -439,7 +431,7 @@ def _json_out(value) -> None:
 def _warehouse_error(exc) -> UsageError:
     from fleetbench.warehouse import warehouse_display_url
 
-    return UsageError(f"cannot read the warehouse at {warehouse_display_url()}: {str(exc).splitlines()[0]} "
+    return UsageError(f"cannot read the warehouse at {warehouse_display_url()}: {_first_line(exc)} "
                       "(run the DAG once, or `fleetbench db upgrade`)")
 
 
@@ -567,7 +559,7 @@ def _report(args: argparse.Namespace) -> int:
         written = write_report(out, filters, engine=engine, capacity_settings=capacity_settings)
     except SQLAlchemyError as exc:
         url = warehouse_display_url()
-        raise UsageError(f"cannot read the warehouse at {url}: {str(exc).splitlines()[0]} "
+        raise UsageError(f"cannot read the warehouse at {url}: {_first_line(exc)} "
                          "(an older schema: `fleetbench db upgrade`)") from None
     except OSError as exc:
         raise UsageError(f"--out {out}: cannot write the report: {exc}") from None
@@ -622,7 +614,7 @@ def _capacity(args: argparse.Namespace) -> int:
         rows = read_rows(engine, [args.model] if args.model else None) if has_results(engine) else []
         reported = reported_memory_mib(engine, gpu) if args.gpu_model and rows else None
     except SQLAlchemyError as exc:
-        raise UsageError(f"cannot read the warehouse at {warehouse_display_url()}: {str(exc).splitlines()[0]} "
+        raise UsageError(f"cannot read the warehouse at {warehouse_display_url()}: {_first_line(exc)} "
                          "(`fleetbench db upgrade`)") from None
     finally:
         engine.dispose()

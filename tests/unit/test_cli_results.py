@@ -94,6 +94,10 @@ def test_unknown_run_and_empty_warehouse(warehouse, tmp_path):
     ("postgresql://fleet:s3cret-pw@127.0.0.1:1/none", "cannot read the warehouse at postgresql://fleet:***@127.0.0.1:1/none"),
     ("mysql://a@b/c", "mysql is not supported"),
     ("not a url", "not a database URL"),
+    # libpq also takes the password, and a client key's passphrase, as query parameters
+    ("postgresql://fleet@127.0.0.1:1/none?password=s3cret-pw&sslpassword=s3cret-pw-key",
+     "cannot read the warehouse at postgresql://fleet@127.0.0.1:1/none?password=***&sslpassword=***: "),
+    ("postgresql://fleet:s3cret-pw@127.0.0.1:abc/none", "not a database URL: <unparsable URL>"),  # a port not a number
 ])
 def test_bad_warehouse_urls_are_one_line_without_the_password(url, message):
     proc = cli("results", url=url)

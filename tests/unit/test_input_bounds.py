@@ -254,6 +254,10 @@ def test_db_upgrade_on_an_unreachable_database_is_one_line_without_the_password(
     shown = "postgresql://fleet:***@127.0.0.1:1/warehouse"
     assert proc.stderr.startswith(f"fleetbench db: cannot upgrade the warehouse at {shown}: ")
     assert proc.stderr.count("\n") == 1 and "s3cret" not in proc.stderr and "Traceback" not in proc.stderr
+    proc = db_upgrade("postgresql://fleet@127.0.0.1:1/warehouse?sslmode=prefer&password=s3cret")
+    assert proc.returncode == 2 and "s3cret" not in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("fleetbench db: cannot upgrade the warehouse at "
+                                  "postgresql://fleet@127.0.0.1:1/warehouse?password=***&sslmode=prefer: ")
 
 
 def test_db_upgrade_to_a_folder_that_does_not_exist(tmp_path):

@@ -165,6 +165,20 @@ def test_warehouse_without_tables(engine, tmp_path):
     assert inspect(engine).get_table_names() == []  # reading never creates the schema
 
 
+@pytest.mark.filterwarnings("ignore:Query string argument")  # pysqlite ignores them: only the display matters here
+def test_the_report_names_its_warehouse_without_its_secrets(tmp_path):
+    """report.html and report.json say which warehouse they read: never with a password, in the URL's user part or
+    its query (libpq's password= / sslpassword=)."""
+    from fleetbench.warehouse import get_engine
+
+    engine = get_engine(f"sqlite:///{tmp_path}/w.db?password=s3cret&sslpassword=k3y")
+    written, _ = written_page(tmp_path / "out", engine)
+    html, data = Path(written["html"]).read_text(), Path(written["json"]).read_text()
+    assert f"sqlite:///{tmp_path}/w.db?password=***&amp;sslpassword=***" in html
+    assert "s3cret" not in html + data and "k3y" not in html + data
+    engine.dispose()
+
+
 def test_migrated_warehouse_without_results(engine, tmp_path):
     from fleetbench.warehouse import upgrade
 
@@ -498,6 +512,13 @@ def test_warehouse_errors_are_logged_without_the_password(caplog):
     assert other.detail == UNREADABLE and "db.example" not in exc.detail + other.detail
     assert "invalid dsn: password=*** host=db" in caplog.text and "fbreader:***@db.example:5432" in caplog.text
     assert "s3cret" not in caplog.text
+    engine.dispose()
+    caplog.clear()  # a key's passphrase given as a query parameter (libpq's sslpassword)
+    engine = get_engine("postgresql://fbreader@db.example/fleet?sslmode=require&sslpassword=k3y-pass")
+    with caplog.at_level("WARNING", logger="fleetbench.report.web"):
+        warehouse_error(engine, OperationalError("connect", {}, Exception("could not read key k3y-pass")))
+    assert "fleet?sslmode=require&sslpassword=***" in caplog.text and "could not read key ***" in caplog.text
+    assert "k3y-pass" not in caplog.text
     engine.dispose()
 
 

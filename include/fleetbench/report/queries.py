@@ -65,6 +65,7 @@ from sqlalchemy import (
 )
 
 from fleetbench.config import NAME_PATTERN
+from fleetbench.warehouse.engine import warehouse_display_url
 from fleetbench.warehouse.read import on_host
 from fleetbench.warehouse.rollup import month_of, next_month
 from fleetbench.warehouse.schema import MULTINODE_OK_ROWS
@@ -941,7 +942,7 @@ def build_report(engine: Engine, f: Filters | None = None, *, max_series: int | 
     (one run only, hosts with only failures, sections without data) in words for people.
     """
     f = f or Filters()
-    report = blank_report(f, engine.url.render_as_string(hide_password=True))
+    report = blank_report(f, warehouse_display_url(engine.url))
     tables = set(inspect(engine).get_table_names())
     if br.name not in tables:
         report["state"] = NO_TABLES

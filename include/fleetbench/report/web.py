@@ -71,11 +71,10 @@ def warehouse_error(engine, exc: Exception) -> HTTPException:
     password redacted (in the URL and wherever the driver's message repeats it), in the log."""
     from sqlalchemy.exc import DBAPIError, OperationalError
 
-    detail = str(exc)
-    if engine.url.password:
-        detail = detail.replace(str(engine.url.password), "***")
-    log.warning("fleetbench view: reading the warehouse at %s failed: %s",
-                engine.url.render_as_string(hide_password=True), detail)
+    from fleetbench.warehouse import redact, warehouse_display_url
+
+    log.warning("fleetbench view: reading the warehouse at %s failed: %s", warehouse_display_url(engine.url),
+                redact(str(exc), engine.url))
     unreachable = isinstance(exc, OperationalError) or (isinstance(exc, DBAPIError) and exc.connection_invalidated)
     return HTTPException(503, UNREACHABLE if unreachable else UNREADABLE)
 

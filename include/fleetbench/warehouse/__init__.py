@@ -26,6 +26,7 @@ from fleetbench.warehouse.engine import (
     downgrade,
     existing_engine,
     get_engine,
+    redact,
     schema_behind,
     upgrade,
     warehouse_display_url,
@@ -37,5 +38,5 @@ from fleetbench.warehouse.store import WRITE_ATTEMPTS, store_run, upsert_rows
 
 __all__ = ["MIGRATIONS", "WRITE_ATTEMPTS", "SchemaBehind", "WarehouseTooNew", "WarehouseURLError",
            "current_revision", "downgrade", "dag_ids", "existing_engine", "fetch_capacity_features", "fetch_results",
-           "get_engine", "latest_run_id", "schema_behind", "store_run", "upgrade", "upsert_rows",
+           "get_engine", "latest_run_id", "redact", "schema_behind", "store_run", "upgrade", "upsert_rows",
            "warehouse_display_url", "warehouse_read_url", "warehouse_url"]

@@ -38,15 +38,52 @@ class WarehouseURLError(ValueError):
     """FLEETBENCH_WAREHOUSE_URL (or a given URL) is not a database fleetbench can open."""
 
 
-def warehouse_display_url(url: str | None = None) -> str:
-    """The warehouse URL for messages and logs: the password is never shown."""
-    from sqlalchemy.engine import make_url
+def _parsed(url):
+    """`url` as SQLAlchemy's URL, or None where it is no URL (a bad port is a ValueError, not an ArgumentError)."""
+    from sqlalchemy.engine import URL, make_url
     from sqlalchemy.exc import ArgumentError
 
+    if isinstance(url, URL):
+        return url
     try:
-        return make_url(url or warehouse_url()).render_as_string(hide_password=True)
-    except ArgumentError:
+        return make_url(url)
+    except (ArgumentError, ValueError):
+        return None
+
+
+def _secret_keys(parsed) -> list[str]:
+    """The URL's query parameters that hold a secret: libpq takes `password` and `sslpassword` (a client key's
+    passphrase) in the URL as well as `user:password@`."""
+    return [key for key in parsed.query if "pass" in key.lower()]
+
+
+def url_secrets(url) -> list[str]:
+    """Every secret a warehouse URL holds (its password, its query's passwords), longest first."""
+    parsed = _parsed(url)
+    if parsed is None:
+        return []
+    found = [parsed.password] if parsed.password else []
+    for key in _secret_keys(parsed):
+        value = parsed.query[key]
+        found.extend([value] if isinstance(value, str) else value)
+    return sorted({str(s) for s in found if s}, key=len, reverse=True)
+
+
+def redact(text: str, url) -> str:
+    """`text` (a driver's message, say) without any secret of `url`."""
+    for secret in url_secrets(url):
+        text = text.replace(secret, "***")
+    return text
+
+
+def warehouse_display_url(url=None) -> str:
+    """The warehouse URL (a string or SQLAlchemy URL) for messages, logs and reports: no password is shown, neither
+    `user:password@` nor a `password=` / `sslpassword=` query parameter."""
+    parsed = _parsed(url or warehouse_url())
+    if parsed is None:
         return "<unparsable URL>"
+    hidden = parsed.update_query_dict({key: "***" for key in _secret_keys(parsed)})
+    return hidden.render_as_string(hide_password=True).replace("%2A%2A%2A", "***")
 
 
 def _normalise(url: str) -> str:
@@ -56,7 +93,7 @@ def _normalise(url: str) -> str:
 
     try:
         parsed = make_url(url)
-    except ArgumentError:
+    except (ArgumentError, ValueError):  # ValueError: a port that is no number
         raise WarehouseURLError(f"FLEETBENCH_WAREHOUSE_URL: not a database URL: {warehouse_display_url(url)} "
                                 "(e.g. sqlite:////path/warehouse.db or postgresql://user:password@host/db)") from None
     if parsed.drivername == "postgresql":
