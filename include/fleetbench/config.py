@@ -376,7 +376,7 @@ class BakeCopy(_Model):
 class BakeGit(_Model):
     """Check out one branch of a git repository into the image (cloned on the Airflow worker, see fleetbench.bake)."""
 
-    url: str = Field(pattern=r"^(https://|ssh://|file:///)[A-Za-z0-9_.@:/~+-]+$")
+    url: str = Field(pattern=r"^(https://|ssh://|file:///)[A-Za-z0-9_.@:/~+%-]+$")  # %: percent-encoded characters
     branch: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_./-]{0,199}$")
     dest: str = Field(pattern=_CONTAINER_PATH)
 
@@ -832,6 +832,16 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
+def _shown(value: Any) -> Any:
+    """A refused value as an error repeats it: a URL without the user and password it may carry (a git token): the
+    error also becomes the DAG's import error, which whoever sees the DAG in the UI can read."""
+    if isinstance(value, str) and "://" in value and "@" in value:
+        from fleetbench.bake import public_url  # only then: bake imports docker
+
+        return public_url(value)
+    return value
+
+
 def format_validation_error(exc: ValidationError) -> list[str]:
     lines = []
     for err in exc.errors(include_url=False):
@@ -846,7 +856,7 @@ def format_validation_error(exc: ValidationError) -> list[str]:
             message = str(ctx.get("error") or err["msg"])
             message = message.removeprefix("Value error, ")
         if err["type"] not in ("missing", "extra_forbidden"):
-            message += f", got {err['input']!r}" if not isinstance(err["input"], (dict, list)) else ""
+            message += f", got {_shown(err['input'])!r}" if not isinstance(err["input"], (dict, list)) else ""
         lines.append(f"{_loc(tuple(err['loc']))}: {message}")
     return lines
 

@@ -420,6 +420,23 @@ def test_a_git_url_with_a_token_is_a_config_warning():
     assert [w for w in config_warnings(bare) if "bake.git.url" in w]  # a token alone, without a user
     plain = parse_config(_config({"git": {"url": "https://github.com/org/b.git", "branch": "main", "dest": "/opt/b"}}))
     assert not [w for w in config_warnings(plain) if "bake.git.url" in w]
+    encoded = parse_config(_config({"git": {"url": "https://bot:Sup3r%21pw@git.example/org/b.git", "branch": "main",
+                                            "dest": "/opt/b"}}))  # a percent-encoded password is a URL too
+    assert [w for w in config_warnings(encoded) if "bake.git.url" in w]
+
+
+@pytest.mark.parametrize("url", ["http://bot:ghp_SECRET@git.example/org/b.git",  # refused: http
+                                 "https://bot:ghp_SECRET@git.example/org/b.git#x"])  # refused: '#'
+def test_a_refused_git_url_is_named_without_its_token(url):
+    """The config error (the DAG's import error too, which anyone who sees the DAG can read) shows the URL without
+    its user and password."""
+    from fleetbench.config import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        parse_config(_config({"git": {"url": url, "branch": "main", "dest": "/opt/b"}}))
+    message = str(info.value)
+    assert "images[0].bake.git.url: must match" in message and "ghp_SECRET" not in message and "bot" not in message
+    assert f"got {url.replace('bot:ghp_SECRET@', '')!r}" in message
 
 
 @pytest.mark.parametrize("error, failure_class", [
