@@ -44,6 +44,7 @@ from docker.errors import APIError, DockerException, NotFound
 
 from fleetbench import __version__
 from fleetbench.config import BakeSpec
+from fleetbench.engines import engine_now
 from fleetbench.images import (
     PERMANENT,
     PreparedImage,
@@ -297,7 +298,8 @@ def make_current(api: docker.APIClient, repo: str, image_id: str) -> None:
         stale = [t for t in previous.get("RepoTags") or [] if t.startswith(f"{repo}:{SUPERSEDED_TAG}")]
         # the image's own ID in the tag: two bakes superseded within a second must not share (and move) one tag
         short = previous["Id"].split(":", 1)[-1][:12]
-        api.tag(previous["Id"], repo, f"{SUPERSEDED_TAG}{int(time.time())}-{short}", force=True)
+        # on the engine's clock, as cleanup ages it: the worker that bakes may be another machine (a TLS engine)
+        api.tag(previous["Id"], repo, f"{SUPERSEDED_TAG}{int(engine_now(api))}-{short}", force=True)
         for tag in stale:  # one stamp per image: the latest supersession counts
             try:
                 api.remove_image(tag)

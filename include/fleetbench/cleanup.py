@@ -32,14 +32,13 @@ from __future__ import annotations
 import logging
 import math
 import re
-import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
 import docker
-import requests
 from docker.errors import APIError, NotFound
 
+from fleetbench.engines import engine_now
 from fleetbench.runs import LABEL_PREFIX
 
 log = logging.getLogger(__name__)
@@ -217,21 +216,6 @@ def _stamp(value: str | None) -> float | None:
     return datetime.fromisoformat(head + "+00:00").timestamp()
 
 
-_SYSTEM_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.\d{1,9})?(Z|[+-]\d\d:\d\d)?$")
-
-
-def _engine_now(api: docker.APIClient) -> float:
-    """The engine's clock (`docker info`'s SystemTime, RFC 3339 with nanoseconds), else this machine's."""
-    try:
-        found = _SYSTEM_TIME.match(str(api.info().get("SystemTime") or ""))
-    except (docker.errors.DockerException, requests.RequestException):
-        found = None
-    if found is None:
-        return time.time()
-    zone = found.group(2) or "Z"
-    return datetime.fromisoformat(found.group(1) + ("+00:00" if zone == "Z" else zone)).timestamp()
-
-
 def _ages(api: docker.APIClient, c: dict, now: float) -> dict:
     """Age (since it stopped, or was created if it never ran) and RunningFor (since it started, while running)."""
     state = api.inspect_container(c["Id"]).get("State") or {}
@@ -248,7 +232,7 @@ def clean_engine(api: docker.APIClient, container_max_age_s: float = 24 * 3600, 
 
     Ages are taken on the engine's own clock (`SystemTime`), as its containers' times are: a GPU host whose clock is
     behind this worker's would otherwise make a live case look past its timeout."""
-    now = _engine_now(api) if now is None else now
+    now = engine_now(api) if now is None else now
     report = CleanupReport(dry_run=dry_run)
     listed = api.containers(all=True)
     image_labels: dict[str, dict] = {}

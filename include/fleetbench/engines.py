@@ -10,8 +10,29 @@ run the docker CLI on the host itself (locally, or over the host's SSH connectio
 from __future__ import annotations
 
 import functools
+import re
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
+
+_SYSTEM_TIME = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.\d{1,9})?(Z|[+-]\d\d:\d\d)?$")
+
+
+def engine_now(api) -> float:
+    """The engine's clock (`docker info`'s SystemTime, RFC 3339 with nanoseconds), else this machine's: what
+    stamps and ages the engine's objects (a superseded bake, a stopped container), whichever worker reads them."""
+    import docker
+    import requests
+
+    try:
+        found = _SYSTEM_TIME.match(str(api.info().get("SystemTime") or ""))
+    except (docker.errors.DockerException, requests.RequestException):
+        found = None
+    if found is None:
+        return time.time()
+    zone = found.group(2) or "Z"
+    return datetime.fromisoformat(found.group(1) + ("+00:00" if zone == "Z" else zone)).timestamp()
 
 
 def docker_tls_config(tls: dict | None):

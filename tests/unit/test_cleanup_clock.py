@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 import pytest
 
 from fleetbench import cleanup
+from fleetbench.engines import engine_now
 
 LABELS = {"org.fleetbench.managed": "true", "org.fleetbench.run_id": "scheduled__x",
           "org.fleetbench.dag_id": "fleet_benchmark", "org.fleetbench.host": "gpu-01",
@@ -61,4 +62,37 @@ def test_a_case_past_its_timeout_on_the_engines_clock_is_removed():
     engine = Engine(-900, ran_s=1000)  # 600 s + the 300 s grace passed on the engine's clock
     report = cleanup.clean_engine(engine)
     assert [c["name"] for c in report.removed_containers] == ["fb-live"] and "remove" in engine.calls
-    assert abs(cleanup._engine_now(Engine(0, 0, system_time=False)) - time.time()) < 5  # no SystemTime: this clock
+    assert abs(engine_now(Engine(0, 0, system_time=False)) - time.time()) < 5  # no SystemTime: this clock
+
+
+class BakeEngine:
+    """An engine with one `current` bake, its clock `skew_s` off this machine's: what make_current tags."""
+
+    def __init__(self, skew_s: float):
+        self.now, self.tags = time.time() + skew_s, []
+
+    def info(self):
+        return {"SystemTime": datetime.fromtimestamp(self.now, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")}
+
+    def inspect_image(self, ref):
+        return {"Id": "sha256:" + "a" * 64, "RepoTags": ["fleetbench/cnn:current", "fleetbench/cnn:23.03-aaaaaaaaaaaa"]}
+
+    def tag(self, image, repo, tag, force=False):
+        self.tags.append(f"{repo}:{tag}")
+
+    def remove_image(self, ref):
+        pass
+
+
+@pytest.mark.parametrize("skew_s", [-3 * 3600, 3 * 3600])
+def test_a_superseded_bake_is_stamped_on_the_engines_clock(skew_s):
+    """cleanup ages a superseded bake from its stamp on the engine's clock: the stamp was the baking worker's clock,
+    so an engine 3 h ahead of it saw a bake superseded a minute ago as 3 h old and removed it under a running night."""
+    from fleetbench.bake import make_current
+
+    engine = BakeEngine(skew_s)
+    make_current(engine, "fleetbench/cnn", "sha256:" + "b" * 64)
+    [stamp, current] = engine.tags
+    assert current == "fleetbench/cnn:current" and stamp.startswith("fleetbench/cnn:superseded-")
+    stamped = int(stamp.removeprefix("fleetbench/cnn:superseded-").split("-")[0])
+    assert abs(stamped - engine.now) < 5
