@@ -173,7 +173,8 @@ def match_nodes(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], tupl
     rows with the same `NODES_MATCH` fields (and `variant_of` its command) on hosts of its set: E = total / (nodes
     x the mean of those 1-node figures). 1.0 is linear scaling across hosts. On each host the 1-node row of the
     row's own benchmark is taken, else the only matching one; a host where several other benchmarks match (which
-    one is the baseline is not known) gives none."""
+    one is the baseline is not known), or where none is ok (its 1-node case failed), gives the row none, as a failed
+    1-GPU case gives a multi-GPU row no speedup efficiency."""
     ok = [r for r in rows if r.get("status") == "ok" and _positive(r.get("images_per_sec"))]
     single: dict[tuple, dict[str, dict[Any, float]]] = {}
     for r in ok:
@@ -185,14 +186,15 @@ def match_nodes(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], tupl
         if nodes <= 1 or _ranks_per_node(r) != 1:
             continue
         per_host = single.get(_nodes_key(r), {})
+        hosts = (r.get("host_set") or "").split(",")
         figures = []
-        for h in (r.get("host_set") or "").split(","):
+        for h in hosts:
             by_bench = per_host.get(h, {})
             if r.get("benchmark") in by_bench:
                 figures.append(by_bench[r.get("benchmark")])
             elif len(by_bench) == 1:
                 figures.extend(by_bench.values())
-        if figures:
+        if figures and len(figures) == len(hosts):  # every host's: a baseline of some of them is another set's
             base = sum(figures) / len(figures)
             out[(r["host"], r["case_key"])] = (r["images_per_sec"] / (nodes * base), base)
     return out
@@ -223,6 +225,20 @@ def _ranks_per_node(row: Mapping[str, Any]) -> int:
         if r.get("job") == "worker":
             workers[r.get("host")] = workers.get(r.get("host"), 0) + 1
     return max([r.get("procs") or 1 for r in roles] + list(workers.values()) + [1])
+
+
+def _workers_per_step_line(row: Mapping[str, Any]) -> int:
+    """How many workers' throughput a row's step lines are a share of: a ps_worker case's (nodes > 1) chief prints
+    its own images/sec at each step while its `total images/sec` is the cluster's (the real TF 2.15 run of
+    tests/fixtures/real-tf215-dist: steps ~69, total 139.24 with two workers), so its step figures are scaled to the
+    cluster, the unit of `images_per_sec`; 1 otherwise (one process, or a launcher's ranks reporting together)."""
+    if (row.get("nodes") or 1) <= 1 or not row.get("roles_json"):
+        return 1
+    try:
+        roles = [r for r in json.loads(row["roles_json"]) if isinstance(r, dict)]
+    except (TypeError, ValueError):
+        return 1
+    return max(1, sum(1 for r in roles if r.get("job") == "worker"))
 
 
 _FP16_FLAG = re.compile(r"^--(no)?(use_fp16|auto_mixed_precision)(?:=(.*))?$")  # absl: `--noflag` is `--flag=false`
@@ -707,8 +723,10 @@ def derive(rows: Sequence[Mapping[str, Any]], steps: Iterable[Mapping[str, Any]]
         r["time_to_accuracy_s"] = time_to_accuracy_s([(duration, accuracy)], config.target_accuracy_top1)
 
         # 2. throughput of the steps
+        per = _workers_per_step_line(r)  # a cluster's chief prints its own steps, the total is the cluster's
         samples = [s.get("images_per_sec") for s in sorted(by_case.get((r.get("host"), r.get("case_key")), []),
                                                            key=lambda s: s["step"])]
+        samples = [v * per if v is not None else None for v in samples]
         stats = step_stats(samples)
         r["step_median_images_per_sec"] = stats.median if stats else None
         r["step_spread_images_per_sec"] = stats.spread if stats else None

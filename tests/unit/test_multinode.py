@@ -268,6 +268,37 @@ def test_rows_record_hosts_and_roles_and_the_efficiency_across_nodes():
     got = {(r["host"], r["case_key"]): (r["node_efficiency"], r["node_baseline_images_per_sec"]) for r in rows}
     assert got[("a", "k.n2.a+b")] == pytest.approx((165.0 / (2 * 110.0), 110.0))
     assert got[("a", "k")] == (None, None) and got[("c", "k.n2.c+d")] == (None, None)
+    # b's 1-node case failed: a's figure alone is not the set's baseline (as a failed 1-GPU case gives no speedup)
+    rows = derive([row("a", "k", 100.0), row("b", "k", None, status="failed"),
+                   row("a", "k.n2.a+b", 165.0, 2, "a,b")], [], None, None)
+    assert {(r["node_efficiency"], r["node_baseline_images_per_sec"]) for r in rows} == {(None, None)}
+
+
+def test_a_ps_worker_rows_step_figures_are_the_clusters_as_its_total_is():
+    """The chief of a ps_worker case prints its own images/sec at each step and the cluster's as its total (the real
+    TF 2.15 run: steps ~69, total 139.24 with two workers): the step median and spread are scaled to the cluster,
+    the unit of images_per_sec; the CV is the same either way."""
+    from fleetbench.harnesses import get
+    from fleetbench.metrics import derive, step_stats
+
+    measured = get("tf_cnn_benchmarks").measure(str(DIST / "dist-w0.log"), {})
+    per_worker = [s["images_per_sec"] for s in measured.steps]
+    roles = [{"host": "a", "job": "worker", "task_index": 0}, {"host": "b", "job": "worker", "task_index": 1},
+             {"host": "a", "job": "ps", "task_index": 0}]
+    row = {"dag_id": "d", "run_id": "r", "host": "a", "case_key": "k.n2.a+b", "status": "ok", "model": "trivial",
+           "harness": "tf_cnn_benchmarks", "batch_size_per_device": 8, "num_gpus": 1, "device": "cpu", "nodes": 2,
+           "host_set": "a,b", "roles_json": json.dumps(roles), "images_per_sec": measured.images_per_sec,
+           "command": ["x"]}
+    steps = [{"host": "a", "case_key": "k.n2.a+b", "step": s["step"], "images_per_sec": s["images_per_sec"]}
+             for s in measured.steps]
+    [got] = derive([row], steps, None, None)
+    alone = step_stats(per_worker)
+    assert measured.images_per_sec == 139.24 and alone.median == 69.0
+    assert got["step_median_images_per_sec"] == pytest.approx(2 * alone.median)
+    assert got["step_spread_images_per_sec"] == pytest.approx(2 * alone.spread)
+    assert got["step_cv"] == pytest.approx(alone.cv)
+    [single] = derive([{**row, "nodes": 1, "host_set": None, "roles_json": None}], steps, None, None)
+    assert single["step_median_images_per_sec"] == alone.median  # one process: as printed
 
 
 
