@@ -33,8 +33,16 @@ from fleetbench.harnesses.base import UNITS as _UNITS
 # so nothing from a config file or a trigger parameter can smuggle shell or path syntax.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 MAX_NUM_BATCHES = 1_000_000  # benchmarks[].num_batches and the trigger parameter num_batches
-# A Docker image reference: [registry[:port]/]path[:tag][@sha256:digest]
-IMAGE_REF_PATTERN = r"^[a-z0-9][a-z0-9._:/-]*[a-z0-9](:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?$"
+# A Docker image reference, by distribution's reference grammar: [registry[:port]/]path[/path...][:tag][@sha256:digest],
+# each path component lowercase letters and digits joined by one `.`, `_`, `__` or dashes (`x:1:v2` and `a//b`, which
+# Docker refuses, are refused here). Python's `re` and JSON Schema (the trigger form's `image`) read it alike.
+_DOMAIN_PART = r"(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9])"
+_PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_REF_PATTERN = (rf"^(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*(?::[0-9]+)?/)?{_PATH_PART}(?:/{_PATH_PART})*"
+                     r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$")
+IMAGE_REF_SHAPE = ("must be a Docker image reference: [registry[:port]/]name[:tag][@sha256:<64 hex digits>], the "
+                   "name's parts lowercase letters and digits joined by '.', '_', '__' or '-' (e.g. "
+                   "nvcr.io/nvidia/tensorflow:23.03-tf1-py3)")
 DOCKER_URL_PATTERN = r"^(unix:///[^\s]+|tcp://[A-Za-z0-9_.-]+:\d+|ssh://[^\s]+)$"
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
@@ -836,8 +844,16 @@ def _shown(value: Any) -> Any:
     """A refused value as an error repeats it: a URL without the user and password it may carry (a git token): the
     error also becomes the DAG's import error, which whoever sees the DAG in the UI can read."""
     if isinstance(value, str) and "://" in value and "@" in value:
+        from urllib.parse import urlsplit
+
         from fleetbench.bake import public_url  # only then: bake imports docker
 
+        try:
+            parts = urlsplit(value)
+            if parts.password is None and parts.scheme not in ("http", "https"):
+                return value  # ssh://bench@gpu-01: a user name, no secret (an http(s) user may be a bare token)
+        except ValueError:
+            pass
         return public_url(value)
     return value
 
@@ -847,7 +863,9 @@ def format_validation_error(exc: ValidationError) -> list[str]:
     for err in exc.errors(include_url=False):
         template = _MESSAGES.get(err["type"])
         ctx = err.get("ctx") or {}
-        if template:
+        if ctx.get("pattern") == IMAGE_REF_PATTERN:  # a regex of the reference grammar says little to a reader
+            message = IMAGE_REF_SHAPE
+        elif template:
             try:
                 message = template.format(**ctx)
             except (KeyError, IndexError):

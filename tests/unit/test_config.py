@@ -127,6 +127,26 @@ def test_each_mistake_names_its_field(mutate, expected):
     assert any(e.startswith(expected) for e in errors_of(data)), errors_of(data)
 
 
+@pytest.mark.parametrize("ref, ok", [
+    ("nvcr.io/nvidia/tensorflow:23.03-tf1-py3", True), ("127.0.0.1:5000/fleetbench/cpu-smoke:latest", True),
+    ("localhost:5000/team/img", True), ("ubuntu", True), ("a_b__c-d.e/f---g:T_1.x", True),
+    ("reg.example/x:1@sha256:" + "0" * 64, True),
+    # Docker refuses these ("invalid reference format"): a second tag, an empty path part, a trailing
+    # separator, three underscores, an uppercase name, an empty tag
+    ("x:1:v2", False), ("a//b", False), ("x.", False), ("x___y", False), ("reg.example/Team/x", False), ("x:", False),
+])
+def test_image_refs_are_docker_references(ref, ok):
+    data = good()
+    data["images"][0]["ref"] = ref
+    if ok:
+        assert parse_config(data).images[0].ref == ref
+    else:
+        [error] = errors_of(data)
+        assert error == ("images[0].ref: must be a Docker image reference: [registry[:port]/]name[:tag][@sha256:<64 "
+                         "hex digits>], the name's parts lowercase letters and digits joined by '.', '_', '__' or '-' "
+                         f"(e.g. nvcr.io/nvidia/tensorflow:23.03-tf1-py3), got {ref!r}")
+
+
 def test_all_errors_are_reported_at_once():
     data = good()
     data["benchmarks"][0]["batch_sizes"] = [0, -2]

@@ -86,7 +86,8 @@ def test_unknown_names_are_refused_again_at_run_time():
     assert info.value.errors == [
         "hosts[0]: unknown host 'gpu-99' (known: gpu-01, gpu-02)",
         "models[1]: unknown model 'resnet50; rm -rf /' (known: resnet50, trivial, vgg16)"]
-    with pytest.raises(ConfigError, match="after applying the run's parameters: images\\[0\\].ref: must match"):
+    with pytest.raises(ConfigError,
+                       match="after applying the run's parameters: images\\[0\\].ref: must be a Docker image"):
         apply_params(cfg(), {"image": "bad ref; rm"})
 
 

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
-from fleetbench.config import DCGM_TIMEOUT_S
+from fleetbench.config import DCGM_TIMEOUT_S, IMAGE_REF_PATTERN
 
 NVIDIA_SMI_QUERY = (
     "index,name,uuid,driver_version,memory.total,memory.used,power.limit,clocks.max.sm,pci.bus_id"
@@ -35,8 +35,8 @@ GPU_SMOKE_LABEL = "org.fleetbench.probe=gpu-smoke"  # finds a smoke container th
 GPU_SMOKE_NAME_PREFIX = "fleetbench-gpu-smoke-"
 CLEANUP_TIMEOUT_S = 30.0
 PROBES_FILE = "probes.json"
-# Same shape as fleetbench.config.IMAGE_REF_PATTERN; it never starts with "-", so it cannot be taken for an option.
-_IMAGE_REF = re.compile(r"^[a-z0-9][a-z0-9._:/-]*[a-z0-9](:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?$")
+# A reference never starts with "-", so it cannot be taken for an option.
+_IMAGE_REF = re.compile(IMAGE_REF_PATTERN)
 
 
 @dataclass(frozen=True)
