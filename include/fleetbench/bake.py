@@ -172,6 +172,9 @@ def public_url(url: str) -> str:
     try:
         parts = urlsplit(url)
         if parts.username is None and parts.password is None:
+            scheme, sep, rest = url.partition("://")
+            if sep and "@" in rest:  # a password with an unencoded '/', '?' or '#' (base64): the host part ends
+                return f"{scheme}://{rest.rpartition('@')[2]}"  # there for urlsplit; all up to the last '@' goes
             return url
         host = parts.hostname or ""
         host = f"[{host}]" if ":" in host else host  # IPv6
