@@ -39,6 +39,7 @@ from docker.types import DeviceRequest, LogConfig, Ulimit
 from fleetbench import runs, telemetry
 from fleetbench.airflow import pipeline
 from fleetbench.airflow.connections import docker_tls_files
+from fleetbench.engines import engine_now
 from fleetbench.run_model import CaseOutcome, HostImages, HostVerdict, Measurement, RunPlan, by_host
 from fleetbench.runs import log_path as case_log_path
 from fleetbench.runs import outcome_path
@@ -427,7 +428,7 @@ class BenchmarkCaseOperator(DockerOperator):
                 raise AirflowException(f"case {self.case['case_key']} was killed from Airflow; its outcome is recorded")
             state = self.cli.inspect_container(cid)["State"]
             outcome["oom_killed"] = bool(state.get("OOMKilled")) or (
-                state.get("ExitCode") == 137 and not outcome["timed_out"] and self._oom_event(cid, t0))
+                state.get("ExitCode") == 137 and not outcome["timed_out"] and self._oom_event(cid, state))
             if outcome["exit_code"] is None:
                 outcome["exit_code"] = state.get("ExitCode")
             outcome["started_at"] = docker_time(state.get("StartedAt")) or t0.isoformat()
@@ -508,12 +509,17 @@ class BenchmarkCaseOperator(DockerOperator):
         with log_path.open("ab") as f:
             f.write(f"\nfleetbench: {outcome['error']}\n".encode())
 
-    def _oom_event(self, cid: str, since: datetime) -> bool:
+    def _oom_event(self, cid: str, state: dict) -> bool:
         """The engine logged an `oom` event for the container. Docker 20.10 sets State.OOMKilled from whichever of
         the OOM and exit notifications comes last, so a container killed at its memory limit can read
-        `OOMKilled: false`, exit 137; its event log still has the `oom`."""
+        `OOMKilled: false`, exit 137; its event log still has the `oom`. The events are asked for between the
+        container's own StartedAt and FinishedAt: the engine's clock, by which it filters them (the worker's may be
+        hours off a remote engine's: no event was found, or the query waited until the worker's `until` came)."""
+        started, finished = docker_time(state.get("StartedAt")), docker_time(state.get("FinishedAt"))
+        until = datetime.fromisoformat(finished).timestamp() if finished else engine_now(self.cli)
+        since = datetime.fromisoformat(started).timestamp() if started else until - self.timeout_s - 60
         try:
-            events = self.cli.events(since=int(since.timestamp()) - 1, until=int(time.time()) + 1, decode=True,
+            events = self.cli.events(since=int(since) - 1, until=int(until) + 2, decode=True,
                                      filters={"container": cid, "event": "oom"})
             try:
                 return any(e.get("status") == "oom" or e.get("Action") == "oom" for e in events)

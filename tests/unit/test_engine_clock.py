@@ -1,5 +1,6 @@
-"""Maintenance judges a case container's age on the engine's own clock: a GPU host whose clock is behind the
-maintenance worker's made a live case look past its timeout, and maintenance stopped and removed it."""
+"""What is judged by time on an engine is judged on the engine's own clock, which can be hours off the worker's:
+maintenance's age of a case container (a GPU host whose clock is behind the maintenance worker's made a live case
+look past its timeout, and maintenance stopped and removed it), a superseded bake's stamp, a case's OOM event."""
 
 from __future__ import annotations
 
@@ -96,3 +97,42 @@ def test_a_superseded_bake_is_stamped_on_the_engines_clock(skew_s):
     assert current == "fleetbench/cnn:current" and stamp.startswith("fleetbench/cnn:superseded-")
     stamped = int(stamp.removeprefix("fleetbench/cnn:superseded-").split("-")[0])
     assert abs(stamped - engine.now) < 5
+
+
+class OomEngine:
+    """An engine whose clock is `skew_s` off this one's, with a container OOM-killed a minute ago by its clock; it
+    filters its events by its own clock, as Docker does."""
+
+    def __init__(self, skew_s: float):
+        self.now = time.time() + skew_s
+        self.oom_at = self.now - 60
+        self.queries = []
+
+    def events(self, since, until, decode, filters):
+        self.queries.append((since, until))
+        return _Events([{"status": "oom", "Action": "oom"}] if since <= self.oom_at <= until else [])
+
+
+class _Events(list):
+    def close(self):
+        pass
+
+
+def _stamp_of(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f") + "123Z"
+
+
+@pytest.mark.parametrize("skew_s", [-3 * 3600, 0, 3 * 3600])
+def test_an_oom_event_is_found_whatever_the_workers_clock_says(skew_s):
+    """A case killed at its memory limit can read OOMKilled false (Docker 20.10): its `oom` event names it. The
+    events were asked for from the worker's clock: on an engine hours off, none was found (or the query waited
+    until the worker's `until` came on the engine's clock). The window is the container's own start and end now."""
+    from fleetbench.airflow.operators import BenchmarkCaseOperator
+
+    engine = OomEngine(skew_s)
+    op = BenchmarkCaseOperator(task_id="run_case", image="x", case={"host": "h", "case_key": "k"})
+    op.__dict__["cli"] = engine  # the cached client
+    state = {"StartedAt": _stamp_of(engine.now - 90), "FinishedAt": _stamp_of(engine.now - 59), "ExitCode": 137}
+    assert op._oom_event("c" * 64, state) is True
+    [(since, until)] = engine.queries
+    assert since <= engine.now - 90 and engine.now - 59 <= until < engine.now  # nothing to wait for
