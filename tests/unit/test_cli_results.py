@@ -98,6 +98,9 @@ def test_unknown_run_and_empty_warehouse(warehouse, tmp_path):
     ("postgresql://fleet@127.0.0.1:1/none?password=s3cret-pw&sslpassword=s3cret-pw-key",
      "cannot read the warehouse at postgresql://fleet@127.0.0.1:1/none?password=***&sslpassword=***: "),
     ("postgresql://fleet:s3cret-pw@127.0.0.1:abc/none", "not a database URL: <unparsable URL>"),  # a port not a number
+    ("postgresql://fleet:s3cret-pw@x@127.0.0.1:1/none", "its password holds an '@': write it as %40"),
+    ("postgresql+pyscopg2://fleet:s3cret-pw@127.0.0.1:1/none",
+     "postgresql+pyscopg2://fleet:***@127.0.0.1:1/none: unknown driver 'postgresql+pyscopg2'"),
 ])
 def test_bad_warehouse_urls_are_one_line_without_the_password(url, message):
     proc = cli("results", url=url)

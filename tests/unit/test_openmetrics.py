@@ -196,19 +196,23 @@ def test_a_warehouse_without_tables_is_an_answer_not_an_outage(tmp_path):
     assert resp.status_code == 200 and resp.text == "# EOF\n"  # was 503 "not reachable"
 
 
-def test_a_warehouse_url_that_is_no_url_is_a_503_naming_the_setting(monkeypatch, caplog):
+@pytest.mark.parametrize("url, logged", [
+    ("notaurl", "not a database URL"),
+    ("postgresql+pyscopg2://fb:s3cret@127.0.0.1:1/w", "unknown driver 'postgresql+pyscopg2'"),  # was a 500
+])
+def test_a_warehouse_url_that_is_no_url_is_a_503_naming_the_setting(monkeypatch, caplog, url, logged):
     from fastapi.testclient import TestClient
 
     from fleetbench.report.web import MISCONFIGURED, create_app
 
     monkeypatch.delenv("FLEETBENCH_WAREHOUSE_READ_URL", raising=False)
-    monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", "notaurl")
+    monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", url)
     with TestClient(create_app(), raise_server_exceptions=False) as c, caplog.at_level("WARNING"):
         page, metrics = c.get("/"), c.get("/metrics")
     assert (page.status_code, metrics.status_code) == (503, 503)  # were 500
     assert metrics.json()["detail"] == MISCONFIGURED
     assert "The warehouse&#x27;s URL is not valid (FLEETBENCH_WAREHOUSE_READ_URL" in page.text  # escaped in the page
-    assert "not a database URL" in caplog.text
+    assert logged in caplog.text and "s3cret" not in caplog.text
 
 
 def test_a_warehouse_an_upgrade_behind_says_so_in_the_view(history):

@@ -43,12 +43,12 @@ def _parsed(url):
     from sqlalchemy.engine import URL, make_url
     from sqlalchemy.exc import ArgumentError
 
-    if isinstance(url, URL):
-        return url
     try:
-        return make_url(url)
+        parsed = url if isinstance(url, URL) else make_url(url)
     except (ArgumentError, ValueError):
         return None
+    # `user:p@ss@host`: SQLAlchemy ends the password at its first '@' and takes the rest for the host
+    return None if "@" in (parsed.host or "") else parsed
 
 
 def _secret_keys(parsed) -> list[str]:
@@ -96,6 +96,9 @@ def _normalise(url: str) -> str:
     except (ArgumentError, ValueError):  # ValueError: a port that is no number
         raise WarehouseURLError(f"FLEETBENCH_WAREHOUSE_URL: not a database URL: {warehouse_display_url(url)} "
                                 "(e.g. sqlite:////path/warehouse.db or postgresql://user:password@host/db)") from None
+    if "@" in (parsed.host or ""):
+        raise WarehouseURLError("FLEETBENCH_WAREHOUSE_URL: its password holds an '@': write it as %40 (characters "
+                                "such as @ : / % in a URL's password are percent-encoded)")
     if parsed.drivername == "postgresql":
         parsed = parsed.set(drivername="postgresql+psycopg2")
     if parsed.get_backend_name() not in ("sqlite", "postgresql"):
@@ -122,7 +125,7 @@ def existing_engine(url: str | None = None) -> Engine:
 def get_engine(url: str | None = None) -> Engine:
     url = _normalise(url or warehouse_url())
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"timeout": 30})
+        engine = _create(url, connect_args={"timeout": 30})
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn, _record):  # WAL: readers don't block the writer
@@ -132,11 +135,21 @@ def get_engine(url: str | None = None) -> Engine:
             cur.close()
 
         return engine
+    return _create(url, pool_pre_ping=True, connect_args={"options": _utc_options(url)})
+
+
+def _create(url: str, **kwargs) -> Engine:
+    """create_engine, its driver missing or unknown a one-line WarehouseURLError."""
+    from sqlalchemy.exc import NoSuchModuleError
+
     try:
-        return create_engine(url, pool_pre_ping=True, connect_args={"options": _utc_options(url)})
+        return create_engine(url, **kwargs)
     except ImportError as exc:
         raise WarehouseURLError(f"FLEETBENCH_WAREHOUSE_URL {warehouse_display_url(url)}: "
                                 f"driver not installed ({exc})") from None
+    except NoSuchModuleError:  # postgresql+pyscopg2://: a driver SQLAlchemy does not know
+        raise WarehouseURLError(f"FLEETBENCH_WAREHOUSE_URL {warehouse_display_url(url)}: unknown driver "
+                                f"{url.split(':', 1)[0]!r} (postgresql:// uses psycopg2)") from None
 
 
 def _utc_options(url: str) -> str:
