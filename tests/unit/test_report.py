@@ -839,6 +839,34 @@ def test_multi_node_rows_show_their_scaling_across_nodes(engine, tmp_path):
     assert cells["nodes"][0] == "2" and cells["mean"][1] == pytest.approx(0.8) and cells["host_set"][0] == "c,d"
 
 
+def test_two_dags_benchmarking_one_host_are_two_series_and_two_cells(engine):
+    """A quick DAG beside the nightly one runs the same case on the same host at its own settings: the throughput
+    series and the change map mixed both into one (a steady host read -50 % every other night, a red cell with no
+    finding), where the regressions and /metrics keep them apart."""
+    from datetime import timedelta
+
+    from fleetbench.warehouse import store_run, upgrade
+
+    upgrade(engine)
+    day0 = datetime(2026, 10, 1, 2, tzinfo=timezone.utc)
+    for night in range(5):
+        for dag, ips, hour in (("nightly", 900.0 + night, 0), ("quick", 450.0 + night, 6)):
+            when = (day0 + timedelta(days=night, hours=hour)).isoformat()
+            common = {"dag_id": dag, "run_id": f"{dag}-{night}", "logical_date": when, "started_at": when,
+                      "finished_at": when}
+            store_run(engine, {**plain_run_row(f"{dag}-{night}", dag_id=dag), "logical_date": when}, [],
+                      [result_row("c", host="a", ips=ips, **common)])
+    report = report_of(engine, since="2026-10-01", until="2026-10-06")
+    got = {s["label"]: (s["n"], s["latest"], s["previous"]) for s in report["throughput"]}
+    assert got == {"a · c · nightly": (5, 904.0, 903.0), "a · c · quick": (5, 454.0, 453.0)}
+    cells = report["change_map"]["cells"]["a"]
+    assert sorted(cells) == ["c · nightly", "c · quick"]
+    assert cells["c · nightly"]["delta_pct"] == pytest.approx((904 - 901.5) / 901.5 * 100)
+    assert cells["c · quick"]["delta_pct"] == pytest.approx((454 - 451.5) / 451.5 * 100)
+    one = report_of(engine, since="2026-10-01", until="2026-10-06", dag_id="quick")  # one DAG: labels as before
+    assert [s["label"] for s in one["throughput"]] == ["a · c"] and list(one["change_map"]["cells"]["a"]) == ["c"]
+
+
 def test_change_map_baseline_is_the_newest_nights_of_the_range(engine, tmp_path, monkeypatch):
     """The change map reads only the range's newest CHANGE_MAP_NIGHTS nights: a year's range costs what a fortnight's
     does, and a baseline from long ago does not decide today's change. Past CHANGE_MAP_MAX_CELLS cells it says

@@ -389,8 +389,10 @@ def host_throughput(conn, f: Filters) -> list[dict]:
         if not math.isfinite(r.value):  # PostgreSQL floats can hold NaN and infinities
             continue
         better = "lower" if r.better == "lower" else "higher"
-        s = series.setdefault((r.model, r.host, r.case_key, r.metric, r.unit), {
-            "model": r.model, "benchmark": r.benchmark, "host": r.host, "case_key": r.case_key, "gpu": None,
+        # two DAGs benchmarking one host are two setups (as the regressions compare them): one series each
+        s = series.setdefault((r.dag_id, r.model, r.host, r.case_key, r.metric, r.unit), {
+            "dag_id": r.dag_id, "model": r.model, "benchmark": r.benchmark, "host": r.host, "case_key": r.case_key,
+            "gpu": None,
             "num_gpus": r.num_gpus, "mig_profile": r.mig_profile, "nodes": r.nodes or 1,
             "batch_size_per_device": r.batch_size_per_device,
             "metric": r.metric, "unit": r.unit, "better": better, "label": f"{r.host} · {r.case_key}", "points": []})
@@ -399,11 +401,19 @@ def host_throughput(conn, f: Filters) -> list[dict]:
         if r.metric == IMAGES[0]:
             point["images_per_sec"] = point["value"]
         s["points"].append(point)
-    out = _finish(list(series.values()))
+    out = _finish(_name_dags(list(series.values())))
     for s in out:
         values = [p["value"] for p in s["points"]]
         s.update(min=min(values), max=max(values), hosts=1)
     return out
+
+
+def _name_dags(series: list[dict]) -> list[dict]:
+    """Series of several DAGs in one window: each label also names its DAG (one DAG: as before)."""
+    if len({s["dag_id"] for s in series}) > 1:
+        for s in series:
+            s["label"] = f"{s['label']} · {s['dag_id']}"
+    return series
 
 
 def fleet_throughput(conn, f: Filters) -> list[dict]:
@@ -418,17 +428,17 @@ def fleet_throughput(conn, f: Filters) -> list[dict]:
     nights: dict[Any, str | None] = {}  # every series has the same few hundred nights
     for model, case_key, gpu, num_gpus, batch, dag_id, run_id, when, median, low, high, hosts, mig, nodes in rows:
         night = nights.get(when) or nights.setdefault(when, _iso(when))
-        s = series.get((model, case_key, gpu))
+        s = series.get((dag_id, model, case_key, gpu))
         if s is None:
-            s = series[(model, case_key, gpu)] = {
-                "model": model, "host": None, "case_key": case_key, "gpu": gpu, "num_gpus": num_gpus,
+            s = series[(dag_id, model, case_key, gpu)] = {
+                "dag_id": dag_id, "model": model, "host": None, "case_key": case_key, "gpu": gpu, "num_gpus": num_gpus,
                 "mig_profile": mig, "nodes": nodes or 1, "batch_size_per_device": batch, "metric": IMAGES[0],
                 "unit": IMAGES[1], "better": IMAGES[2],
                 "label": f"{case_key} · {gpu or 'GPU not reported'}", "points": []}
         s["points"].append({"logical_date": night, "run_id": run_id, "dag_id": dag_id, "value": float(median),
                             "images_per_sec": float(median), "min": float(low), "max": float(high),
                             "hosts": int(hosts)})
-    out = _finish(list(series.values()))
+    out = _finish(_name_dags(list(series.values())))
     for s in out:
         s.update(min=min(p["min"] for p in s["points"]), max=max(p["max"] for p in s["points"]),
                  hosts=s["points"][-1]["hosts"])
@@ -814,24 +824,29 @@ def change_map(conn, f: Filters) -> dict:
     if since is not None and (f.since is None or since > f.since):
         f = replace(f, since=since)
     pairs = conn.execute(select(func.count()).select_from(
-        select(br.c.host, br.c.case_key).where(*_scope(f), br.c.status == "ok").distinct()
+        select(br.c.dag_id, br.c.host, br.c.case_key).where(*_scope(f), br.c.status == "ok").distinct()
         .limit(CHANGE_MAP_MAX_CELLS + 1).subquery())).scalar()  # DISTINCT ... LIMIT: stops at one past the cap
     if pairs > CHANGE_MAP_MAX_CELLS:
         return {"hosts": [], "cases": [], "cells": {}, "skipped": pairs}
     legacy = br.c.metric.is_(None)  # a row stored before rows named their metric: images/sec
     value = case((legacy, br.c.images_per_sec), else_=br.c.value)
     rows = conn.execute(
-        select(br.c.host, br.c.case_key, func.coalesce(br.c.metric, "images_per_sec").label("metric"),
+        select(br.c.dag_id, br.c.host, br.c.case_key, func.coalesce(br.c.metric, "images_per_sec").label("metric"),
                value.label("value"), case((legacy, "images/s"), else_=br.c.unit).label("unit"),
                func.coalesce(br.c.better, "higher").label("better"), br.c.driver_version,
                br.c.cuda_driver_version, br.c.image_digest)
         .where(*_scope(f), br.c.status == "ok", value.is_not(None))
         .order_by(br.c.host, br.c.case_key, br.c.logical_date)).all()
-    series: dict[tuple[str, str], list] = {}
-    for r in rows:
-        series.setdefault((r.host, r.case_key), []).append(r)
+    series: dict[tuple[str, str, str], list] = {}
+    for r in rows:  # two DAGs benchmarking one host are two setups: a cell each, its column naming the DAG
+        series.setdefault((r.dag_id, r.host, r.case_key), []).append(r)
+    several = len({dag for dag, _, _ in series}) > 1
+
+    def column(case_key: str, dag_id: str) -> str:
+        return f"{case_key} · {dag_id}" if several else case_key
+
     cells: dict[str, dict[str, dict]] = {}
-    for (host, case_key), nights in series.items():
+    for (dag_id, host, case_key), nights in series.items():
         last = nights[-1]
         same = [n.value for n in nights[:-1]
                 if (n.metric, n.unit, n.driver_version, n.cuda_driver_version, n.image_digest)
@@ -839,11 +854,11 @@ def change_map(conn, f: Filters) -> dict:
                 and math.isfinite(n.value)]
         base = statistics.median(same) if len(same) >= 3 else None  # of an even count: the mean of the middle two
         delta = (last.value - base) / base * 100.0 if base and math.isfinite(last.value) else None
-        cells.setdefault(host, {})[case_key] = {"delta_pct": delta, "status": None, "kind": None,
+        cells.setdefault(host, {})[column(case_key, dag_id)] = {"delta_pct": delta, "status": None, "kind": None,
                                                 "metric": last.metric, "unit": last.unit,
                                                 "better": "lower" if last.better == "lower" else "higher"}
     for r in open_regressions(conn, f, include_suspected=True, kinds=("regression", "improvement")):
-        cell = cells.get(r["host"], {}).get(r["case_key"])
+        cell = cells.get(r["host"], {}).get(column(r["case_key"], r["dag_id"]))
         if cell is not None and r["metric"] == cell["metric"]:
             cell.update(delta_pct=r["delta_pct"], status=r["status"], kind=r["kind"])
     return {"hosts": sorted(cells), "cases": sorted({c for row in cells.values() for c in row}), "cells": cells,
