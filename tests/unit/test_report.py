@@ -867,6 +867,27 @@ def test_two_dags_benchmarking_one_host_are_two_series_and_two_cells(engine):
     assert [s["label"] for s in one["throughput"]] == ["a · c"] and list(one["change_map"]["cells"]["a"]) == ["c"]
 
 
+def test_a_hosts_newest_check_is_the_one_collected_last_as_metrics_has_it(engine):
+    """gpu-a degraded at the 11-05 night's check, repaired, then the 10-31 night backfilled (its check healthy, taken
+    after the repair): the report read the degraded check (newest night) while /metrics said ready (newest check)."""
+    from attempts_contract import host_check
+    from fleetbench.report.openmetrics import collect, render
+    from fleetbench.warehouse import store_run, upgrade
+
+    upgrade(engine)
+    for run, day, checked, health, verdict in (("n05", "2026-11-05T02:00:00+00:00", "2026-11-05T02:01:00+00:00",
+                                                "degraded", "degraded"),
+                                               ("b31", "2026-10-31T02:00:00+00:00", "2026-11-06T09:00:00+00:00",
+                                                "healthy", "ready")):
+        store_run(engine, {**plain_run_row(run), "logical_date": day},
+                  [host_check("550.1", checked, host="gpu-a", run_id=run, health=health, verdict=verdict)],
+                  [result_row("c", run_id=run, host="gpu-a", logical_date=day)])
+    [health] = report_of(engine, since="2026-10-30", until="2026-11-07")["fleet_health"]
+    assert (health["run_id"], health["gpu_health"]) == ("b31", "healthy")
+    metrics = render(collect(engine, now=datetime(2026, 11, 7, tzinfo=timezone.utc)))
+    assert 'fleetbench_host_verdict{dag_id="fleet_benchmark",host="gpu-a",verdict="ready"} 1' in metrics
+
+
 def test_change_map_baseline_is_the_newest_nights_of_the_range(engine, tmp_path, monkeypatch):
     """The change map reads only the range's newest CHANGE_MAP_NIGHTS nights: a year's range costs what a fortnight's
     does, and a baseline from long ago does not decide today's change. Past CHANGE_MAP_MAX_CELLS cells it says

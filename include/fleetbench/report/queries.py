@@ -756,7 +756,8 @@ def open_regressions(conn, f: Filters, include_suspected: bool = False,
 
 
 def fleet_health(conn, f: Filters, hosts: list[str]) -> list[dict]:
-    """Per host of the report: its newest host check with GPU health in the window (by the run's logical date),
+    """Per host of the report: its newest host check with GPU health of the window's runs (the one collected last, as
+    /metrics' host verdict: a backfill of an older night run after a repair checked the GPUs as they are now),
     each health check's status, and how many of the host's results in the window were measured while its
     GPUs were degraded or unfit (benchmark_results.host_gpu_health)."""
     from fleetbench.hosts.health import HEALTH_CHECKS
@@ -775,7 +776,7 @@ def fleet_health(conn, f: Filters, hosts: list[str]) -> list[dict]:
     ranked = (select(hf.c.host, hf.c.run_id, hf.c.gpu_health, hf.c.gpu_health_issues, hf.c.checks_json,
                      _ts(rn.c.logical_date).label("logical_date"),
                      func.row_number().over(partition_by=hf.c.host,
-                                            order_by=(rn.c.logical_date.desc(), hf.c.collected_at.desc()))
+                                            order_by=(hf.c.collected_at.desc(), rn.c.logical_date.desc()))
                      .label("nth"))
               .join(rn, and_(rn.c.dag_id == hf.c.dag_id, rn.c.run_id == hf.c.run_id)).where(*conds).subquery())
     newest = conn.execute(select(ranked).where(ranked.c.nth == 1).order_by(ranked.c.host)).all()
