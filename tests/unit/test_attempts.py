@@ -105,13 +105,17 @@ def test_cli_results_and_compare_across_attempts(tmp_path, monkeypatch, capsys):
     assert "4 attempt(s) of 2 case(s): 2 current, 2 superseded" in out
     assert main(["results", "--run-id", "night2"]) == 0  # current attempts only
     assert "2 case(s): 2 ok" in capsys.readouterr().out
+    # every night's attempts: newest night first, as `results --all` lists them; a case's attempts oldest first
+    import json
+
+    assert main(["results", "--all", "--attempts", "--format", "json"]) == 0
+    listed = [(r["logical_date"][:10], r["case_key"], r["attempt"]) for r in json.loads(capsys.readouterr().out)]
+    assert listed == [(f"2026-11-0{n}", c, a) for n in (3, 2, 1) for c in "ab" for a in (1, 2)]
 
     # The old driver's nights are superseded: a plain compare says where they are.
     assert main(["compare", "--before", "550.127.05", "--after", "590.48.01"]) == 2
     assert "add --attempts" in capsys.readouterr().err
     assert main(["compare", "--before", "550.127.05", "--after", "590.48.01", "--attempts", "--format", "json"]) == 0
-    import json
-
     rows = {r["case_key"]: r for r in json.loads(capsys.readouterr().out)}
     assert set(rows) == {"a", "b"}
     a = rows["a"]

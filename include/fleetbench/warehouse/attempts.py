@@ -265,8 +265,8 @@ HOST_CHECK_FIELDS = ("verdict", "reasons", "driver_version", "cuda_driver_versio
 
 
 def fetch_attempts(engine, run_id: str | None = None, dag_id: str | None = None) -> list[dict]:
-    """Every attempt (current and superseded) of the runs asked for, oldest attempt first per (run, host,
-    case), each with `current` (True for the one benchmark_results holds), for a superseded one
+    """Every attempt (current and superseded) of the runs asked for, newest night first and oldest attempt first
+    per (run, host, case), each with `current` (True for the one benchmark_results holds), for a superseded one
     `superseded_at`, `superseded_by` and `superseded_why`, and the host check it ran under: `host_verdict`,
     `host_driver_version`, ... (HOST_CHECK_FIELDS) and `host_checked_at`, None where that check is not
     kept (attempts superseded before revision 0013, rows written without a check)."""
@@ -286,8 +286,10 @@ def fetch_attempts(engine, run_id: str | None = None, dag_id: str | None = None)
         rows.append({**r, "current": True, "steps_json": None, "metrics_json": None, "superseded_at": None,
                      "superseded_by": None, "superseded_why": None, **_check_fields(check)})
     iso_timestamps(rows)  # as fetch_results gives them
-    rows.sort(key=lambda r: (r["logical_date"] or "", r["dag_id"], r["run_id"], r["host"], r["case_key"],
-                             r["attempt"] or 0))
+    # newest night first, as fetch_results lists them (`results --all --attempts | head` shows the newest nights);
+    # within a (run, host, case), its attempts oldest first
+    rows.sort(key=lambda r: (r["dag_id"], r["run_id"], r["host"], r["case_key"], r["attempt"] or 0))
+    rows.sort(key=lambda r: r["logical_date"] or "", reverse=True)
     return rows
 
 
