@@ -30,17 +30,17 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-RESULT_TABLE = [  # (header, column)
-    ("host", "host"), ("model", "model"), ("batch", "batch_size_per_device"), ("GPUs", "num_gpus"),
-    ("status", "status"), ("metric", "metric"), ("value", "value"), ("duration s", "duration_s"),
+RESULT_TABLE = [  # (header, column); the case names the benchmark, model, batch per device and its other axes
+    ("host", "host"), ("case", "case_key"), ("GPUs", "num_gpus"), ("status", "status"), ("metric", "metric"),
+    ("value", "value"), ("duration s", "duration_s"),
     ("energy Wh", "energy_j"), ("cost $", "cost_usd"), ("$ per unit", "cost_per_unit_usd"),
     ("Wh per unit", "energy_per_unit_wh"), ("image digest", "image_digest"),
 ]
 # `results --attempts`: which attempt, whether it is the current one, and what it ran under: driver, CUDA
 # driver, the GPUs' health (with the checks that did not pass) and the host check's verdict.
-ATTEMPT_TABLE = [*RESULT_TABLE[:1], ("case", "case_key"), ("attempt", "attempt"), ("driver", "driver_version"),
+ATTEMPT_TABLE = [*RESULT_TABLE[:2], ("attempt", "attempt"), ("driver", "driver_version"),
                  ("CUDA", "cuda_driver_version"), ("GPU health", "host_gpu_health"), ("host check", "host_verdict"),
-                 *RESULT_TABLE[4:]]
+                 *RESULT_TABLE[3:]]
 
 
 PATH_ARGUMENTS = ("file", "files", "out", "config", "facts", "save", "func")
@@ -71,6 +71,11 @@ def _cell(row: dict, column: str) -> str:
         return f"{value} ({row['failure_class']})"
     if column == "num_gpus" and row.get("mig_profile"):  # MIG instances, not whole GPUs
         return f"{value}x MIG {row['mig_profile']}"
+    multinode = (row.get("nodes") or 1) > 1
+    if column == "num_gpus" and multinode:  # a multi-node row's total is its set's: GPUs per node x nodes
+        return f"{value} x {row['nodes']} nodes"
+    if column == "host" and multinode and row.get("host_set"):
+        return "+".join(row["host_set"].split(","))
     if column == "images_per_sec":
         return "-" if value is None else f"{value:.2f}"
     legacy = not row.get("metric") and row.get("images_per_sec") is not None  # stored before rows named it

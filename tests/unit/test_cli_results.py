@@ -42,12 +42,13 @@ def test_table_shows_the_latest_run(warehouse):
     assert proc.returncode == 0
     lines = proc.stdout.splitlines()
     assert lines[0] == "run r2 of fleet_benchmark"
-    assert lines[1].split() == ["host", "model", "batch", "GPUs", "status", "metric", "value", "duration", "s",
+    assert lines[1].split() == ["host", "case", "GPUs", "status", "metric", "value", "duration", "s",
                                 "energy", "Wh", "cost", "$", "$", "per", "unit", "Wh", "per", "unit", "image", "digest"]
     # 7200 J estimated = ~2 Wh; USD; per unit: 99 images/s x 60 s = 5,940 images -> $0.0125 and 2 Wh per 5,940 images
-    assert lines[3].split()[5:13] == ["images_per_sec", "99", "images/s", "60.0", "~2.0000", "0.012500", "2.104/10^6",
+    assert lines[3].split()[:4] == ["h1", "a", "1", "ok"]
+    assert lines[3].split()[4:12] == ["images_per_sec", "99", "images/s", "60.0", "~2.0000", "0.012500", "2.104/10^6",
                                       "images"]
-    assert lines[3].split()[13:15] == ["~336.7/10^6", "images"]
+    assert lines[3].split()[12:14] == ["~336.7/10^6", "images"]
     assert lines[-1] == "1 case(s): 1 ok, 0 failed, 0 skipped"
 
 
@@ -61,11 +62,11 @@ def test_table_shows_each_primary_metric_with_its_unit_and_cost_per_unit(tmp_pat
         result_row("l", ips=None, harness="command", metric="p99_latency", value=12.5, unit="ms", better="lower",
                    cost_usd=0.01)])
     engine.dispose()
-    rows = {r.split()[5]: r for r in cli("results", url=url).stdout.splitlines()[3:5]}
+    rows = {r.split()[4]: r for r in cli("results", url=url).stdout.splitlines()[3:5]}
     # 180 GB/s x 60 s = 10,800 GB: $0.54 / 10,800 = $5e-05 per GB, 10 Wh / 10,800 GB
-    assert rows["avg_busbw"].split()[6:13] == ["180", "GB/s", "60.0", "10.0000", "0.540000", "5e-05/GB",
+    assert rows["avg_busbw"].split()[5:12] == ["180", "GB/s", "60.0", "10.0000", "0.540000", "5e-05/GB",
                                                "0.0009259/GB"]
-    assert rows["p99_latency"].split()[6:14] == ["(lower", "better)", "12.5", "ms", "60.0", "-", "0.010000", "-"]
+    assert rows["p99_latency"].split()[5:13] == ["(lower", "better)", "12.5", "ms", "60.0", "-", "0.010000", "-"]
     data = {r["case_key"]: r for r in json.loads(cli("results", "--format", "json", url=url).stdout)}
     assert data["n"]["per"] == "GB" and data["n"]["cost_per_unit_usd"] == pytest.approx(5e-05)
     assert data["l"]["per"] is None and data["l"]["cost_per_unit_usd"] is None  # a latency does no work
@@ -448,3 +449,23 @@ def test_a_pivot_piped_into_head_ends_quietly(fleet, monkeypatch, capsys):
     monkeypatch.setattr(sys, "stdout", ClosedPipe())
     assert main(["results", "--all", "--metric", "images_per_sec", "--pivot", "date:host", "--format", "csv"]) == 0
     assert "--out" not in capsys.readouterr().err
+
+
+def test_the_table_tells_cases_apart_and_names_a_sets_hosts(tmp_path):
+    """Two variable_updates of one model and batch, and a 2-node case, on one host: the table showed four rows
+    'gpu-01 resnet50 64 8', the 2-node total as if gpu-01 did it alone on 8 GPUs."""
+    url = f"sqlite:///{tmp_path}/w.db"
+    engine = get_engine(url)
+    upgrade(engine)
+    common = {"host": "gpu-01", "num_gpus": 8}
+    store_run(engine, run_row("r1"), [], [
+        result_row("cnn.resnet50.bs64.g8.replicated", ips=2500.0, **common),
+        result_row("cnn.resnet50.bs64.g8.parameter_server", ips=2100.0, variable_update="parameter_server", **common),
+        result_row("cnn-dist.resnet50.bs64.g8.distributed_replicated.n2", ips=5600.0, nodes=2,
+                   host_set="gpu-01,gpu-02", **common)])
+    engine.dispose()
+    lines = cli("results", url=url).stdout.splitlines()[3:6]
+    assert sorted(line.split()[:6] for line in lines) == [
+        ["gpu-01", "cnn.resnet50.bs64.g8.parameter_server", "8", "ok", "images_per_sec", "2100"],
+        ["gpu-01", "cnn.resnet50.bs64.g8.replicated", "8", "ok", "images_per_sec", "2500"],
+        ["gpu-01+gpu-02", "cnn-dist.resnet50.bs64.g8.distributed_replicated.n2", "8", "x", "2", "nodes"]]
