@@ -459,6 +459,10 @@ def test_view_shows_the_report_with_a_filter_form(client, history):
     assert "from the sqlite warehouse" in resp.text and "warehouse.db" not in resp.text  # no paths or hosts shown
     data = client.get("/report.json", params={"host": "gpu-a"}).json()
     assert data["filters"]["host"] == "gpu-a" and data["summary"]["results"] == 20
+    # a moment in the URL stays that moment in the form (cut to its day, Apply widened it to the whole day)
+    moment = client.get("/", params={"until": "2026-11-05T02:00:00+00:00"}).text
+    assert '<input type="text" name="until" value="2026-11-05T02:00:00+00:00">' in moment
+    assert '<input type="date" name="since" value="">' in moment
 
 
 @pytest.mark.parametrize("query, field", [

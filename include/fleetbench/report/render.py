@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from html import escape
 from typing import Any, Iterable, Sequence
 from urllib.parse import urlencode
@@ -226,9 +227,15 @@ def _filters_form(report: dict, values: dict[str, str]) -> str:
 
     opts = report["options"]
     query = urlencode({k: v for k, v in values.items() if v})
-    dates = "".join(f'<label>{label}<input type="date" name="{name}" '
-                    f'value="{escape((values.get(name) or "")[:10])}"></label>'
-                    for name, label in (("since", "from"), ("until", "to")))
+    def date(name: str, label: str) -> str:
+        """A date picker for a day (or nothing); a moment given in the URL (since=...T02:00:00+00:00) stays as given,
+        in a text field: cut to its day, Apply widened an exclusive moment to the whole (inclusive) day, and the page
+        and its CSV link read different windows."""
+        value = values.get(name) or ""
+        kind = "date" if not value or re.fullmatch(r"\d{4}-\d\d-\d\d", value) else "text"
+        return f'<label>{label}<input type="{kind}" name="{name}" value="{escape(value)}"></label>'
+
+    dates = date("since", "from") + date("until", "to")
     return (f'<form class="filters" method="get" action="" id="filters">{select("host", opts["hosts"], "host")}'
             f'{select("model", opts["models"], "model")}{dates}'
             f'{select("dag_id", opts["dag_ids"], "DAG") if len(opts["dag_ids"]) > 1 else ""}'
