@@ -163,3 +163,32 @@ def test_a_case_task_times_out_by_its_own_cases_timeout_as_planned(tmp_path, dat
 
     dag = DagBag(dag_folder=str(Path(__file__).resolve().parents[2] / "dags")).dags["fleet_benchmark"]
     assert dag.get_task("host_localhost.run_case").partial_kwargs["execution_grace_s"] == EXECUTION_GRACE_S
+
+
+def test_a_lanes_cases_task_reads_the_plan_once_and_hands_on_the_hosts_cases(tmp_path, data_dir, monkeypatch):
+    """The lane's `cases` task: the host's check and images pushed, its cases returned as the mapped tasks'
+    arguments; the plan (57 MB at 1,000 hosts) validated once, not in each of four steps."""
+    from fleetbench.airflow import pipeline
+    from fleetbench.airflow.operators import LANE_IMAGES, LANE_VALIDATION, LaneCasesOperator
+    from fleetbench.run_model import RunPlan
+
+    plan, validations, prepared = night(tmp_path, "r1", batch_sizes=(8, 16))
+    loads = []
+    real_validate = RunPlan.model_validate
+    monkeypatch.setattr(RunPlan, "model_validate", classmethod(
+        lambda cls, value, **kw: loads.append(1) or real_validate.__func__(cls, value, **kw)))
+    monkeypatch.setattr(pipeline, "validate_host", lambda host, run, timeout_s=None: validations[0])
+    monkeypatch.setattr(pipeline, "prepare_host_images", lambda host, vs, needed=None: prepared[0])
+
+    class TI:
+        pushed: dict = {}
+
+        def xcom_push(self, key, value):
+            self.pushed[key] = value
+
+    ti = TI()
+    op = LaneCasesOperator(task_id="cases", host="localhost", plan=plan)
+    out = op.execute({"ti": ti})
+    assert [k["case"]["case_key"] for k in out] == [c["case_key"] for c in plan["cases"]] and len(out) == 2
+    assert ti.pushed == {LANE_VALIDATION: validations[0], LANE_IMAGES: prepared[0]}
+    assert len(loads) == 1
