@@ -27,6 +27,12 @@ from test_warehouse_rollups import (  # noqa: E402
 pytestmark = pytest.mark.integration
 
 
+def test_a_hosts_newest_check_is_the_one_collected_last(pg_engine):
+    from test_report import check_newest_check_is_the_one_collected_last
+
+    check_newest_check_is_the_one_collected_last(pg_engine)
+
+
 def test_store_rerun_and_upsert_keep_rollups_equal(pg_engine):
     check_store_rerun_and_upsert_keep_rollups_equal(pg_engine)
 

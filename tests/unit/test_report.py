@@ -872,8 +872,14 @@ def test_two_dags_benchmarking_one_host_are_two_series_and_two_cells(engine):
 
 
 def test_a_hosts_newest_check_is_the_one_collected_last_as_metrics_has_it(engine):
+    check_newest_check_is_the_one_collected_last(engine)
+
+
+def check_newest_check_is_the_one_collected_last(engine):
     """gpu-a degraded at the 11-05 night's check, repaired, then the 10-31 night backfilled (its check healthy, taken
-    after the repair): the report read the degraded check (newest night) while /metrics said ready (newest check)."""
+    after the repair): the report read the degraded check (newest night) while /metrics said ready (newest check).
+    A check without a collection time (a row written without one) is never the newest (PostgreSQL sorts NULL
+    first in a descending order, SQLite last). Also run on PostgreSQL (tests/integration)."""
     from attempts_contract import host_check
     from fleetbench.report.openmetrics import collect, render
     from fleetbench.warehouse import store_run, upgrade
@@ -882,7 +888,8 @@ def test_a_hosts_newest_check_is_the_one_collected_last_as_metrics_has_it(engine
     for run, day, checked, health, verdict in (("n05", "2026-11-05T02:00:00+00:00", "2026-11-05T02:01:00+00:00",
                                                 "degraded", "degraded"),
                                                ("b31", "2026-10-31T02:00:00+00:00", "2026-11-06T09:00:00+00:00",
-                                                "healthy", "ready")):
+                                                "healthy", "ready"),
+                                               ("n03", "2026-11-03T02:00:00+00:00", None, "unfit", "unfit")):
         store_run(engine, {**plain_run_row(run), "logical_date": day},
                   [host_check("550.1", checked, host="gpu-a", run_id=run, health=health, verdict=verdict)],
                   [result_row("c", run_id=run, host="gpu-a", logical_date=day)])

@@ -776,7 +776,8 @@ def fleet_health(conn, f: Filters, hosts: list[str]) -> list[dict]:
     ranked = (select(hf.c.host, hf.c.run_id, hf.c.gpu_health, hf.c.gpu_health_issues, hf.c.checks_json,
                      _ts(rn.c.logical_date).label("logical_date"),
                      func.row_number().over(partition_by=hf.c.host,
-                                            order_by=(hf.c.collected_at.desc(), rn.c.logical_date.desc()))
+                                            order_by=(hf.c.collected_at.desc().nulls_last(),
+                                                      rn.c.logical_date.desc()))
                      .label("nth"))
               .join(rn, and_(rn.c.dag_id == hf.c.dag_id, rn.c.run_id == hf.c.run_id)).where(*conds).subquery())
     newest = conn.execute(select(ranked).where(ranked.c.nth == 1).order_by(ranked.c.host)).all()
