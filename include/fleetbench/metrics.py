@@ -214,12 +214,9 @@ def _ranks_per_node(row: Mapping[str, Any]) -> int:
     (`workers_per_node`), else 1: a CPU 1-node case is one process, so only a 1-rank-per-host CPU case has a 1-node
     baseline with the same processes per node (a GPU case's ranks are its GPUs per node, which the match compares
     already)."""
-    if row.get("device") != "cpu" or not row.get("roles_json"):
+    if row.get("device") != "cpu":
         return 1
-    try:
-        roles = [r for r in json.loads(row["roles_json"]) if isinstance(r, dict)]
-    except (TypeError, ValueError):
-        return 1
+    roles = _roles(row)
     workers: dict[Any, int] = {}
     for r in roles:
         if r.get("job") == "worker":
@@ -232,13 +229,17 @@ def _workers_per_step_line(row: Mapping[str, Any]) -> int:
     its own images/sec at each step while its `total images/sec` is the cluster's (the real TF 2.15 run of
     tests/fixtures/real-tf215-dist: steps ~69, total 139.24 with two workers), so its step figures are scaled to the
     cluster, the unit of `images_per_sec`; 1 otherwise (one process, or a launcher's ranks reporting together)."""
-    if (row.get("nodes") or 1) <= 1 or not row.get("roles_json"):
+    if (row.get("nodes") or 1) <= 1:
         return 1
+    return max(1, sum(1 for r in _roles(row) if r.get("job") == "worker"))
+
+
+def _roles(row: Mapping[str, Any]) -> list[dict]:
+    """A multi-node row's roles (`roles_json`: host, job, task_index, procs), [] without them or unreadable."""
     try:
-        roles = [r for r in json.loads(row["roles_json"]) if isinstance(r, dict)]
+        return [r for r in json.loads(row.get("roles_json") or "[]") if isinstance(r, dict)]
     except (TypeError, ValueError):
-        return 1
-    return max(1, sum(1 for r in roles if r.get("job") == "worker"))
+        return []
 
 
 _FP16_FLAG = re.compile(r"^--(no)?(use_fp16|auto_mixed_precision)(?:=(.*))?$")  # absl: `--noflag` is `--flag=false`
