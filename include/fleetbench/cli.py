@@ -20,9 +20,9 @@ User mistakes end with a one-line message naming what is wrong and exit code 2, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import dataclasses
-import io
 import json
 import math
 import re
@@ -112,8 +112,6 @@ def format_table(rows: list[dict], columns: list[tuple[str, str]] = RESULT_TABLE
 
 
 def _results(args: argparse.Namespace) -> int:
-    import contextlib
-
     from fleetbench.warehouse.frames import PIVOT_VALUES, FrameError, parse_pivot
 
     if args.format == "parquet" and not args.out:
@@ -129,58 +127,116 @@ def _results(args: argparse.Namespace) -> int:
             raise UsageError(f"--value {args.value!r}: not a value column (values: {', '.join(PIVOT_VALUES)})")
     elif args.value or args.agg:
         raise UsageError("--value and --agg go with --pivot ROWS:COLUMNS")
-    # --out (but parquet): rendered in memory and written once the command succeeded, so a mistake (an unknown run
-    # id, a typo in --metric) leaves an earlier export at that path as it was.
-    buffer = io.StringIO() if args.out and args.format != "parquet" else None
     try:
-        with contextlib.redirect_stdout(buffer) if buffer else contextlib.nullcontext():
-            code = _write_results(args)
+        with _out_file(args.out) if args.out else contextlib.nullcontext() as target:
+            if target is None or args.format == "parquet":
+                return _write_results(args, target)
+            try:
+                out = open(target, "w", encoding="utf-8", newline="")
+            except OSError as exc:
+                raise UsageError(f"--out {args.out}: {exc.strerror}") from None
+            with out, contextlib.redirect_stdout(out):
+                return _write_results(args, target)
     except FrameError as exc:
         raise UsageError(str(exc)) from None
-    if buffer is not None and code == 0:
+
+
+@contextlib.contextmanager
+def _out_file(path: str):
+    """The path to write `--out`'s export to: a file beside it that replaces it once the command succeeded, so a
+    mistake (an unknown run id, a typo in --metric) or an interrupted export leaves an earlier one whole. A path
+    that is no regular file (/dev/stdout, a pipe) is written as it is."""
+    import os
+
+    final = Path(path).resolve()  # through a link: the file it names is replaced, the link kept
+    if final.exists() and not final.is_file():
+        yield final
+        return
+    part = final.with_name(f".{final.name}.{os.getpid()}.part")
+    try:
+        yield part
         try:
-            with open(args.out, "w", encoding="utf-8", newline="") as out:
-                out.write(buffer.getvalue())
+            os.replace(part, final)
         except OSError as exc:
-            raise UsageError(f"--out {args.out}: {exc.strerror}") from None
-    return code
+            raise UsageError(f"--out {path}: {exc.strerror}") from None
+    finally:
+        part.unlink(missing_ok=True)
 
 
-def _write_results(args: argparse.Namespace) -> int:
+def _write_results(args: argparse.Namespace, target: Path | None = None) -> int:
+    """The rows asked for, in `args.format`, to stdout (parquet: to `target`). The latest run's and table output
+    are read whole; `--all`/`--run-id` exports in CSV, JSON and Parquet are written as the rows are read, so an
+    export of every night holds a batch of rows in memory, not the warehouse."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from fleetbench.metrics import per_unit
-    from fleetbench.warehouse import dag_ids, existing_engine, fetch_results, warehouse_display_url
+    from fleetbench.warehouse import dag_ids, existing_engine, warehouse_display_url
     from fleetbench.warehouse.attempts import fetch_attempts
+    from fleetbench.warehouse.read import iter_results, latest_run
 
     engine = existing_engine()
     try:
-        from fleetbench.warehouse.read import latest_run
-
         run_id, dag_id = args.run_id, args.dag_id
+        if args.dag_id and args.dag_id not in (known := dag_ids(engine)):  # a typo would print "no results"
+            raise UsageError(f"--dag-id {args.dag_id!r}: no run of that DAG in the warehouse (DAGs there: "
+                             f"{', '.join(known) or 'none'})")
         if run_id is None and not args.all:  # the latest run: its DAG's rows only (DAGs on one cron share run ids)
             dag_id, run_id = latest_run(engine, args.dag_id) or (dag_id, None)
-        fetch = fetch_attempts if args.attempts else fetch_results
-        rows = fetch(engine, run_id=run_id, dag_id=dag_id) if (run_id or args.all) else []
-        rows = [{**r, **per_unit(r)} for r in rows]
-        if args.dag_id and not rows:  # a typo would print (or export over an earlier file) "no results"
-            known = dag_ids(engine)
-            if args.dag_id not in known:
-                raise UsageError(f"--dag-id {args.dag_id!r}: no run of that DAG in the warehouse (DAGs there: "
-                                 f"{', '.join(known) or 'none'})")
+        if not (run_id or args.all):
+            source = iter(())
+        elif args.attempts:
+            source = iter(fetch_attempts(engine, run_id=run_id, dag_id=dag_id))
+        else:
+            source = iter_results(engine, run_id=run_id, dag_id=dag_id)
+        metrics: set[str] = set()  # the primary metrics seen: named when --metric matches none
+        rows = _metric_rows(({**r, **per_unit(r)} for r in source), args.metric, metrics)
+        return _output_results(args, rows, run_id, dag_id, target, metrics)
     except SQLAlchemyError as exc:
         raise UsageError(f"cannot read the warehouse at {warehouse_display_url()}: {_first_line(exc)} "
                          "(run the DAG once, or `fleetbench db upgrade`)") from None
     finally:
         engine.dispose()
-    if args.run_id and not rows:
+
+
+def _metric_rows(rows, metric: str | None, seen: set[str]):
+    """The rows whose primary metric is `metric` (all when None); every metric passed is added to `seen`."""
+    for row in rows:
+        if row.get("metric"):
+            seen.add(row["metric"])
+        if metric is None or row.get("metric") == metric:
+            yield row
+
+
+def _no_rows(args: argparse.Namespace, metrics: set[str]) -> None:
+    """The usage error for an export that matched no row, if it is one (before anything is written)."""
+    if args.run_id:
         raise UsageError(f"no results for run id {args.run_id!r}")
-    if args.metric and rows:
-        known = sorted({r["metric"] for r in rows if r.get("metric")})
-        rows = [r for r in rows if r.get("metric") == args.metric]
-        if not rows:
-            raise UsageError(f"--metric {args.metric!r}: no result has that primary metric (these have: "
-                             f"{', '.join(known) or 'none'})")
+    if args.metric and metrics:
+        raise UsageError(f"--metric {args.metric!r}: no result has that primary metric (these have: "
+                         f"{', '.join(sorted(metrics))})")
+
+
+def _output_results(args, rows, run_id, dag_id, target, metrics: set[str]) -> int:
+    stream = (args.all or args.run_id) and not args.attempts and not args.pivot
+    if args.format == "parquet" and stream:
+        from fleetbench.warehouse.frames import write_parquet_batches
+
+        try:
+            count = write_parquet_batches(rows, target, before_empty=lambda: _no_rows(args, metrics))
+        except OSError as exc:
+            raise UsageError(f"--out {args.out}: {exc.strerror or str(exc).splitlines()[0]}") from None
+        print(f"wrote {count} row(s) to {args.out}")
+        return 0
+    if args.format in ("csv", "json") and stream:
+        count = (_csv_stream if args.format == "csv" else _json_stream)(rows)
+        if not count:
+            _no_rows(args, metrics)
+            if args.format == "json":
+                print("[]")
+        return 0
+    rows = list(rows)
+    if not rows:
+        _no_rows(args, metrics)
     if args.pivot or args.format == "parquet":
         from fleetbench.warehouse.frames import pivot, results_frame, write_frame
 
@@ -188,7 +244,7 @@ def _write_results(args: argparse.Namespace) -> int:
         if args.pivot:
             frame = pivot(frame, args.pivot, args.value or "value", args.agg or "median")
         try:
-            write_frame(frame, args.format, args.out if args.format == "parquet" else sys.stdout,
+            write_frame(frame, args.format, target if args.format == "parquet" else sys.stdout,
                         index=bool(args.pivot))
         except BrokenPipeError:  # the reader stopped (`| head`): as the other formats, not a usage error
             raise
@@ -199,14 +255,8 @@ def _write_results(args: argparse.Namespace) -> int:
         return 0
     if args.format == "json":
         _json_out(rows)
-    elif args.format == "csv":
-        if rows:
-            from fleetbench.report.render import csv_cell  # text that starts like a formula is quoted
-
-            fields = list(dict.fromkeys(k for r in rows for k in r))  # every row's columns, in first-seen order
-            writer = csv.DictWriter(sys.stdout, fieldnames=fields, restval="")
-            writer.writeheader()
-            writer.writerows({k: csv_cell(v) for k, v in r.items()} for r in rows)
+    elif args.format == "csv":  # attempts: a superseded and a current row have their columns in other orders
+        _csv_stream(iter(rows), list(dict.fromkeys(k for r in rows for k in r)))
     else:
         if not rows:
             print("no results yet")
@@ -226,6 +276,34 @@ def _write_results(args: argparse.Namespace) -> int:
         counts = {s: sum(1 for r in rows if r["status"] == s) for s in ("ok", "failed", "skipped")}
         print(f"{len(rows)} case(s): {counts['ok']} ok, {counts['failed']} failed, {counts['skipped']} skipped")
     return 0
+
+
+def _csv_stream(rows, fields: list[str] | None = None) -> int:
+    """The rows as CSV to stdout under `fields` (default: the first row's columns, which every row of one query
+    has); text that starts like a formula is quoted. Nothing is written for no row. Returns the number of rows."""
+    from fleetbench.report.render import csv_cell
+
+    count, writer = 0, None
+    for row in rows:
+        if writer is None:
+            writer = csv.DictWriter(sys.stdout, fieldnames=fields or list(row), restval="")
+            writer.writeheader()
+        writer.writerow({k: csv_cell(v) for k, v in row.items()})
+        count += 1
+    return count
+
+
+def _json_stream(rows) -> int:
+    """The rows as one JSON array to stdout, written as they come, as `_json_out` writes a list; nothing for no
+    row (the caller writes `[]`). Returns the number of rows."""
+    count = 0
+    for row in rows:
+        body = json.dumps(_finite(row), indent=2, default=str, allow_nan=False).replace("\n", "\n  ")
+        sys.stdout.write(("[\n  " if not count else ",\n  ") + body)
+        count += 1
+    if count:
+        sys.stdout.write("\n]\n")
+    return count
 
 
 def _parse(args: argparse.Namespace) -> int:

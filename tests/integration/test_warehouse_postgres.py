@@ -79,3 +79,31 @@ def test_samples_of_results_written_earlier_are_upserted(pg_engine):
     from warehouse_contract import check_samples_of_results_written_earlier_are_upserted
 
     check_samples_of_results_written_earlier_are_upserted(pg_engine)
+
+
+def test_results_are_read_in_batches_through_a_server_side_cursor(pg_engine):
+    """`iter_results` (the `results --all` export) reads PostgreSQL through a named cursor, `batch` rows at a time,
+    and gives the rows `fetch_results` gives, in its order."""
+    from sqlalchemy import event
+
+    from fleetbench.warehouse import fetch_results, store_run, upgrade
+    from fleetbench.warehouse.read import iter_results
+    from warehouse_rows import result_row, run_row
+
+    upgrade(pg_engine)
+    for night in ("n1", "n2"):
+        store_run(pg_engine, run_row(night), [], [result_row(f"c{k}", run_id=night, host=f"h{k % 3}")
+                                                  for k in range(7)])
+    named = []
+
+    def note(conn, cursor, statement, *args):
+        named.append(getattr(cursor, "name", None))
+
+    event.listen(pg_engine, "before_cursor_execute", note)
+    try:
+        streamed = list(iter_results(pg_engine, batch=3))
+    finally:
+        event.remove(pg_engine, "before_cursor_execute", note)
+    assert any(named), named  # psycopg2's server-side cursors are the named ones
+    assert streamed == fetch_results(pg_engine) and len(streamed) == 14
+    assert [r["run_id"] for r in streamed] == ["n1"] * 7 + ["n2"] * 7  # one night: by run id, then host and case

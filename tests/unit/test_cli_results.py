@@ -469,3 +469,149 @@ def test_the_table_tells_cases_apart_and_names_a_sets_hosts(tmp_path):
         ["gpu-01", "cnn.resnet50.bs64.g8.parameter_server", "8", "ok", "images_per_sec", "2100"],
         ["gpu-01", "cnn.resnet50.bs64.g8.replicated", "8", "ok", "images_per_sec", "2500"],
         ["gpu-01+gpu-02", "cnn-dist.resnet50.bs64.g8.distributed_replicated.n2", "8", "x", "2", "nodes"]]
+
+
+# -- exports of every night: written as the rows are read ------------------------------------------------------------
+def _expected_rows(url: str) -> list[dict]:
+    from fleetbench.metrics import per_unit
+    from fleetbench.warehouse import fetch_results
+
+    engine = get_engine(url)
+    try:
+        return [{**r, **per_unit(r)} for r in fetch_results(engine)]
+    finally:
+        engine.dispose()
+
+
+def test_an_export_of_every_night_is_the_json_and_csv_of_all_rows(fleet):
+    """The streamed JSON is byte for byte what one json.dump of the list writes; the CSV has every row and column."""
+    from fleetbench.cli import _finite
+
+    rows = _expected_rows(fleet)
+    assert len(rows) == 11
+    proc = cli("results", "--all", "--format", "json", url=fleet)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == json.dumps(_finite(rows), indent=2, default=str, allow_nan=False) + "\n"
+    proc = cli("results", "--all", "--format", "csv", url=fleet)
+    parsed = list(csv.DictReader(io.StringIO(proc.stdout)))
+    assert [r["case_key"] for r in parsed] == [r["case_key"] for r in rows]
+    assert list(parsed[0]) == list(rows[0])
+    empty = fleet.replace("f.db", "empty.db")
+    engine = get_engine(empty)
+    upgrade(engine)
+    engine.dispose()
+    assert cli("results", "--all", "--format", "json", url=empty).stdout == "[]\n"
+    assert cli("results", "--all", "--format", "csv", url=empty).stdout == ""
+
+
+class _Watched(io.StringIO):
+    """stdout that notes how many rows the source had given when the first byte was written."""
+
+    def __init__(self, pulled: list[int]):
+        super().__init__()
+        self.pulled, self.at_first_write = pulled, None
+
+    def write(self, text):
+        if self.at_first_write is None and text:
+            self.at_first_write = self.pulled[0]
+        return super().write(text)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+def test_an_export_of_every_night_is_written_as_the_rows_are_read(fleet, monkeypatch, fmt):
+    """`results --all` wrote nothing until every row was in memory (1.05 M rows: 7.6 GB); now the first row is
+    written after the first batch is read."""
+    import fleetbench.warehouse.read as read
+    from fleetbench.cli import main
+
+    pulled = [0]
+    original = read.iter_results
+
+    def counted(*args, **kwargs):
+        for row in original(*args, **{**kwargs, "batch": 2}):
+            pulled[0] += 1
+            yield row
+
+    monkeypatch.setattr(read, "iter_results", counted)
+    monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", fleet)
+    out = _Watched(pulled)
+    monkeypatch.setattr(sys, "stdout", out)
+    assert main(["results", "--all", "--format", fmt]) == 0
+    assert pulled[0] == 11 and out.at_first_write == 1, (pulled, out.at_first_write)
+
+
+def test_an_export_that_fails_midway_leaves_the_earlier_file_and_no_part(fleet, tmp_path, monkeypatch, capsys):
+    """A warehouse error after some rows were written (a dropped connection) is the one-line warehouse error, and
+    --out keeps the earlier export: the rows went to a part file beside it, removed."""
+    from sqlalchemy.exc import OperationalError
+
+    import fleetbench.warehouse.read as read
+    from fleetbench.cli import main
+
+    monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", fleet)
+    original = read.iter_results
+    for fmt in ("csv", "json", "parquet"):
+        out = tmp_path / f"nights.{fmt}"
+        assert main(["results", "--all", "--format", fmt, "--out", str(out)]) == 0
+        before = out.read_bytes()
+
+        def broken(*args, **kwargs):
+            for n, row in enumerate(original(*args, **kwargs)):
+                if n == 5:
+                    raise OperationalError("SELECT", {}, Exception("server closed the connection unexpectedly"))
+                yield row
+
+        monkeypatch.setattr(read, "iter_results", broken)
+        capsys.readouterr()
+        assert main(["results", "--all", "--format", fmt, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("fleetbench results: cannot read the warehouse at ") and "server closed" in err, err
+        assert out.read_bytes() == before
+        assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+        monkeypatch.setattr(read, "iter_results", original)
+
+
+def test_out_through_a_link_replaces_its_file_and_a_pipe_is_written_as_it_is(fleet, tmp_path):
+    import os
+    import threading
+
+    real = tmp_path / "exports" / "nights.csv"
+    real.parent.mkdir()
+    real.write_text("old")
+    link = tmp_path / "latest.csv"
+    link.symlink_to(real)
+    assert cli("results", "--all", "--format", "csv", "--out", str(link), url=fleet).returncode == 0
+    assert link.is_symlink() and real.read_text().startswith("id,dag_id,run_id")
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    reader.start()
+    proc = cli("results", "--all", "--format", "json", "--out", str(fifo), url=fleet)
+    reader.join(timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert len(json.loads(got[0])) == 11 and fifo.exists() and not fifo.is_file()
+
+
+def test_parquet_batches_keep_one_type_per_column(tmp_path):
+    """A column NULL in the first batch and set in a later one (a MIG profile, an integer count) keeps the
+    warehouse's type across row groups; integers read back as nullable integers."""
+    import pandas as pd
+    import pyarrow.parquet as pq
+
+    from fleetbench.warehouse.frames import write_parquet_batches
+
+    rows = [{"id": n, "host": f"h{n}", "logical_date": "2026-12-01T02:00:00+00:00", "mig_profile": None,
+             "mig_instances": None, "energy_j": None, "per": None, "cost_per_unit_usd": None} for n in range(4)]
+    rows.append({**rows[0], "id": 4, "mig_profile": "1g.10gb", "mig_instances": 7, "energy_j": 12.5,
+                 "per": "10^6 images", "cost_per_unit_usd": 0.25})
+    path = tmp_path / "x.parquet"
+    assert write_parquet_batches(iter(rows), path, batch=2) == 5
+    assert pq.ParquetFile(path).metadata.num_row_groups == 3
+    frame = pd.read_parquet(path)
+    assert str(frame["mig_instances"].dtype) == "Int64" and frame["mig_instances"].tolist()[3:] == [pd.NA, 7]
+    assert frame["energy_j"].tolist()[4] == 12.5 and frame["mig_profile"].tolist()[4] == "1g.10gb"
+    assert frame["date"].tolist() == ["2026-12-01"] * 5
+    calls = []
+    assert write_parquet_batches(iter([]), tmp_path / "e.parquet", before_empty=lambda: calls.append(1)) == 0
+    assert calls == [1] and len(pd.read_parquet(tmp_path / "e.parquet")) == 0

@@ -8,7 +8,7 @@ median of images/sec and GB/s means nothing): `--metric` picks one when they do 
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 AGGREGATES = ("median", "mean", "min", "max", "count")
 # Columns a pivot can group by: what describes a case or where and when it ran (not measurements, not long text).
@@ -39,6 +39,61 @@ def results_frame(rows: Sequence[dict]):
     if "logical_date" in frame:
         frame["date"] = frame["logical_date"].map(lambda v: None if v is None else utc(v).date().isoformat())
     return frame
+
+
+def write_parquet_batches(rows: Iterable[dict], path, *, batch: int = 20000,
+                          before_empty: Callable[[], None] | None = None) -> int:
+    """`rows` (result rows, as `results_frame` takes them) to the Parquet file `path`, `batch` rows per row group,
+    so an export of every night holds one batch in memory. Each column has one type across the batches (a column
+    NULL in one batch and set in the next): integers nullable (pandas Int64), the warehouse's float columns float,
+    the rest text. No row: `before_empty()` (which may raise) runs first, then an empty file is written, as
+    `write_frame` writes an empty frame. Returns the number of rows written."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    integers, floats = _integer_columns(), _float_columns()
+    writer, schema, count = None, None, 0
+    try:
+        for part in _batches(rows, batch):
+            frame = results_frame(part)
+            for column in integers & set(frame.columns):
+                frame[column] = frame[column].astype("Int64")
+            if schema is None:
+                fields = [pa.field(c, pa.int64() if c in integers else pa.float64() if c in floats
+                                   else pa.bool_() if frame[c].dtype == bool else pa.string()) for c in frame.columns]
+                schema = pa.Table.from_pandas(frame, schema=pa.schema(fields), preserve_index=False).schema
+                writer = pq.ParquetWriter(path, schema)
+            writer.write_table(pa.Table.from_pandas(frame[schema.names], schema=schema, preserve_index=False))
+            count += len(frame)
+    finally:
+        if writer is not None:
+            writer.close()
+    if writer is None:
+        if before_empty is not None:
+            before_empty()
+        write_frame(results_frame([]), "parquet", path, index=False)
+    return count
+
+
+def _batches(rows: Iterable[dict], size: int) -> Iterator[list[dict]]:
+    part: list[dict] = []
+    for row in rows:
+        part.append(row)
+        if len(part) == size:
+            yield part
+            part = []
+    if part:
+        yield part
+
+
+def _float_columns() -> set[str]:
+    """The float columns of result rows, and the per-unit figures `fleetbench.metrics.per_unit` adds."""
+    from sqlalchemy import Float
+
+    from fleetbench.warehouse.schema import benchmark_results
+
+    return {c.name for c in benchmark_results.columns if isinstance(c.type, Float)} | {
+        "cost_per_unit_usd", "energy_per_unit_wh"}
 
 
 def _integer_columns() -> set[str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timezone
+from typing import Iterator
 
 from sqlalchemy import DateTime, Engine, and_, literal, or_, select, text
 
@@ -11,6 +12,14 @@ from fleetbench.warehouse.schema import CAPACITY_FEATURES_VIEW, benchmark_result
 
 def fetch_results(engine: Engine, run_id: str | None = None, dag_id: str | None = None) -> list[dict]:
     """Result rows (newest run first, then host and case), as plain dicts with ISO timestamps."""
+    return list(iter_results(engine, run_id, dag_id))
+
+
+def iter_results(engine: Engine, run_id: str | None = None, dag_id: str | None = None,
+                 batch: int = 2000) -> Iterator[dict]:
+    """`fetch_results`' rows as they are read, `batch` at a time (PostgreSQL: a server-side cursor), so that an
+    export of every night holds one batch in memory, not the warehouse. The connection stays open until the
+    iterator is exhausted or closed."""
     query = select(benchmark_results)
     conds = []
     if run_id:
@@ -24,8 +33,9 @@ def fetch_results(engine: Engine, run_id: str | None = None, dag_id: str | None 
             conds.append(benchmark_results.c.dag_id.in_(_dag_ids(conn)))
         if conds:
             query = query.where(and_(*conds))
-        rows = [dict(r._mapping) for r in conn.execute(query)]
-    return iso_timestamps(rows)
+        result = conn.execution_options(yield_per=batch).execute(query)
+        for part in result.partitions():
+            yield from iso_timestamps([dict(r._mapping) for r in part])
 
 
 def on_host(table, host: str):
