@@ -2,6 +2,7 @@
 
     fleetbench config check FILE
     fleetbench results [--format table|json|csv|parquet] [--out FILE] [--run-id ID] [--dag-id ID] [--all]
+                       [--since DATE] [--until DATE] [--host H]
                        [--attempts] [--metric NAME] [--pivot ROWS:COLUMNS [--value COLUMN] [--agg median|...]]
     fleetbench parse [--format auto|tf_cnn_benchmarks|horovod_synthetic|torch_synthetic|nccl_tests|command] FILE...
     fleetbench host-check (--facts DIR | --local [--docker-url URL]) [--image-cuda X.Y] [--gpus N]
@@ -127,6 +128,15 @@ def _results(args: argparse.Namespace) -> int:
             raise UsageError(f"--value {args.value!r}: not a value column (values: {', '.join(PIVOT_VALUES)})")
     elif args.value or args.agg:
         raise UsageError("--value and --agg go with --pivot ROWS:COLUMNS")
+    from fleetbench.report import FilterError, parse_filters
+
+    try:
+        window = parse_filters(since=args.since, until=args.until, host=args.host)
+    except FilterError as exc:
+        raise UsageError(f"--{exc.field}: {exc.message}") from None
+    if args.run_id and (window.since or window.until):
+        raise UsageError("--since and --until choose runs by date: give them or --run-id, not both")
+    args.window = {"since": window.since, "until": window.until, "host": window.host}
     try:
         with _out_file(args.out) if args.out else contextlib.nullcontext() as target:
             if target is None or args.format == "parquet":
@@ -172,22 +182,25 @@ def _write_results(args: argparse.Namespace, target: Path | None = None) -> int:
     from fleetbench.metrics import per_unit
     from fleetbench.warehouse import dag_ids, existing_engine, warehouse_display_url
     from fleetbench.warehouse.attempts import fetch_attempts
-    from fleetbench.warehouse.read import iter_results, latest_run
+    from fleetbench.warehouse.read import has_host, iter_results, latest_run
 
     engine = existing_engine()
     try:
-        run_id, dag_id = args.run_id, args.dag_id
+        run_id, dag_id, window = args.run_id, args.dag_id, args.window
         if args.dag_id and args.dag_id not in (known := dag_ids(engine)):  # a typo would print "no results"
             raise UsageError(f"--dag-id {args.dag_id!r}: no run of that DAG in the warehouse (DAGs there: "
                              f"{', '.join(known) or 'none'})")
-        if run_id is None and not args.all:  # the latest run: its DAG's rows only (DAGs on one cron share run ids)
+        if window.get("host") and not has_host(engine, window["host"]):  # as --dag-id: a typo is named
+            raise UsageError(f"--host {window['host']!r}: no result of that host in the warehouse")
+        every = args.all or window.get("since") or window.get("until")  # a window: every run in it
+        if run_id is None and not every:  # the latest run: its DAG's rows only (DAGs on one cron share run ids)
             dag_id, run_id = latest_run(engine, args.dag_id) or (dag_id, None)
-        if not (run_id or args.all):
+        if not (run_id or every):
             source = iter(())
         elif args.attempts:
-            source = iter(fetch_attempts(engine, run_id=run_id, dag_id=dag_id))
+            source = iter(fetch_attempts(engine, run_id=run_id, dag_id=dag_id, **window))
         else:
-            source = iter_results(engine, run_id=run_id, dag_id=dag_id)
+            source = iter_results(engine, run_id=run_id, dag_id=dag_id, **window)
         metrics: set[str] = set()  # the primary metrics seen: named when --metric matches none
         rows = _metric_rows(({**r, **per_unit(r)} for r in source), args.metric, metrics)
         return _output_results(args, rows, run_id, dag_id, target, metrics)
@@ -217,7 +230,7 @@ def _no_rows(args: argparse.Namespace, metrics: set[str]) -> None:
 
 
 def _output_results(args, rows, run_id, dag_id, target, metrics: set[str]) -> int:
-    stream = (args.all or args.run_id) and not args.attempts and not args.pivot
+    stream = (args.all or args.run_id or args.since or args.until) and not args.attempts and not args.pivot
     if args.format == "parquet" and stream:
         from fleetbench.warehouse.frames import write_parquet_batches
 
@@ -259,7 +272,11 @@ def _output_results(args, rows, run_id, dag_id, target, metrics: set[str]) -> in
         _csv_stream(iter(rows), list(dict.fromkeys(k for r in rows for k in r)))
     else:
         if not rows:
-            print("no results yet")
+            if args.host or args.since or args.until:
+                where = f" in run {run_id}" if run_id else " in that window" if args.since or args.until else ""
+                print(f"no results{f' of host {args.host}' if args.host else ''}{where}")
+            else:
+                print("no results yet")
             return 0
         if run_id:
             print(f"run {run_id}" + (f" of {dag_id}" if dag_id else ""))
@@ -756,6 +773,11 @@ def build_parser() -> argparse.ArgumentParser:
     results.add_argument("--run-id", help="this run's results (default: the latest run)")
     results.add_argument("--dag-id", help="only results of this DAG")
     results.add_argument("--all", action="store_true", help="every run, not just the latest")
+    results.add_argument("--since", metavar="DATE", help="the runs of this day (YYYY-MM-DD, UTC) and later, or from "
+                                                         "this ISO date-time on (by logical date; every run, as --all)")
+    results.add_argument("--until", metavar="DATE", help="the runs up to this day, inclusive, or before this ISO "
+                                                         "date-time (every run, as --all)")
+    results.add_argument("--host", help="only this host's results (and the multi-node cases it was in)")
     results.add_argument("--attempts", action="store_true",
                          help="every attempt of each case (earlier executions a rerun superseded too), not just "
                               "the current one")

@@ -615,3 +615,75 @@ def test_parquet_batches_keep_one_type_per_column(tmp_path):
     calls = []
     assert write_parquet_batches(iter([]), tmp_path / "e.parquet", before_empty=lambda: calls.append(1)) == 0
     assert calls == [1] and len(pd.read_parquet(tmp_path / "e.parquet")) == 0
+
+
+# -- a window of nights, one host ------------------------------------------------------------------------------------
+@pytest.fixture()
+def nights(tmp_path) -> str:
+    """Three nights (Nov 29, 30, Dec 1) of gpu-a and gpu-b; on the last, a 2-node case of gpu-a+gpu-c stored under
+    gpu-a."""
+    url = f"sqlite:///{tmp_path}/n.db"
+    engine = get_engine(url)
+    upgrade(engine)
+    for day in (29, 30, 31):
+        when = f"2026-11-{day}T02:00:00+00:00" if day < 31 else "2026-12-01T02:00:00+00:00"
+        run = f"night-{day}"
+        rows = [result_row(f"cnn.{h}", run_id=run, host=h, logical_date=when) for h in ("gpu-a", "gpu-b")]
+        if day == 31:
+            rows.append(result_row("cnn.2node", run_id=run, host="gpu-a", logical_date=when, nodes=2,
+                                   host_set="gpu-a,gpu-c"))
+        store_run(engine, {**run_row(run), "logical_date": when}, [], rows)
+    engine.dispose()
+    return url
+
+
+def _runs(proc) -> list[tuple[str, str, str]]:
+    assert proc.returncode == 0, proc.stderr
+    return [(r["run_id"], r["host"], r["case_key"]) for r in json.loads(proc.stdout)]
+
+
+def test_since_and_until_export_the_runs_of_those_days(nights):
+    """--since/--until pick runs by logical date (whole UTC days, both ends included, or ISO moments) over every
+    run, as --all does, in every format."""
+    assert {r for r, _, _ in _runs(cli("results", "--since", "2026-11-30", "--format", "json", url=nights))} == {
+        "night-30", "night-31"}
+    assert {r for r, _, _ in _runs(cli("results", "--until", "2026-11-30", "--format", "json", url=nights))} == {
+        "night-29", "night-30"}
+    assert {r for r, _, _ in _runs(cli("results", "--since", "2026-11-30", "--until", "2026-11-30", "--format",
+                                       "json", url=nights))} == {"night-30"}
+    assert {r for r, _, _ in _runs(cli("results", "--since", "2026-11-30T03:00", "--format", "json",
+                                       url=nights))} == {"night-31"}
+    table = cli("results", "--since", "2026-11-30", url=nights)
+    assert table.stdout.splitlines()[-1] == "5 case(s): 5 ok, 0 failed, 0 skipped", table.stdout
+    assert cli("results", "--since", "2027-01-01", url=nights).stdout == "no results in that window\n"
+    assert cli("results", "--since", "2027-01-01", "--format", "json", url=nights).stdout == "[]\n"
+
+
+def test_host_narrows_to_its_rows_and_the_sets_it_was_in(nights):
+    assert _runs(cli("results", "--host", "gpu-c", "--format", "json", url=nights)) == [
+        ("night-31", "gpu-a", "cnn.2node")]
+    assert _runs(cli("results", "--host", "gpu-b", "--format", "json", url=nights)) == [
+        ("night-31", "gpu-b", "cnn.gpu-b")]  # the latest run's row of gpu-b
+    assert [r for r, _, _ in _runs(cli("results", "--host", "gpu-b", "--all", "--format", "json", url=nights))] == [
+        "night-31", "night-30", "night-29"]
+    attempts = json.loads(cli("results", "--host", "gpu-b", "--since", "2026-11-30", "--attempts", "--format", "json",
+                              url=nights).stdout)
+    assert [(a["run_id"], a["host"], a["current"]) for a in attempts] == [("night-31", "gpu-b", True),
+                                                                           ("night-30", "gpu-b", True)]
+    lines = cli("results", "--host", "gpu-b", "--run-id", "night-29", url=nights).stdout.splitlines()
+    assert lines[0] == "run night-29" and lines[-1] == "1 case(s): 1 ok, 0 failed, 0 skipped", lines
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--since", "2026-13-01"], "--since: not a valid date: '2026-13-01'"),
+    (["--until", "yesterday"], "--until: expected an ISO date (YYYY-MM-DD) or date-time"),
+    (["--since", "2026-12-02", "--until", "2026-12-01"], "--since: 2026-12-02 is not before until 2026-12-01"),
+    (["--since", "2026-11-30", "--run-id", "night-30"],
+     "--since and --until choose runs by date: give them or --run-id, not both"),
+    (["--host", "gpu a"], "--host: 'gpu a' is not a host name"),
+    (["--host", "gpu-x"], "--host 'gpu-x': no result of that host in the warehouse"),
+])
+def test_bad_window_or_host_is_one_line(nights, args, message):
+    proc = cli("results", *args, url=nights)
+    assert proc.returncode == 2 and proc.stderr.startswith(f"fleetbench results: {message}"), proc.stderr
+    assert len(proc.stderr.splitlines()) == 1 and proc.stdout == ""

@@ -246,16 +246,10 @@ def _per_result(conn, table, fields: Sequence[str], dag_id: str, run_id: str, ke
 
 
 # -- reading -------------------------------------------------------------------------------------------
-def attempts_query(table, run_id: str | None = None, dag_id: str | None = None, since=None, until=None):
-    conds = []
-    if run_id:
-        conds.append(table.c.run_id == run_id)
-    if dag_id:
-        conds.append(table.c.dag_id == dag_id)
-    if since is not None:
-        conds.append(table.c.logical_date >= since)
-    if until is not None:
-        conds.append(table.c.logical_date < until)
+def attempts_query(table, run_id: str | None = None, dag_id: str | None = None, since=None, until=None, host=None):
+    from fleetbench.warehouse.read import result_filters
+
+    conds = result_filters(table, run_id, dag_id, since=since, until=until, host=host)
     return select(table).where(and_(*conds)) if conds else select(table)
 
 
@@ -264,15 +258,19 @@ HOST_CHECK_FIELDS = ("verdict", "reasons", "driver_version", "cuda_driver_versio
                      "docker_version")
 
 
-def fetch_attempts(engine, run_id: str | None = None, dag_id: str | None = None) -> list[dict]:
+def fetch_attempts(engine, run_id: str | None = None, dag_id: str | None = None, *, since=None, until=None,
+                   host: str | None = None) -> list[dict]:
     """Every attempt (current and superseded) of the runs asked for, newest night first and oldest attempt first
     per (run, host, case), each with `current` (True for the one benchmark_results holds), for a superseded one
     `superseded_at`, `superseded_by` and `superseded_why`, and the host check it ran under: `host_verdict`,
     `host_driver_version`, ... (HOST_CHECK_FIELDS) and `host_checked_at`, None where that check is not
-    kept (attempts superseded before revision 0013, rows written without a check)."""
+    kept (attempts superseded before revision 0013, rows written without a check). `since`, `until` and `host`
+    narrow them as `fleetbench.warehouse.read.iter_results` does."""
+    window = {"since": since, "until": until, "host": host}
     with engine.connect() as conn:
-        past = [dict(r._mapping) for r in conn.execute(attempts_query(superseded_results, run_id, dag_id))]
-        current = [dict(r._mapping) for r in conn.execute(attempts_query(benchmark_results, run_id, dag_id))]
+        past = [dict(r._mapping) for r in conn.execute(attempts_query(superseded_results, run_id, dag_id, **window))]
+        current = [dict(r._mapping) for r in conn.execute(attempts_query(benchmark_results, run_id, dag_id,
+                                                                         **window))]
         checks = _host_checks(conn, run_id, dag_id)
     rows = []
     for r in past:

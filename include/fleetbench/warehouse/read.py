@@ -10,22 +10,21 @@ from sqlalchemy import DateTime, Engine, and_, literal, or_, select, text
 from fleetbench.warehouse.schema import CAPACITY_FEATURES_VIEW, benchmark_results, runs
 
 
-def fetch_results(engine: Engine, run_id: str | None = None, dag_id: str | None = None) -> list[dict]:
-    """Result rows (newest run first, then host and case), as plain dicts with ISO timestamps."""
-    return list(iter_results(engine, run_id, dag_id))
+def fetch_results(engine: Engine, run_id: str | None = None, dag_id: str | None = None, **window) -> list[dict]:
+    """Result rows (newest run first, then host and case), as plain dicts with ISO timestamps; `window`: as
+    `iter_results` takes it."""
+    return list(iter_results(engine, run_id, dag_id, **window))
 
 
-def iter_results(engine: Engine, run_id: str | None = None, dag_id: str | None = None,
+def iter_results(engine: Engine, run_id: str | None = None, dag_id: str | None = None, *,
+                 since: datetime | None = None, until: datetime | None = None, host: str | None = None,
                  batch: int = 2000) -> Iterator[dict]:
     """`fetch_results`' rows as they are read, `batch` at a time (PostgreSQL: a server-side cursor), so that an
     export of every night holds one batch in memory, not the warehouse. The connection stays open until the
-    iterator is exhausted or closed."""
+    iterator is exhausted or closed. `since`/`until`: logical dates from (inclusive) / before; `host`: its rows and
+    the multi-node rows of sets it is in (`on_host`)."""
     query = select(benchmark_results)
-    conds = []
-    if run_id:
-        conds.append(benchmark_results.c.run_id == run_id)
-    if dag_id:
-        conds.append(benchmark_results.c.dag_id == dag_id)
+    conds = result_filters(benchmark_results, run_id, dag_id, since=since, until=until, host=host)
     query = query.order_by(benchmark_results.c.logical_date.desc(), benchmark_results.c.run_id,
                            benchmark_results.c.host, benchmark_results.c.case_key)
     with engine.connect() as conn:
@@ -36,6 +35,29 @@ def iter_results(engine: Engine, run_id: str | None = None, dag_id: str | None =
         result = conn.execution_options(yield_per=batch).execute(query)
         for part in result.partitions():
             yield from iso_timestamps([dict(r._mapping) for r in part])
+
+
+def result_filters(table, run_id: str | None = None, dag_id: str | None = None, *, since: datetime | None = None,
+                   until: datetime | None = None, host: str | None = None) -> list:
+    """The WHERE conditions of a read of result rows or attempts (`table`) by run, DAG, logical date and host."""
+    conds = []
+    if run_id:
+        conds.append(table.c.run_id == run_id)
+    if dag_id:
+        conds.append(table.c.dag_id == dag_id)
+    if since is not None:
+        conds.append(table.c.logical_date >= since)
+    if until is not None:
+        conds.append(table.c.logical_date < until)
+    if host:
+        conds.append(on_host(table, host))
+    return conds
+
+
+def has_host(engine: Engine, host: str) -> bool:
+    """Whether any result is of `host` (its own, or a multi-node set's it is in)."""
+    with engine.connect() as conn:
+        return conn.execute(select(literal(1)).where(on_host(benchmark_results, host)).limit(1)).first() is not None
 
 
 def on_host(table, host: str):
