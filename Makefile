@@ -84,7 +84,7 @@ bench: venv images test-services
 	@$(PY) bench/run.py $(BENCH_ARGS)
 
 test-unit: venv
-	@$(VENV)/bin/pytest -q tests/unit
+	@$(VENV)/bin/pytest -q tests/unit -m "not integration"
 
 clean:
 	rm -rf $(VENV) .airflow .data

@@ -20,14 +20,26 @@ def load_bag():
 
 @pytest.fixture()
 def no_services(monkeypatch):
-    """Point every service at nowhere and forbid network connections: parsing must not need them."""
+    """Point every service at nowhere and forbid network connections: parsing must not need them. Each attempt is
+    noted and the test fails after it, so a DAG file that catches the refusal (`except Exception`) is caught too;
+    libpq (psycopg2), which opens its sockets in C, is refused at `psycopg2.connect`."""
+    import psycopg2
+
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
     monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", "postgresql://nobody:nothing@127.0.0.1:1/none")
+    attempts: list[str] = []
 
-    def refuse(*args, **kwargs):
-        raise AssertionError("a DAG file opened a network connection at parse time")
+    def refusing(what: str):
+        def refuse(*args, **kwargs):
+            attempts.append(f"{what}{args[1:] if what.startswith('socket') else ''}")
+            raise AssertionError(f"a DAG file opened a connection at parse time ({what})")
+        return refuse
 
-    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect", refusing("socket.connect"))
+    monkeypatch.setattr(socket.socket, "connect_ex", refusing("socket.connect_ex"))
+    monkeypatch.setattr(psycopg2, "connect", refusing("psycopg2.connect"))
+    yield attempts
+    assert attempts == [], f"parsing the DAG files opened connections: {attempts}"
 
 
 def test_dags_import_without_errors_or_io(no_services):
@@ -251,6 +263,8 @@ def test_store_reads_the_lanes_of_the_runs_plan_not_of_the_config_it_parses(tmp_
 
     path = write_config(tmp_path / "fleet.yaml", fleet("a", "b"))
     monkeypatch.setenv("FLEETBENCH_CONFIG", str(path))
+    # the plan task (not parsing) reads the warehouse for its capacity check: an empty one here
+    monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", f"sqlite:///{tmp_path}/w.db")
     plan = pipeline.make_plan({"dag_id": "fleet_benchmark", "run_id": "manual__1", "logical_date":
                                "2026-12-07T02:00:00+00:00", "run_type": "manual"}, str(path))
     write_config(path, fleet("a"))  # gpu b removed while the run is under way

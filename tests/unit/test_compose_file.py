@@ -452,6 +452,7 @@ def check_roles(names, stored_before: int = 0) -> None:
         reader.dispose()
 
 
+@pytest.mark.integration  # a PostgreSQL superuser: `make test` runs it, `make test-unit` does not
 @pytest.mark.parametrize("pg_roles", [False], indirect=True, ids=["new-volume"])
 def test_roles_script_gives_warehouse_reader_and_result_backend_their_own_roles(pg_roles):
     from celery import Celery
@@ -466,6 +467,7 @@ def test_roles_script_gives_warehouse_reader_and_result_backend_their_own_roles(
         app.backend.ResultSession().get_bind().dispose()
 
 
+@pytest.mark.integration  # a PostgreSQL superuser: `make test` runs it, `make test-unit` does not
 @pytest.mark.parametrize("pg_roles", [True], indirect=True, ids=["warehouse-from-before"])
 def test_roles_script_takes_over_a_warehouse_another_role_created(pg_roles):
     from fleetbench.warehouse import downgrade, get_engine, upgrade

@@ -176,7 +176,16 @@ def test_real_oom_logs_carry_recoverable_allocator_warnings():
         "tfcnn_vgg16_1gpu_lambda-2080maxq-tf115-oom-training.log",
         "tfcnn_vgg16_1gpu_lambda-2080maxq-xla-oom-forwardonly.log",
     ):
-        assert "The caller indicates that this is not a failure" in real(name)
+        text = real(name)
+        assert "The caller indicates that this is not a failure" in text
+        log = parse_log(text)
+        # the fatal allocation decides, and the detail quotes it, not the warning
+        assert (log.status, log.failure_class) == ("failed", "oom")
+        assert "Resource exhausted" in log.failure_detail and "not a failure" not in log.failure_detail
+        # without the fatal lines, the warnings alone are no failure
+        warnings_only = "\n".join(line for line in text.splitlines() if "Resource exhausted" not in line
+                                   and "OOM when allocating" not in line and "ResourceExhaustedError" not in line)
+        assert parse_log(warnings_only).failure_class != "oom", name
 
 
 def _recoverable_oom_lines() -> list[str]:

@@ -87,8 +87,10 @@ def mutate(text: str, rng: random.Random) -> str:
             text = text[:i] + junk.encode("utf-8", "replace").decode("utf-8", "replace") + text[i:]
         elif op == 5:  # shuffle a few lines
             lines = text.split("\n")
-            rng.shuffle(lines[: rng.randint(1, len(lines))])
-            text = "\n".join(lines)
+            k = rng.randint(1, len(lines))
+            head = lines[:k]  # a slice is a copy: shuffled, then put back
+            rng.shuffle(head)
+            text = "\n".join(head + lines[k:])
         else:  # flip characters
             chars = list(text)
             for _ in range(rng.randint(1, 20)):

@@ -490,13 +490,16 @@ def test_settings_are_part_of_the_fleet_config_with_field_paths():
 
 
 
+@pytest.mark.parametrize("window", [20, 21])
 @pytest.mark.parametrize("seed", range(12))
-def test_quiet_stretches_replay_exactly_as_night_by_night(seed, monkeypatch):
+def test_quiet_stretches_replay_exactly_as_night_by_night(seed, window, monkeypatch):
     """The quiet-stretch shortcut gives every night the verdict the night-by-night replay gives: random series
-    with noise, outliers, missing nights, steps, new segments, an energy source change and an acceptance."""
+    with noise, outliers, missing nights, steps, new segments, an energy source change and an acceptance; with
+    an even window (the default) and an odd one (the median is the middle night, not the mean of two)."""
     import importlib
 
     track_module = importlib.import_module("fleetbench.regression.track")  # the module, not the function
+    settings = RegressionSettings(window=window)
     rng = np.random.default_rng(seed)
     n = int(rng.integers(15, 90))
     values = (1 + rng.normal(0, rng.choice([0.002, 0.01, 0.03]), n)).tolist()
@@ -512,10 +515,10 @@ def test_quiet_stretches_replay_exactly_as_night_by_night(seed, monkeypatch):
     series = [night._replace(measure=m) for night, m in zip(nights(values, segments, step_se=0.004), measures)]
     accepted = [DAY0 + timedelta(days=int(rng.integers(0, n)))] if seed % 5 == 0 else []
     for direction in ("higher", "lower"):
-        fast = track(series, direction, TRACKED, accepted)
-        last = track(series, direction, TRACKED, accepted, last_only=True)
+        fast = track(series, direction, settings, accepted)
+        last = track(series, direction, settings, accepted, last_only=True)
         monkeypatch.setattr(track_module, "_quiet_stretch", lambda *a, **k: (a[3], []))
-        slow = track(series, direction, TRACKED, accepted)
+        slow = track(series, direction, settings, accepted)
         monkeypatch.undo()
         assert [repr(v) for v in fast] == [repr(v) for v in slow]
         assert repr(last[-1]) == repr(slow[-1]) and all(v is None for v in last[:-1])
