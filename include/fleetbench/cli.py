@@ -430,17 +430,25 @@ def _db_upgrade(args: argparse.Namespace) -> int:
     from alembic.util import CommandError
     from sqlalchemy.exc import SQLAlchemyError
 
-    from fleetbench.warehouse import WarehouseTooNew, current_revision, get_engine, upgrade, warehouse_display_url
+    from fleetbench.warehouse import (
+        NotAWarehouse,
+        WarehouseTooNew,
+        current_revision,
+        get_engine,
+        upgrade,
+        warehouse_display_url,
+    )
 
     engine = get_engine()
     try:
         before = current_revision(engine)
-        if _past(before, args.revision):  # Alembic would do nothing and say nothing
+        target = _relative_target(before, args.revision) or args.revision
+        if _past(before, target):  # Alembic would do nothing and say nothing
             raise UsageError(f"--revision {args.revision}: the warehouse is at revision {before}, newer; "
                              "upgrade does not go back (nothing changed)")
-        upgrade(engine, args.revision)
+        upgrade(engine, target)
         now = current_revision(engine)
-    except WarehouseTooNew as exc:
+    except (WarehouseTooNew, NotAWarehouse) as exc:
         raise UsageError(str(exc)) from None
     except (CommandError, RevisionError) as exc:
         detail = _first_line(exc)  # Alembic's message usually names the revision already: say it once
@@ -452,6 +460,37 @@ def _db_upgrade(args: argparse.Namespace) -> int:
         engine.dispose()
     print(f"warehouse at {warehouse_display_url()} is at revision {now or 'base'}")
     return 0
+
+
+def _relative_target(current: str | None, revision: str) -> str | None:
+    """The revision a relative `--revision` names (head-1, 0023-2, base+3, -1 from the current one), None for
+    another form; one before the first revision or after the newest is a usage error (Alembic failed an assertion
+    on the first, and took base-1 as head)."""
+    from alembic.script import ScriptDirectory
+    from alembic.script.revision import RevisionError
+    from alembic.util import CommandError
+
+    from fleetbench.warehouse import MIGRATIONS
+
+    relative = re.fullmatch(r"(.*?)([+-])(\d+)", revision)
+    if not relative:
+        return None
+    script = ScriptDirectory(str(MIGRATIONS))
+    chain = [r.revision for r in script.walk_revisions()][::-1]  # oldest first (one line of revisions)
+    start = relative.group(1) or current
+    if start in (None, "base"):
+        at = -1  # before the first revision
+    else:
+        try:
+            [found] = script.get_revisions(start)
+        except (CommandError, RevisionError, ValueError):
+            return None  # `upgrade` says what is wrong with it
+        at = chain.index(found.revision)
+    at += int(relative.group(3)) * (1 if relative.group(2) == "+" else -1)
+    if not -1 <= at < len(chain):
+        raise UsageError(f"--revision {revision}: past the {'newest' if at >= len(chain) else 'first'} revision (the "
+                         f"revisions are {chain[0]} to {chain[-1]}; nothing changed)")
+    return chain[at] if at >= 0 else "base"
 
 
 def _past(current: str | None, revision: str) -> bool:

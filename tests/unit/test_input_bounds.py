@@ -358,3 +358,51 @@ def test_host_check_refuses_a_min_free_gb_that_is_no_size(value, capsys):
     err = capsys.readouterr().err
     assert err.startswith("fleetbench host-check: --min-free-gb must be a number of GB from 0 to 1,000,000, got ")
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("revision, end", [("head-40", "first"), ("base-1", "first"), ("0010+20", "newest"),
+                                           ("+30", "newest")])
+def test_db_upgrade_to_a_relative_revision_past_the_chain_is_refused(tmp_path, revision, end):
+    """Alembic failed an assertion (a traceback) on head-40 and took base-1 for head (upgrading all the way)."""
+    from alembic.script import ScriptDirectory
+
+    from fleetbench.warehouse import MIGRATIONS, current_revision, get_engine
+
+    url = f"sqlite:///{tmp_path}/w.db"
+    assert db_upgrade(url, "--revision", "0010").returncode == 0
+    revisions = [r.revision for r in ScriptDirectory(str(MIGRATIONS)).walk_revisions()]
+    proc = db_upgrade(url, "--revision", revision)
+    assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
+    assert proc.stderr == (f"fleetbench db: --revision {revision}: past the {end} revision (the revisions are "
+                           f"{revisions[-1]} to {revisions[0]}; nothing changed)\n")
+    engine = get_engine(url)
+    assert current_revision(engine) == "0010"
+    engine.dispose()
+    proc = db_upgrade(url, "--revision", "+2")  # within the chain: from the warehouse's own revision
+    assert (proc.returncode, proc.stdout) == (0, f"warehouse at {url} is at revision 0012\n"), proc.stderr
+
+
+def test_a_database_of_another_program_is_no_warehouse(tmp_path):
+    """FLEETBENCH_WAREHOUSE_URL pointed at Airflow's metadata database (its own Alembic history): it was called a
+    warehouse "a newer fleetbench upgraded"."""
+    import sqlite3
+
+    from fleetbench.warehouse import NotAWarehouse, get_engine, upgrade
+
+    with sqlite3.connect(tmp_path / "airflow.db") as conn:
+        conn.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL PRIMARY KEY)")
+        conn.execute("INSERT INTO alembic_version VALUES ('d2f4e1b3c5a7')")
+        conn.execute("CREATE TABLE dag_run (id INTEGER PRIMARY KEY)")
+    url = f"sqlite:///{tmp_path}/airflow.db"
+    proc = db_upgrade(url)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (f"fleetbench db: the database at {url} is no fleetbench warehouse: its Alembic revision "
+                           "d2f4e1b3c5a7 is another program's (Airflow's metadata database?); check "
+                           "FLEETBENCH_WAREHOUSE_URL (nothing changed)\n")
+    engine = get_engine(url)
+    with pytest.raises(NotAWarehouse):  # the DAG's store task says the same
+        upgrade(engine)
+    engine.dispose()
+    with sqlite3.connect(tmp_path / "airflow.db") as conn:
+        assert conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name").fetchall() == [
+            ("alembic_version",), ("dag_run",)]

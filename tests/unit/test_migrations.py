@@ -169,3 +169,30 @@ def test_repair_oom_indexes(tmp_path):
     from warehouse_contract import check_repair_oom_indexes
 
     check_repair_oom_indexes(engine_at(tmp_path))
+
+
+def test_a_warehouse_stamped_0015_with_0012s_schema_upgrades_through_0013_to_0015(tmp_path):
+    """For a few seconds of main's history (03d4d10) the MIG columns' revision was numbered 0015 (now 0012): a
+    warehouse it migrated is stamped 0015 with 0012's schema, and an upgrade went on at 0016, which failed on the
+    missing `nodes` column, every night. It is re-stamped 0012 and upgraded through 0013-0015, rows kept."""
+    from sqlalchemy import inspect, text
+
+    from fleetbench.warehouse import current_revision, fetch_results, store_run, upgrade
+    from warehouse_rows import result_row, run_row
+
+    engine = engine_at(tmp_path)
+    upgrade(engine, "0012")
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO benchmark_results (dag_id, run_id, host, case_key, status, mig_profile, "
+                          "mig_instances) VALUES ('fleet_benchmark', 'r0', 'h1', 'mig.case', 'ok', '1g.10gb', 7)"))
+        conn.execute(text("UPDATE alembic_version SET version_num = '0015'"))
+    upgrade(engine)
+    assert current_revision(engine) == HEAD
+    assert "superseded_host_facts" in inspect(engine).get_table_names()
+    [row] = fetch_results(engine)
+    assert (row["case_key"], row["mig_profile"], row["mig_instances"], row["nodes"]) == ("mig.case", "1g.10gb", 7, 1)
+    store_run(engine, run_row("r1"), [], [result_row("later")])  # and the DAG stores on it
+    assert len(fetch_results(engine)) == 2
+    upgrade(engine)  # a true 0015 (superseded_host_facts there) is never re-stamped: head stays head
+    assert current_revision(engine) == HEAD
+    engine.dispose()

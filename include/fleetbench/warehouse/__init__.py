@@ -19,6 +19,7 @@ disagree with the rows they summarise.
 
 from fleetbench.warehouse.engine import (
     MIGRATIONS,
+    NotAWarehouse,
     SchemaBehind,
     WarehouseTooNew,
     WarehouseURLError,
@@ -36,7 +37,7 @@ from fleetbench.warehouse.engine import (
 from fleetbench.warehouse.read import dag_ids, fetch_capacity_features, fetch_results, latest_run_id
 from fleetbench.warehouse.store import WRITE_ATTEMPTS, store_run, upsert_rows
 
-__all__ = ["MIGRATIONS", "WRITE_ATTEMPTS", "SchemaBehind", "WarehouseTooNew", "WarehouseURLError",
+__all__ = ["MIGRATIONS", "WRITE_ATTEMPTS", "NotAWarehouse", "SchemaBehind", "WarehouseTooNew", "WarehouseURLError",
            "current_revision", "downgrade", "dag_ids", "existing_engine", "fetch_capacity_features", "fetch_results",
            "get_engine", "latest_run_id", "redact", "schema_behind", "store_run", "upgrade", "upsert_rows",
            "warehouse_display_url", "warehouse_read_url", "warehouse_url"]

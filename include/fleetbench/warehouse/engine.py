@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
+import re
 from pathlib import Path
 
 from alembic import command
@@ -11,6 +13,8 @@ from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event, text
 
 from fleetbench.paths import data_dir
+
+log = logging.getLogger(__name__)
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 # pg_advisory_xact_lock key that serialises concurrent `upgrade` calls on one PostgreSQL database.
@@ -206,6 +210,14 @@ class WarehouseTooNew(RuntimeError):
     """The warehouse is at a revision this fleetbench does not have: a newer fleetbench upgraded it."""
 
 
+class NotAWarehouse(RuntimeError):
+    """The database has another program's Alembic history (Airflow's metadata database, say): no warehouse."""
+
+
+# A revision id a fleetbench migration has (0001 ... 0024): one that is not is another program's.
+_REVISION_ID = re.compile(r"\d{4}")
+
+
 def upgrade(engine: Engine, revision: str = "head") -> None:
     """Apply Alembic migrations (`fleetbench db upgrade`); the DAG calls this before its first write.
 
@@ -223,10 +235,39 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
         try:
             script.get_revision(current)
         except (CommandError, ResolutionError):  # ScriptDirectory turns the second into the first
+            if not _REVISION_ID.fullmatch(current) or not {"runs", "benchmark_results"} <= _tables(engine):
+                raise NotAWarehouse(
+                    f"the database at {warehouse_display_url(engine.url)} is no fleetbench warehouse: its Alembic "
+                    f"revision {current} is another program's (Airflow's metadata database?); check "
+                    "FLEETBENCH_WAREHOUSE_URL (nothing changed)") from None
             raise WarehouseTooNew(
                 f"the warehouse is at revision {current}, which this fleetbench (newest {script.get_current_head()}) "
                 "does not know: a newer fleetbench upgraded it; use that one (nothing changed)") from None
+        if current == "0015":
+            _repair_early_0015(engine)
     _alembic(engine, command.upgrade, revision)
+
+
+def _tables(engine: Engine) -> set[str]:
+    from sqlalchemy import inspect
+
+    return set(inspect(engine).get_table_names())
+
+
+def _repair_early_0015(engine: Engine) -> None:
+    """A warehouse main migrated for a few seconds of its history (03d4d10), when the MIG columns' revision was
+    numbered 0015 (now 0012) and Alembic stamped it 0015: it has 0012's columns but none of 0013-0015's changes, and
+    an upgrade from "0015" skipped them (0016 failed on the missing `nodes`). Re-stamped 0012, it upgrades through
+    them. A true 0015 has superseded_host_facts, which that one lacks."""
+    from sqlalchemy import inspect, text
+
+    columns = {c["name"] for c in inspect(engine).get_columns("benchmark_results")}
+    if "superseded_host_facts" in _tables(engine) or "mig_profile" not in columns:
+        return
+    log.warning("the warehouse is stamped 0015 but has 0012's schema (a revision numbered 0015 for a while): "
+                "re-stamped 0012, upgrading through 0013-0015")
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = '0012' WHERE version_num = '0015'"))
 
 
 def downgrade(engine: Engine, revision: str) -> None:
