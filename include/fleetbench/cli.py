@@ -153,23 +153,65 @@ def _results(args: argparse.Namespace) -> int:
 
 @contextlib.contextmanager
 def _out_file(path: str):
-    """The path to write `--out`'s export to: a file beside it that replaces it once the command succeeded, so a
-    mistake (an unknown run id, a typo in --metric) or an interrupted export leaves an earlier one whole. A path
-    that is no regular file (/dev/stdout, a pipe) is written as it is."""
+    """The path to write `--out`'s export to: a part file that becomes FILE once the command succeeded, so a mistake
+    (an unknown run id, a typo in --metric) or an interrupted export (an error, Ctrl-C, SIGTERM) leaves an earlier
+    export whole and no part behind. The part is made beside FILE and renamed over it, with FILE's mode (and owner,
+    where allowed); where FILE's folder takes no new file, or FILE has other names (hard links), it is made in the
+    temporary folder and copied into FILE. A FILE that is no regular file (/dev/stdout, a pipe) is written as it
+    is; one that may not be written is refused before anything is read."""
     import os
+    import shutil
+    import signal
+    import tempfile
 
-    final = Path(path).resolve()  # through a link: the file it names is replaced, the link kept
-    if final.exists() and not final.is_file():
-        yield final
+    given = Path(path)
+    if given.exists() and not given.is_file():
+        yield given
         return
-    part = final.with_name(f".{final.name}.{os.getpid()}.part")
+    final = given.resolve()  # through a link: the file it names is written, the link kept
+    existing = final.stat() if final.exists() else None
+    if existing is not None and not os.access(final, os.W_OK):
+        raise UsageError(f"--out {path}: Permission denied")
+    copy_into = existing is not None and existing.st_nlink > 1
+    try:
+        handle, name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".part", dir=None if copy_into else
+                                        final.parent)
+    except PermissionError:  # a folder that takes no new file, a FILE that may be written
+        copy_into = True
+        handle, name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".part")
+    os.close(handle)
+    part = Path(name)
+
+    def terminated(signum, frame):  # as Ctrl-C: the part is removed on the way out
+        raise SystemExit(128 + signum)
+
+    import threading
+
+    main_thread = threading.current_thread() is threading.main_thread()  # signal handlers are set there only
+    previous = signal.signal(signal.SIGTERM, terminated) if main_thread else None
     try:
         yield part
         try:
-            os.replace(part, final)
+            if copy_into:
+                with open(part, "rb") as source, open(final, "wb") as sink:
+                    shutil.copyfileobj(source, sink, 1 << 20)
+            else:
+                if existing is not None:
+                    os.chmod(part, existing.st_mode & 0o7777)
+                    try:
+                        os.chown(part, existing.st_uid, existing.st_gid)
+                    except PermissionError:  # not ours to give away: the mode is kept, the owner is ours
+                        pass
+                else:  # as a new file open() makes: 0666 less the umask (mkstemp's is 0600)
+                    umask = os.umask(0)
+                    os.umask(umask)
+                    os.chmod(part, 0o666 & ~umask)
+                os.replace(part, final)
         except OSError as exc:
             raise UsageError(f"--out {path}: {exc.strerror}") from None
     finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
         part.unlink(missing_ok=True)
 
 
@@ -201,9 +243,10 @@ def _write_results(args: argparse.Namespace, target: Path | None = None) -> int:
             source = iter(fetch_attempts(engine, run_id=run_id, dag_id=dag_id, **window))
         else:
             source = iter_results(engine, run_id=run_id, dag_id=dag_id, **window)
-        metrics: set[str] = set()  # the primary metrics seen: named when --metric matches none
-        rows = _metric_rows(({**r, **per_unit(r)} for r in source), args.metric, metrics)
-        return _output_results(args, rows, run_id, dag_id, target, metrics)
+        seen = _Seen()  # what was read before --metric chose: for the error when nothing is left
+        rows = _metric_rows(({**r, **per_unit(r)} for r in source), args.metric, seen)
+        seen.run_exists = lambda: _has_row(iter_results(engine, run_id=run_id, dag_id=dag_id, batch=1))
+        return _output_results(args, rows, run_id, dag_id, target, seen)
     except SQLAlchemyError as exc:
         raise UsageError(f"cannot read the warehouse at {warehouse_display_url()}: {_first_line(exc)} "
                          "(run the DAG once, or `fleetbench db upgrade`)") from None
@@ -211,31 +254,48 @@ def _write_results(args: argparse.Namespace, target: Path | None = None) -> int:
         engine.dispose()
 
 
-def _metric_rows(rows, metric: str | None, seen: set[str]):
-    """The rows whose primary metric is `metric` (all when None); every metric passed is added to `seen`."""
+@dataclasses.dataclass
+class _Seen:
+    """The rows read before `--metric` chose, and their primary metrics; `run_exists()`: the run asked for has rows
+    (it may have none of `--host`'s)."""
+
+    rows: int = 0
+    metrics: set = dataclasses.field(default_factory=set)
+    run_exists: object = None
+
+
+def _has_row(rows) -> bool:
+    with contextlib.closing(rows):
+        return next(rows, None) is not None
+
+
+def _metric_rows(rows, metric: str | None, seen: _Seen):
+    """The rows whose primary metric is `metric` (all when None); each row read is counted in `seen`."""
     for row in rows:
+        seen.rows += 1
         if row.get("metric"):
-            seen.add(row["metric"])
+            seen.metrics.add(row["metric"])
         if metric is None or row.get("metric") == metric:
             yield row
 
 
-def _no_rows(args: argparse.Namespace, metrics: set[str]) -> None:
-    """The usage error for an export that matched no row, if it is one (before anything is written)."""
-    if args.run_id:
+def _no_rows(args: argparse.Namespace, seen: _Seen) -> None:
+    """The usage error for an export that matched no row, if it is one (before anything is written): a run id
+    without results; a --metric that none of the rows read has."""
+    if args.run_id and not seen.rows and (not args.host or not seen.run_exists()):
         raise UsageError(f"no results for run id {args.run_id!r}")
-    if args.metric and metrics:
+    if args.metric and seen.rows:
         raise UsageError(f"--metric {args.metric!r}: no result has that primary metric (these have: "
-                         f"{', '.join(sorted(metrics))})")
+                         f"{', '.join(sorted(seen.metrics)) or 'none'})")
 
 
-def _output_results(args, rows, run_id, dag_id, target, metrics: set[str]) -> int:
+def _output_results(args, rows, run_id, dag_id, target, seen: _Seen) -> int:
     stream = (args.all or args.run_id or args.since or args.until) and not args.attempts and not args.pivot
     if args.format == "parquet" and stream:
         from fleetbench.warehouse.frames import write_parquet_batches
 
         try:
-            count = write_parquet_batches(rows, target, before_empty=lambda: _no_rows(args, metrics))
+            count = write_parquet_batches(rows, target, before_empty=lambda: _no_rows(args, seen))
         except OSError as exc:
             raise UsageError(f"--out {args.out}: {exc.strerror or str(exc).splitlines()[0]}") from None
         print(f"wrote {count} row(s) to {args.out}")
@@ -243,13 +303,13 @@ def _output_results(args, rows, run_id, dag_id, target, metrics: set[str]) -> in
     if args.format in ("csv", "json") and stream:
         count = (_csv_stream if args.format == "csv" else _json_stream)(rows)
         if not count:
-            _no_rows(args, metrics)
+            _no_rows(args, seen)
             if args.format == "json":
                 print("[]")
         return 0
     rows = list(rows)
     if not rows:
-        _no_rows(args, metrics)
+        _no_rows(args, seen)
     if args.pivot or args.format == "parquet":
         from fleetbench.warehouse.frames import pivot, results_frame, write_frame
 

@@ -107,3 +107,9 @@ def test_results_are_read_in_batches_through_a_server_side_cursor(pg_engine):
     assert any(named), named  # psycopg2's server-side cursors are the named ones
     assert streamed == fetch_results(pg_engine) and len(streamed) == 14
     assert [r["run_id"] for r in streamed] == ["n1"] * 7 + ["n2"] * 7  # one night: by run id, then host and case
+    # --host: its own rows and the sets it was in, exactly (case and LIKE's wildcards count), as on SQLite
+    store_run(pg_engine, run_row("n3"), [], [result_row("two", run_id="n3", host="h_1", nodes=2, host_set="h_1,Gpu%2"),
+                                             result_row("one", run_id="n3", host="h1")])
+    assert [(r["host"], r["case_key"]) for r in iter_results(pg_engine, run_id="n3", host="Gpu%2")] == [("h_1", "two")]
+    assert list(iter_results(pg_engine, run_id="n3", host="gpu%2")) == []
+    assert [r["case_key"] for r in iter_results(pg_engine, run_id="n3", host="h1")] == ["one"]

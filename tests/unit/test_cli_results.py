@@ -687,3 +687,98 @@ def test_bad_window_or_host_is_one_line(nights, args, message):
     proc = cli("results", *args, url=nights)
     assert proc.returncode == 2 and proc.stderr.startswith(f"fleetbench results: {message}"), proc.stderr
     assert len(proc.stderr.splitlines()) == 1 and proc.stdout == ""
+
+
+# -- --out: what an operator's file keeps ------------------------------------------------------------------------------
+def test_out_keeps_the_files_mode_and_other_names_and_writes_a_pipe(nights, tmp_path):
+    import os
+    import stat
+
+    private = tmp_path / "private.csv"
+    private.write_text("old")
+    private.chmod(0o600)
+    assert cli("results", "--all", "--format", "csv", "--out", str(private), url=nights).returncode == 0
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600 and private.read_text().startswith("id,")
+    fresh = tmp_path / "fresh.csv"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert cli("results", "--all", "--format", "csv", "--out", str(fresh), url=nights).returncode == 0
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o666 & ~umask  # as open() makes it, not mkstemp's 0600
+    other = tmp_path / "other-name.csv"
+    os.link(private, other)
+    assert cli("results", "--all", "--format", "json", "--out", str(private), url=nights).returncode == 0
+    assert other.read_text() == private.read_text() and len(json.loads(other.read_text())) == 7  # still one file
+    piped = cli("results", "--all", "--format", "csv", "--out", "/dev/stdout", url=nights)  # stdout is a pipe here
+    assert piped.returncode == 0, piped.stderr
+    assert len(list(csv.DictReader(io.StringIO(piped.stdout)))) == 7
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh.csv", "n.db", "other-name.csv", "private.csv"]
+
+
+def test_out_in_a_folder_that_takes_no_new_file_is_written_in_place(nights, tmp_path, monkeypatch):
+    """A shared folder where the export may be written but no file made: the part goes to the temporary folder."""
+    import tempfile
+
+    from fleetbench.cli import main
+
+    target = tmp_path / "shared" / "nights.csv"
+    target.parent.mkdir()
+    target.write_text("old")
+    real = tempfile.mkstemp
+
+    def no_new_file_there(*args, dir=None, **kwargs):
+        if dir is not None and Path(dir) == target.parent:
+            raise PermissionError(13, "Permission denied")
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", no_new_file_there)
+    monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", nights)
+    assert main(["results", "--all", "--format", "csv", "--out", str(target)]) == 0
+    assert target.read_text().startswith("id,") and sorted(p.name for p in target.parent.iterdir()) == ["nights.csv"]
+
+
+def test_sigterm_mid_export_leaves_the_earlier_file_and_no_part(fleet, tmp_path, monkeypatch):
+    """`timeout`, systemd and Airflow stop a command with SIGTERM, whose default action skipped the clean-up."""
+    import os
+    import signal
+
+    import fleetbench.warehouse.read as read
+    from fleetbench.cli import main
+
+    monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", fleet)
+    out = tmp_path / "nights.json"
+    assert main(["results", "--all", "--format", "json", "--out", str(out)]) == 0
+    before = out.read_bytes()
+    original = read.iter_results
+
+    def stopped(*args, **kwargs):
+        for n, row in enumerate(original(*args, **kwargs)):
+            if n == 3:
+                os.kill(os.getpid(), signal.SIGTERM)
+            yield row
+
+    monkeypatch.setattr(read, "iter_results", stopped)
+    handler = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as stop:
+        main(["results", "--all", "--format", "json", "--out", str(out)])
+    assert stop.value.code == 128 + signal.SIGTERM
+    assert out.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["f.db", "nights.json"]
+    assert signal.getsignal(signal.SIGTERM) is handler  # put back
+
+
+def test_a_run_ids_filters_are_named_not_the_run(nights, tmp_path):
+    """With --run-id, a --metric typo or a host without rows in that run was reported as "no results for run id"."""
+    proc = cli("results", "--run-id", "night-30", "--metric", "images_per_secc", url=nights)
+    assert proc.returncode == 2 and proc.stderr == ("fleetbench results: --metric 'images_per_secc': no result has "
+                                                    "that primary metric (these have: none)\n")
+    only_a = cli("results", "--run-id", "night-31", "--host", "gpu-b", "--metric", "x", "--format", "json", url=nights)
+    assert only_a.returncode == 2 and "--metric 'x'" in only_a.stderr
+    proc = cli("results", "--run-id", "night-30", "--host", "gpu-c", url=nights)  # gpu-c ran on night 31 only
+    assert (proc.returncode, proc.stdout) == (0, "no results of host gpu-c in run night-30\n"), proc.stderr
+    proc = cli("results", "--run-id", "night-99", "--host", "gpu-c", url=nights)
+    assert proc.returncode == 2 and proc.stderr == "fleetbench results: no results for run id 'night-99'\n"
+
+
+def test_host_matches_its_name_exactly(nights):
+    """SQLite's LIKE ignores case: GPU-C matched gpu-c's multi-node sets there (not on PostgreSQL)."""
+    proc = cli("results", "--host", "GPU-C", "--all", url=nights)
+    assert proc.returncode == 2 and "--host 'GPU-C': no result of that host" in proc.stderr

@@ -5,7 +5,9 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Iterator
 
-from sqlalchemy import DateTime, Engine, and_, literal, or_, select, text
+from sqlalchemy import DateTime, Engine, Integer, and_, literal, or_, select, text
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.functions import GenericFunction
 
 from fleetbench.warehouse.schema import CAPACITY_FEATURES_VIEW, benchmark_results, runs
 
@@ -66,8 +68,26 @@ def on_host(table, host: str):
     own = table.c.host == host
     if "host_set" not in table.c:
         return own
-    escaped = host.replace("!", "!!").replace("%", "!%").replace("_", "!_")  # `!`: the same in every SQL dialect
-    return or_(own, (literal(",") + table.c.host_set + literal(",")).like(f"%,{escaped},%", escape="!"))
+    # an exact item of the set: SQLite's LIKE ignores case (GPU-01 matched gpu-01's sets there, not on PostgreSQL)
+    return or_(own, _position(literal(",") + table.c.host_set + literal(","), literal(f",{host},")) > 0)
+
+
+class _position(GenericFunction):
+    """The 1-based position of a substring in a text, 0 where it is not in it; case-sensitive in both dialects:
+    SQLite's instr(text, part), PostgreSQL's strpos(text, part)."""
+
+    type = Integer()
+    inherit_cache = True
+
+
+@compiles(_position, "sqlite")
+def _position_sqlite(element, compiler, **kw):
+    return f"instr({compiler.process(element.clauses, **kw)})"
+
+
+@compiles(_position)
+def _position_default(element, compiler, **kw):
+    return f"strpos({compiler.process(element.clauses, **kw)})"
 
 
 def iso_timestamps(rows: list[dict]) -> list[dict]:
