@@ -130,10 +130,12 @@ with DAG(
         run = {"dag_id": dag_run.dag_id, "run_id": dag_run.run_id,
                "logical_date": logical_date.isoformat() if logical_date else None,
                "run_type": str(getattr(dag_run.run_type, "value", dag_run.run_type))}
-        the_plan = pipeline.make_plan(run, params=dict(ctx["params"]))
+        the_plan, slices = pipeline.make_split_plan(run, params=dict(ctx["params"]))
         # the lanes this run has (the DAG as the scheduler last parsed it) against the hosts the config names now
         pipeline.check_lanes(the_plan, ctx["ti"].get_task_states(dag_id=dag_run.dag_id, run_ids=[dag_run.run_id])
                              .get(dag_run.run_id, {}))
+        for key, cases in slices.items():  # each lane reads its host's cases, not the night's
+            ctx["ti"].xcom_push(key=key, value=cases)
         return the_plan
 
     # A host whose lane failed (a crash) costs its own cases only: store runs whatever happened to the lanes
@@ -144,7 +146,8 @@ with DAG(
     def store(the_plan: dict, outcomes: list) -> dict | None:
         """Every planned case as a classified row (`pipeline.collect`), then the run stored whole, in one
         transaction (`pipeline.store`): the rows never travel through XCom. Returns the run's counts."""
-        the_plan = pipeline.RunPlan.load(the_plan)  # read once: each step below takes the model as it is
+        # read once, with every case: each step below takes the model as it is
+        the_plan = pipeline.plan_cases(the_plan, get_current_context()["ti"])
         validations = from_lanes(LANE_VALIDATION, the_plan)
         if not pipeline.proceed(the_plan, validations, whole_run=True):
             return None

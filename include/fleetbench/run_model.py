@@ -17,7 +17,7 @@ from __future__ import annotations
 from functools import cached_property
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from fleetbench.config import FleetSettings, HostSpec, ImageSpec
 from fleetbench.plan import Case
@@ -84,10 +84,22 @@ class MissingPlan(RuntimeError):
     """A task that runs whatever happened upstream (collect, store, report) got no plan: `plan` failed."""
 
 
+# The XCom keys of a plan's case slices (`RunPlan.split`): one per host with single-node cases, one for the
+# multi-node cases. Host names are config names ([A-Za-z0-9_.-]), safe in a key.
+MULTINODE_SLICE = "plan.cases.multinode"
+
+
+def slice_key(host: str) -> str:
+    return f"plan.cases.host.{host}"
+
+
 class RunPlan(_Xcom):
     run: RunInfo
     hosts: list[PlannedHost]
     cases: list[Case]
+    # Where the cases travel apart from the plan (`split`): slice key -> its number of cases; `cases` is then
+    # empty until `with_cases` reads the slices a task needs. None: the cases are in `cases`.
+    slices: dict[str, int] | None = None
 
     @classmethod
     def load(cls, value):
@@ -96,6 +108,42 @@ class RunPlan(_Xcom):
             raise MissingPlan("this run has no plan: the `plan` task failed or did not run (see its log), so there "
                               "is nothing to run, collect or store")
         return super().load(value)
+
+    @property
+    def case_count(self) -> int:
+        """The run's number of planned cases, whether or not they were read."""
+        return len(self.cases) if self.slices is None else sum(self.slices.values())
+
+    def split(self) -> tuple[dict, dict[str, list]]:
+        """(the plan without its cases, {slice key: [[index, case], ...]}) as XCom JSON. One XCom of every case of a
+        night grew with the fleet (~1,400 bytes a case: PostgreSQL's 256 MiB JSONB cap failed the plan task at
+        ~190,000 cases) and every lane read all of it (57 MB at 1,000 hosts x 52 cases); a lane now reads its host's
+        slice (and the multi-node one), `store` every slice. The index keeps the plan's order of the cases."""
+        whole = self.to_xcom()
+        slices: dict[str, list] = {}
+        for index, (case, data) in enumerate(zip(self.cases, whole["cases"])):
+            slices.setdefault(MULTINODE_SLICE if case.nodes > 1 else slice_key(case.host), []).append([index, data])
+        whole["cases"] = []
+        whole["slices"] = {key: len(value) for key, value in slices.items()}
+        return whole, slices
+
+    def with_cases(self, pull, hosts: list[str] | None = None) -> RunPlan:
+        """The plan with the cases of `hosts` (their own slices and the multi-node one; None: every slice) read
+        through `pull(key)` (the plan task's XCom of that key). A plan that was not split is returned as it is."""
+        if self.slices is None:
+            return self
+        keys = list(self.slices) if hosts is None else [
+            k for k in (*(slice_key(h) for h in hosts), MULTINODE_SLICE) if k in self.slices]
+        indexed = []
+        for key in keys:
+            part = pull(key)
+            if part is None or len(part) != self.slices[key]:
+                raise MissingPlan(f"this run's plan has {self.slices[key]} case(s) under XCom {key!r} of the `plan` "
+                                  f"task, and {'none' if part is None else len(part)} could be read")
+            indexed.extend(part)
+        indexed.sort(key=lambda item: item[0])
+        cases = _CASES.validate_python([case for _, case in indexed])
+        return self.model_copy(update={"cases": cases, "slices": None if hosts is None else self.slices})
 
     def host(self, name: str) -> PlannedHost | None:
         """The host as planned for this run; None when the run has no case on it (e.g. a `hosts` parameter)."""
@@ -178,6 +226,9 @@ class CaseOutcome(_Xcom):
     # earlier execution of the same run (cleared, backfilled again) left in the run's folder.
     run_started_at: str | None = None
     measurement: Measurement | None = Field(default=None)
+
+
+_CASES = TypeAdapter(list[Case])
 
 
 def by_host(items) -> dict[str, Any]:

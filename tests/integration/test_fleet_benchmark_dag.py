@@ -55,13 +55,14 @@ def test_smoke_fleet_stores_one_ok_row_per_case(airflow_db, data_dir, smoke_imag
     assert facts[0][0] == "ready" and facts[0][1]
     assert tuple(run) == (4, 4)
     # each task's result is one XCom: no task also pushes its dict's keys (multiple_outputs), only the lane its
-    # verdict and images
+    # verdict and images, and the plan its host's cases (one slice per host: each lane reads its own)
     from airflow.utils.session import create_session
 
     with create_session() as session:
         keys = {tuple(r) for r in session.execute(text("select task_id, key from xcom where run_id = :r"),
                                                   {"r": dag_run.run_id})}
-    assert keys == {("plan", "return_value"), ("host_localhost.cases", "return_value"),
+    assert keys == {("plan", "return_value"), ("plan", "plan.cases.host.localhost"),
+                    ("host_localhost.cases", "return_value"),
                     ("host_localhost.cases", "validation"), ("host_localhost.cases", "images"),
                     ("host_localhost.run_case", "return_value"), ("store", "return_value"),
                     ("report", "return_value"), ("outcome", "return_value")}

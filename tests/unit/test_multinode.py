@@ -566,3 +566,38 @@ def test_a_mixed_sets_row_is_priced_at_its_first_hosts_gpu():
     assert (got["gpu_catalog_name"], got["price_source"], got["energy_source"]) == (
         "A100 SXM4 80GB", "catalog", "estimated")
     assert got["cost_usd"] == pytest.approx(2 * got["price_per_gpu_hour"])  # 2 nodes x 1 GPU x 1 hour
+
+
+def test_a_plan_travels_as_slices_each_task_reading_what_it_needs():
+    """The plan task pushes the plan without its cases and one XCom per host (its single-node cases) plus one of
+    the multi-node cases: a lane reads its host's slice and the multi-node one (its images serve both), the
+    multi-node step only that one, store every slice, in the plan's order of the cases."""
+    from fleetbench.run_model import MULTINODE_SLICE, MissingPlan, RunPlan, slice_key
+
+    plan = build_plan(parse_config(config()), {"dag_id": "d", "run_id": "r"})
+    head, slices = plan.split()
+    assert head["cases"] == [] and sum(head["slices"].values()) == len(plan.cases) > 0
+    assert set(slices) == {slice_key(h) for h in "abcde"} | {MULTINODE_SLICE}
+    assert all(case["host"] == "a" and case["nodes"] == 1 for _, case in slices[slice_key("a")])
+    assert all(case["nodes"] == 2 for _, case in slices[MULTINODE_SLICE])
+    pulled = []
+
+    def pull(key):
+        pulled.append(key)
+        return json.loads(json.dumps(slices[key]))  # through JSON, as XCom keeps it
+
+    loaded = RunPlan.load(json.loads(json.dumps(head)))
+    assert loaded.case_count == len(plan.cases) and loaded.cases == []
+    lane = loaded.with_cases(pull, ["b"])
+    assert pulled == [slice_key("b"), MULTINODE_SLICE]
+    assert [c.case_key for c in lane.cases] == [c.case_key for c in plan.cases if c.host == "b" or c.nodes > 1]
+    assert lane.case_count == len(plan.cases)  # a dry run's log still counts the night's cases
+    pulled.clear()
+    assert {c.nodes for c in loaded.with_cases(pull, []).cases} == {2} and pulled == [MULTINODE_SLICE]
+    pulled.clear()
+    whole = loaded.with_cases(pull)
+    assert sorted(pulled) == sorted(slices) and whole.slices is None
+    assert whole.to_xcom() == plan.to_xcom()  # the same plan, case for case, in its order
+    assert RunPlan.load(plan.to_xcom()).with_cases(pull).cases == plan.cases  # an unsplit plan reads nothing more
+    with pytest.raises(MissingPlan, match=r"2 case\(s\) under XCom 'plan.cases.multinode'.*none could be read"):
+        loaded.with_cases(lambda key: None if key == MULTINODE_SLICE else slices[key])

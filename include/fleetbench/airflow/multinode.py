@@ -139,18 +139,20 @@ class MultiNodeCasesOperator(BaseOperator):
         self.plan_ref = plan
 
     def execute(self, context) -> list[dict]:
-        from fleetbench.airflow.operators import LANE_IMAGES, LANE_VALIDATION
+        from fleetbench.airflow import pipeline
+        from fleetbench.airflow.operators import LANE_IMAGES, LANE_VALIDATION, plan_task_id
 
+        ti = context["ti"]
         plan = RunPlan.load(self.render_template(self.plan_ref, context))
         if plan.run.dry_run:
             return []
+        plan = pipeline.plan_cases(plan, ti, [], plan_task_id(self.plan_ref))  # the multi-node cases only
         hosts = sorted({h for case in plan.cases if case.nodes > 1 for h in case.hosts})
         # every planned host's lane by its task id, also one the config lost since the run started (this task
         # parses the DAG file again: a host removed during the night had no lane here, its multi-node cases lost)
         task_ids = [f"{runs.lane_id(h)}.cases" for h in hosts]
         if not task_ids:
             return []
-        ti = context["ti"]
         return multinode_kwargs(plan, list(ti.xcom_pull(task_ids=task_ids, key=LANE_VALIDATION) or []),
                                 list(ti.xcom_pull(task_ids=task_ids, key=LANE_IMAGES) or []))
 

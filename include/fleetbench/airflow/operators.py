@@ -167,12 +167,13 @@ class LaneCasesOperator(BaseOperator):
     def execute(self, context) -> list[dict]:
         # read once: each step below takes the model as it is (validated four times, a 1,000-host night's plan took
         # each lane 6.7 s and ~500 MiB)
+        ti = context["ti"]
         plan = RunPlan.load(self.render_template(self.plan_ref, context))
         host = pipeline.planned_host(plan, self.host)
         if host is None:
             log.info("the run has no case on %s", self.host)
             return []
-        ti = context["ti"]
+        plan = pipeline.plan_cases(plan, ti, [self.host], plan_task_id(self.plan_ref))  # its host's cases only
         validation = pipeline.validate_host(host, plan.run, timeout_s=self.host_check_timeout_s)
         ti.xcom_push(key=LANE_VALIDATION, value=validation)
         if not pipeline.proceed(plan, [validation]):
@@ -183,6 +184,12 @@ class LaneCasesOperator(BaseOperator):
 
 
 LANE_VALIDATION, LANE_IMAGES = "validation", "images"
+
+
+def plan_task_id(plan_ref) -> str:
+    """The task that made the plan (its XComArg's), whose XComs hold the case slices."""
+    operator = getattr(plan_ref, "operator", None)
+    return getattr(operator, "task_id", None) or "plan"
 
 
 def container_settings(container: dict) -> dict:

@@ -33,6 +33,21 @@ def make_plan(run: dict, config_path: str | None = None, params: dict | None = N
 
     `run` holds dag_id, run_id, logical_date, run_type. The plan is logged as a table (what a dry run shows).
     """
+    return _build_plan(run, config_path, params).to_xcom()
+
+
+def make_split_plan(run: dict, config_path: str | None = None, params: dict | None = None) -> tuple[dict, dict]:
+    """`make_plan` as the `plan` task pushes it: the plan without its cases (its return value) and the case slices,
+    one XCom each (`RunPlan.split`; the tasks read them with `plan_cases`)."""
+    return _build_plan(run, config_path, params).split()
+
+
+def plan_cases(plan, ti, hosts: list[str] | None = None, plan_task_id: str = "plan") -> RunPlan:
+    """The run's plan with the cases of `hosts` (None: every case) read from the `plan` task's slices."""
+    return RunPlan.load(plan).with_cases(lambda key: ti.xcom_pull(task_ids=plan_task_id, key=key), hosts)
+
+
+def _build_plan(run: dict, config_path: str | None, params: dict | None) -> RunPlan:
     from fleetbench.capacity import plan_capacity
     from fleetbench.params import apply_params
     from fleetbench.plan import build_plan, plan_table
@@ -47,7 +62,7 @@ def make_plan(run: dict, config_path: str | None = None, params: dict | None = N
     plan = plan_capacity(plan)  # each case's predicted peak memory against its capacity (skip, warn or run)
     log.info("plan: %d case(s) on %d host(s) from %s%s\n%s", len(plan.cases), len(plan.hosts), path,
              " (dry run: nothing will be pulled, run or stored)" if plan.run.dry_run else "", plan_table(plan.cases))
-    return plan.to_xcom()
+    return plan
 
 
 def check_lanes(plan, task_ids) -> None:
@@ -84,7 +99,7 @@ def proceed(plan, validations: list, whole_run: bool = False) -> bool:
     verdicts = [HostVerdict.load(v) for v in validations if v]
     for v in verdicts:
         log.info("dry run: host %s is %s%s", v.host, v.verdict, f" ({v.reasons})" if v.reasons else "")
-    log.info("dry run: %d case(s) planned; stopping here", len(plan.cases))
+    log.info("dry run: %d case(s) planned; stopping here", plan.case_count)
     checked = {v.host for v in verdicts}
     missing = [h.name for h in plan.hosts if h.name not in checked]
     if whole_run and missing:
