@@ -20,7 +20,10 @@ import shutil
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
+
+from common import median
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
@@ -63,7 +66,7 @@ def bench_regression(quick: bool) -> dict:
     return {
         "scenario": {"hosts": sc.hosts, "cases": 10, "nights": sc.nights, "seed": sc.seed},
         "store_all_nights_s": round(stored_s, 2),
-        "assess_and_store_night_s_median": round(sorted(per_night)[len(per_night) // 2], 3),
+        "assess_and_store_night_s_median": round(median(per_night), 3),
         "assess_and_store_last_night_s": round(per_night[-1], 3),
         "checks_by_noise_band": scores["checks"],
         "confirmed_false_alarms_per_1000": scores["false_alarms_per_1000"],
@@ -85,10 +88,12 @@ DROP_EVERY = 50  # one host in this many runs 10 % slower on the timed night: fi
 def bench_regression_night(quick: bool) -> dict:
     """The DAG's store and compare steps for one fleet night of `hosts` x 20 = 20,000 results on top of
     NIGHT_HISTORY nights of history: `store_run`, `assess_run` (every result's nights replayed, metric by
-    metric) and `store_findings`, each timed, on SQLite and PostgreSQL (a fresh database each; the history
-    filled in bulk SQL as the warehouse part fills it). One host in DROP_EVERY is 10 % slower that night,
-    so there are findings to store. Target: the three together in under 10 s."""
-    from bench_warehouse import fill_history, night_rows
+    metric) and `store_findings`, each timed once, on SQLite and PostgreSQL (a fresh database each; the history
+    filled in bulk SQL as the warehouse part fills it, without step lines; the timed night's results stored with
+    their step lines, energy and cost as the DAG stores them). One host in DROP_EVERY is 10 % slower that night
+    (its wall time, energy and cost 1/0.9 of its usual), so there are findings to store: the detector checks
+    images_per_sec, duration_s, energy_j and cost_usd. Target: the three together in under 10 s."""
+    from bench_warehouse import derived, fill_history, night_rows, step_rows
     from common import PG_URL
     from fleetbench.regression import assess_run, store_findings
     from fleetbench.warehouse import get_engine, store_run, upgrade
@@ -112,8 +117,10 @@ def bench_regression_night(quick: bool) -> dict:
                             r["images_per_sec"] *= 0.9
                             r["value"] *= 0.9  # the primary metric, which the detector reads
                             r["duration_s"] /= 0.9
+                            derived(r)  # energy, cost and the rest follow, as `derive` makes them
+                    steps = list(step_rows(rows))
                     t0, c0 = time.monotonic(), time.process_time()
-                    store_run(engine, run, [], rows)
+                    store_run(engine, run, [], rows, steps)
                     t1, c1 = time.monotonic(), time.process_time()
                     assessment = assess_run(engine, run["dag_id"], run["run_id"])
                     t2, c2 = time.monotonic(), time.process_time()
@@ -125,8 +132,10 @@ def bench_regression_night(quick: bool) -> dict:
                                # PostgreSQL server's own work is not in it)
                                store_run_cpu_s=round(c1 - c0, 2), assess_run_cpu_s=round(c2 - c1, 2),
                                store_findings_cpu_s=round(c3 - c2, 2), total_cpu_s=round(c3 - c0, 2),
-                               checked=assessment.checked, findings=stored,
-                               regressions=len(assessment.regressions))
+                               step_rows=len(steps), checked=assessment.checked, findings=stored,
+                               regressions=len(assessment.regressions),
+                               findings_by_metric=dict(sorted(Counter(
+                                   f["metric"] for f in assessment.findings).items())))
                     out[label] = res
                 finally:
                     engine.dispose()

@@ -20,14 +20,18 @@ Per backend, on a fresh database:
 Steps 1, 3 and 4 run one backend at a time.
 
 The data: `hosts` hosts x 20 cases (resnet50, 5 batch sizes x 1/2/4/8 GPUs) a night, derived metrics
-filled in, each result's primary metric named (images_per_sec) and five metric samples per ok result in
-result_metrics (SAMPLES: 36 million rows over a year of 1,000 hosts; every night stored through `store_run`
-stores its samples with it), about 1 % of the cases failed, half of the hosts on a new driver from night 180,
-and a handful of regression findings a night.
+filled in as the DAG's `derive` fills them (energy and cost included), each result's primary metric named
+(images_per_sec) and five metric samples per ok result in result_metrics (SAMPLES: 36 million rows over a year
+of 1,000 hosts; every night stored through `store_run` stores its samples with it), about 1 % of the cases
+failed, half of the hosts on a new driver from night 180, and a handful of regression findings a night. Every
+night stored through `store_run` also stores each ok result's 11 step lines (`step_rows`: about 218,000 `steps` rows a
+night at 1,000 hosts, as the DAG's store writes them); the bulk-filled history has none (a year of them would be
+~80 million rows), which `history_fill` says.
 """
 
 from __future__ import annotations
 
+import functools
 import shutil
 import tempfile
 import time
@@ -51,6 +55,14 @@ SAMPLES = (("images_per_sec", "images/s", "higher", "{}"), ("step_time_median", 
            ("final_loss", "1", "lower", "{}"),
            ("busbw", "GB/s", "higher", '{"placement": "out_of_place", "size_bytes": 8589934592}'),
            ("time", "us", "lower", '{"placement": "out_of_place", "size_bytes": 8589934592}'))
+# The step lines tf_cnn_benchmarks prints for --num_batches 100 (step 1, then every 10th: the 11 of each result's
+# step_count), as fractions of the result's images/sec: (step, images/sec, +/-, jitter, loss), taken from a real
+# run (tests/fixtures/real-logs/tfcnn_resnet50_8gpu_lambda-v100-fp16.log, total 4676.54 images/sec).
+STEP_LINES = ((1, 0.963, 0.0, 0.0, 7.79), (10, 1.004, 0.0201, 0.0544, 7.653), (20, 1.019, 0.0128, 0.0592, 7.577),
+              (30, 1.012, 0.0116, 0.0591, 7.502), (40, 1.021, 0.01, 0.0587, 7.481), (50, 1.021, 0.0095, 0.0587, 7.472),
+              (60, 1.02, 0.0084, 0.0592, 7.473), (70, 1.012, 0.0085, 0.0656, 7.475), (80, 1.005, 0.009, 0.0692, 7.475),
+              (90, 1.001, 0.009, 0.0688, 7.477), (100, 1.0, 0.0083, 0.0688, 7.47))
+DURATION_S = 120.0  # each case's wall time
 STORED_NIGHTS = 3  # store_run nights timed on the empty table and on top of the history
 QUERY_REPEATS = 3
 
@@ -75,8 +87,38 @@ def failed(j: int, k: int, n: int) -> bool:
     return (j * len(CASES) + k + n) % 97 == 0
 
 
+@functools.cache
+def _step_stats():
+    """What `derive` makes of STEP_LINES' images/sec (`fleetbench.metrics.step_stats`), as fractions of the result's
+    images/sec (median, spread; the coefficient of variation is the same at any scale)."""
+    from fleetbench.metrics import step_stats
+
+    return step_stats([line[1] for line in STEP_LINES])
+
+
+def derived(row: dict) -> dict:
+    """Fill in the derived metrics the DAG's `derive` makes of a row's images/sec, power, price per GPU-hour, GPUs
+    and wall time, and of the step lines `step_rows` gives it: energy (estimated, for every case that ran, failed
+    ones too), cost, cost per million images, images per joule and the step statistics. Returns the row."""
+    from fleetbench.metrics import cost_per_million_images_usd, cost_usd, energy_j, images_per_joule, kwh
+
+    ips, power, price, gpus, duration = (row["images_per_sec"], row["mean_power_w"], row["price_per_gpu_hour"],
+                                         row["num_gpus"], row["duration_s"])
+    row["energy_j"] = energy_j(power, duration)
+    row["energy_kwh"] = kwh(row["energy_j"])
+    row["images_per_joule"] = images_per_joule(ips, power)
+    row["cost_usd"] = cost_usd(price, gpus, duration)
+    row["cost_per_million_images_usd"] = cost_per_million_images_usd(price, gpus, ips)
+    steps = _step_stats() if ips is not None else None
+    row["step_median_images_per_sec"] = ips * steps.median if steps else None
+    row["step_spread_images_per_sec"] = ips * steps.spread if steps else None
+    row["step_cv"] = steps.cv if steps else None
+    return row
+
+
 def night_rows(n: int, hosts: int) -> tuple[dict, list[dict]]:
-    """One night as the DAG stores it: the run row and one result row per host and case."""
+    """One night as the DAG stores it: the run row and one result row per host and case, its derived metrics
+    filled in (`derived`)."""
     when = night(n)
     rows = []
     for j in range(hosts):
@@ -91,19 +133,30 @@ def night_rows(n: int, hosts: int) -> tuple[dict, list[dict]]:
                 "image_digest": "sha256:" + "a" * 64, "status": "failed" if bad else "ok",
                 "failure_class": "gpu_oom" if bad else None, "images_per_sec": value, "step_count": 11,
                 "exit_code": 1 if bad else 0, "started_at": when, "finished_at": when + timedelta(minutes=2),
-                "duration_s": 120.0, "driver_version": driver(j, n), "cuda_driver_version": "12.2",
+                "duration_s": DURATION_S, "driver_version": driver(j, n), "cuda_driver_version": "12.2",
                 "gpu_model": GPU_MODEL, "command": '["python"]', "energy_source": "estimated",
                 "precision": "fp32", "gpu_catalog_name": GPU_CATALOG,
-                "speedup_efficiency": None if bad else eff, "price_per_gpu_hour": PRICE,
-                "cost_per_million_images_usd": None if bad else PRICE * gpus / (3600 * value) * 1e6,
-                "mean_power_w": WATTS * gpus, "images_per_joule": None if bad else value / (WATTS * gpus),
+                "speedup_efficiency": None if bad else eff, "price_per_gpu_hour": PRICE, "mean_power_w": WATTS * gpus,
                 "harness": HARNESS, "metric": "images_per_sec", "value": value, "unit": "images/s",
                 "better": "higher"})
+            derived(rows[-1])
     run = {"dag_id": DAG, "run_id": run_id(n), "logical_date": when, "run_type": "scheduled", "fleet": "bench",
            "config_digest": "x", "started_at": when, "finished_at": when + timedelta(hours=1),
            "cases_total": len(rows), "cases_ok": sum(r["status"] == "ok" for r in rows),
            "cases_failed": sum(r["status"] == "failed" for r in rows), "cases_skipped": 0}
     return run, rows
+
+
+def step_rows(rows: list[dict]):
+    """The step lines of each ok result (STEP_LINES scaled to its images/sec), as the DAG stores them with it."""
+    for r in rows:
+        if r["status"] != "ok":
+            continue
+        key = {k: r[k] for k in ("dag_id", "run_id", "host", "case_key")}
+        value = r["images_per_sec"]
+        for step, ips, plusminus, jitter, loss in STEP_LINES:
+            yield {**key, "step": step, "images_per_sec": value * ips, "plusminus": value * plusminus,
+                   "jitter": value * jitter, "loss": loss}
 
 
 def metric_rows(rows: list[dict]) -> list[dict]:
@@ -124,18 +177,19 @@ FILL_RESULT = """
 INSERT INTO benchmark_results (dag_id, run_id, logical_date, host, case_key, benchmark, model, batch_size_per_device,
     batch_size_global, num_gpus, variable_update, device, num_batches, image_name, image_ref, image_digest, status,
     failure_class, images_per_sec, step_count, exit_code, started_at, finished_at, duration_s, driver_version,
-    cuda_driver_version, gpu_model, command, energy_source, stored_at, precision, gpu_catalog_name,
-    speedup_efficiency, price_per_gpu_hour, cost_per_million_images_usd, mean_power_w, images_per_joule, harness, metric,
-    value, unit, better)
+    cuda_driver_version, gpu_model, command, energy_source, energy_j, energy_kwh, stored_at, precision,
+    gpu_catalog_name, speedup_efficiency, price_per_gpu_hour, cost_usd, cost_per_million_images_usd, mean_power_w,
+    images_per_joule, harness, metric, value, unit, better)
 SELECT :dag, :run, :when, h.host, c.case_key, 'cnn', 'resnet50', c.bs, c.bs * c.gpus, c.gpus, 'replicated', 'gpu', 100,
     'tf1', 'nvcr.io/nvidia/tensorflow:23.03-tf1-py3', :digest,
     CASE WHEN (h.j * :ncases + c.k + :n) % 97 = 0 THEN 'failed' ELSE 'ok' END,
     CASE WHEN (h.j * :ncases + c.k + :n) % 97 = 0 THEN 'gpu_oom' END,
     CASE WHEN (h.j * :ncases + c.k + :n) % 97 = 0 THEN NULL ELSE c.ips + (h.j * :ncases + c.k) % 17 END,
-    11, CASE WHEN (h.j * :ncases + c.k + :n) % 97 = 0 THEN 1 ELSE 0 END, :when, :finished, 120.0,
+    11, CASE WHEN (h.j * :ncases + c.k + :n) % 97 = 0 THEN 1 ELSE 0 END, :when, :finished, :duration,
     CASE WHEN h.j % 2 = 0 AND :n >= :upgrade THEN :new_driver ELSE :old_driver END,
-    '12.2', :gpu_model, '["python"]', 'estimated', :when, 'fp32', :catalog,
-    CASE WHEN (h.j * :ncases + c.k + :n) % 97 = 0 THEN NULL ELSE c.eff END, :price,
+    '12.2', :gpu_model, '["python"]', 'estimated', :watts * c.gpus * :duration,
+    :watts * c.gpus * :duration / 3600000.0, :when, 'fp32', :catalog,
+    CASE WHEN (h.j * :ncases + c.k + :n) % 97 = 0 THEN NULL ELSE c.eff END, :price, :price * c.gpus * :duration / 3600.0,
     CASE WHEN (h.j * :ncases + c.k + :n) % 97 = 0 THEN NULL
          ELSE :price * c.gpus / (3600 * (c.ips + (h.j * :ncases + c.k) % 17)) * 1e6 END,
     :watts * c.gpus,
@@ -188,7 +242,8 @@ def fill_history(engine, nights: range, hosts: int) -> dict:
                                         for sql in (FILL_RESULT, FILL_RUN, FILL_REGRESSIONS))
     fill_metrics = text(FILL_METRICS)
     out = {"history_fill": "bulk SQL (INSERT ... SELECT per night from host, case and sample tables, secondary indexes "
-                           "rebuilt after the load; both backends at once), not store_run",
+                           "rebuilt after the load; both backends at once), not store_run; results and metric samples "
+                           "only, no step lines (the nights stored through store_run store theirs)",
            "history_nights_filled": len(nights)}
     start = time.monotonic()
     with engine.begin() as conn:
@@ -212,7 +267,7 @@ def fill_history(engine, nights: range, hosts: int) -> dict:
         params = {"dag": DAG, "run": run_id(n), "when": when, "finished": when + timedelta(minutes=2), "n": n,
                   "ncases": len(CASES), "digest": "sha256:" + "a" * 64, "upgrade": UPGRADE_NIGHT,
                   "new_driver": NEW_DRIVER, "old_driver": OLD_DRIVER, "gpu_model": GPU_MODEL, "catalog": GPU_CATALOG,
-                  "price": PRICE, "watts": WATTS, "harness": HARNESS}
+                  "price": PRICE, "watts": WATTS, "harness": HARNESS, "duration": DURATION_S}
         with engine.begin() as conn:
             conn.execute(fill, params)
             conn.execute(fill_run, {k: params[k] for k in ("dag", "run", "when", "finished")})
@@ -295,9 +350,9 @@ def timed_nights(engine, nights, hosts: int) -> list[float]:
     times = []
     for n in nights:
         run, rows = night_rows(n, hosts)
-        samples = metric_rows(rows)
+        samples, steps = metric_rows(rows), list(step_rows(rows))
         start = time.monotonic()
-        store_run(engine, run, [], rows, metric_rows=samples)
+        store_run(engine, run, [], rows, steps, metric_rows=samples)
         times.append(round(time.monotonic() - start, 3))
     return times
 
