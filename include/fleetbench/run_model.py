@@ -84,11 +84,8 @@ class MissingPlan(RuntimeError):
     """A task that runs whatever happened upstream (collect, store, report) got no plan: `plan` failed."""
 
 
-# The XCom keys of a plan's case slices (`RunPlan.split`): one per host with single-node cases, one for the
-# multi-node cases. Host names are config names ([A-Za-z0-9_.-]), safe in a key.
-MULTINODE_SLICE = "plan.cases.multinode"
-
-
+# The XCom key of a host's slice of a plan's cases (`RunPlan.split`): its single-node cases and the multi-node cases
+# it is in. Host names are config names ([A-Za-z0-9_.-]), safe in a key.
 def slice_key(host: str) -> str:
     return f"plan.cases.host.{host}"
 
@@ -100,6 +97,9 @@ class RunPlan(_Xcom):
     # Where the cases travel apart from the plan (`split`): slice key -> its number of cases; `cases` is then
     # empty until `with_cases` reads the slices a task needs. None: the cases are in `cases`.
     slices: dict[str, int] | None = None
+    # The hosts with multi-node cases (their slices hold them), for `multinode.cases`; with `slices` only.
+    multinode_hosts: list[str] = []
+    case_total: int | None = None  # with `slices`: the number of cases in them (a set's case counted once)
 
     @classmethod
     def load(cls, value):
@@ -112,37 +112,44 @@ class RunPlan(_Xcom):
     @property
     def case_count(self) -> int:
         """The run's number of planned cases, whether or not they were read."""
-        return len(self.cases) if self.slices is None else sum(self.slices.values())
+        return len(self.cases) if self.slices is None else self.case_total or 0
 
     def split(self) -> tuple[dict, dict[str, list]]:
-        """(the plan without its cases, {slice key: [[index, case], ...]}) as XCom JSON. One XCom of every case of a
-        night grew with the fleet (~1,400 bytes a case: PostgreSQL's 256 MiB JSONB cap failed the plan task at
-        ~190,000 cases) and every lane read all of it (57 MB at 1,000 hosts x 52 cases); a lane now reads its host's
-        slice (and the multi-node one), `store` every slice. The index keeps the plan's order of the cases."""
+        """(the plan without its cases, {slice key: [[index, case], ...]}) as XCom JSON: one slice per host, with
+        its single-node cases and the multi-node cases it is in (a set's case is in each of its hosts' slices).
+        One XCom of every case of a night grew with the fleet (~1,400 bytes a case: PostgreSQL's 256 MiB JSONB cap
+        failed the plan task at ~190,000 cases) and every lane read all of it (52 MB at 1,000 hosts x 52 cases); a
+        lane now reads its host's slice, `multinode.cases` those of the hosts in sets, `store` every slice. The
+        index keeps the plan's order of the cases (and tells a set's case read twice)."""
         whole = self.to_xcom()
         slices: dict[str, list] = {}
+        in_sets: dict[str, None] = {}
         for index, (case, data) in enumerate(zip(self.cases, whole["cases"])):
-            slices.setdefault(MULTINODE_SLICE if case.nodes > 1 else slice_key(case.host), []).append([index, data])
+            for host in case.hosts:
+                slices.setdefault(slice_key(host), []).append([index, data])
+                if case.nodes > 1:
+                    in_sets[host] = None
         whole["cases"] = []
         whole["slices"] = {key: len(value) for key, value in slices.items()}
+        whole["multinode_hosts"] = list(in_sets)
+        whole["case_total"] = len(self.cases)
         return whole, slices
 
     def with_cases(self, pull, hosts: list[str] | None = None) -> RunPlan:
-        """The plan with the cases of `hosts` (their own slices and the multi-node one; None: every slice) read
-        through `pull(key)` (the plan task's XCom of that key). A plan that was not split is returned as it is."""
+        """The plan with the cases of `hosts` (their single-node cases and the multi-node ones they are in; None:
+        every case) read through `pull(key)` (the plan task's XCom of that key). A plan that was not split is
+        returned as it is."""
         if self.slices is None:
             return self
-        keys = list(self.slices) if hosts is None else [
-            k for k in (*(slice_key(h) for h in hosts), MULTINODE_SLICE) if k in self.slices]
-        indexed = []
+        keys = list(self.slices) if hosts is None else [k for k in map(slice_key, hosts) if k in self.slices]
+        by_index = {}
         for key in keys:
             part = pull(key)
             if part is None or len(part) != self.slices[key]:
                 raise MissingPlan(f"this run's plan has {self.slices[key]} case(s) under XCom {key!r} of the `plan` "
                                   f"task, and {'none' if part is None else len(part)} could be read")
-            indexed.extend(part)
-        indexed.sort(key=lambda item: item[0])
-        cases = _CASES.validate_python([case for _, case in indexed])
+            by_index.update((index, case) for index, case in part)
+        cases = _CASES.validate_python([by_index[i] for i in sorted(by_index)])
         return self.model_copy(update={"cases": cases, "slices": None if hosts is None else self.slices})
 
     def host(self, name: str) -> PlannedHost | None:

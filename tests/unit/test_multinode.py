@@ -569,17 +569,20 @@ def test_a_mixed_sets_row_is_priced_at_its_first_hosts_gpu():
 
 
 def test_a_plan_travels_as_slices_each_task_reading_what_it_needs():
-    """The plan task pushes the plan without its cases and one XCom per host (its single-node cases) plus one of
-    the multi-node cases: a lane reads its host's slice and the multi-node one (its images serve both), the
-    multi-node step only that one, store every slice, in the plan's order of the cases."""
-    from fleetbench.run_model import MULTINODE_SLICE, MissingPlan, RunPlan, slice_key
+    """The plan task pushes the plan without its cases and one XCom per host: its single-node cases and the
+    multi-node cases it is in (a set's case in each of its hosts' slices). A lane reads its host's slice (its images
+    serve both), the multi-node step the slices of the hosts in sets, store every slice, in the plan's order of
+    the cases, each case once; a host in no set reads no multi-node case."""
+    from fleetbench.run_model import MissingPlan, RunPlan, slice_key
 
     plan = build_plan(parse_config(config()), {"dag_id": "d", "run_id": "r"})
+    sets = [c for c in plan.cases if c.nodes > 1]
+    assert [c.hosts for c in sets] == [["a", "b"], ["c", "d"]]  # e is in no set
     head, slices = plan.split()
-    assert head["cases"] == [] and sum(head["slices"].values()) == len(plan.cases) > 0
-    assert set(slices) == {slice_key(h) for h in "abcde"} | {MULTINODE_SLICE}
-    assert all(case["host"] == "a" and case["nodes"] == 1 for _, case in slices[slice_key("a")])
-    assert all(case["nodes"] == 2 for _, case in slices[MULTINODE_SLICE])
+    assert head["cases"] == [] and head["case_total"] == len(plan.cases) and head["multinode_hosts"] == list("abcd")
+    assert set(slices) == {slice_key(h) for h in "abcde"}
+    assert [(c["host"], c["nodes"]) for _, c in slices[slice_key("b")]] == [("b", 1), ("a", 2)]
+    assert [(c["host"], c["nodes"]) for _, c in slices[slice_key("e")]] == [("e", 1)]
     pulled = []
 
     def pull(key):
@@ -589,15 +592,18 @@ def test_a_plan_travels_as_slices_each_task_reading_what_it_needs():
     loaded = RunPlan.load(json.loads(json.dumps(head)))
     assert loaded.case_count == len(plan.cases) and loaded.cases == []
     lane = loaded.with_cases(pull, ["b"])
-    assert pulled == [slice_key("b"), MULTINODE_SLICE]
-    assert [c.case_key for c in lane.cases] == [c.case_key for c in plan.cases if c.host == "b" or c.nodes > 1]
+    assert pulled == [slice_key("b")]
+    assert [c.case_key for c in lane.cases] == [c.case_key for c in plan.cases if "b" in c.hosts]
     assert lane.case_count == len(plan.cases)  # a dry run's log still counts the night's cases
     pulled.clear()
-    assert {c.nodes for c in loaded.with_cases(pull, []).cases} == {2} and pulled == [MULTINODE_SLICE]
+    multi = loaded.with_cases(pull, loaded.multinode_hosts)
+    assert pulled == [slice_key(h) for h in "abcd"]
+    assert [c.case_key for c in multi.cases if c.nodes > 1] == [c.case_key for c in sets]  # each set's case once
     pulled.clear()
     whole = loaded.with_cases(pull)
     assert sorted(pulled) == sorted(slices) and whole.slices is None
-    assert whole.to_xcom() == plan.to_xcom()  # the same plan, case for case, in its order
+    assert [c.case_key for c in whole.cases] == [c.case_key for c in plan.cases]  # each once, in the plan's order
+    assert whole.cases == plan.cases
     assert RunPlan.load(plan.to_xcom()).with_cases(pull).cases == plan.cases  # an unsplit plan reads nothing more
-    with pytest.raises(MissingPlan, match=r"2 case\(s\) under XCom 'plan.cases.multinode'.*none could be read"):
-        loaded.with_cases(lambda key: None if key == MULTINODE_SLICE else slices[key])
+    with pytest.raises(MissingPlan, match=r"2 case\(s\) under XCom 'plan.cases.host.c'.*none could be read"):
+        loaded.with_cases(lambda key: None if key == slice_key("c") else slices[key])
