@@ -43,7 +43,8 @@ from common import PG_URL, median
 DAG = "fleet_benchmark"
 START = datetime(2026, 1, 1, 2, tzinfo=timezone.utc)
 OLD_DRIVER, NEW_DRIVER, UPGRADE_NIGHT = "535.104.05", "550.54.15", 180
-GPU_MODEL, GPU_CATALOG, PRICE, WATTS = "NVIDIA A100-SXM4-40GB", "A100 SXM4 40GB", 1.99, 300.0
+# The catalog's entry (include/config/gpu_catalog.yaml): an estimated row's power is its TDP, as `derive` takes it.
+GPU_MODEL, GPU_CATALOG, PRICE, WATTS = "NVIDIA A100-SXM4-40GB", "A100 SXM4 40GB", 1.99, 400.0
 BATCHES, GPUS = (32, 64, 128, 256, 512), (1, 2, 4, 8)
 # (case_key, batch/GPU, GPUs, images/sec, efficiency)
 CASES = [(f"cnn.resnet50.bs{bs}.g{g}.replicated", bs, g, 300.0 * g * (0.96 if g > 1 else 1.0) + bs / 8,
