@@ -858,7 +858,8 @@ def build_parser() -> argparse.ArgumentParser:
     results = sub.add_parser("results", help="print what the warehouse holds (default: the latest run)")
     results.add_argument("--format", choices=["table", "json", "csv", "parquet"], default="table",
                          help="output format (default: table; parquet needs --out)")
-    results.add_argument("--out", metavar="FILE", help="write to this file instead of stdout")
+    results.add_argument("--out", metavar="FILE", help="write to this file instead of stdout, once the command "
+                         "succeeded (a mistake or an interruption leaves an earlier file there whole)")
     results.add_argument("--metric", metavar="NAME",
                          help="only results whose primary metric is NAME (e.g. images_per_sec, avg_busbw)")
     results.add_argument("--pivot", metavar="ROWS:COLUMNS",
