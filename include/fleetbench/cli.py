@@ -137,78 +137,80 @@ def _results(args: argparse.Namespace) -> int:
     if args.run_id and (window.since or window.until):
         raise UsageError("--since and --until choose runs by date: give them or --run-id, not both")
     args.window = {"since": window.since, "until": window.until, "host": window.host}
+    args.written = None  # parquet: the rows written, said once the file is in place
     try:
         with _out_file(args.out) if args.out else contextlib.nullcontext() as target:
             if target is None or args.format == "parquet":
-                return _write_results(args, target)
-            try:
-                out = open(target, "w", encoding="utf-8", newline="")
-            except OSError as exc:
-                raise UsageError(f"--out {args.out}: {exc.strerror}") from None
-            with out, contextlib.redirect_stdout(out):
-                return _write_results(args, target)
+                code = _write_results(args, target)
+            else:
+                try:
+                    with open(target, "w", encoding="utf-8", newline="") as out, contextlib.redirect_stdout(out):
+                        code = _write_results(args, target)
+                except BrokenPipeError:
+                    raise
+                except OSError as exc:  # a full disk, a read-only file system
+                    raise UsageError(f"--out {args.out}: {exc.strerror or exc}") from None
     except FrameError as exc:
         raise UsageError(str(exc)) from None
+    if args.written is not None:
+        print(f"wrote {args.written} row(s) to {args.out}")
+    return code
 
 
 @contextlib.contextmanager
 def _out_file(path: str):
     """The path to write `--out`'s export to: a part file that becomes FILE once the command succeeded, so a mistake
     (an unknown run id, a typo in --metric) or an interrupted export (an error, Ctrl-C, SIGTERM) leaves an earlier
-    export whole and no part behind. The part is made beside FILE and renamed over it, with FILE's mode (and owner,
-    where allowed); where FILE's folder takes no new file, or FILE has other names (hard links), it is made in the
-    temporary folder and copied into FILE. A FILE that is no regular file (/dev/stdout, a pipe) is written as it
-    is; one that may not be written is refused before anything is read."""
+    export whole and no part behind. A new FILE is the part renamed; an existing one has the part copied into it,
+    so it keeps its mode, owner, group and other names (hard links), and a teammate's file in a shared (sticky)
+    folder is written as before. The part is made beside FILE, else (a folder that takes no new file) in the
+    temporary folder. A FILE that is no regular file (/dev/stdout, a pipe) is written as it is; one that may not
+    be written is refused before anything is read."""
     import os
     import shutil
     import signal
     import tempfile
+    import threading
 
     given = Path(path)
     if given.exists() and not given.is_file():
         yield given
         return
     final = given.resolve()  # through a link: the file it names is written, the link kept
-    existing = final.stat() if final.exists() else None
-    if existing is not None and not os.access(final, os.W_OK):
+    existing = final.exists()
+    if existing and not os.access(final, os.W_OK):
         raise UsageError(f"--out {path}: Permission denied")
-    copy_into = existing is not None and existing.st_nlink > 1
+    prefix = f".{final.name[:60]}."  # a FILE name near the limit must still leave room for the part's
     try:
-        handle, name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".part", dir=None if copy_into else
-                                        final.parent)
-    except PermissionError:  # a folder that takes no new file, a FILE that may be written
-        copy_into = True
-        handle, name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".part")
+        try:
+            handle, name = tempfile.mkstemp(prefix=prefix, suffix=".part", dir=final.parent)
+        except OSError:
+            if not existing:  # a new FILE needs that folder anyway: say why it cannot be made
+                raise
+            handle, name = tempfile.mkstemp(prefix=prefix, suffix=".part")  # a folder that takes no new file
+    except OSError as exc:
+        raise UsageError(f"--out {path}: {exc.strerror or exc}") from None
     os.close(handle)
     part = Path(name)
 
     def terminated(signum, frame):  # as Ctrl-C: the part is removed on the way out
         raise SystemExit(128 + signum)
 
-    import threading
-
     main_thread = threading.current_thread() is threading.main_thread()  # signal handlers are set there only
     previous = signal.signal(signal.SIGTERM, terminated) if main_thread else None
     try:
         yield part
         try:
-            if copy_into:
+            if existing:
                 with open(part, "rb") as source, open(final, "wb") as sink:
                     shutil.copyfileobj(source, sink, 1 << 20)
-            else:
-                if existing is not None:
-                    os.chmod(part, existing.st_mode & 0o7777)
-                    try:
-                        os.chown(part, existing.st_uid, existing.st_gid)
-                    except PermissionError:  # not ours to give away: the mode is kept, the owner is ours
-                        pass
-                else:  # as a new file open() makes: 0666 less the umask (mkstemp's is 0600)
-                    umask = os.umask(0)
-                    os.umask(umask)
-                    os.chmod(part, 0o666 & ~umask)
+            else:  # as a new file open() makes: 0666 less the umask (mkstemp's is 0600)
+                umask = os.umask(0)
+                os.umask(umask)
+                os.chmod(part, 0o666 & ~umask)
                 os.replace(part, final)
         except OSError as exc:
-            raise UsageError(f"--out {path}: {exc.strerror}") from None
+            raise UsageError(f"--out {path}: {exc.strerror or exc}") from None
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, previous)
@@ -298,7 +300,7 @@ def _output_results(args, rows, run_id, dag_id, target, seen: _Seen) -> int:
             count = write_parquet_batches(rows, target, before_empty=lambda: _no_rows(args, seen))
         except OSError as exc:
             raise UsageError(f"--out {args.out}: {exc.strerror or str(exc).splitlines()[0]}") from None
-        print(f"wrote {count} row(s) to {args.out}")
+        args.written = count
         return 0
     if args.format in ("csv", "json") and stream:
         count = (_csv_stream if args.format == "csv" else _json_stream)(rows)
@@ -324,7 +326,7 @@ def _output_results(args, rows, run_id, dag_id, target, seen: _Seen) -> int:
         except OSError as exc:
             raise UsageError(f"--out {args.out}: {exc.strerror or str(exc).splitlines()[0]}") from None
         if args.format == "parquet":
-            print(f"wrote {len(frame)} row(s) to {args.out}")
+            args.written = len(frame)
         return 0
     if args.format == "json":
         _json_out(rows)

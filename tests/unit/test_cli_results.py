@@ -571,7 +571,7 @@ def test_an_export_that_fails_midway_leaves_the_earlier_file_and_no_part(fleet, 
         monkeypatch.setattr(read, "iter_results", original)
 
 
-def test_out_through_a_link_replaces_its_file_and_a_pipe_is_written_as_it_is(fleet, tmp_path):
+def test_out_through_a_link_writes_its_file_and_a_pipe_is_written_as_it_is(fleet, tmp_path):
     import os
     import threading
 
@@ -782,3 +782,57 @@ def test_host_matches_its_name_exactly(nights):
     """SQLite's LIKE ignores case: GPU-C matched gpu-c's multi-node sets there (not on PostgreSQL)."""
     proc = cli("results", "--host", "GPU-C", "--all", url=nights)
     assert proc.returncode == 2 and "--host 'GPU-C': no result of that host" in proc.stderr
+
+
+def test_out_that_cannot_be_written_is_one_line(fleet, tmp_path, monkeypatch, capsys):
+    """A read-only file system or a full disk: the usage error naming --out, not a traceback, and
+    the earlier export whole (the part was written beside it)."""
+    import tempfile
+
+    from fleetbench.cli import main
+
+    monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", fleet)
+
+    def read_only(*args, **kwargs):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "mkstemp", read_only)
+    assert main(["results", "--all", "--format", "csv", "--out", str(tmp_path / "new.csv")]) == 2
+    assert capsys.readouterr().err == f"fleetbench results: --out {tmp_path / 'new.csv'}: Read-only file system\n"
+    monkeypatch.undo()
+    monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", fleet)
+    out = tmp_path / "nights.csv"
+    out.write_text("earlier")
+    import fleetbench.cli as cli_module
+
+    def full_disk(rows, fields=None):
+        sys.stdout.write("id,dag_id\n")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(cli_module, "_csv_stream", full_disk)
+    assert main(["results", "--all", "--format", "csv", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == f"fleetbench results: --out {out}: No space left on device\n"
+    assert out.read_text() == "earlier" and sorted(p.name for p in tmp_path.iterdir()) == ["f.db", "nights.csv"]
+
+
+def test_parquet_says_it_wrote_only_once_the_file_is_in_place(fleet, tmp_path, monkeypatch, capsys):
+    import fleetbench.cli as cli_module
+    from fleetbench.cli import main
+
+    monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", fleet)
+    out = tmp_path / "nights.parquet"
+
+    def refused(*args, **kwargs):
+        raise PermissionError(1, "Operation not permitted")
+
+    import os as os_module
+
+    monkeypatch.setattr(os_module, "replace", refused)
+    assert main(["results", "--all", "--format", "parquet", "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == f"fleetbench results: --out {out}: Operation not permitted\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.db"]
+    monkeypatch.undo()
+    monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", fleet)
+    assert cli_module.main(["results", "--all", "--format", "parquet", "--out", str(out)]) == 0
+    assert capsys.readouterr().out == f"wrote 11 row(s) to {out}\n"
