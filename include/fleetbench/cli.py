@@ -556,8 +556,9 @@ def _relative_target(current: str | None, revision: str) -> str | None:
 
 
 def _past(current: str | None, revision: str) -> bool:
-    """The warehouse at `current` is past `revision` (one of its ancestors): upgrading to it changes nothing.
-    False when either cannot be resolved here (`upgrade` then says what is wrong)."""
+    """The warehouse at `current` is past `revision` (one of its ancestors; a relative one resolved by
+    `_relative_target` first): upgrading to it changes nothing. False when either cannot be resolved here (`upgrade`
+    then says what is wrong)."""
     from alembic.script import ScriptDirectory
     from alembic.script.revision import RevisionError
     from alembic.util import CommandError
@@ -569,11 +570,6 @@ def _past(current: str | None, revision: str) -> bool:
     script = ScriptDirectory(str(MIGRATIONS))
     try:
         below = {r.revision for r in script.iterate_revisions(current, "base")}
-        if relative := re.fullmatch(r"(.*?)([+-])(\d+)", revision):  # head-1, 0023-2, -1 (from the current one)
-            chain = [r.revision for r in script.walk_revisions()]  # newest first (one line of revisions)
-            [start] = script.get_revisions(relative.group(1) or current)
-            at = chain.index(start.revision) + int(relative.group(3)) * (1 if relative.group(2) == "-" else -1)
-            return 0 <= at < len(chain) and chain[at] != current and chain[at] in below
         targets = script.get_revisions(revision)
     except (CommandError, RevisionError, ValueError):
         return False

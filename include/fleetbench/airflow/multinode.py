@@ -147,8 +147,7 @@ class MultiNodeCasesOperator(BaseOperator):
         if plan.run.dry_run:
             return []
         # the slices of the hosts in sets: each holds the multi-node cases of its host (a set's case is in each)
-        plan = pipeline.plan_cases(plan, ti, plan.multinode_hosts if plan.slices is not None else None,
-                                   plan_task_id(self.plan_ref))
+        plan = pipeline.plan_cases(plan, ti, plan.multinode_hosts, plan_task_id(self.plan_ref))
         hosts = sorted({h for case in plan.cases if case.nodes > 1 for h in case.hosts})
         # every planned host's lane by its task id, also one the config lost since the run started (this task
         # parses the DAG file again: a host removed during the night had no lane here, its multi-node cases lost)
