@@ -1003,3 +1003,29 @@ def test_a_window_in_the_last_month_of_9999_has_no_whole_month(history, since):
     uncaught ValueError: a traceback from the CLI, HTTP 500 from the view)."""
     report = report_of(history, since=since)
     assert report["latest_run"] is None and report["hosts"] == []
+
+
+def test_a_hosts_report_shows_the_node_scaling_of_every_set_it_is_in(engine):
+    """A set's row is stored under its first host, and the report's per-host sections read the host's own rows: `report
+    --host c` showed the node scaling of its own set c+d but not of ab+c, which it is in too (the report's regressions,
+    `results --host` and `compare` have both). A host in sets only (b, d) has no match, and a note names its sets."""
+    from fleetbench.warehouse import store_run, upgrade
+
+    upgrade(engine)
+    rows = nightly_rows(0)
+    base = rows[0]
+    multi = [{**base, "case_key": f"{base['case_key']}.n2.{h}", "host": h.split("+")[0], "nodes": 2,
+              "host_set": h.replace("+", ","), "images_per_sec": ips, "node_efficiency": eff,
+              "node_baseline_images_per_sec": ips / (2 * eff)}
+             for h, ips, eff in (("a+b", 180.0, 0.9), ("c+d", 140.0, 0.7), ("ab+c", 100.0, 0.5))]
+    store_run(engine, run_row(0, rows + multi), [], rows + multi)
+    for host, sets, mean in (("a", 1, 0.9), ("ab", 1, 0.5), ("c", 2, 0.6)):
+        [row] = report_of(engine, host=host)["node_scaling"]
+        assert (row["sets"], row["n"]) == (sets, sets) and row["mean"] == pytest.approx(mean), host
+    assert report_of(engine, host=base["host"])["node_scaling"] == []
+    # a host with no row of its own: no match, and a note that names its sets and where to find their rows
+    report = report_of(engine, host="b")
+    assert report["state"] == "no_match"
+    assert any("b has no results of its own here, but is in multi-node sets (a,b)" in n for n in report["notes"])
+    assert any("in multi-node sets (c,d), whose" in n for n in report_of(engine, host="d")["notes"])
+    assert not any("multi-node" in n for n in report_of(engine, host="zz")["notes"])

@@ -586,6 +586,13 @@ def _mig_scaled_hosts(conn, f: Filters, wanted: set[tuple]) -> dict[tuple, int]:
     return {(m, n, p): int(c) for m, n, p, c in rows if (m, n, p) in wanted}
 
 
+def host_sets(conn, f: Filters, limit: int = 5) -> list[str]:
+    """The first `limit` host sets ("a,b") of ok multi-node results in the filters' scope that include `f.host`."""
+    return [s for (s,) in conn.execute(
+        select(br.c.host_set).distinct().where(*_scope(replace(f, host=None)), on_host(br, f.host),
+                                               text(MULTINODE_OK_ROWS)).order_by(br.c.host_set).limit(limit))]
+
+
 def node_scaling(conn, f: Filters) -> list[dict]:
     """Speedup efficiency across nodes (README "Multi-node cases"): per model, batch, GPUs per node and nodes, the
     ok multi-node results' total images/sec and efficiency (N-node total / (N x 1-node images/sec)), and their
@@ -595,7 +602,9 @@ def node_scaling(conn, f: Filters) -> list[dict]:
         func.avg(br.c.images_per_sec).label("images_per_sec"), func.avg(br.c.node_efficiency).label("mean"),
         func.min(br.c.node_efficiency).label("min"), func.max(br.c.node_efficiency).label("max"),
         func.count(distinct(br.c.host_set)).label("sets"), func.max(br.c.host_set).label("host_set"),
-    ).where(*_scope(f), text(MULTINODE_OK_ROWS))  # its partial index: only multi-node rows are read
+    ).where(*_scope(replace(f, host=None)), *([on_host(br, f.host)] if f.host else []),
+            # a set's row is stored under its first host: a host's are those of every set it is in
+            text(MULTINODE_OK_ROWS))  # its partial index: only multi-node rows are read
         .group_by(br.c.model, br.c.batch_size_per_device, br.c.num_gpus, br.c.nodes)
         .order_by(br.c.model, br.c.batch_size_per_device, br.c.num_gpus, br.c.nodes)).all()
     return [{"model": r.model, "batch_size": r.batch_size_per_device, "num_gpus": r.num_gpus, "nodes": int(r.nodes),
@@ -998,6 +1007,10 @@ def build_report(engine: Engine, f: Filters | None = None, *, max_series: int | 
         if report["summary"]["results"] == 0:
             report["state"] = NO_MATCH
             report["notes"].append("No results match these filters.")
+            if f.host and nodes and (sets := host_sets(conn, scoped)):
+                report["notes"].append(
+                    f"{f.host} has no results of its own here, but is in multi-node sets ({', '.join(sets)}), whose "
+                    f"results are stored under each set's first host: `fleetbench results --host {f.host}` lists them.")
             return report
         report["hosts"] = host_summary(conn, scoped)
         report["throughput"], report["throughput_mode"] = throughput(
