@@ -39,6 +39,8 @@ from common import PG_URL, ROOT, median
 VENV_BIN = Path(sys.executable).parent
 SMOKE_IMAGE = "127.0.0.1:5000/fleetbench/cpu-smoke:latest"
 HARNESS = ["python3", "/opt/fleetbench/tf_cnn_benchmarks.py"]
+# the plain loop's containers in Docker's event log (not under org.fleetbench, which maintenance reads)
+PLAIN_LABEL = "bench.fleetbench.plain-loop"
 STOCK_DAGS = ROOT / "bench" / "stock_dags"
 # Targets from the issue: all-in cost per case under `dags test`, and the ratio for ~30 s cases.
 TARGET_OVERHEAD_PER_CASE_S = 1.2
@@ -76,16 +78,18 @@ def migrate(env: dict) -> None:
                    check=True)
 
 
-def plain_loop(argvs: list[list[str]]) -> tuple[float, list[float], list[float]]:
+def plain_loop(argvs: list[list[str]], mark: str = "") -> tuple[float, list[float], list[float]]:
     """The runbook: `docker run --rm` each case in turn. Returns the wall time, each case's images/sec and
-    each case's own wall time (the `docker run` call)."""
+    each case's own wall time (the `docker run` call). `mark`: a label `PLAIN_LABEL=<mark>` on each container, so
+    the Docker event log tells this loop's containers from anyone else's."""
     from fleetbench.parsing import parse_log
 
     start = time.monotonic()
     ips, case_s = [], []
+    labels = ["--label", f"{PLAIN_LABEL}={mark}"] if mark else []
     for argv in argvs:
         t = time.monotonic()
-        out = subprocess.run(["docker", "run", "--rm", "--network", "none", SMOKE_IMAGE, *argv],
+        out = subprocess.run(["docker", "run", "--rm", "--network", "none", *labels, SMOKE_IMAGE, *argv],
                              capture_output=True, text=True, check=True).stdout
         case_s.append(time.monotonic() - t)
         ips.append(parse_log(out, "tf_cnn_benchmarks").total_images_per_sec)
@@ -97,20 +101,19 @@ def children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def container_seconds(since: float, until: float, image: str | None = None, name_prefix: str = "") -> list[float]:
-    """How long each container of `image` (any image if None) whose name starts with `name_prefix` ran
-    (start to die) between two wall-clock times, from the Docker daemon's event log: the benchmarks'
-    own time, without the orchestration around them (create, attach, remove, the tasks between cases)."""
+def container_seconds(since: float, until: float, label: str) -> list[float]:
+    """How long each container labelled `label` ("key=value") ran (start to die) between two wall-clock times,
+    from the Docker daemon's event log: the benchmarks' own time, without the orchestration around them (create,
+    attach, remove, the tasks between cases). By label, not by image or name: a test or another fleetbench run
+    starting the smoke image, or containers named fb-..., at the same time is not counted."""
     out = subprocess.run(["docker", "events", "--since", f"{since:.3f}", "--until", f"{until + 1:.3f}",
                           "--filter", "type=container", "--filter", "event=start", "--filter", "event=die",
-                          "--format", "{{json .}}"], capture_output=True, text=True, check=True).stdout
+                          "--filter", f"label={label}", "--format", "{{json .}}"],
+                         capture_output=True, text=True, check=True).stdout
     started: dict[str, int] = {}
     runs = []
     for line in out.splitlines():
         event = json.loads(line)
-        attributes = event["Actor"]["Attributes"]
-        if not attributes.get("name", "").startswith(name_prefix) or image not in (None, attributes.get("image")):
-            continue
         if event["Action"] == "start":
             started[event["Actor"]["ID"]] = event["timeNano"]
         elif event["Actor"]["ID"] in started:
@@ -136,6 +139,16 @@ def stock_run(workdir: Path, argvs: list[list[str]]) -> float:
     env = {**airflow_env(workdir / "stock-airflow", STOCK_DAGS), "FLEETBENCH_STOCK_COMMANDS": str(path),
            "FLEETBENCH_STOCK_IMAGE": SMOKE_IMAGE}
     return dags_test(env, "stock_docker")[0]
+
+
+def newest_run_id(airflow_home: Path) -> str:
+    """The run id of the newest `fleet_benchmark` run in a `dags test` Airflow database."""
+    db = sqlite3.connect(airflow_home / "airflow.db")
+    try:
+        [(run_id,)] = db.execute("SELECT run_id FROM dag_run WHERE dag_id = 'fleet_benchmark' ORDER BY id DESC LIMIT 1")
+    finally:
+        db.close()
+    return run_id
 
 
 def case_task_seconds(airflow_home: Path) -> list[float]:
@@ -249,19 +262,22 @@ def measure_long(workdir: Path, config: dict) -> dict:
     the CLI, the DAG), and each case's images/sec is compared with its mean through the plain loop.
     The Docker daemon's events give the time the benchmark containers ran in each run: the wall time
     around them is what the orchestration costs, whatever speed the machine ran the benchmarks at."""
+    from fleetbench.runs import label
+
     argvs = commands(config)
     n = len(argvs)
+    mark = f"{os.getpid()}-{time.monotonic_ns()}"
     marks = [time.time()]
-    before = plain_loop(argvs)
+    before = plain_loop(argvs, f"{mark}-before")
     marks.append(time.time())
     fb = fleet_run(workdir, config)
     marks.append(time.time())
-    after = plain_loop(argvs)
+    after = plain_loop(argvs, f"{mark}-after")
     marks.append(time.time())
-    # the plain loop runs the tag, fleetbench the pinned digest in containers named fb-<run>-<host>-<case>
-    runs = [container_seconds(marks[0], marks[1], image=SMOKE_IMAGE),
-            container_seconds(marks[1], marks[2], name_prefix="fb-"),
-            container_seconds(marks[2], marks[3], image=SMOKE_IMAGE)]
+    # each run's own containers: the plain loops' by their label, fleetbench's by the run id label it sets
+    runs = [container_seconds(marks[0], marks[1], f"{PLAIN_LABEL}={mark}-before"),
+            container_seconds(marks[1], marks[2], f"{label('run_id')}={newest_run_id(workdir / 'airflow')}"),
+            container_seconds(marks[2], marks[3], f"{PLAIN_LABEL}={mark}-after")]
     if [len(r) for r in runs] != [n] * 3:
         raise RuntimeError(f"the Docker event log shows {[len(r) for r in runs]} benchmark containers "
                            f"in the three runs, not {n} each")
