@@ -417,13 +417,15 @@ def bench_attempts(quick: bool) -> dict:
     """A night of `hosts` x 20 results stored, stored again by a retried task (the same attempts: replaced),
     then measured again on a new driver (`--reprocess-behavior completed`: every result gets a second
     attempt and the first moves to superseded_results); per backend, on a fresh database, medians of
-    ATTEMPT_NIGHTS nights. Then the report over those nights and its re-measured section."""
+    ATTEMPT_NIGHTS nights, each stored with its step lines. Then the report over those nights and its re-measured
+    section."""
     from sqlalchemy import func, select
 
     from fleetbench.report import queries
     from fleetbench.report.queries import build_report, parse_filters
     from fleetbench.warehouse import get_engine, store_run, upgrade
-    from fleetbench.warehouse.schema import superseded_results
+    from fleetbench.warehouse.schema import benchmark_results, superseded_results
+    from fleetbench.warehouse.schema import steps as steps_table
     from pg_databases import fresh_database
 
     hosts = 100 if quick else 1000
@@ -443,13 +445,21 @@ def bench_attempts(quick: bool) -> dict:
                                   "started_at": r["started_at"] + timedelta(days=30)} for i, r in enumerate(rows)]
                         for name, write in (("first_store_s", rows), ("retry_same_attempt_s", rows),
                                             ("rerun_new_driver_s", again)):
+                            steps = list(step_rows(write))  # with its step lines, as the DAG stores a night
                             start = time.monotonic()
-                            store_run(engine, run, [], write)
+                            store_run(engine, run, [], write, steps)
                             times[name].append(round(time.monotonic() - start, 3))
                     res = {name: {"median": median(each), "each": each} for name, each in times.items()}
                     with engine.connect() as conn:
                         res["superseded_rows"] = conn.execute(
                             select(func.count()).select_from(superseded_results)).scalar()
+                        # the step lines of the current attempts only: one set per ok result, none left twice
+                        res["step_rows"] = conn.execute(select(func.count()).select_from(steps_table)).scalar()
+                        ok = conn.execute(select(func.count()).select_from(benchmark_results)
+                                          .where(benchmark_results.c.status == "ok")).scalar()
+                    if res["step_rows"] != ok * len(STEP_LINES):
+                        raise RuntimeError(f"{label}: {res['step_rows']} step lines for {ok} ok results, not "
+                                           f"{len(STEP_LINES)} each")
                     window = parse_filters(since=night(0).date().isoformat(),
                                            until=night(ATTEMPT_NIGHTS).date().isoformat())
                     res["report_s"] = round(_median_time(lambda: build_report(engine, window)), 3)
