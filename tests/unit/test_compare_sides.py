@@ -70,3 +70,18 @@ def test_the_cli_names_a_dag_id_that_is_not_in_the_warehouse(tmp_path, monkeypat
         "--dag-id 'nightly_typo': no run of that DAG in the warehouse (DAGs there: fleet_benchmark)")
     assert main(["compare", "--before", "550.127.05", "--after", "590.48.01", "--dag-id", "fleet_benchmark"]) == 2
     assert "no ok results with driver_version '590.48.01' of DAG 'fleet_benchmark'" in capsys.readouterr().err
+
+
+def test_no_results_lists_the_values_of_a_hosts_multi_node_sets(tmp_path):
+    """A host whose results are all in multi-node sets stored under another host: the hint listed "known: none",
+    as if it had no results, while the side's own query matches its sets."""
+    engine = get_engine(f"sqlite:///{tmp_path}/w.db")
+    upgrade(engine)
+    store(engine, "fleet_benchmark", 0, [night_row(0, host="gpu-a", value=1000.0, driver_version="550.127.05",
+                                                   nodes=2, host_set="gpu-a,gpu-x")])
+    with pytest.raises(NoResults) as err:
+        compare(engine, "999", "550.127.05", host="gpu-x")
+    assert str(err.value) == "no ok results with driver_version '999' on host 'gpu-x' (known: 550.127.05)"
+    with pytest.raises(NoResults, match=r"\(known: none\)"):
+        compare(engine, "999", "550.127.05", host="gpu-1")
+    engine.dispose()

@@ -319,7 +319,10 @@ def _side_rows(conn, side: str, host: str | None, dag_id: str | None, attempts: 
         hint = ""
         if kind != "date":
             col = br.c[SIDE_COLUMNS[kind]]
-            scope = [c == v for c, v in ((br.c.host, host), (br.c.dag_id, dag_id)) if v]
+            from fleetbench.warehouse.read import on_host
+
+            # the host's own rows and its multi-node sets', as the side's own query reads them
+            scope = [*([on_host(br, host)] if host else []), *([br.c.dag_id == dag_id] if dag_id else [])]
             known = sorted(v for v in conn.execute(select(col).where(*scope).distinct().limit(50)).scalars() if v)
             hint = f" (known: {', '.join(known) or 'none'})"
         if not attempts and conn.execute(_side_query(sr, side, host, dag_id).limit(1)).first() is not None:
