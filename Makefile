@@ -47,6 +47,7 @@ test-services: services
 	@bash scripts/ensure-redis.sh
 	@bash scripts/ensure-browser.sh
 	@bash scripts/ensure-prometheus.sh
+	@bash scripts/ensure-compose.sh
 
 # The CPU smoke image (tf_cnn_benchmarks format), the torch_synthetic CPU image (PyTorch from PyPI, several
 # GB the first time on a machine) and the real TensorFlow 2.15.1 CPU image; cached by their inputs.

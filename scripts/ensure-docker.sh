@@ -22,7 +22,14 @@ for other in docker-ce moby-engine; do
 done
 apt_install docker.io
 command -v docker >/dev/null || die "docker client not found after installing docker.io"
-if ! pgrep -x dockerd >/dev/null; then
+# The default engine is starting already when its pid file names a running dockerd (not any process called dockerd:
+# a test's private engine on its own socket, or a zombie, is not this machine's engine).
+default_dockerd_running() {
+  local pid
+  pid="$(cat /var/run/docker.pid 2>/dev/null)" || return 1
+  [ -n "$pid" ] && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = dockerd ] && [ "$(ps -o stat= -p "$pid" | cut -c1)" != Z ]
+}
+if ! default_dockerd_running; then
   say "starting dockerd (no bridge; log: $FB_STATE/dockerd.log)"
   nohup dockerd --bridge=none --iptables=false --ip-forward=false --ip-masq=false \
     >"$FB_STATE/dockerd.log" 2>&1 &

@@ -32,8 +32,14 @@ AcceptEnv LANG LC_*
 Subsystem sftp internal-sftp
 CFG
 mkdir -p /run/sshd
-if [ -f "$DIR/sshd.pid" ] && kill -0 "$(cat "$DIR/sshd.pid")" 2>/dev/null; then
-  kill "$(cat "$DIR/sshd.pid")"; sleep 0.5
+# An earlier sshd of ours that no longer answers: stopped, if the pid is still that sshd (after a reboot or a long
+# uptime the pid in the file may be any other process's).
+if [ -f "$DIR/sshd.pid" ]; then
+  pid="$(cat "$DIR/sshd.pid")"
+  if [ -n "$pid" ] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "-f $DIR/sshd_config"; then
+    kill "$pid"; sleep 0.5
+  fi
+  rm -f "$DIR/sshd.pid"
 fi
 /usr/sbin/sshd -f "$DIR/sshd_config" -E "$DIR/sshd.log"
 wait_for 15 sshd sshd_ok || die "sshd on 127.0.0.1:$PORT does not accept the test key; see $DIR/sshd.log"

@@ -19,7 +19,7 @@ set +e
 airflow dags test fleet_benchmark >"$log" 2>&1
 rc=$?
 set -e
-run_id="$(grep -o 'run_id=[^,]*' "$log" | tail -n 1 | cut -d= -f2-)"
+run_id="$(grep -o 'run_id=[^,]*' "$log" | tail -n 1 | cut -d= -f2- || true)"  # none: the run never started
 echo
 if [ -n "$run_id" ]; then
   fleetbench results --run-id "$run_id" || true
