@@ -1029,3 +1029,29 @@ def test_a_hosts_report_shows_the_node_scaling_of_every_set_it_is_in(engine):
     assert any("b has no results of its own here, but is in multi-node sets (a,b)" in n for n in report["notes"])
     assert any("in multi-node sets (c,d), whose" in n for n in report_of(engine, host="d")["notes"])
     assert not any("multi-node" in n for n in report_of(engine, host="zz")["notes"])
+
+
+def test_the_no_match_note_names_a_results_command_that_lists_the_sets_rows(engine, tmp_path, monkeypatch, capsys):
+    """The note sent the operator to `fleetbench results --host b`, which reads the latest run only: with a later
+    night of the set's first host alone, it printed "no results of host b in run ...". The command it names now has
+    the report's window (or --all) and DAG, and run as written it lists the set's row."""
+    import shlex
+
+    from fleetbench.cli import main
+    from fleetbench.warehouse import store_run, upgrade
+
+    upgrade(engine)
+    base = nightly_rows(0)[0]
+    multi = {**base, "case_key": f"{base['case_key']}.n2.a+b", "host": "a", "nodes": 2, "host_set": "a,b"}
+    store_run(engine, run_row(0, [multi]), [], [multi])
+    later = [{**r, "host": "a"} for r in nightly_rows(1)[:1]]
+    store_run(engine, run_row(1, later), [], later)
+    for filters in ({}, {"dag_id": base["dag_id"]}, {"since": "2026-10-01", "until": "2026-11-30"}):
+        [note] = [n for n in report_of(engine, host="b", **filters)["notes"] if "multi-node sets" in n]
+        command = note.split("`")[1]
+        assert command.startswith("fleetbench results --host b ") and ("--all" in command) == ("since" not in filters)
+        monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", str(engine.url))
+        capsys.readouterr()
+        assert main([*shlex.split(command)[1:], "--format", "json"]) in (0, None)
+        [row] = json.loads(capsys.readouterr().out)
+        assert (row["host"], row["host_set"], row["case_key"]) == ("a", "a,b", multi["case_key"]), command

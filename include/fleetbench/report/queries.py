@@ -586,6 +586,20 @@ def _mig_scaled_hosts(conn, f: Filters, wanted: set[tuple]) -> dict[tuple, int]:
     return {(m, n, p): int(c) for m, n, p, c in rows if (m, n, p) in wanted}
 
 
+def results_command(f: Filters) -> str:
+    """The `fleetbench results` command line that lists the results of these filters (a host's, in a window)."""
+    words = ["fleetbench", "results", "--host", f.host or ""]
+    if f.since is None and f.until is None:
+        words.append("--all")  # without a window, `results` reads the latest run only
+    if f.since is not None:
+        words += ["--since", f.since.date().isoformat() if f.since.time() == time() else f.since.isoformat()]
+    if f.until is not None:  # the report's until is exclusive, as `results --until` takes a date-time
+        words += ["--until", f.until.isoformat()]
+    if f.dag_id:
+        words += ["--dag-id", f.dag_id]
+    return " ".join(words)
+
+
 def host_sets(conn, f: Filters, limit: int = 5) -> list[str]:
     """The first `limit` host sets ("a,b") of ok multi-node results in the filters' scope that include `f.host`."""
     return [s for (s,) in conn.execute(
@@ -1010,7 +1024,7 @@ def build_report(engine: Engine, f: Filters | None = None, *, max_series: int | 
             if f.host and nodes and (sets := host_sets(conn, scoped)):
                 report["notes"].append(
                     f"{f.host} has no results of its own here, but is in multi-node sets ({', '.join(sets)}), whose "
-                    f"results are stored under each set's first host: `fleetbench results --host {f.host}` lists them.")
+                    f"results are stored under each set's first host: `{results_command(scoped)}` lists them.")
             return report
         report["hosts"] = host_summary(conn, scoped)
         report["throughput"], report["throughput_mode"] = throughput(
