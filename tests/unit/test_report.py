@@ -1023,6 +1023,9 @@ def test_a_hosts_report_shows_the_node_scaling_of_every_set_it_is_in(engine):
         [row] = report_of(engine, host=host)["node_scaling"]
         assert (row["sets"], row["n"]) == (sets, sets) and row["mean"] == pytest.approx(mean), host
     assert report_of(engine, host=base["host"])["node_scaling"] == []
+    # the view's host drop-down offers the hosts only ever second in their sets too (the rollups have first hosts)
+    hosts = report_of(engine)["options"]["hosts"]
+    assert {"a", "b", "c", "d", "ab"} <= set(hosts) and hosts == sorted(hosts)
     # a host with no row of its own: no match, and a note that names its sets and where to find their rows
     report = report_of(engine, host="b")
     assert report["state"] == "no_match"

@@ -235,13 +235,14 @@ def _distinct_values(conn, col) -> list[str]:
         f"SELECT v FROM d WHERE v IS NOT NULL ORDER BY v"))]
 
 
-def filter_options(conn, f: Filters) -> dict[str, list[str]]:
+def filter_options(conn, f: Filters, sets: bool = True) -> dict[str, list[str]]:
     """Every host, model and DAG id the warehouse has results for (the view's drop-downs); with `f.dag_ids`,
-    those of the results of these DAGs only (read from host_month_rollup, rows per DAG, host, model and month)."""
+    those of the results of these DAGs only (read from host_month_rollup, rows per DAG, host, model and month).
+    `sets`: the warehouse has multi-node sets (revision 0012), whose other hosts are options too."""
     dag_ids = _distinct_values(conn, hr.c.dag_id)
     if f.dag_ids is None:
-        return {"hosts": _distinct_values(conn, hr.c.host), "models": _distinct_values(conn, hr.c.model),
-                "dag_ids": dag_ids}
+        return {"hosts": _with_set_members(conn, _distinct_values(conn, hr.c.host), None, sets),
+                "models": _distinct_values(conn, hr.c.model), "dag_ids": dag_ids}
     dag_ids = [d for d in dag_ids if d in f.dag_ids]
     if not dag_ids:
         return {"hosts": [], "models": [], "dag_ids": []}
@@ -249,7 +250,21 @@ def filter_options(conn, f: Filters) -> dict[str, list[str]]:
     def values(col) -> list[str]:
         return list(conn.execute(select(col).distinct().where(hm.c.dag_id.in_(dag_ids)).order_by(col)).scalars())
 
-    return {"hosts": values(hm.c.host), "models": values(hm.c.model), "dag_ids": dag_ids}
+    return {"hosts": _with_set_members(conn, values(hm.c.host), dag_ids, sets), "models": values(hm.c.model),
+            "dag_ids": dag_ids}
+
+
+def _with_set_members(conn, hosts: list[str], dag_ids: list[str] | None, sets: bool) -> list[str]:
+    """`hosts` (the rollups': a multi-node set's rows are under its first host) and every other host of the sets of
+    ok multi-node results (of `dag_ids`), in order: a host only ever second in its sets can be chosen too. Read
+    through the multi-node rows' partial index; a warehouse before revision 0012 has no sets (`sets` False)."""
+    if not sets or not hosts:
+        return hosts
+    query = select(br.c.host_set).distinct().where(text(MULTINODE_OK_ROWS), br.c.host_set.is_not(None))
+    if dag_ids is not None:
+        query = query.where(br.c.dag_id.in_(dag_ids))
+    members = {h for (sets,) in conn.execute(query) for h in sets.split(",") if h}
+    return sorted(set(hosts) | members) if members - set(hosts) else hosts
 
 
 def _month_split(since: datetime | None, until: datetime | None) -> tuple[datetime | None, datetime | None] | None:
@@ -1005,7 +1020,7 @@ def build_report(engine: Engine, f: Filters | None = None, *, max_series: int | 
     health = "gpu_health" in {c["name"] for c in inspect(engine).get_columns(hf.name)}
     nodes = "nodes" in {c["name"] for c in inspect(engine).get_columns(br.name)}  # revision 0012
     with engine.connect() as conn:
-        report["options"] = filter_options(conn, f)
+        report["options"] = filter_options(conn, f, sets=nodes)
         if not report["options"]["hosts"]:
             report["state"] = EMPTY
             report["notes"].append("No results yet: the warehouse has tables but no benchmark results."
