@@ -39,6 +39,7 @@ Suspected findings (one night) and improvements are listed apart.
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import re
@@ -58,6 +59,7 @@ from sqlalchemy import (
     func,
     inspect,
     literal,
+    or_,
     select,
     text,
     type_coerce,
@@ -66,7 +68,7 @@ from sqlalchemy import (
 
 from fleetbench.config import NAME_PATTERN
 from fleetbench.warehouse.engine import warehouse_display_url
-from fleetbench.warehouse.read import on_host
+from fleetbench.warehouse.read import on_host, set_includes
 from fleetbench.warehouse.rollup import month_of, next_month
 from fleetbench.warehouse.schema import MULTINODE_OK_ROWS
 from fleetbench.warehouse.schema import benchmark_results as br
@@ -770,7 +772,7 @@ def open_regressions(conn, f: Filters, include_suspected: bool = False,
                rg.c.baseline_value, rg.c.value, rg.c.delta_pct, rg.c.z_score, rg.c.p_value, rg.c.baseline_n,
                rg.c.changes, rg.c.severity, br.c.logical_date, rg.c.kind, rg.c.status, rg.c.basis, rg.c.since_date,
                rg.c.since_run_id, rg.c.detectable_pct, rg.c.same_change_as, rg.c.segment, rg.c.baseline_segment,
-               rg.c.unit)
+               rg.c.unit, br.c.host_set)
         .join(br, and_(br.c.dag_id == rg.c.dag_id, br.c.run_id == rg.c.run_id, br.c.host == rg.c.host,
                        br.c.case_key == rg.c.case_key))
         # a host's findings include those of the multi-node cases whose set includes it (stored under its first host)
@@ -821,10 +823,20 @@ def fleet_health(conn, f: Filters, hosts: list[str]) -> list[dict]:
     newest = conn.execute(select(ranked).where(ranked.c.nth == 1).order_by(ranked.c.host)).all()
     if not newest:
         return []
-    measured = dict(conn.execute(
-        select(br.c.host, func.count()).where(*_scope(f), br.c.host.in_([r.host for r in newest]),
-                                              br.c.host_gpu_health.in_(("degraded", "unfit")))
-        .group_by(br.c.host)).all())
+    checked = [r.host for r in newest]
+    unhealthy = ("degraded", "unfit")
+    # a host's own results measured on unhealthy GPUs, and the multi-node results of its sets where its own check of
+    # that run was unhealthy (a set's row has the worst health of its hosts, and is stored under its first host)
+    measured = collections.Counter(dict(conn.execute(
+        select(br.c.host, func.count()).where(*_scope(f), br.c.host.in_(checked), br.c.host_gpu_health.in_(unhealthy),
+                                              or_(br.c.nodes.is_(None), br.c.nodes < 2))
+        .group_by(br.c.host)).all()))
+    measured.update(dict(conn.execute(
+        select(hf.c.host, func.count()).select_from(br).join(hf, and_(
+            hf.c.dag_id == br.c.dag_id, hf.c.run_id == br.c.run_id, set_includes(br.c.host_set, hf.c.host)))
+        .where(*_scope(replace(f, host=None)), *([on_host(br, f.host)] if f.host else []), br.c.nodes >= 2,
+               br.c.host_gpu_health.in_(unhealthy), hf.c.host.in_(checked), hf.c.gpu_health.in_(unhealthy))
+        .group_by(hf.c.host)).all()))
     out = []
     for r in newest:
         try:
@@ -1063,19 +1075,31 @@ def build_report(engine: Engine, f: Filters | None = None, *, max_series: int | 
         report["improvements"] = open_regressions(conn, scoped, include_suspected=True, kinds=("improvement",))
         report["change_map"] = change_map(conn, scoped)
         if health:
-            report["fleet_health"] = fleet_health(conn, scoped, [h["host"] for h in report["hosts"]])
+            # the hosts of the report, and those of the multi-node sets of its open regressions
+            report["fleet_health"] = fleet_health(conn, scoped, sorted(
+                {h["host"] for h in report["hosts"]} | {h for r in report["regressions"] for h in set_hosts(r)}))
             _mark_health(report)
         report["capacity"] = capacity(conn, scoped, capacity_settings)
     report["notes"] += notes(report)
     return report
 
 
+HEALTH_ORDER = ("healthy", "degraded", "unfit")  # worse to the right
+
+
+def set_hosts(row: dict) -> list[str]:
+    """The hosts a row is of: its multi-node set's ("a,b"), else its own."""
+    return [h for h in (row.get("host_set") or "").split(",") if h] or [row["host"]]
+
+
 def _mark_health(report: dict) -> None:
-    """Mark the throughput series and open regressions of hosts whose GPUs are not healthy (newest check)."""
+    """Mark the throughput series and open regressions with their hosts' GPU health (newest check): a multi-node
+    set's, the worst of its hosts' (its row is stored under its first host, whatever host of it is unhealthy)."""
     state = {h["host"]: h["gpu_health"] for h in report["fleet_health"]}
     for row in (*report["throughput"], *report["regressions"]):
-        if row.get("host") in state:
-            row["gpu_health"] = state[row["host"]]
+        known = [state[h] for h in set_hosts(row) if h in state]
+        if known:
+            row["gpu_health"] = max(known, key=lambda v: HEALTH_ORDER.index(v) if v in HEALTH_ORDER else 0)
 
 
 def notes(report: dict) -> list[str]:
@@ -1090,7 +1114,7 @@ def notes(report: dict) -> list[str]:
             out.append(f"Host {h['host']} has no ok result among these results ({h['failed']} failed, "
                        f"{h['skipped']} skipped): nothing of it to plot; see the failures.")
     issues = {h["host"]: h for h in report.get("fleet_health", []) if h["gpu_health"] != "healthy"}
-    for host in sorted({r["host"] for r in report["regressions"]} & set(issues)):
+    for host in sorted({h for r in report["regressions"] for h in set_hosts(r)} & set(issues)):
         h = issues[host]
         out.append(f"Host {host} has open regressions and its GPUs were {h['gpu_health']} at its newest check "
                    f"({h['issues']}): the drop may be the hardware, not the software.")

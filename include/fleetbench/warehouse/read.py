@@ -69,7 +69,13 @@ def on_host(table, host: str):
     if "host_set" not in table.c:
         return own
     # an exact item of the set: SQLite's LIKE ignores case (GPU-01 matched gpu-01's sets there, not on PostgreSQL)
-    return or_(own, _position(literal(",") + table.c.host_set + literal(","), literal(f",{host},")) > 0)
+    return or_(own, set_includes(table.c.host_set, host))
+
+
+def set_includes(host_set, host):
+    """The condition that the set `host_set` ("a,b,c", a column) has `host` (a column or text) as one of its hosts."""
+    part = literal(f",{host},") if isinstance(host, str) else literal(",") + host + literal(",")
+    return _position(literal(",") + host_set + literal(","), part) > 0
 
 
 class _position(GenericFunction):
