@@ -63,7 +63,8 @@ def test_metrics_of_the_fleet_history(history):
     assert ips == {k: pytest.approx(r["images_per_sec"]) for k, r in newest.items()}
     labels = dict(next(k for k in got["fleetbench_images_per_second"] if dict(k)["host"] == "gpu-b"))
     assert labels == {"dag_id": DAG, "host": "gpu-b", "case_key": "tf.resnet50.bs64.g1.replicated",
-                      "model": "resnet50", "num_gpus": "1", "gpu": "H100 SXM5 80GB"}
+                      "model": "resnet50", "num_gpus": "1", "gpu": "H100 SXM5 80GB", "mig_profile": "", "nodes": "1",
+                      "host_set": ""}
     energy = {(dict(k)["host"], dict(k)["case_key"]): v for k, v in got["fleetbench_case_energy_joules"].items()}
     assert energy == {k: pytest.approx(r["energy_j"]) for k, r in newest.items()}
     assert got["fleetbench_case_cost_usd"] == {}  # the history has prices but no cost_usd: no sample, not a 0
@@ -281,4 +282,25 @@ def test_open_regressions_count_each_change_once(tmp_path):
     got = parse(openmetrics.render(openmetrics.collect(engine)))
     regs = {(dict(k)["host"], dict(k)["severity"]): v for k, v in got["fleetbench_open_regressions"].items()}
     assert regs == {("h1", "major"): 1, ("h1", "minor"): 0}
+    engine.dispose()
+
+
+def test_mig_and_multi_node_series_carry_labels_that_keep_them_apart(tmp_path):
+    """A 1g.10gb MIG slice, a 2-node set's total and a whole GPU all had num_gpus="1" and the same gpu: an alert on
+    the 1-GPU A100 minimum fired for the slice. mig_profile, nodes and host_set tell them apart."""
+    from fleetbench.warehouse import upgrade
+    from warehouse_rows import result_row, run_row
+
+    engine = get_engine(f"sqlite:///{tmp_path}/m.db")
+    upgrade(engine)
+    store_run(engine, run_row("r1"), [], [
+        result_row("whole", ips=102.0),
+        result_row("slice", ips=32.0, mig_profile="1g.10gb"),
+        result_row("set", ips=192.0, nodes=2, host_set="h1,h2")])
+    got = parse(openmetrics.render(openmetrics.collect(engine)))
+    labels = {dict(k)["case_key"]: {n: dict(k)[n] for n in ("num_gpus", "mig_profile", "nodes", "host_set")}
+              for k in got["fleetbench_images_per_second"]}
+    assert labels == {"whole": {"num_gpus": "1", "mig_profile": "", "nodes": "1", "host_set": ""},
+                      "slice": {"num_gpus": "1", "mig_profile": "1g.10gb", "nodes": "1", "host_set": ""},
+                      "set": {"num_gpus": "1", "mig_profile": "", "nodes": "2", "host_set": "h1,h2"}}
     engine.dispose()

@@ -34,7 +34,9 @@ CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 WINDOW_DAYS = 30
 VERDICTS = ("ready", "degraded", "unfit")
 SEVERITIES = ("minor", "major")
-CASE_LABELS = ("dag_id", "host", "case_key", "model", "num_gpus", "gpu")
+# mig_profile (empty: whole GPUs), nodes (1: one host) and host_set (empty: one host) keep a MIG slice and a multi-node
+# total apart from the whole-GPU, one-host series of the same num_gpus and gpu, which alerts aggregate by.
+CASE_LABELS = ("dag_id", "host", "case_key", "model", "num_gpus", "gpu", "mig_profile", "nodes", "host_set")
 
 
 @dataclass
@@ -91,7 +93,7 @@ def latest_results(conn, f: Filters, since: datetime | None) -> list[dict]:
     rows = conn.execute(
         select(br.c.dag_id, br.c.host, br.c.case_key, br.c.model, br.c.num_gpus,
                case((br.c.num_gpus > 0, func.coalesce(br.c.gpu_catalog_name, br.c.gpu_model))).label("gpu"),
-               br.c.images_per_sec,
+               br.c.mig_profile, func.coalesce(br.c.nodes, 1).label("nodes"), br.c.host_set, br.c.images_per_sec,
                br.c.metric, br.c.value, br.c.unit, br.c.better, br.c.energy_j, br.c.cost_usd, br.c.logical_date)
         .join(newest, and_(br.c.dag_id == newest.c.dag_id, br.c.host == newest.c.host,
                            br.c.case_key == newest.c.case_key, br.c.logical_date == newest.c.d))
