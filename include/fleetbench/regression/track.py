@@ -27,6 +27,16 @@ sample when there are at least 3 (in the baseline's segment: only while each nig
 their median against m, with the scale of a median of k values, 1.2533 s / sqrt(k). A median of 3
 or more nights is not moved by one outlier night.
 
+**Sustained shifts.** In the baseline's segment, on a night that is not quiet with no confirmed finding open, the
+median of the segment's last SUSTAINED_NIGHTS nights is tested against the baseline before them (their median m and
+the scale of the `scale_window` nights before them) at SUSTAINED_Z x MEDIAN_SE x s / sqrt(k) and `min_effect_pct`:
+a change no single night shows through the noise, or a drift, which the rolling baseline would take in night by
+night. It confirms at once ("nights"), from the shift's first night (`_sustained`).
+
+**Usual levels.** A night (or such a median) off its baseline is not off when the segment often sat that far out
+(`_usual`): a case that flips between two levels, or reports few distinct values, has most nights tied, a scale near
+0, and read each visit to its other level as a regression.
+
 **Status.** A finding is "suspected" on a night that is off, and "confirmed" when (a) the last
 `confirm_nights` nights were each off the same way, (b) the several nights' test says so, or (c) at
 once when the change is at least `immediate_effect_pct` on a case whose scale is at most
@@ -67,6 +77,12 @@ SEGMENT_FIELDS = ("driver_version", "cuda_driver_version", "image_digest", "host
 SEGMENT_MIN_NIGHTS = 3  # the several nights' test needs a median of at least this many
 _SEGMENT_OF, _MEASURE_OF = operator.attrgetter("segment"), operator.attrgetter("measure")
 MEDIAN_SE = 1.2533  # sqrt(pi / 2): the standard error of a median of normal values, in sigma / sqrt(k)
+# A night off its baseline is not a change when the segment often sat that far out (`_usual`): this share of its
+# last scale_window nights, and at least this many, were at least this part of its distance out the same way.
+USUAL_SHARE, USUAL_MIN_NIGHTS, USUAL_REACH = 0.05, 3, 0.75
+# The sustained-shift test (`_sustained`): the median of the segment's last this many nights, at this many standard
+# errors of such a median off the baseline before them.
+SUSTAINED_NIGHTS, SUSTAINED_Z = 7, 5.5
 # Why the last night has no verdict (`track`'s `why`).
 NO_VALUE = "no value"
 TOO_FEW = "insufficient history"
@@ -272,11 +288,23 @@ def track(nights: Sequence[NightIn], direction: str, settings: RegressionSetting
                                baseline_runs=(), baseline_segment=base_seg, scale=math.nan, z_score=math.nan,
                                delta_pct=d, detectable_pct=math.nan))
             continue
+        # The scale's nights include this one (it is in `seen` already) when scale_window > window: a night far out
+        # widens its own scale a little, which keeps a short history's underestimated scale from confirming two
+        # merely noisy nights (without it, 2 % noise gave false regressions at 12 nights of history).
         scale_idx = base_idx if settings.scale_window <= settings.window else baseline(settings.scale_window)
         s = noise_scale([nights[j].value for j in scale_idx[:settings.scale_window]],
                         [nights[j].step_se for j in base_idx if nights[j].step_se is not None], settings)
         z = (n.value - m) / s
         night_kind = _off(z, d, worse, settings)
+        if night_kind is not None and _usual(nights, seen.get(base_seg, []), open_.start if open_ else i, m, d,
+                                             settings):
+            night_kind = None  # a level the case keeps visiting (two modes, few distinct values) is not a change
+        # A shift no single night shows through the noise (a 10 % drop at 3 % noise), or a slow drift, which the
+        # rolling baseline would take in night by night: the segment's last SUSTAINED_NIGHTS nights against the
+        # baseline before them.
+        sustained = None
+        if n.segment == base_seg and abs(d) >= settings.min_effect_pct and not (open_ is not None and open_.confirmed):
+            sustained = _sustained(nights, seen[base_seg], baseline, worse, settings)
         # The candidate nights: a new segment's, or those of the finding open in the baseline's segment.
         mine = seen[n.segment]  # this night's segment, this night included
         if n.segment != base_seg:
@@ -295,7 +323,9 @@ def track(nights: Sequence[NightIn], direction: str, settings: RegressionSetting
         run_kind, run_len = (night_kind, run_len + 1) if night_kind and night_kind == run_kind else (
             night_kind, 1 if night_kind else 0)
         confirm, basis = None, None
-        if nights_kind is not None and (n.segment != base_seg or (open_ is not None and night_kind == nights_kind)):
+        if sustained is not None:
+            confirm, basis, nights_d = sustained[0], "nights", sustained[2]
+        elif nights_kind is not None and (n.segment != base_seg or (open_ is not None and night_kind == nights_kind)):
             confirm, basis = nights_kind, "segment" if n.segment != base_seg else "nights"
         elif night_kind and run_len >= settings.confirm_nights and _agree(nights, cand, settings, s):
             confirm, basis = night_kind, "nights"
@@ -306,7 +336,8 @@ def track(nights: Sequence[NightIn], direction: str, settings: RegressionSetting
         if confirm is not None:
             if open_ is None or open_.kind != confirm or not open_.confirmed:
                 start = (cand[0] if basis == "segment" else
-                         open_.start if open_ is not None and open_.kind == confirm else i - run_len + 1)
+                         open_.start if open_ is not None and open_.kind == confirm else
+                         sustained[1] if sustained is not None else i - run_len + 1)
                 open_ = _Open(confirm, start, True, i)
                 newly = True
         elif open_ is not None and open_.confirmed:
@@ -345,6 +376,63 @@ def track(nights: Sequence[NightIn], direction: str, settings: RegressionSetting
         else:
             out.append(Verdict(**common))
     return out
+
+
+def _sustained(nights: Sequence[NightIn], mine: Sequence[int], baseline, worse: float,
+               settings: RegressionSettings) -> tuple[str, int, float] | None:
+    """(kind, first night, change %) when the median of the baseline segment's last SUSTAINED_NIGHTS nights (`mine`'s,
+    this one included) is off the median of the `window` baseline nights before them by `min_effect_pct` and
+    SUSTAINED_Z x the standard error of such a median (MEDIAN_SE x s / sqrt(k), s the noise scale of the
+    `scale_window` nights before them), and that level is not one the segment often had (`_usual`); else None.
+    Under steady normal noise a median of 7 that far out needs 4 of the 7 nights beyond 2.6 sigma (about once in 65
+    million nights), rarer than the two nights in a row beyond z_threshold that confirm otherwise; replayed
+    on 200 steady series at 0.5-5 % noise it confirmed nothing."""
+    last = mine[-SUSTAINED_NIGHTS:]
+    if len(last) < SUSTAINED_NIGHTS:
+        return None
+    before = [j for j in baseline(settings.scale_window + SUSTAINED_NIGHTS) if j < last[0]]
+    if len(before) < settings.window:  # a whole baseline: a short history's scale is too often a lucky low
+        return None
+    base = [nights[j].value for j in before[:settings.window]]
+    m = median(base)
+    if m <= 0:
+        return None
+    s = noise_scale([nights[j].value for j in before[:settings.scale_window]],
+                    [nights[j].step_se for j in before[:settings.window] if nights[j].step_se is not None], settings)
+    km = median([nights[j].value for j in last])
+    d = (km - m) / abs(m) * 100.0
+    z = (km - m) / (MEDIAN_SE * s / math.sqrt(SUSTAINED_NIGHTS))
+    kind = "regression" if worse * d >= settings.min_effect_pct and worse * z >= SUSTAINED_Z else (
+        "improvement" if -worse * d >= settings.min_effect_pct and -worse * z >= SUSTAINED_Z else None)
+    if kind is None or _usual(nights, mine, last[0], m, d, settings):
+        return None
+    # since: the shift's first night, not the first of the k nights (some may be from before it): the first of them
+    # that is at least half the change out with the median of it and the nights after it so too (a noisy night
+    # inside the shift does not move its start)
+    sign = 1.0 if d > 0 else -1.0
+
+    def out(v: float) -> bool:
+        return sign * (v - m) / abs(m) * 100.0 >= abs(d) / 2
+
+    start = next((j for t, j in enumerate(last) if out(nights[j].value)
+                  and out(median([nights[k].value for k in last[t:]]))), last[0])
+    return kind, start, d
+
+
+def _usual(nights: Sequence[NightIn], base: Sequence[int], upto: int, m: float, off_d: float,
+           settings: RegressionSettings) -> bool:
+    """Whether a night `off_d` % off the baseline median `m` is a level the baseline's segment often had: at least
+    USUAL_MIN_NIGHTS and USUAL_SHARE of its last `scale_window` nights before `upto` (recovered regressions' nights
+    included) were at least USUAL_REACH of that far out the same way. A case that flips between two levels (PCIe or
+    NUMA placement, boost states) or reports few distinct values has a noise scale near 0 (most nights tie), and each
+    visit to its other level read as a regression. A first drop to a new level has no such nights."""
+    ref = base[:bisect.bisect_left(base, upto)][-settings.scale_window:]
+    if len(ref) < USUAL_MIN_NIGHTS:
+        return False
+    sign = 1.0 if off_d > 0 else -1.0
+    reach = USUAL_REACH * abs(off_d)
+    far = sum(1 for j in ref if sign * (nights[j].value - m) / abs(m) * 100.0 >= reach)
+    return far >= max(USUAL_MIN_NIGHTS, USUAL_SHARE * len(ref))
 
 
 def _no_verdict(out: list, why: list[str] | None, last: bool, reason: str) -> None:
