@@ -973,13 +973,41 @@ def two_levels(seed: int, n: int = 120, low_share: float = 0.3, low: float = 0.0
 def test_a_case_that_flips_between_two_levels_is_not_a_regression_each_time_it_flips():
     """Most nights at one level tie: the MAD and Qn fall to ~0, the scale to its 0.5 % floor, and each visit to the
     other level (30 % of nights, 4 % lower: PCIe or NUMA placement, a boost state) read as z ~ -8. Two such nights
-    in a row confirmed a regression again and again: 55 a 1,000 nights (199 of 200 such series had some). A level
-    the case often had is not a change: once its history shows the low level, no regression is confirmed."""
-    late = [i for seed in range(40) for i in confirmed_regressions(two_levels(seed)) if i >= 40]
-    assert late == []
-    # the same for a case with few distinct values: 100 on 3 nights of 4, 96 on the 4th
+    in a row confirmed a regression again and again: 175 times in these 40 series' nights 40-119, in 39 of them. A
+    level the case keeps visiting is not a change: once its history shows the low level in several visits, a night
+    there, or a 7-night median, is not off unless it stays longer than any visit before. Some confirmations remain
+    (a rare longer stay); a tenth of what there were."""
+    late = [[i for i in confirmed_regressions(two_levels(seed)) if i >= 40] for seed in range(40)]
+    assert sum(map(len, late)) <= 20 and sum(1 for found in late if found) <= 18, late
+    # the same for a case with few distinct values: 100 on 3 nights of 4, 96 on the 4th (twice before)
     rng = np.random.default_rng(3)
-    assert [i for i in confirmed_regressions(np.where(rng.random(120) < 0.25, 0.96, 1.0).tolist()) if i >= 40] == []
+    assert len([i for i in confirmed_regressions(np.where(rng.random(120) < 0.25, 0.96, 1.0).tolist()) if i >= 40]) <= 1
+
+
+def test_a_regression_that_comes_back_is_found_again():
+    """A 10 % drop for 4 nights (confirmed, then recovered), and the same drop again 30 nights later: the low level
+    was visited once, not kept visiting, so the second drop is confirmed the night after it starts, as the first."""
+    values = wobble(60, seed=21) + [0.9] * 4 + wobble(30, seed=22) + [0.9 * v for v in wobble(10, seed=23)]
+    assert confirmed_regressions(values) == [61, 95]
+
+
+def test_a_lasting_drop_after_a_few_one_night_dips_is_found():
+    """Three single bad nights (never confirmed), then a lasting 10 % drop: found once it stays longer than any dip."""
+    values = wobble(90, seed=31)
+    for k in (50, 62, 75):
+        values[k] *= 0.9
+    values += [0.9 * v for v in wobble(15, seed=32)]
+    found = confirmed_regressions(values)
+    assert found and 90 < found[0] <= 93, found
+
+
+def test_a_recovered_regression_is_not_found_again_by_the_next_good_night():
+    """The sustained-shift test read the last 7 nights with the recovered regression's in them: the next night 4 %
+    better than the baseline confirmed that regression again, dated back to it (it was over)."""
+    values = wobble(60, seed=41) + [0.9] * 4 + [1.0, 0.99, 1.04, 0.99, 1.0]
+    verdicts = track(nights(values), "higher", RegressionSettings())
+    assert [v.index for v in verdicts if v is not None and v.newly_confirmed] == [61]
+    assert states(verdicts[65:]) != [] and ("regression", "confirmed") not in states(verdicts[65:])
 
 
 def test_a_new_low_level_is_still_a_regression_on_a_case_that_flips():

@@ -28,14 +28,16 @@ their median against m, with the scale of a median of k values, 1.2533 s / sqrt(
 or more nights is not moved by one outlier night.
 
 **Sustained shifts.** In the baseline's segment, on a night that is not quiet with no confirmed finding open, the
-median of the segment's last SUSTAINED_NIGHTS nights is tested against the baseline before them (their median m and
-the scale of the `scale_window` nights before them) at SUSTAINED_Z x MEDIAN_SE x s / sqrt(k) and `min_effect_pct`:
-a change no single night shows through the noise, or a drift, which the rolling baseline would take in night by
-night. It confirms at once ("nights"), from the shift's first night (`_sustained`).
+median of the segment's last SUSTAINED_NIGHTS nights (not those of a recovered regression) is tested against the
+baseline before them (their median m and the scale of the `scale_window` nights before them) at
+SUSTAINED_Z x MEDIAN_SE x s / sqrt(k) and `min_effect_pct`, the same way as the night: a change no single night shows
+through the noise, or a drift, which the rolling baseline would take in night by night. It confirms at once
+("nights"), from the shift's first night (`_sustained`).
 
-**Usual levels.** A night (or such a median) off its baseline is not off when the segment often sat that far out
-(`_usual`): a case that flips between two levels, or reports few distinct values, has most nights tied, a scale near
-0, and read each visit to its other level as a regression.
+**Usual levels.** A night (or such a median) off its baseline is not off when the segment keeps visiting that level
+(`_usual`: several separate visits, none shorter than the current stay): a case that flips between two levels, or
+reports few distinct values, has most nights tied, a scale near 0, and read each visit to its other level as a
+regression. A level visited once before, or a stay longer than any visit, is judged as any other night.
 
 **Status.** A finding is "suspected" on a night that is off, and "confirmed" when (a) the last
 `confirm_nights` nights were each off the same way, (b) the several nights' test says so, or (c) at
@@ -77,9 +79,10 @@ SEGMENT_FIELDS = ("driver_version", "cuda_driver_version", "image_digest", "host
 SEGMENT_MIN_NIGHTS = 3  # the several nights' test needs a median of at least this many
 _SEGMENT_OF, _MEASURE_OF = operator.attrgetter("segment"), operator.attrgetter("measure")
 MEDIAN_SE = 1.2533  # sqrt(pi / 2): the standard error of a median of normal values, in sigma / sqrt(k)
-# A night off its baseline is not a change when the segment often sat that far out (`_usual`): this share of its
-# last scale_window nights, and at least this many, were at least this part of its distance out the same way.
-USUAL_SHARE, USUAL_MIN_NIGHTS, USUAL_REACH = 0.05, 3, 0.75
+# A night off its baseline is not a change when the segment keeps visiting that level (`_usual`): this share of its
+# last scale_window nights, at least this many, at least this part of its distance out the same way, in at least this
+# many separate visits, none shorter than the current stay.
+USUAL_SHARE, USUAL_MIN_NIGHTS, USUAL_REACH, USUAL_VISITS = 0.05, 3, 0.75, 3
 # The sustained-shift test (`_sustained`): the median of the segment's last this many nights, at this many standard
 # errors of such a median off the baseline before them.
 SUSTAINED_NIGHTS, SUSTAINED_Z = 7, 5.5
@@ -296,15 +299,16 @@ def track(nights: Sequence[NightIn], direction: str, settings: RegressionSetting
                         [nights[j].step_se for j in base_idx if nights[j].step_se is not None], settings)
         z = (n.value - m) / s
         night_kind = _off(z, d, worse, settings)
-        if night_kind is not None and _usual(nights, seen.get(base_seg, []), open_.start if open_ else i, m, d,
-                                             settings):
+        if night_kind is not None and _usual(nights, seen.get(base_seg, []), i, m, d, settings):
             night_kind = None  # a level the case keeps visiting (two modes, few distinct values) is not a change
         # A shift no single night shows through the noise (a 10 % drop at 3 % noise), or a slow drift, which the
         # rolling baseline would take in night by night: the segment's last SUSTAINED_NIGHTS nights against the
         # baseline before them.
         sustained = None
         if n.segment == base_seg and abs(d) >= settings.min_effect_pct and not (open_ is not None and open_.confirmed):
-            sustained = _sustained(nights, seen[base_seg], baseline, worse, settings)
+            # not over a recovered regression's nights (it would be found again, dated back to it)
+            mine = [j for j in seen[base_seg] if j not in excluded] if excluded else seen[base_seg]
+            sustained = _sustained(nights, mine, seen[base_seg], baseline, worse, d, settings)
         # The candidate nights: a new segment's, or those of the finding open in the baseline's segment.
         mine = seen[n.segment]  # this night's segment, this night included
         if n.segment != base_seg:
@@ -378,12 +382,15 @@ def track(nights: Sequence[NightIn], direction: str, settings: RegressionSetting
     return out
 
 
-def _sustained(nights: Sequence[NightIn], mine: Sequence[int], baseline, worse: float,
-               settings: RegressionSettings) -> tuple[str, int, float] | None:
+def _sustained(nights: Sequence[NightIn], mine: Sequence[int], seen: Sequence[int], baseline, worse: float,
+               tonight_d: float, settings: RegressionSettings) -> tuple[str, int, float] | None:
     """(kind, first night, change %) when the median of the baseline segment's last SUSTAINED_NIGHTS nights (`mine`'s,
     this one included) is off the median of the `window` baseline nights before them by `min_effect_pct` and
     SUSTAINED_Z x the standard error of such a median (MEDIAN_SE x s / sqrt(k), s the noise scale of the
-    `scale_window` nights before them), and that level is not one the segment often had (`_usual`); else None.
+    `scale_window` nights before them), this night is off its baseline (`tonight_d` %) the same way, and that level is
+    not one the segment keeps visiting (`_usual` over `seen`, the segment's nights with those of recovered
+    regressions, for its 7-night medians and for its nights; `mine` has those left out, so a recovered regression is
+    not found again); else None.
     Under steady normal noise a median of 7 that far out needs 4 of the 7 nights beyond 2.6 sigma (about once in 65
     million nights), rarer than the two nights in a row beyond z_threshold that confirm otherwise; replayed
     on 200 steady series at 0.5-5 % noise it confirmed nothing."""
@@ -404,7 +411,8 @@ def _sustained(nights: Sequence[NightIn], mine: Sequence[int], baseline, worse: 
     z = (km - m) / (MEDIAN_SE * s / math.sqrt(SUSTAINED_NIGHTS))
     kind = "regression" if worse * d >= settings.min_effect_pct and worse * z >= SUSTAINED_Z else (
         "improvement" if -worse * d >= settings.min_effect_pct and -worse * z >= SUSTAINED_Z else None)
-    if kind is None or _usual(nights, mine, last[0], m, d, settings):
+    if (kind is None or tonight_d * d <= 0 or _usual(nights, seen, last[0], m, d, settings, window=SUSTAINED_NIGHTS)
+            or _usual(nights, seen, last[-1], m, d, settings)):  # nor the nights: visits, none shorter than this stay
         return None
     # since: the shift's first night, not the first of the k nights (some may be from before it): the first of them
     # that is at least half the change out with the median of it and the nights after it so too (a noisy night
@@ -420,19 +428,36 @@ def _sustained(nights: Sequence[NightIn], mine: Sequence[int], baseline, worse: 
 
 
 def _usual(nights: Sequence[NightIn], base: Sequence[int], upto: int, m: float, off_d: float,
-           settings: RegressionSettings) -> bool:
-    """Whether a night `off_d` % off the baseline median `m` is a level the baseline's segment often had: at least
-    USUAL_MIN_NIGHTS and USUAL_SHARE of its last `scale_window` nights before `upto` (recovered regressions' nights
-    included) were at least USUAL_REACH of that far out the same way. A case that flips between two levels (PCIe or
-    NUMA placement, boost states) or reports few distinct values has a noise scale near 0 (most nights tie), and each
-    visit to its other level read as a regression. A first drop to a new level has no such nights."""
-    ref = base[:bisect.bisect_left(base, upto)][-settings.scale_window:]
-    if len(ref) < USUAL_MIN_NIGHTS:
-        return False
+           settings: RegressionSettings, window: int = 1) -> bool:
+    """Whether a night (`window` 1) or the median of the last `window` nights, `off_d` % off the baseline median `m`
+    at `upto`, is at a level the baseline's segment keeps visiting: a case that flips between two levels (PCIe or NUMA
+    placement, boost states) or reports few distinct values has most nights tied, a noise scale near 0, and read each
+    visit to its other level as a regression. "Far out": at least USUAL_REACH of `off_d` from `m` the same way.
+
+    A night: among the segment's last `scale_window` nights before the current stretch of far-out ones (recovered
+    regressions' nights included), at least USUAL_VISITS separate visits far out, USUAL_SHARE and USUAL_MIN_NIGHTS of
+    the nights, and the current stretch no longer than the longest earlier visit. So a first drop to a new level, a
+    level visited once or twice before (a regression that came back) and a stay longer than any earlier visit are
+    judged as before. A median of `window` nights (from `upto` on): USUAL_SHARE and USUAL_MIN_NIGHTS of the medians of
+    `window` nights among the segment's `scale_window` nights before `upto` were far out too (a stay of a few nights
+    gives a median far out in a window or two, not three)."""
     sign = 1.0 if off_d > 0 else -1.0
     reach = USUAL_REACH * abs(off_d)
-    far = sum(1 for j in ref if sign * (nights[j].value - m) / abs(m) * 100.0 >= reach)
-    return far >= max(USUAL_MIN_NIGHTS, USUAL_SHARE * len(ref))
+    if window > 1:
+        before = base[:bisect.bisect_left(base, upto)][-settings.scale_window:]
+        values = [nights[j].value for j in before]
+        medians = [median(values[t - window + 1:t + 1]) for t in range(window - 1, len(values))]
+        far_medians = sum(1 for v in medians if sign * (v - m) / abs(m) * 100.0 >= reach)
+        return far_medians >= max(USUAL_MIN_NIGHTS, USUAL_SHARE * len(medians))
+    idx = base[:bisect.bisect_right(base, upto)][-(2 * settings.scale_window):]
+    far = [sign * (nights[j].value - m) / abs(m) * 100.0 >= reach for j in idx]
+    run = 0  # the current stretch of far-out nights, this one included
+    while run < len(far) and far[-1 - run]:
+        run += 1
+    ref = far[:len(far) - run][-settings.scale_window:]
+    visits = [len(list(g)) for k, g in itertools.groupby(ref) if k]
+    return (len(visits) >= USUAL_VISITS and sum(visits) >= max(USUAL_MIN_NIGHTS, USUAL_SHARE * len(ref))
+            and run <= max(visits))
 
 
 def _no_verdict(out: list, why: list[str] | None, last: bool, reason: str) -> None:
