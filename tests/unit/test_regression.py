@@ -976,9 +976,9 @@ def test_a_case_that_flips_between_two_levels_is_not_a_regression_each_time_it_f
     in a row confirmed a regression again and again: 175 times in these 40 series' nights 40-119, in 39 of them. A
     level the case keeps visiting is not a change: once its history shows the low level in several visits, a night
     there, or a 7-night median, is not off unless it stays longer than any visit before. Some confirmations remain
-    (a rare longer stay); a tenth of what there were."""
+    (a rare longer stay, a stay as long as the longest before): 27, a sixth of what there were."""
     late = [[i for i in confirmed_regressions(two_levels(seed)) if i >= 40] for seed in range(40)]
-    assert sum(map(len, late)) <= 20 and sum(1 for found in late if found) <= 18, late
+    assert sum(map(len, late)) <= 30 and sum(1 for found in late if found) <= 24, late
     # the same for a case with few distinct values: 100 on 3 nights of 4, 96 on the 4th (twice before)
     rng = np.random.default_rng(3)
     assert len([i for i in confirmed_regressions(np.where(rng.random(120) < 0.25, 0.96, 1.0).tolist()) if i >= 40]) <= 1
@@ -1045,3 +1045,51 @@ def test_steady_noise_confirms_nothing(cv):
     for seed in range(30):
         verdicts = track(nights(wobble(120, cv=cv, seed=1000 + seed)), "higher", RegressionSettings())
         assert not any(v is not None and v.newly_confirmed for v in verdicts), seed
+
+
+def test_a_count_that_turns_positive_has_no_verdict_until_it_has_a_scale_not_a_crash():
+    """A count that is normally 0 (failed requests, lower is better) turns 20 a night: the night its 20-night median
+    turned positive, its 60-night scale was still all zeros, and the replay divided by it (ZeroDivisionError, each
+    night again until the night left the history). That night has no verdict; later ones are judged."""
+    values = [0.0] * 66 + [20.0] * 34 + [30.0]
+    nights_in = [NightIn(value=v, segment=OLD, when=DAY0 + timedelta(days=i), run_id=f"n{i}")
+                 for i, v in enumerate(values)]
+    why: list[str] = []
+    verdicts = track(nights_in[:77], "lower", RegressionSettings(), why=why)
+    assert verdicts[-1] is None and why == ["its noise scale is 0 (its scale window's nights are all 0 and there is no "
+                                            "scale floor)"]
+    last = track(nights_in, "lower", RegressionSettings())[-1]
+    assert (last.kind, last.status) == ("regression", "confirmed")
+    # no scale floor and a flat history before the last 7 nights: the 7-night test has no scale either
+    flat = [1.0] * 30 + [0.99] * 6 + [0.96]
+    steps = [None] * 30 + [0.01] * 7
+    nights_in = [NightIn(value=100.0 * v, segment=OLD, when=DAY0 + timedelta(days=i), step_se=se, run_id=f"n{i}")
+                 for i, (v, se) in enumerate(zip(flat, steps))]
+    assert states(track(nights_in, "higher", RegressionSettings(scale_floor_pct=0))[-1:]) == [("regression",
+                                                                                                "suspected")]
+
+
+def test_a_shift_found_by_its_7_night_median_is_dated_from_its_first_night_not_a_later_suspicion():
+    """Nights 40 and 41 of a 10 % drop at 3 % noise were not off alone, 42 was (suspected), and 43's 7-night median
+    confirmed the shift: it was dated 42 (the suspicion), not 40."""
+    values = wobble(40, cv=0.03, seed=121) + [0.9 * v for v in wobble(20, cv=0.03, seed=221)]
+    first = next(v for v in track(nights(values), "higher", RegressionSettings())
+                 if v is not None and v.newly_confirmed)
+    assert (first.index, first.since, first.basis) == (43, 40, "nights")
+
+
+def test_a_long_regression_that_recovered_and_comes_back_is_found_again_through_noise():
+    """A 10 % drop for 15 nights at 3 % noise, confirmed and recovered, then again 30 nights later: its own nights
+    made the level usual (3 far-out 7-night medians, and each noise-split stretch one more visit), and the second
+    drop was found in 1 of 28 such series. A recovered regression is one visit now."""
+    found = total = 0
+    for seed in range(30):
+        base, gap = wobble(60, cv=0.03, seed=100 + seed), wobble(30, cv=0.03, seed=300 + seed)
+        first = [0.9 * v for v in wobble(15, cv=0.03, seed=200 + seed)]
+        verdicts = track(nights(base + first + gap), "higher", RegressionSettings())
+        if not any(v is not None and v.newly_confirmed for v in verdicts) or verdicts[-1].status == "confirmed":
+            continue  # only series whose first drop was confirmed and had recovered
+        total += 1
+        again = base + first + gap + [0.9 * v for v in wobble(25, cv=0.03, seed=400 + seed)]
+        found += any(i >= 105 for i in confirmed_regressions(again))
+    assert total >= 20 and found >= 0.6 * total, (found, total)

@@ -90,6 +90,7 @@ SUSTAINED_NIGHTS, SUSTAINED_Z = 7, 5.5
 NO_VALUE = "no value"
 TOO_FEW = "insufficient history"
 NOT_POSITIVE = "its baseline's median is 0 or less (a change in % of it is not defined)"
+NO_SCALE = "its noise scale is 0 (its scale window's nights are all 0 and there is no scale floor)"
 
 
 def segment_of(row: Mapping[str, Any]) -> tuple:
@@ -297,9 +298,12 @@ def track(nights: Sequence[NightIn], direction: str, settings: RegressionSetting
         scale_idx = base_idx if settings.scale_window <= settings.window else baseline(settings.scale_window)
         s = noise_scale([nights[j].value for j in scale_idx[:settings.scale_window]],
                         [nights[j].step_se for j in base_idx if nights[j].step_se is not None], settings)
+        if s <= 0:  # the scale window's nights all 0 (a count just turned positive) with no floor: no z
+            _no_verdict(out, why, i == last, NO_SCALE)
+            continue
         z = (n.value - m) / s
         night_kind = _off(z, d, worse, settings)
-        if night_kind is not None and _usual(nights, seen.get(base_seg, []), i, m, d, settings):
+        if night_kind is not None and _usual(nights, seen.get(base_seg, []), i, m, d, settings, excluded=excluded):
             night_kind = None  # a level the case keeps visiting (two modes, few distinct values) is not a change
         # A shift no single night shows through the noise (a 10 % drop at 3 % noise), or a slow drift, which the
         # rolling baseline would take in night by night: the segment's last SUSTAINED_NIGHTS nights against the
@@ -308,7 +312,7 @@ def track(nights: Sequence[NightIn], direction: str, settings: RegressionSetting
         if n.segment == base_seg and abs(d) >= settings.min_effect_pct and not (open_ is not None and open_.confirmed):
             # not over a recovered regression's nights (it would be found again, dated back to it)
             mine = [j for j in seen[base_seg] if j not in excluded] if excluded else seen[base_seg]
-            sustained = _sustained(nights, mine, seen[base_seg], baseline, worse, d, settings)
+            sustained = _sustained(nights, mine, seen[base_seg], excluded, baseline, worse, d, settings)
         # The candidate nights: a new segment's, or those of the finding open in the baseline's segment.
         mine = seen[n.segment]  # this night's segment, this night included
         if n.segment != base_seg:
@@ -340,8 +344,9 @@ def track(nights: Sequence[NightIn], direction: str, settings: RegressionSetting
         if confirm is not None:
             if open_ is None or open_.kind != confirm or not open_.confirmed:
                 start = (cand[0] if basis == "segment" else
-                         open_.start if open_ is not None and open_.kind == confirm else
-                         sustained[1] if sustained is not None else i - run_len + 1)
+                         min(sustained[1], open_.start if open_ is not None and open_.kind == confirm else i)
+                         if sustained is not None else
+                         open_.start if open_ is not None and open_.kind == confirm else i - run_len + 1)
                 open_ = _Open(confirm, start, True, i)
                 newly = True
         elif open_ is not None and open_.confirmed:
@@ -382,8 +387,8 @@ def track(nights: Sequence[NightIn], direction: str, settings: RegressionSetting
     return out
 
 
-def _sustained(nights: Sequence[NightIn], mine: Sequence[int], seen: Sequence[int], baseline, worse: float,
-               tonight_d: float, settings: RegressionSettings) -> tuple[str, int, float] | None:
+def _sustained(nights: Sequence[NightIn], mine: Sequence[int], seen: Sequence[int], excluded: set[int], baseline,
+               worse: float, tonight_d: float, settings: RegressionSettings) -> tuple[str, int, float] | None:
     """(kind, first night, change %) when the median of the baseline segment's last SUSTAINED_NIGHTS nights (`mine`'s,
     this one included) is off the median of the `window` baseline nights before them by `min_effect_pct` and
     SUSTAINED_Z x the standard error of such a median (MEDIAN_SE x s / sqrt(k), s the noise scale of the
@@ -406,13 +411,16 @@ def _sustained(nights: Sequence[NightIn], mine: Sequence[int], seen: Sequence[in
         return None
     s = noise_scale([nights[j].value for j in before[:settings.scale_window]],
                     [nights[j].step_se for j in before[:settings.window] if nights[j].step_se is not None], settings)
+    if s <= 0:
+        return None
     km = median([nights[j].value for j in last])
     d = (km - m) / abs(m) * 100.0
     z = (km - m) / (MEDIAN_SE * s / math.sqrt(SUSTAINED_NIGHTS))
     kind = "regression" if worse * d >= settings.min_effect_pct and worse * z >= SUSTAINED_Z else (
         "improvement" if -worse * d >= settings.min_effect_pct and -worse * z >= SUSTAINED_Z else None)
-    if (kind is None or tonight_d * d <= 0 or _usual(nights, seen, last[0], m, d, settings, window=SUSTAINED_NIGHTS)
-            or _usual(nights, seen, last[-1], m, d, settings)):  # nor the nights: visits, none shorter than this stay
+    if (kind is None or tonight_d * d <= 0
+            or _usual(nights, seen, last[0], m, d, settings, window=SUSTAINED_NIGHTS, excluded=excluded)
+            or _usual(nights, seen, last[-1], m, d, settings, excluded=excluded)):  # nor the nights'
         return None
     # since: the shift's first night, not the first of the k nights (some may be from before it): the first of them
     # that is at least half the change out with the median of it and the nights after it so too (a noisy night
@@ -428,7 +436,7 @@ def _sustained(nights: Sequence[NightIn], mine: Sequence[int], seen: Sequence[in
 
 
 def _usual(nights: Sequence[NightIn], base: Sequence[int], upto: int, m: float, off_d: float,
-           settings: RegressionSettings, window: int = 1) -> bool:
+           settings: RegressionSettings, window: int = 1, excluded: set[int] = frozenset()) -> bool:
     """Whether a night (`window` 1) or the median of the last `window` nights, `off_d` % off the baseline median `m`
     at `upto`, is at a level the baseline's segment keeps visiting: a case that flips between two levels (PCIe or NUMA
     placement, boost states) or reports few distinct values has most nights tied, a noise scale near 0, and read each
@@ -446,16 +454,21 @@ def _usual(nights: Sequence[NightIn], base: Sequence[int], upto: int, m: float, 
     if window > 1:
         before = base[:bisect.bisect_left(base, upto)][-settings.scale_window:]
         values = [nights[j].value for j in before]
-        medians = [median(values[t - window + 1:t + 1]) for t in range(window - 1, len(values))]
-        far_medians = sum(1 for v in medians if sign * (v - m) / abs(m) * 100.0 >= reach)
-        return far_medians >= max(USUAL_MIN_NIGHTS, USUAL_SHARE * len(medians))
+        far = [sign * (median(values[t - window + 1:t + 1]) - m) / abs(m) * 100.0 >= reach
+               for t in range(window - 1, len(values))]
+        # a run of far-out medians is one visit (a stay of a few nights is in several windows)
+        visits = [len(list(g)) for k, g in itertools.groupby(far) if k]
+        return len(visits) >= USUAL_VISITS and sum(far) >= max(USUAL_MIN_NIGHTS, USUAL_SHARE * len(far))
     idx = base[:bisect.bisect_right(base, upto)][-(2 * settings.scale_window):]
     far = [sign * (nights[j].value - m) / abs(m) * 100.0 >= reach for j in idx]
     run = 0  # the current stretch of far-out nights, this one included
     while run < len(far) and far[-1 - run]:
         run += 1
-    ref = far[:len(far) - run][-settings.scale_window:]
-    visits = [len(list(g)) for k, g in itertools.groupby(ref) if k]
+    ref = list(zip(idx, far))[:len(far) - run][-settings.scale_window:]
+    # a visit: a run of far-out nights; the nights of a recovered regression are one visit however the noise split
+    # them (it was one stay: a regression that comes back is not a level the case keeps visiting)
+    groups = itertools.groupby(ref, key=lambda night: "recovered" if night[0] in excluded else night[1])
+    visits = [v for k, g in groups if k and (v := sum(f for _, f in g))]
     return (len(visits) >= USUAL_VISITS and sum(visits) >= max(USUAL_MIN_NIGHTS, USUAL_SHARE * len(ref))
             and run <= max(visits))
 
