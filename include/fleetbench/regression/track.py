@@ -447,8 +447,8 @@ def _usual(nights: Sequence[NightIn], base: Sequence[int], upto: int, m: float, 
     the nights, and the current stretch no longer than the longest earlier visit. So a first drop to a new level, a
     level visited once or twice before (a regression that came back) and a stay longer than any earlier visit are
     judged as before. A median of `window` nights (from `upto` on): USUAL_SHARE and USUAL_MIN_NIGHTS of the medians of
-    `window` nights among the segment's `scale_window` nights before `upto` were far out too (a stay of a few nights
-    gives a median far out in a window or two, not three)."""
+    `window` nights among the segment's `scale_window` nights before `upto` were far out too, in at least USUAL_VISITS
+    separate stretches of such medians (one stay, however long, is one stretch)."""
     sign = 1.0 if off_d > 0 else -1.0
     reach = USUAL_REACH * abs(off_d)
     if window > 1:
