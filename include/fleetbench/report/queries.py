@@ -834,7 +834,8 @@ def fleet_health(conn, f: Filters, hosts: list[str]) -> list[dict]:
     measured.update(dict(conn.execute(
         select(hf.c.host, func.count()).select_from(br).join(hf, and_(
             hf.c.dag_id == br.c.dag_id, hf.c.run_id == br.c.run_id, set_includes(br.c.host_set, hf.c.host)))
-        .where(*_scope(replace(f, host=None)), *([on_host(br, f.host)] if f.host else []), br.c.nodes >= 2,
+        .where(*_scope(replace(f, host=None)), *([on_host(br, f.host)] if f.host else []),
+               text(MULTINODE_OK_ROWS),  # the multi-node rows' partial index, not a scan of the window
                br.c.host_gpu_health.in_(unhealthy), hf.c.host.in_(checked), hf.c.gpu_health.in_(unhealthy))
         .group_by(hf.c.host)).all()))
     out = []
