@@ -59,7 +59,6 @@ from sqlalchemy import (
     func,
     inspect,
     literal,
-    or_,
     select,
     text,
     type_coerce,
@@ -829,7 +828,7 @@ def fleet_health(conn, f: Filters, hosts: list[str]) -> list[dict]:
     # that run was unhealthy (a set's row has the worst health of its hosts, and is stored under its first host)
     measured = collections.Counter(dict(conn.execute(
         select(br.c.host, func.count()).where(*_scope(f), br.c.host.in_(checked), br.c.host_gpu_health.in_(unhealthy),
-                                              or_(br.c.nodes.is_(None), br.c.nodes < 2))
+                                              br.c.nodes < 2)
         .group_by(br.c.host)).all()))
     measured.update(dict(conn.execute(
         select(hf.c.host, func.count()).select_from(br).join(hf, and_(

@@ -15,7 +15,8 @@ if [ "${FORCE:-0}" != 1 ] && docker image inspect "$IMAGE" >/dev/null 2>&1; then
     say "base image $IMAGE is cached"
     exit 0
   fi
-  if ! docker images --format '{{.Tag}}' "$REPO" | grep -q '^inputs-'; then
+  tags="$(docker images --format '{{.Tag}}' "$REPO")"  # read whole: grep -q closing a pipe early fails it (pipefail)
+  if ! grep -q '^inputs-' <<<"$tags"; then
     docker tag "$IMAGE" "$MARK"
     say "base image $IMAGE is cached (built before its inputs were marked: taken as built from these, $MARK)"
     exit 0
@@ -36,7 +37,8 @@ tar -C "$work/rootfs" -c . | docker import \
   --change 'LABEL org.fleetbench.managed=true org.fleetbench.kind=base' \
   --change 'CMD ["python3"]' \
   - "$IMAGE" >/dev/null
-for old in $(docker images --format '{{.Repository}}:{{.Tag}}' "$REPO" | grep ':inputs-' | grep -vxF "$MARK"); do
+marks="$(docker images --format '{{.Repository}}:{{.Tag}}' "$REPO")"
+for old in $(grep ':inputs-' <<<"$marks" | grep -vxF "$MARK" || true); do
   docker rmi "$old" >/dev/null 2>&1 || true  # the marks of earlier builds (their images go with them, if unused)
 done
 docker tag "$IMAGE" "$MARK"
