@@ -36,7 +36,7 @@ mkdir -p /run/sshd
 # uptime the pid in the file may be any other process's).
 if [ -f "$DIR/sshd.pid" ]; then
   pid="$(cat "$DIR/sshd.pid")"
-  if [ -n "$pid" ] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "-f $DIR/sshd_config"; then
+  if [ -n "$pid" ] && tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -qF -- "-f $DIR/sshd_config"; then
     kill "$pid"; sleep 0.5
   fi
   rm -f "$DIR/sshd.pid"
