@@ -34,6 +34,7 @@ from fleetbench.airflow.operators import (
     LaneCasesOperator,
 )
 from fleetbench.airflow.operators import all_items as items
+from fleetbench.airflow.task_gc import freeze_startup_objects
 from fleetbench.config import load_config_once
 from fleetbench.params import param_specs
 from fleetbench.paths import default_config_path
@@ -124,6 +125,7 @@ with DAG(
     # as an XCom of its own that nothing reads (~10 ms an XCom, 30 of them a run).
     @task(retries=0, multiple_outputs=False)
     def plan() -> dict:
+        freeze_startup_objects()  # each task's first step: fleetbench/airflow/task_gc.py
         ctx = get_current_context()
         dag_run = ctx["dag_run"]
         logical_date = ctx.get("logical_date") or dag_run.run_after
@@ -146,6 +148,7 @@ with DAG(
     def store(the_plan: dict, outcomes: list) -> dict | None:
         """Every planned case as a classified row (`pipeline.collect`), then the run stored whole, in one
         transaction (`pipeline.store`): the rows never travel through XCom. Returns the run's counts."""
+        freeze_startup_objects()
         # read once, with every case: each step below takes the model as it is
         the_plan = pipeline.plan_cases(the_plan, get_current_context()["ti"])
         validations = from_lanes(LANE_VALIDATION, the_plan)
@@ -162,6 +165,7 @@ with DAG(
         run's `accept_baselines` accepted), then the HTML report with plots in <data dir>/reports/, which marks
         the warehouse asset updated. A failed comparison still gets its report, then fails the task
         (`pipeline.assess_and_report`)."""
+        freeze_startup_objects()
         ctx = get_current_context()
         summary, regressions = pipeline.assess_and_report(the_plan, stored, ctx["dag_run"].triggering_user_name)
         ctx["outlet_events"][WAREHOUSE].extra = summary
@@ -215,6 +219,7 @@ with DAG(
         It runs beside `report`, not after it: the report is a leaf of the DAG, so the run fails when the
         report does anyway. It asks for the run's failed tasks instead of hanging off every task: 2,000
         edges into one task made a 1,000-host DAG's parse time grow with the square of the fleet."""
+        freeze_startup_objects()
         ctx = get_current_context()
         pipeline.fail_if_tasks_failed(ctx["ti"], ctx["dag_run"].dag_id, ctx["dag_run"].run_id,
                                       every_host_unfit=(stored or {}).get("every_host_unfit"))

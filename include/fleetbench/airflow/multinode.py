@@ -29,6 +29,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowTaskTimeout
 from docker.errors import APIError, NotFound
 
 from fleetbench import capacity, multinode, runs
+from fleetbench.airflow.task_gc import freeze_startup_objects
 from fleetbench.hosts.devices import assign
 from fleetbench.multinode import set_problem
 from fleetbench.run_model import CaseOutcome, HostImages, HostVerdict, Measurement, RunPlan, by_host
@@ -142,6 +143,7 @@ class MultiNodeCasesOperator(BaseOperator):
         from fleetbench.airflow import pipeline
         from fleetbench.airflow.operators import LANE_IMAGES, LANE_VALIDATION, plan_task_id
 
+        freeze_startup_objects()  # fleetbench.airflow.task_gc
         ti = context["ti"]
         plan = RunPlan.load(self.render_template(self.plan_ref, context))
         if plan.run.dry_run:
@@ -187,6 +189,7 @@ class MultiNodeCaseOperator(BaseOperator):
 
     # -- Airflow entry points -------------------------------------------------------------
     def execute(self, context: Any) -> dict:
+        freeze_startup_objects()  # fleetbench.airflow.task_gc
         self._ti = context.get("ti") if hasattr(context, "get") else None
         try:
             with ExitStack() as stack:

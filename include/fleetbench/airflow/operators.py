@@ -39,6 +39,7 @@ from docker.types import DeviceRequest, LogConfig, Ulimit
 from fleetbench import runs, telemetry
 from fleetbench.airflow import pipeline
 from fleetbench.airflow.connections import docker_tls_files
+from fleetbench.airflow.task_gc import freeze_startup_objects
 from fleetbench.engines import engine_now
 from fleetbench.run_model import CaseOutcome, HostImages, HostVerdict, Measurement, RunPlan, by_host
 from fleetbench.runs import log_path as case_log_path
@@ -165,6 +166,7 @@ class LaneCasesOperator(BaseOperator):
         self.host_check_timeout_s = host_check_timeout_s
 
     def execute(self, context) -> list[dict]:
+        freeze_startup_objects()  # fleetbench.airflow.task_gc
         # read once: each step below takes the model as it is (validated four times, a 1,000-host night's plan took
         # each lane 6.7 s and ~500 MiB)
         ti = context["ti"]
@@ -260,6 +262,7 @@ class BenchmarkCaseOperator(DockerOperator):
 
     # -- Airflow entry points -------------------------------------------------------------
     def execute(self, context: Any) -> dict:
+        freeze_startup_objects()  # fleetbench.airflow.task_gc
         self._ti = context.get("ti") if hasattr(context, "get") else None
         self._normalize_mounts()
         # JSON-able settings from the plan -> docker SDK types (-1 = unlimited, soft = hard).
