@@ -345,3 +345,99 @@ def test_a_case_whose_image_has_no_python3_names_the_setting_that_runs_it_withou
         assert "set benchmarks[].telemetry_period_s: 0 for benchmark 'own'" in fields["failure_detail"]
     else:  # not wrapped: the error is the command's own
         assert "telemetry_period_s" not in fields["failure_detail"] and "python3" in fields["failure_detail"]
+
+
+def _random_value(rng, depth=0):
+    """Report-like values, with what JSON must escape: control characters, DEL, quotes, non-ASCII, astral
+    characters, lone surrogates; NaN, infinities, -0.0, huge ints; non-str keys json.dumps converts."""
+    alphabet = ['a', 'Z', ' ', '~', '"', '\\', '/', '\n', '\r', '\t', '\b', '\f', '\x00', '\x1f', '\x7f', '\x80',
+                'é', '\u2028', '\ud800', '\udfff', '\uffff', '😀', '\U0010ffff', 'ß', '中']
+    kind = rng.randrange(9 if depth < 3 else 6)
+    if kind == 0:
+        return None
+    if kind == 1:
+        return rng.choice([True, False])
+    if kind == 2:
+        return rng.choice([0, -1, 7, 2 ** 64 + 3, -(10 ** 30)])
+    if kind == 3:
+        return rng.choice([0.0, -0.0, 1.5, 1e-7, 1e300, -2.5e-310, 123456.789, float("nan"), float("inf"),
+                           float("-inf"), rng.random()])
+    if kind in (4, 5):
+        return "".join(rng.choice(alphabet) for _ in range(rng.randrange(12)))
+    if kind == 6:
+        return [_random_value(rng, depth + 1) for _ in range(rng.randrange(4))]
+    if kind == 7:
+        return tuple(_random_value(rng, depth + 1) for _ in range(rng.randrange(3)))
+    keys = ["gpus", "k\n", "é", 1, 2.5, True, None, "x"]
+    return {rng.choice(keys): _random_value(rng, depth + 1) for _ in range(rng.randrange(5))}
+
+
+def test_the_wrappers_own_json_writer_writes_what_json_dumps_writes():
+    """The wrapper writes its report without importing json (its start is part of every case): byte for byte
+    `json.dumps(value, separators=(",", ":"))` on 5,000 random report-like values and a real report."""
+    import random
+
+    rng = random.Random(20261207)
+    for _ in range(5000):
+        value = _random_value(rng)
+        assert tw._dumps(value) == json.dumps(value, separators=(",", ":")), repr(value)
+    clock = FakeClock()
+    report = tw.Sampler(FakeGpus(clock), 0.5, clock=clock).start().stop()
+    report["cpu"] = tw.CpuMeter().stop()
+    assert tw._dumps(report) == json.dumps(report, separators=(",", ":"))
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        tw._dumps({"a": object()})
+
+
+PYTHONS = _pythons()
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_the_command_starts_as_subprocess_started_it(python, tmp_path):
+    """The command runs as `subprocess.Popen(command)` ran it (posix_spawnp on Python 3.8+, Popen on 3.6 and 3.7):
+    SIGPIPE and SIGXFSZ at their default (Python ignores them, and an ignored signal stays ignored across exec: a
+    shell pipeline would end with "Broken pipe" errors), no descriptor beyond stdio, the same environment, its
+    output and exit code through, a command that cannot start is exit code 127 with the reason."""
+    # a shell, not Python (which ignores SIGPIPE itself when it starts): its signal mask and descriptors as given
+    probe = ["sh", "-c", 'grep SigIgn /proc/$$/status; ls /proc/$$/fd | tr "\\n" " "; echo;'
+             ' echo "env $FLEETBENCH_PROBE"; exit 5']
+    # the wrapper itself gets an inheritable descriptor (a C library's, say) that the command must not see
+    launcher = ("import os, sys, runpy; r, w = os.pipe(); os.set_inheritable(r, True); os.set_inheritable(w, True);"
+                "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+    proc = subprocess.run([python, "-S", "-c", launcher, tw.__file__, "--no-gpu", "--", *probe],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "FLEETBENCH_PROBE": "yes"})
+    assert proc.returncode == 5, proc.stderr
+    sig_ign, fds, env = proc.stdout.splitlines()[:3]
+    ignored = int(sig_ign.split()[1], 16)
+    assert not ignored & (1 << (13 - 1)) and not ignored & (1 << (25 - 1)), sig_ign  # SIGPIPE, SIGXFSZ
+    assert set(fds.split()) <= {"0", "1", "2", "255"}, fds  # dash keeps 255 open for its own use (or 10)
+    assert env == "env yes"
+    assert parse_report(proc.stdout)["cpu"]["wall_s"] > 0
+    proc = subprocess.run([python, "-S", tw.__file__, "--no-gpu", "--", str(tmp_path / "no-such-benchmark")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 127 and "cannot start" in proc.stderr and "No such file" in proc.stderr, proc.stderr
+    assert parse_report(proc.stdout)["reason"] == "a CPU case: GPUs not sampled"
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_sigterm_to_the_wrapper_reaches_the_command(python, tmp_path):
+    """`docker stop` signals the container's first process, the wrapper: the command gets the signal and the
+    wrapper ends with its exit code (here the command's own, from its handler), its report still written."""
+    import signal
+    import time
+
+    ready = tmp_path / "ready"
+    command = [sys.executable, "-c",
+               "import signal, sys, time, pathlib\n"
+               "signal.signal(signal.SIGTERM, lambda *a: sys.exit(42))\n"
+               f"pathlib.Path({str(ready)!r}).write_text('x')\n"
+               "time.sleep(30)\n"]
+    proc = subprocess.Popen([python, "-S", tw.__file__, "--no-gpu", "--", *command], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 42, err
+    assert parse_report(out)["cpu"]["wall_s"] < 29
