@@ -441,3 +441,24 @@ def test_sigterm_to_the_wrapper_reaches_the_command(python, tmp_path):
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 42, err
     assert parse_report(out)["cpu"]["wall_s"] < 29
+
+
+@pytest.mark.parametrize("python", PYTHONS)
+def test_what_posix_spawnp_refuses_starts_as_popen_started_it(python, tmp_path):
+    """Popen's way where posix_spawnp stops short: a file on PATH that is not a program, ahead of the real one
+    (Popen tries the next PATH entry; glibc's posix_spawnp ends with ENOEXEC), and an empty program name (Popen:
+    exit 127 with the reason and the report; posix_spawnp: a ValueError)."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "fleetbench-probe").write_bytes(b"\x00\x01 not a program")
+    (tmp_path / "b" / "fleetbench-probe").write_text("#!/bin/sh\necho the real one\nexit 4\n")
+    for path in (tmp_path / "a" / "fleetbench-probe", tmp_path / "b" / "fleetbench-probe"):
+        path.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path / 'a'}:{tmp_path / 'b'}:{os.environ['PATH']}"}
+    proc = subprocess.run([python, "-S", tw.__file__, "--no-gpu", "--", "fleetbench-probe"], capture_output=True,
+                          text=True, timeout=60, env=env)
+    assert proc.returncode == 4 and proc.stdout.startswith("the real one\n"), (proc.stdout, proc.stderr)
+    proc = subprocess.run([python, "-S", tw.__file__, "--no-gpu", "--", ""], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 127 and "cannot start ''" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and parse_report(proc.stdout)["cpu"]["wall_s"] >= 0
