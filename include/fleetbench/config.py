@@ -408,6 +408,13 @@ class BakeSpec(_Model):
         return self
 
 
+def _program_named(command: list[str] | None) -> list[str] | None:
+    """A command's first item is the program the container runs: an empty or blank one starts nothing."""
+    if command and not command[0].strip():
+        raise ValueError(f"the first item is the program to run, and it is empty: {command[0]!r}")
+    return command
+
+
 class ImageSpec(_Model):
     name: Name
     ref: str = Field(pattern=IMAGE_REF_PATTERN)
@@ -426,6 +433,11 @@ class ImageSpec(_Model):
     # (another tag or digest of the same repository) or `any` image. An overridden image is never baked or
     # pushed, and the credentials go only to the registry of `credentials_conn_id` (fleetbench.registry).
     allow_override: Literal["none", "same_repository", "any"] = "same_repository"
+
+    @field_validator("command")
+    @classmethod
+    def _program(cls, value: list[str] | None) -> list[str] | None:
+        return _program_named(value)
 
 
 BYTES_PATTERN = r"^[0-9]+[bkmgBKMG]?$"
@@ -529,6 +541,10 @@ class BenchmarkSpec(_Model):
     # nccl_tests: a launcher put in front of the binary (e.g. mpirun -np 2 ...), default none.
     command: list[Annotated[str, Field(max_length=4096, pattern=r"^[^\x00]*$")]] | None = Field(None, min_length=1)
     metrics: CommandMetrics | None = None
+    @field_validator("command")
+    @classmethod
+    def _program(cls, value: list[str] | None) -> list[str] | None:
+        return _program_named(value)
     num_batches: Annotated[int, Field(gt=0, le=MAX_NUM_BATCHES)] = 100  # the warehouse's integer column holds it
     num_warmup_batches: Annotated[int, Field(ge=0, le=MAX_NUM_BATCHES)] = 5
     device: Literal["gpu", "cpu"] = "gpu"

@@ -120,6 +120,11 @@ def test_schedules_airflow_takes_are_accepted(schedule):
     (lambda d: d["hosts"][0].update(connection=""), "hosts[0].connection: must match"),
     (lambda d: d["hosts"][0].update(connection="ssh gpu01"), "hosts[0].connection: must match"),
     (lambda d: d["benchmarks"][0].update(extra_args=["--x=1; reboot"]), "benchmarks[0].extra_args[0]: must match"),
+    # an empty program name started nothing: the telemetry wrapper failed it as exit 127, Docker refused it
+    (lambda d: d["images"][0].update(command=["", "bench.py"]),
+     "images[0].command: the first item is the program to run, and it is empty: ''"),
+    (lambda d: d["benchmarks"][0].update(harness="command", command=[" "], models=None, variable_update=None),
+     "benchmarks[0].command: the first item is the program to run, and it is empty: ' '"),
 ])
 def test_each_mistake_names_its_field(mutate, expected):
     data = good()
