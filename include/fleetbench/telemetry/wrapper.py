@@ -25,8 +25,8 @@ Every case pays the wrapper's start before its command runs, so a CPU case's wra
 `os`, `sys`, `time` and the signal functions: `subprocess` (through `locale`, `re` and `enum`), `json` (through
 `re`) and `threading` took ~18 ms of the ~28 ms the wrapper took in a stock Python 3.11 image, where the
 interpreter alone starts in ~10 ms. The command starts through `os.posix_spawnp` (Python 3.8+; `subprocess` on
-3.6 and 3.7), the report is written by `_dumps` (what `json.dumps` writes, tested against it), and the GPU path
-imports `threading` when it samples.
+3.6 and 3.7, and wherever posix_spawnp refuses it), the report is written by `_dumps` (what `json.dumps` writes,
+tested against it), and the GPU path imports `threading` when it samples.
 """
 
 import os
