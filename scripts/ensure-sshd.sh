@@ -36,7 +36,9 @@ mkdir -p /run/sshd
 # uptime the pid in the file may be any other process's).
 if [ -f "$DIR/sshd.pid" ]; then
   pid="$(cat "$DIR/sshd.pid")"
-  if [ -n "$pid" ] && tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -qF -- "-f $DIR/sshd_config"; then
+  # read whole before grep: grep -q closing the pipe early could fail the pipeline (pipefail) and spare our sshd
+  cmdline="$( (tr '\0' ' ' <"/proc/$pid/cmdline") 2>/dev/null || true)"
+  if [ -n "$pid" ] && grep -qF -- "-f $DIR/sshd_config" <<<"$cmdline"; then
     kill "$pid"; sleep 0.5
   fi
   rm -f "$DIR/sshd.pid"

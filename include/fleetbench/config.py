@@ -541,10 +541,6 @@ class BenchmarkSpec(_Model):
     # nccl_tests: a launcher put in front of the binary (e.g. mpirun -np 2 ...), default none.
     command: list[Annotated[str, Field(max_length=4096, pattern=r"^[^\x00]*$")]] | None = Field(None, min_length=1)
     metrics: CommandMetrics | None = None
-    @field_validator("command")
-    @classmethod
-    def _program(cls, value: list[str] | None) -> list[str] | None:
-        return _program_named(value)
     num_batches: Annotated[int, Field(gt=0, le=MAX_NUM_BATCHES)] = 100  # the warehouse's integer column holds it
     num_warmup_batches: Annotated[int, Field(ge=0, le=MAX_NUM_BATCHES)] = 5
     device: Literal["gpu", "cpu"] = "gpu"
@@ -590,6 +586,11 @@ class BenchmarkSpec(_Model):
             return self.container
         return self.container.model_copy(update={k: getattr(NGC_GPU_CONTAINER, k) for k in ("shm_size", "ulimits")
                                                  if not getattr(self.container, k)})  # unset: None, {}
+
+    @field_validator("command")
+    @classmethod
+    def _program(cls, value: list[str] | None) -> list[str] | None:
+        return _program_named(value)
 
     @model_validator(mode="after")
     def _cpu_needs_no_gpus(self) -> "BenchmarkSpec":
