@@ -35,6 +35,16 @@ def engine_now(api) -> float:
     return datetime.fromisoformat(found.group(1) + ("+00:00" if zone == "Z" else zone)).timestamp()
 
 
+# The engine's refusal of a client's API version: "client version 1.45 is too new. Maximum supported API version is
+# 1.41", or "... is too old. Minimum supported API version is 1.24, please upgrade your client ..."
+_VERSION_REFUSED = re.compile(r"client version \S+ is too (new|old)", re.IGNORECASE)
+
+
+def version_refused(exc) -> bool:
+    """The engine refused the API version the client asked for (a 400 naming it), not the request itself."""
+    return getattr(exc, "status_code", None) == 400 and bool(_VERSION_REFUSED.search(str(exc)))
+
+
 def docker_tls_config(tls: dict | None):
     """docker-py's TLSConfig for the files of `docker_tls_files` (False without TLS: plain socket or tcp)."""
     if not tls:

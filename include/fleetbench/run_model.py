@@ -184,11 +184,14 @@ class HostVerdict(_Xcom):
 
 
 class HostImages(_Xcom):
-    """A lane's image step: one `fleetbench.images.PreparedImage` (as a dict) per image name."""
+    """A lane's image step: one `fleetbench.images.PreparedImage` (as a dict) per image name, and the Docker API
+    version the host's engine speaks (its `GET /version`, asked once by the lane's client): the lane's cases
+    use it rather than each asking the engine again (`BenchmarkCaseOperator`)."""
 
     host: str
     images: dict[str, dict[str, Any]] = {}
     skipped: bool = False
+    api_version: str | None = None
 
     def ready(self, image: str) -> dict | None:
         """The prepared image when it can run cases, else None."""

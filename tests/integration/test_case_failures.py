@@ -61,6 +61,26 @@ def test_ok(case_run, smoke_image):
     assert saved == outcome
 
 
+@pytest.mark.parametrize("pinned", ["the engine's", "9.99"])
+def test_a_case_speaks_the_lanes_api_version_and_asks_the_engine_only_when_it_is_refused(case_run, smoke_image,
+                                                                                          docker_api, monkeypatch,
+                                                                                          pinned):
+    """`api_version` (the engine's, from the lane's images step) spares each case the engine's `GET /version`; an
+    engine that refuses it (downgraded since the lane's check: 9.99 here) gets a client that asks, and the case runs."""
+    from docker.api.client import APIClient
+
+    asked = []
+    ask = APIClient._retrieve_server_version
+    monkeypatch.setattr(APIClient, "_retrieve_server_version", lambda self: asked.append(self.base_url) or ask(self))
+    version = docker_api.api_version if pinned == "the engine's" else pinned
+    op = case_run.build(HARNESS, image=smoke_image, api_version=version, case_key="pinned")
+    outcome = op.execute({})
+    assert (outcome["exit_code"], outcome["start_error_class"], outcome.get("engine_unreachable")) == (0, None, None)
+    assert "total images/sec" in Path(outcome["log_path"]).read_text()
+    assert len(asked) == (0 if pinned == "the engine's" else 1)
+    assert (op.cli.api_version, op.api_version) == (docker_api.api_version, None if asked else version)
+
+
 def test_oom_killed_by_memory_limit(case_run):
     outcome, fields = case_run(["python3", "-c", "import numpy; a = numpy.ones(100_000_000); print(a.sum())"],
                                mem_limit="64m")

@@ -129,7 +129,9 @@ def test_tls_engine_is_reached_only_with_the_connection_certificates(certs, tls_
     # Pull and pin go through the TLS engine, with the connection's certificates (PEM text or file paths).
     prepared = {}
     for conn_id in (TLS_CONN, "fb_docker_tls_files"):
-        prepared[conn_id] = pipeline.prepare_host_images(host(conn_id), [verdict])["images"]["smoke"]
+        lane_images = pipeline.prepare_host_images(host(conn_id), [verdict])
+        assert lane_images["api_version"] == docker_api.api_version  # what the lane's cases then speak
+        prepared[conn_id] = lane_images["images"]["smoke"]
         assert prepared[conn_id]["failure_class"] is None, prepared[conn_id]
         assert prepared[conn_id]["pinned_ref"].startswith(smoke_image.rsplit(":", 1)[0] + "@sha256:")
     assert set(tls_engine.clients) == {"fleetbench-central-worker"}

@@ -40,7 +40,7 @@ from fleetbench import runs, telemetry
 from fleetbench.airflow import pipeline
 from fleetbench.airflow.connections import docker_tls_files
 from fleetbench.airflow.task_gc import freeze_startup_objects
-from fleetbench.engines import engine_now
+from fleetbench.engines import engine_now, version_refused
 from fleetbench.run_model import CaseOutcome, HostImages, HostVerdict, Measurement, RunPlan, by_host
 from fleetbench.runs import log_path as case_log_path
 from fleetbench.runs import outcome_path
@@ -105,6 +105,7 @@ def case_kwargs(plan, validations: list, prepared: list, host: str | None = None
             "container_name": runs.container_name(run.dag_id, run.run_id, case.host, case.case_key),
             "docker_url": planned.docker_url,
             "docker_tls_conn_id": planned.docker_tls_conn_id,
+            "api_version": images[case.host].api_version,  # the engine's, as the lane found it: no GET /version a case
             "labels": runs.case_labels(run.dag_id, run.run_id, case.host, case.case_key, case.timeout_s),
             "case": {"host": case.host, "case_key": case.case_key, "benchmark": case.benchmark, "harness": case.harness,
                      "harness_settings": case.harness_settings, "run_started_at": run.started_at},
@@ -467,11 +468,31 @@ class BenchmarkCaseOperator(DockerOperator):
 
     def _connect(self) -> None:
         """The engine's client, made here: DockerOperator's hook says an engine it cannot reach (its ping or version
-        query failed) with an AirflowException, which is an engine lost before the case for `run_case`."""
+        query failed) with an AirflowException, which is an engine lost before the case for `run_case`.
+
+        With `api_version` (the engine's, from the lane's check: `case_kwargs`) the client asks the engine nothing
+        before its ping, where `auto` costs a `GET /version` a case (~5-8 ms of the engine's time locally: it asks its
+        runtimes for their versions; a round trip more to a remote engine). An engine that refuses that version (it
+        was up- or downgraded since the lane's check) gets a client that asks it for its own."""
         try:
-            self.cli
+            try:
+                self._open_client()
+            except APIError as exc:
+                if not (self.api_version and version_refused(exc)):
+                    raise
+                self.log.warning("the Docker engine at %s refused API version %s, which the lane's check found there; "
+                                 "asking it for its own: %s", self.docker_url, self.api_version, exc)
+                self.api_version = None
+                for made in ("hook", "cli"):  # cached_property: made again with the version asked
+                    self.__dict__.pop(made, None)
+                self._open_client()
         except AirflowException as exc:
             raise requests.exceptions.ConnectionError(f"{exc} (see the warning above)") from exc
+
+    def _open_client(self) -> None:
+        cli = self.cli
+        if self._tls and self.api_version:  # DockerHook pings; the TLS client asks nothing until the case's first call
+            cli.ping()
 
     def _end_if_killed(self, cid: str | None, rapl: RaplMeter | None = None) -> None:
         """The task was killed (on_kill ran) before its container was there to remove, or before it started:

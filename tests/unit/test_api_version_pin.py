@@ -1,0 +1,44 @@
+"""A lane's cases speak the Docker API version its check found on the engine, instead of each asking the engine for
+it (`GET /version`, which the engine answers by asking its runtimes for theirs: ~5-8 ms of its time a case)."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+from docker.errors import APIError
+
+from fault_runs import night
+from fleetbench.engines import version_refused
+
+
+def refusal(status: int, said: str) -> APIError:
+    response = requests.Response()
+    response.status_code = status
+    return APIError(f"{status} Client Error for http+docker://localhost/v1.99/_ping: Bad Request", response=response,
+                    explanation=said)
+
+
+@pytest.mark.parametrize("status, said, refused", [
+    (400, "client version 1.99 is too new. Maximum supported API version is 1.41", True),
+    (400, "client version 1.43 is too old. Minimum supported API version is 1.44, please upgrade your client to a "
+          "newer version", True),
+    (400, "invalid reference format", False),  # the request's own fault: no version to drop
+    (500, "client version 1.99 is too new. Maximum supported API version is 1.41", False),
+])
+def test_an_engines_refusal_of_the_version_is_told_from_other_errors(status, said, refused):
+    assert version_refused(refusal(status, said)) is refused
+
+
+def test_the_lanes_cases_carry_the_engines_api_version_from_its_images_step(tmp_path, data_dir):
+    from fleetbench.airflow.operators import BenchmarkCaseOperator, case_kwargs
+    from fleetbench.run_model import HostImages
+
+    plan, validations, prepared = night(tmp_path, "r1")
+    prepared[0]["api_version"] = "1.41"
+    assert HostImages.load(prepared[0]).api_version == "1.41"
+    [kwargs] = case_kwargs(plan, validations, prepared, host="localhost")
+    assert kwargs["api_version"] == "1.41"
+    assert BenchmarkCaseOperator(task_id="run_case", **kwargs).api_version == "1.41"
+    del prepared[0]["api_version"]  # an images step that did not say (a lane of an older fleetbench): auto
+    [kwargs] = case_kwargs(plan, validations, prepared, host="localhost")
+    assert kwargs["api_version"] is None
