@@ -15,6 +15,7 @@ import re
 import subprocess
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
@@ -178,6 +179,9 @@ def runner_for(connection: str, docker_url: str):
 
 class LocalRunner:
     name = "local"
+    # The base probes (`PROBES`: queries that change nothing) run at once here: each is a process of its own, and
+    # nvidia-smi on a multi-GPU host and the docker CLI take 0.1-1 s each, one after the other.
+    concurrent = True
 
     def __init__(self, env: dict[str, str] | None = None):
         self.env = env
@@ -199,21 +203,24 @@ def gather(runner: CommandRunner, out_dir: Path, timeout_s: float = PROBE_TIMEOU
            path: tuple[str, ...] = ()) -> list[ProbeResult]:
     """Run every probe, write `<filename>` (its stdout; stdout and stderr when it failed) and `probes.json`.
 
-    `extra` probes (the GPU health probes) run after `probes`; `path` folders go before PATH for all
+    `extra` probes (the GPU health probes) run after `probes`, one at a time; `path` folders go before PATH for all
     of them (see `on_path`; a folder that is not a plain absolute path raises ValueError before anything runs).
     With `gpu_smoke_image` (only when the host's cases need GPUs) the GPU smoke container runs last;
     an image that is not an image reference raises ValueError before anything runs. An unreachable
     host is recorded in `probes.json` (`unreachable`) and ends the gathering; that never raises.
+    On a runner that says it can (`concurrent`: this machine's), `probes` run at once; the results keep their order.
     """
-    probes = (*probes, *extra)
-    if gpu_smoke_image:
-        probes = (*probes, gpu_smoke_probe(gpu_smoke_image))
-    probes = on_path(probes, tuple(path))
+    after = (*extra, *((gpu_smoke_probe(gpu_smoke_image),) if gpu_smoke_image else ()))
+    probes, after = on_path(tuple(probes), tuple(path)), on_path(after, tuple(path))
     out_dir.mkdir(parents=True, exist_ok=True)
     results: list[ProbeResult] = []
     unreachable = None
     try:
-        for probe in probes:
+        if getattr(runner, "concurrent", False) and len(probes) > 1:
+            with ThreadPoolExecutor(max_workers=len(probes)) as pool:
+                results.extend(pool.map(lambda p: _run_probe(runner, p, out_dir, p.timeout_s or timeout_s), probes))
+            probes = ()
+        for probe in (*probes, *after):
             results.append(_run_probe(runner, probe, out_dir, probe.timeout_s or timeout_s))
     except HostUnreachable as exc:
         unreachable = str(exc)
