@@ -42,3 +42,19 @@ def test_the_lanes_cases_carry_the_engines_api_version_from_its_images_step(tmp_
     del prepared[0]["api_version"]  # an images step that did not say (a lane of an older fleetbench): auto
     [kwargs] = case_kwargs(plan, validations, prepared, host="localhost")
     assert kwargs["api_version"] is None
+
+
+@pytest.mark.parametrize("url, reads_environment", [
+    ("unix:///var/run/docker.sock", False), ("tcp://127.0.0.1:2375", True)])
+def test_a_client_of_this_machines_socket_reads_nothing_from_the_environment(url, reads_environment):
+    """requests looked up proxies, CA bundles and netrc in the whole environment on every call; none applies to a
+    socket. A plain tcp:// engine keeps honouring the proxy variables."""
+    from fleetbench.airflow.operators import BenchmarkCaseOperator
+    from fleetbench.engines import docker_api_client
+
+    assert docker_api_client(url, None, version="1.41").trust_env is reads_environment
+    op = BenchmarkCaseOperator(task_id="run_case", image="x", command=["true"], docker_url=url, api_version="1.41",
+                               case={"host": "h", "case_key": "k"})
+    op.hook.__dict__["api_client"] = docker_api_client(url, None, version="1.41")  # made without the hook's ping
+    op.hook.api_client.trust_env = True
+    assert op.cli.trust_env is reads_environment

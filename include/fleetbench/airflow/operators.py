@@ -40,7 +40,7 @@ from fleetbench import runs, telemetry
 from fleetbench.airflow import pipeline
 from fleetbench.airflow.connections import docker_tls_files
 from fleetbench.airflow.task_gc import freeze_startup_objects
-from fleetbench.engines import engine_now, version_refused
+from fleetbench.engines import engine_now, version_refused, without_environment
 from fleetbench.run_model import CaseOutcome, HostImages, HostVerdict, Measurement, RunPlan, by_host
 from fleetbench.runs import log_path as case_log_path
 from fleetbench.runs import outcome_path
@@ -294,7 +294,7 @@ class BenchmarkCaseOperator(DockerOperator):
     def cli(self) -> APIClient:
         """The engine's client: DockerOperator's hook, or over TLS one with the Airflow Connection's certificates."""
         if not self._tls:
-            return self.hook.api_client
+            return without_environment(self.hook.api_client)
         from fleetbench.engines import docker_api_client
 
         return docker_api_client(self.docker_url, self._tls, timeout=self.timeout, version=self.api_version)
