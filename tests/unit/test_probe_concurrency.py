@@ -41,3 +41,57 @@ def test_a_runner_that_does_not_say_so_runs_them_one_at_a_time(tmp_path):
     results = gather(InTurn(), tmp_path / "out",
                      probes=tuple(Probe(f"base-{i}.txt", ("sh", "-c", quick, str(marks), f"m{i}")) for i in range(3)))
     assert [r.exit_code for r in results] == [1, 1, 0]
+
+
+def test_the_checks_deadline_ends_the_probes_running_at_once(tmp_path):
+    """The host check's backstop deadline (SIGALRM in the thread that waits for the probes) kills the probes running at
+    once, as it killed the one running alone: the executor would otherwise wait for each to end or time out."""
+    import os
+    import threading
+    import time
+
+    import pytest
+
+    from fleetbench.hosts.check import DeadlinePassed, deadline
+
+    probes = tuple(Probe(f"hang-{i}.txt", ("sh", "-c", f'echo $$ > "{tmp_path}/pid-{i}"; exec sleep 60'), timeout_s=120)
+                   for i in range(3))
+    started = time.monotonic()
+    with pytest.raises(DeadlinePassed):
+        with deadline(1, "the host check did not end"):
+            gather(LocalRunner(), tmp_path / "out", probes=probes)
+    assert time.monotonic() - started < 60  # not the probes' own end
+    for thread in threading.enumerate():  # each reaps its killed probe
+        if thread.name.startswith("probe hang-"):
+            thread.join(timeout=30)
+    assert time.monotonic() - started < 60
+    pids = [int((tmp_path / f"pid-{i}").read_text()) for i in range(3)]
+    for pid in pids:  # killed and reaped: no such process
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_a_probe_that_starts_after_the_gathering_was_called_off_is_killed_at_once(tmp_path):
+    runner = LocalRunner()
+    runner.cancel()
+    code, _, _ = runner.run(("sleep", "60"), timeout_s=120)
+    assert code == -9
+
+
+def test_a_called_off_gathering_does_not_wait_for_a_probe_whose_output_a_child_holds_open(tmp_path):
+    """Killing a probe's shell leaves its child (here `sleep`) holding the probe's output open: the thread reading it
+    waits on, but the gathering returns as the deadline passes, and the interpreter could exit (daemon threads)."""
+    import threading
+    import time
+
+    import pytest
+
+    from fleetbench.hosts.check import DeadlinePassed, deadline
+
+    probes = tuple(Probe(f"hang-{i}.txt", ("sh", "-c", "sleep 20; true"), timeout_s=120) for i in range(2))
+    started = time.monotonic()
+    with pytest.raises(DeadlinePassed):
+        with deadline(1, "the host check did not end"):
+            gather(LocalRunner(), tmp_path / "out", probes=probes)
+    assert time.monotonic() - started < 20
+    assert all(t.daemon for t in threading.enumerate() if t.name.startswith("probe "))

@@ -13,9 +13,9 @@ import json
 import os
 import re
 import subprocess
+import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
@@ -185,17 +185,43 @@ class LocalRunner:
 
     def __init__(self, env: dict[str, str] | None = None):
         self.env = env
+        self._lock = threading.Lock()
+        self._live: set[subprocess.Popen] = set()
+        self._cancelled = False
 
     def run(self, argv: tuple[str, ...], timeout_s: float) -> tuple[int | None, bytes, bytes]:
         try:
-            proc = subprocess.run(list(argv), capture_output=True, timeout=timeout_s, env=self.env, check=False)
+            proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env)
         except FileNotFoundError:
             return None, b"", f"{argv[0]}: command not found".encode()
         except OSError as exc:  # e.g. not executable
             return None, b"", f"{argv[0]}: {exc.strerror or exc}".encode()
-        except subprocess.TimeoutExpired as exc:
+        with self._lock:
+            self._live.add(proc)
+            if self._cancelled:  # started as the gathering was called off
+                proc.kill()
+        try:
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired as exc:  # as subprocess.run: what it said so far (a child of the probe
+            proc.kill()  # that holds its output open would make a second communicate() wait for that child)
+            proc.wait()
             return None, exc.stdout or b"", f"timed out after {timeout_s:g} s".encode()
-        return proc.returncode, proc.stdout, proc.stderr
+        except BaseException:  # the check's deadline (or the task's SIGTERM) in this thread: the probe goes too
+            proc.kill()
+            proc.wait()
+            raise
+        finally:
+            with self._lock:
+                self._live.discard(proc)
+        return proc.returncode, out, err
+
+    def cancel(self) -> None:
+        """Kill every probe still running, and any that starts after: the gathering was called off (the check's
+        deadline passed in the thread that waits for the probes running at once)."""
+        with self._lock:
+            self._cancelled = True
+            for proc in self._live:
+                proc.kill()
 
 
 def gather(runner: CommandRunner, out_dir: Path, timeout_s: float = PROBE_TIMEOUT_S, probes: tuple[Probe, ...] = PROBES,
@@ -217,8 +243,7 @@ def gather(runner: CommandRunner, out_dir: Path, timeout_s: float = PROBE_TIMEOU
     unreachable = None
     try:
         if getattr(runner, "concurrent", False) and len(probes) > 1:
-            with ThreadPoolExecutor(max_workers=len(probes)) as pool:
-                results.extend(pool.map(lambda p: _run_probe(runner, p, out_dir, p.timeout_s or timeout_s), probes))
+            results.extend(_at_once(runner, probes, out_dir, timeout_s))
             probes = ()
         for probe in (*probes, *after):
             results.append(_run_probe(runner, probe, out_dir, probe.timeout_s or timeout_s))
@@ -231,6 +256,36 @@ def gather(runner: CommandRunner, out_dir: Path, timeout_s: float = PROBE_TIMEOU
     record = {"runner": runner.name, "unreachable": unreachable, "probes": [asdict(r) for r in results]}
     (out_dir / PROBES_FILE).write_text(json.dumps(record, indent=2))
     return results
+
+
+def _at_once(runner, probes: tuple[Probe, ...], out_dir: Path, timeout_s: float) -> list[ProbeResult]:
+    """Each probe in a thread of its own, their results in the probes' order. Called off (the check's deadline, or
+    the task's SIGTERM, raised in this thread while it waits), every probe still running is killed and this returns
+    at once, as a probe run alone returned: a thread waiting on a process that cannot die (a probe stuck in the
+    kernel on a lost GPU) stays behind as a daemon, holding nothing up, not even the interpreter's exit."""
+    results: list[ProbeResult | None] = [None] * len(probes)
+    errors: list[BaseException | None] = [None] * len(probes)
+
+    def one(i: int, probe: Probe) -> None:
+        try:
+            results[i] = _run_probe(runner, probe, out_dir, probe.timeout_s or timeout_s)
+        except BaseException as exc:  # said in the gathering thread, as when it ran the probe itself
+            errors[i] = exc
+
+    threads = [threading.Thread(target=one, args=(i, p), daemon=True, name=f"probe {p.filename}")
+               for i, p in enumerate(probes)]
+    for thread in threads:
+        thread.start()
+    try:
+        for thread in threads:
+            thread.join()
+    except BaseException:
+        runner.cancel()
+        raise
+    for error in errors:
+        if error is not None:
+            raise error
+    return results  # type: ignore[return-value]
 
 
 def _run_probe(runner: CommandRunner, probe: Probe, out_dir: Path, timeout_s: float) -> ProbeResult:
