@@ -70,10 +70,10 @@ def docker_api_client(docker_url: str, tls: dict | None, timeout: int = 600, ver
 
 
 def without_environment(api):
-    """A client of an engine on this machine's socket (docker-py's `http+docker://` base URLs) reads no proxy, CA bundle
-    or netrc from the environment: none applies to a socket, and requests looked for them on every call, through the
-    whole environment (~0.25 ms a call in an Airflow task's, a dozen calls a case). Other clients are left as they are
-    (plain tcp:// honours the proxy variables, as before)."""
+    """A client whose transport is docker-py's own (`http+docker://` base URLs: a unix socket, a named pipe, ssh://)
+    reads no proxy, CA bundle or netrc from the environment: none applies to those transports, and requests looked for
+    them on every call, through the whole environment (~0.25 ms a call in an Airflow task's, a dozen calls a case).
+    Other clients are left as they are (plain tcp:// honours the proxy variables, as before)."""
     if str(getattr(api, "base_url", "")).startswith("http+docker://"):
         api.trust_env = False
     return api

@@ -39,7 +39,7 @@ def test_the_lanes_cases_carry_the_engines_api_version_from_its_images_step(tmp_
     [kwargs] = case_kwargs(plan, validations, prepared, host="localhost")
     assert kwargs["api_version"] == "1.41"
     assert BenchmarkCaseOperator(task_id="run_case", **kwargs).api_version == "1.41"
-    del prepared[0]["api_version"]  # an images step that did not say (a lane of an older fleetbench): auto
+    del prepared[0]["api_version"]  # an XCom written before the field was there: auto
     [kwargs] = case_kwargs(plan, validations, prepared, host="localhost")
     assert kwargs["api_version"] is None
 
@@ -58,3 +58,47 @@ def test_a_client_of_this_machines_socket_reads_nothing_from_the_environment(url
     op.hook.__dict__["api_client"] = docker_api_client(url, None, version="1.41")  # made without the hook's ping
     op.hook.api_client.trust_env = True
     assert op.cli.trust_env is reads_environment
+
+
+class TlsEngine:
+    """docker_api_client's TLS client as a fake: refuses `refused` versions at the ping; `auto` asks the engine's
+    version, which `answers` or not (docker-py's DockerException "Error while fetching server API version")."""
+
+    made: list = []
+
+    def __init__(self, version, refused=("9.99",), answers=True):
+        from docker.errors import DockerException
+
+        if version in (None, "auto") and not answers:
+            raise DockerException("Error while fetching server API version: 500 Server Error")
+        self.api_version = version if version not in (None, "auto") else "1.41"
+        self.refused, self.closed = refused, False
+        TlsEngine.made.append(self)
+
+    def ping(self):
+        if self.api_version in self.refused:
+            raise refusal(400, f"client version {self.api_version} is too new. Maximum supported API version is 1.41")
+        return True
+
+    def close(self):
+        self.closed = True
+
+
+@pytest.mark.parametrize("answers", [True, False])
+def test_over_tls_a_refused_version_is_asked_for_and_an_unanswered_question_is_an_engine_lost(monkeypatch, answers):
+    from fleetbench import engines
+    from fleetbench.airflow.operators import ENGINE_LOST, BenchmarkCaseOperator
+
+    TlsEngine.made = []
+    monkeypatch.setattr(engines, "docker_api_client",
+                        lambda url, tls, timeout, version: TlsEngine(version, answers=answers))
+    op = BenchmarkCaseOperator(task_id="run_case", image="x", command=["true"], docker_url="tcp://gpu-7:2376",
+                               api_version="9.99", docker_tls_conn_id="tls", case={"host": "h", "case_key": "k"})
+    op._tls = {"ca_cert": "ca.pem"}  # what execute's docker_tls_files yields
+    if answers:
+        op._connect()
+        assert (op.api_version, op.cli.api_version) == (None, "1.41")
+    else:  # the version query unanswered: the case's engine_unreachable, not a crash of its task
+        with pytest.raises(ENGINE_LOST, match="did not answer: Error while fetching server API version"):
+            op._connect()
+    assert TlsEngine.made[0].api_version == "9.99" and TlsEngine.made[0].closed  # the refused client's pool closed

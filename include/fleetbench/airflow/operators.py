@@ -33,7 +33,7 @@ from airflow.providers.docker.operators.docker import DockerOperator
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException, AirflowTaskTimeout
 from docker import APIClient
-from docker.errors import APIError, NotFound
+from docker.errors import APIError, DockerException, NotFound
 from docker.types import DeviceRequest, LogConfig, Ulimit
 
 from fleetbench import runs, telemetry
@@ -467,8 +467,9 @@ class BenchmarkCaseOperator(DockerOperator):
         return outcome
 
     def _connect(self) -> None:
-        """The engine's client, made here: DockerOperator's hook says an engine it cannot reach (its ping or version
-        query failed) with an AirflowException, which is an engine lost before the case for `run_case`.
+        """The engine's client, made here. An engine it cannot reach is an engine lost before the case for `run_case`
+        (a `requests` ConnectionError): DockerHook says so with an AirflowException (its ping or version query
+        failed) or the ping's own ConnectionError, the TLS client's version query with a DockerException.
 
         With `api_version` (the engine's, from the lane's check: `case_kwargs`) the client asks the engine nothing
         before its ping, where `auto` costs a `GET /version` a case (~5-8 ms of the engine's time locally: it asks its
@@ -483,11 +484,18 @@ class BenchmarkCaseOperator(DockerOperator):
                 self.log.warning("the Docker engine at %s refused API version %s, which the lane's check found there; "
                                  "asking it for its own: %s", self.docker_url, self.api_version, exc)
                 self.api_version = None
-                for made in ("hook", "cli"):  # cached_property: made again with the version asked
-                    self.__dict__.pop(made, None)
+                refused = self.__dict__.pop("cli", None)
+                if self._tls and refused is not None:  # the TLS client is this operator's own (else: the hook's)
+                    refused.close()
+                self.__dict__.pop("hook", None)  # cached_property: made again with the version asked
                 self._open_client()
         except AirflowException as exc:
             raise requests.exceptions.ConnectionError(f"{exc} (see the warning above)") from exc
+        except APIError:
+            raise
+        except DockerException as exc:  # the TLS client's version query went unanswered
+            raise requests.exceptions.ConnectionError(f"the Docker engine at {self.docker_url} did not answer: "
+                                                      f"{exc}") from exc
 
     def _open_client(self) -> None:
         cli = self.cli
