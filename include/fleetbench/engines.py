@@ -40,6 +40,17 @@ def engine_now(api) -> float:
 _VERSION_REFUSED = re.compile(r"client version \S+ is too (new|old)", re.IGNORECASE)
 
 
+_API_VERSION = re.compile(r"\d{1,3}\.\d{1,3}")
+
+
+def api_version_of(api) -> str | None:
+    """The API version a client settled on with its engine (`auto`: the engine's `ApiVersion`), for the clients of the
+    same engine to use; None (they ask the engine themselves) unless it reads as one (MAJOR.MINOR): it becomes part of
+    every request's path, and an XCom."""
+    version = getattr(api, "api_version", None)
+    return version if isinstance(version, str) and _API_VERSION.fullmatch(version) else None
+
+
 def version_refused(exc) -> bool:
     """The engine refused the API version the client asked for (a 400 naming it), not the request itself."""
     return getattr(exc, "status_code", None) == 400 and bool(_VERSION_REFUSED.search(str(exc)))

@@ -102,3 +102,16 @@ def test_over_tls_a_refused_version_is_asked_for_and_an_unanswered_question_is_a
         with pytest.raises(ENGINE_LOST, match="did not answer: Error while fetching server API version"):
             op._connect()
     assert TlsEngine.made[0].api_version == "9.99" and TlsEngine.made[0].closed  # the refused client's pool closed
+
+
+@pytest.mark.parametrize("said, kept", [("1.41", "1.41"), ("1.45", "1.45"), ("1.41/../x", None), ("", None),
+                                        ("1" * 5000, None), (None, None), (1.41, None)])
+def test_only_a_version_that_reads_as_one_is_handed_to_the_cases(said, kept):
+    """It becomes part of each case's request paths and the lane's XCom: what an engine says otherwise is not kept
+    (the cases then ask the engine themselves)."""
+    from types import SimpleNamespace
+
+    from fleetbench.engines import api_version_of
+
+    assert api_version_of(SimpleNamespace(api_version=said)) == kept
+    assert api_version_of(object()) is None  # a client without one

@@ -148,7 +148,7 @@ def prepare_host_images(host, validations: list, needed: set[str] | None = None)
         return HostImages(host=host.name, skipped=True).to_xcom()
     from docker.errors import DockerException
 
-    from fleetbench.engines import engine_client
+    from fleetbench.engines import api_version_of, engine_client
     from fleetbench.images import PreparedImage
 
     def unreachable(why: str) -> dict:
@@ -182,7 +182,7 @@ def prepare_host_images(host, validations: list, needed: set[str] | None = None)
                 # a remote engine (a local one's free space is measured before each pull): the host check's df,
                 # less what each image took since
                 free_hint = max(0, free_hint - _bytes_added(api, images[spec.name]))
-        return HostImages(host=host.name, images=images, api_version=getattr(api, "api_version", None)).to_xcom()
+        return HostImages(host=host.name, images=images, api_version=api_version_of(api)).to_xcom()
 
 
 def _bytes_added(api, prepared: dict) -> int:
