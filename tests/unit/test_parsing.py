@@ -379,6 +379,21 @@ def test_pytorch_allocations_outside_its_caching_allocator_are_oom(line):
     assert (log.failure_class, log.failure_detail) == ("oom", line)  # were other_error
 
 
+def test_tf_cudnn_handle_allocation_failure_is_oom():
+    """TF logs cuDNN's failed allocation at E, then raises an UnknownError that does not say memory: the GPU's memory
+    was full (another process, a batch too large). Was other_error (nonzero_exit), so capacity never learnt the OOM."""
+    alloc = ("2021-03-03 15:23:58.929966: E tensorflow/stream_executor/cuda/cuda_dnn.cc:336] Could not create cudnn "
+             "handle: CUDNN_STATUS_ALLOC_FAILED")
+    raised = ("tensorflow.python.framework.errors_impl.UnknownError: Failed to get convolution algorithm. This is "
+              "probably because cuDNN failed to initialize, so try looking to see if a warning log message was printed "
+              "above.")
+    lines = (REAL_LOGS / "tfcnn_resnet50_1gpu_lambda-2080ti-tf115.log").read_text().splitlines()
+    warm = lines.index("Running warm up")
+    log = parse_log("\n".join([*lines[:warm + 1], alloc, alloc, "Traceback (most recent call last):",
+                                '  File "tf_cnn_benchmarks.py", line 73, in <module>', raised]) + "\n")
+    assert (log.status, log.failure_class, log.failure_detail) == ("failed", "oom", alloc)
+
+
 def test_a_fatal_nccl_error_outranks_cumemallocs_info_line():
     """TF logs CUDA_ERROR_OUT_OF_MEMORY at INFO while it retries smaller chunks: in a run that then dies of NCCL,
     that line is not the failure (it was: `oom`, which also makes capacity skip later cases)."""

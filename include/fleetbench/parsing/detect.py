@@ -193,12 +193,13 @@ cause only when the error that ended the run names a GPU; a raised one always is
 _OOM_RE = re.compile(
     r"OOM when allocating tensor|Out of memory while trying to allocate"
     r"|ResourceExhaustedError|CUDA out of memory|OutOfMemoryError|CUDA error: out of memory"
-    r"|CUBLAS_STATUS_ALLOC_FAILED"
+    r"|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED"
 )
 """Fatal GPU out-of-memory: TF's ``Resource exhausted: OOM when allocating tensor``,
 XLA's ``Out of memory while trying to allocate``, PyTorch's ``CUDA out of memory`` (its caching
 allocator) and ``CUDA error: out of memory`` / ``CUBLAS_STATUS_ALLOC_FAILED`` (a context, cuBLAS or
-cuDNN allocation outside it).
+cuDNN allocation outside it); TF's ``Could not create cudnn handle: CUDNN_STATUS_ALLOC_FAILED`` (logged at E, then
+raised as ``UnknownError: Failed to get convolution algorithm``: cuDNN's workspace found the GPU's memory full).
 TF's recoverable ``Allocator (GPU_0_bfc) ran out of memory trying to allocate ...
 The caller indicates that this is not a failure`` does not match."""
 
