@@ -678,6 +678,18 @@ def test_torch_synthetic_names_an_uncorrectable_ecc_error_as_cuda_error():
     assert classify({"exit_code": 1}, measured, text)[:2] == ("failed", "cuda_error")
 
 
+def test_torch_synthetic_leaves_a_diverged_loss_none():
+    """A `nan` or `inf` loss (a diverged fp16 run) is no number for the steps table: None, as tf_cnn_benchmarks' is
+    (it went into `steps.loss` as NaN / Infinity, and into the superseded attempts' JSON as a bare NaN)."""
+    from fleetbench.harnesses.torch_synthetic import measure_lines as torch_measure
+
+    text = ("torch_synthetic: model resnet50\nstep 1: 120.0 images/sec loss 6.9\nstep 2: 121.0 images/sec loss nan\n"
+            "step 3: 119.5 images/sec loss inf\nstep 4: 120.5 images/sec loss -inf\n")
+    measured = torch_measure(lines(text))
+    assert [(s["step"], s["images_per_sec"], s["loss"]) for s in measured.steps] == [
+        (1, 120.0, 6.9), (2, 121.0, None), (3, 119.5, None), (4, 120.5, None)]
+
+
 def test_two_host_entries_for_one_engine_or_one_queue_are_a_warning_naming_both():
     """A copied entry with only the name changed: two lanes would benchmark one machine's GPUs at once and store its
     results twice. Local hosts on one socket (loopback multi-node sets) are meant."""

@@ -101,6 +101,7 @@ def measure_lines(lines: Iterable[tuple[str, bool]]) -> Measured:
     from fleetbench.failures import FAILING_LOG_CLASSES, row_class
     from fleetbench.harnesses.command import measure_lines as metric_lines
     from fleetbench.parsing.detect import failure_scanner
+    from fleetbench.parsing.model import to_float
 
     steps: list[dict] = []
     count = 0
@@ -114,8 +115,8 @@ def measure_lines(lines: Iterable[tuple[str, bool]]) -> Measured:
             if found:
                 count += 1
                 if len(steps) < MAX_STEPS:
-                    try:
-                        loss = float(found.group(3))
+                    try:  # a diverged run's `nan`/`inf` loss is None, as tf_cnn_benchmarks' (parsing.model.to_float)
+                        loss = to_float(found.group(3))
                     except ValueError:
                         loss = None
                     steps.append({"step": int(found.group(1)), "images_per_sec": float(found.group(2)),
