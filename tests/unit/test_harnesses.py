@@ -100,6 +100,20 @@ def test_the_telemetry_report_is_not_read_as_the_benchmarks_output():
         assert {s.metric: s.value for s in measured.samples} == {"error_count": 0.0}, text
 
 
+def test_a_metric_json_line_without_a_final_newline_counts_when_it_parses_whole():
+    """`printf '{"metric": ...}'` leaves no line break: the object's closing brace shows it whole, with or without the
+    wrapper's report glued after it (which now makes that line read as cut); a cut one still counts as cut off."""
+    settings = {"json_lines": True, "primary": None, "patterns": []}
+    whole = '{"metric": "throughput", "value": 1234.5, "unit": "items/s"}'
+    report = 'FLEETBENCH_TELEMETRY {"nvml":false,"cpu":{"usage_s":0.01}}'
+    for text in (whole, whole + report + "\n", whole + "\n" + report + "\n"):
+        measured = measure_lines(lines(text), settings)
+        assert {s.metric: s.value for s in measured.samples} == {"throughput": 1234.5}, text
+    for text in (whole[:-8], whole[:-8] + report + "\n"):
+        measured = measure_lines(lines(text), settings)
+        assert measured.samples == [] and measured.dropped == {"cut-off line": 1}, text
+
+
 GROUP = "a repeated group"
 PAIR = "two repeats can match the same characters"
 
@@ -217,6 +231,29 @@ def test_an_nccl_summary_cut_mid_number_is_no_result(tmp_path):
     code, records, _ = run_parse("--format", "nccl_tests", str(log))
     assert code == 0 and (records[0]["status"], records[0]["failure_class"]) == ("failed", "no_result")
     assert "cut off" in records[0]["failure_detail"]
+
+
+def test_the_telemetry_report_glued_to_a_cut_summary_leaves_it_cut(tmp_path):
+    """The wrapper prints its report after the benchmark ends; when the benchmark's output ended mid-line (an abort
+    with text left in its stdio buffer), the report is glued to that line. The line is still cut: no 1.1 GB/s taken
+    from `1.1FLEETBENCH_TELEMETRY {...}`, and the report itself is still read (it was: `avg_busbw` 1.1, ok)."""
+    from fleetbench.telemetry import MARKER, parse_report
+
+    full = (GPU_TOOLS / "nccl_all_reduce_2rank-2node_t4-efa_mpirun-prefix_nccl-info.log").read_text()
+    cut = full[: full.index("# Avg bus bandwidth    : 1.15327") + len("# Avg bus bandwidth    : 1.1")]
+    report = MARKER + json.dumps({"nvml": False, "reason": "a CPU case: GPUs not sampled", "gpus": []})
+    measured = nccl_measure(text_lines(cut + report + "\n"))
+    assert measured.primary_sample() is None and "avg_busbw" not in {s.metric for s in measured.samples}
+    assert "cut off" in measured.failure_detail and "1.1'" in measured.failure_detail
+    log = tmp_path / "cut.log"
+    log.write_text(cut + report + "\n")
+    fields, _ = measure({"harness": "nccl_tests", "command": ["x"]}, {"exit_code": None, "log_path": str(log)})
+    assert (fields["status"], fields["failure_class"], fields["value"]) == ("failed", "no_result", None)
+    assert parse_report(log.read_text())["reason"] == "a CPU case: GPUs not sampled"
+    # a whole last line before the report, and the report on its own line, read as they always did
+    assert list(text_lines("a\n" + report + "\n")) == [("a", True), (report, True)]
+    assert list(text_lines("a" + report + "\n")) == [("a", False), (report, True)]
+    assert list(text_lines("a" + report)) == [("a", False), (report, False)]
 
 
 def test_nccl_wrong_results_fail_the_case():

@@ -190,13 +190,13 @@ def measure_lines(lines: Iterable[tuple[str, bool]], settings: dict) -> Measured
             line = line[:at]
         stripped = line.strip()
         if json_lines and stripped.startswith("{") and '"metric"' in stripped:
-            if not complete or len(stripped) > MAX_JSON_LINE_CHARS:
+            if len(stripped) > MAX_JSON_LINE_CHARS:
                 measured.drop("cut-off line")
                 continue
-            try:
+            try:  # a last line without a line break that parses is whole: its closing brace ends it
                 record = json.loads(stripped)
             except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
-                measured.drop("not JSON")
+                measured.drop("not JSON" if complete else "cut-off line")
                 continue
             if not isinstance(record, dict):
                 measured.drop("not JSON")

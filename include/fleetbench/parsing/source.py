@@ -16,6 +16,7 @@ import re
 from typing import BinaryIO, Iterable, Iterator
 
 from fleetbench.files import NotRegularFile, open_regular  # noqa: F401  (re-exported for the parsers)
+from fleetbench.telemetry.wrapper import MARKER as TELEMETRY_MARKER
 
 #: Longer lines are cut to this many characters before any pattern sees them.
 MAX_LINE_CHARS = 64 * 1024
@@ -95,16 +96,25 @@ def _after_break(text, at: int) -> int:
 def lines(blocks: Iterable[str]) -> Iterator[tuple[str, bool]]:
     """``(line, complete)`` per line of the blocks, without its line break, cut at ``MAX_LINE_CHARS``.
 
-    A line is complete when a line break ended it and it was not cut.
+    A line is complete when a line break ended it and it was not cut. The telemetry wrapper's report line
+    (``FLEETBENCH_TELEMETRY {...}``, printed after the benchmark ended) is a line of its own: found glued to the end of
+    the benchmark's last line, that line had no line break (its output was cut, e.g. a process aborted with text still
+    in its stdio buffer), so it is incomplete, as it would read without the wrapper (``1.1`` of a cut ``1.15327`` is
+    not a number the parsers take).
     """
     limit = MAX_LINE_CHARS
     for block in blocks:
+        glued = TELEMETRY_MARKER in block  # looked for per line only in the block that has it (the log's last)
         for piece in block.splitlines(keepends=True):
             line = piece.rstrip(_LINE_BREAKS)
+            ended = len(line) != len(piece)
+            if glued and (at := line.find(TELEMETRY_MARKER)) > 0:
+                yield line[:min(at, limit)], False
+                line = line[at:]
             if len(line) > limit:
                 yield line[:limit], False
             else:
-                yield line, len(line) != len(piece)
+                yield line, ended
 
 
 def text_lines(text: str) -> Iterator[tuple[str, bool]]:
