@@ -669,6 +669,8 @@ def _compare(args: argparse.Namespace) -> int:
         print(f"before: {args.before}   after: {args.after}" + (f"   host: {args.host}" if args.host else "")
               + ("   (superseded attempts counted)" if args.attempts else ""))
         print(format_compare(rows))
+        if shared := sum(r.get("before_also_after_n") or 0 for r in rows):
+            print(f"{shared} result(s) of --before also match --after: counted on the after side only")
         count = {v: sum(1 for r in rows if r["verdict"] == v)
                  for v in ("regression", "improvement", "no change", "not enough nights to tell")}
         print(f"{len(rows)} case(s): {count['regression']} regression(s), {count['improvement']} improvement(s), "

@@ -85,3 +85,38 @@ def test_no_results_lists_the_values_of_a_hosts_multi_node_sets(tmp_path):
     with pytest.raises(NoResults, match=r"\(known: none\)"):
         compare(engine, "999", "550.127.05", host="gpu-1")
     engine.dispose()
+
+
+def test_a_result_both_sides_match_counts_on_the_after_side_only(engine):
+    """A date range that holds the after side's nights (or a range against a driver) matched those nights on both
+    sides: they sat in both samples and pulled the change towards nothing. They now count as after only."""
+    first, last = night_date(0)[:10], night_date(7)[:10]
+    rows = compare(engine, f"{first}..{last}", "590.48.01", dag_id="fleet_benchmark")
+    got = {r["host"]: (r["before_n"], r["after_n"], r["before_also_after_n"]) for r in rows}
+    assert got == {"gpu-a": (4, 4, 4), "gpu-b": (4, 4, 4)}  # were (8, 4): the four new-driver nights on both sides
+    # the same comparison without the overlap reads the same
+    plain = compare(engine, "550.127.05", "590.48.01", dag_id="fleet_benchmark")
+    assert [(r["before_n"], r["after_value"], r["before_value"]) for r in rows] == [
+        (r["before_n"], r["after_value"], r["before_value"]) for r in plain]
+    assert all(r["before_also_after_n"] == 0 for r in plain)
+    # a date range inside the other
+    rows = compare(engine, f"{first}..{last}", f"{night_date(6)[:10]}..{last}", dag_id="fleet_benchmark")
+    assert {r["host"]: (r["before_n"], r["after_n"]) for r in rows} == {"gpu-a": (6, 2), "gpu-b": (6, 2)}
+
+
+def test_the_same_side_twice_or_a_before_side_wholly_inside_the_after_side_is_refused(engine):
+    with pytest.raises(ValueError, match="are the same side"):
+        compare(engine, "590.48.01", "driver=590.48.01")
+    with pytest.raises(NoResults, match="every ok result of --before 590.48.01 also matches --after"):
+        compare(engine, "590.48.01", f"{night_date(0)[:10]}..{night_date(7)[:10]}")
+
+
+def test_the_cli_says_how_many_results_counted_on_the_after_side_only(engine, tmp_path, monkeypatch, capsys):
+    from fleetbench.cli import main
+
+    monkeypatch.setenv("FLEETBENCH_WAREHOUSE_URL", str(engine.url))
+    assert main(["compare", "--before", f"{night_date(0)[:10]}..{night_date(7)[:10]}", "--after", "590.48.01",
+                 "--dag-id", "fleet_benchmark"]) == 0
+    assert "8 result(s) of --before also match --after: counted on the after side only" in capsys.readouterr().out
+    assert main(["compare", "--before", "590.48.01", "--after", "590.48.01"]) == 2
+    assert "are the same side" in capsys.readouterr().err

@@ -335,29 +335,46 @@ def compare(engine, before: str, after: str, host: str | None = None, dag_id: st
             settings: RegressionSettings | None = None, attempts: bool = False) -> list[dict]:
     """Before/after report (`compare_case`) per host and case both sides have; per case when the sides are
     hosts (host against host). `attempts`: superseded attempts count too (e.g. nights measured on the old
-    driver and measured again on the new one by a backfill), each night once per side. Raises `NoResults`
-    when a side matches no ok result, `ValueError` for a side that cannot be read."""
+    driver and measured again on the new one by a backfill), each night once per side. A result that both sides
+    match counts on the after side only (`before_also_after_n` per case says how many left the before side). Raises
+    `NoResults` when a side matches no ok result (or the before side none that is not also after), `ValueError` for a
+    side that cannot be read, or the same side twice."""
     settings = settings or RegressionSettings()
     kinds = parse_side(before)[0], parse_side(after)[0]
     if (kinds[0] == "host") != (kinds[1] == "host"):  # one host against a whole side would overlap it
         raise ValueError(f"--before {before} with --after {after}: a host= side compares with another host= side only "
                          "(host against host); to compare one host's nights, give --host and a driver, date, cuda or "
                          "digest on both sides")
+    if parse_side(before) == parse_side(after):
+        raise ValueError(f"--before {before} and --after {after} are the same side: its nights would be compared with "
+                         "themselves")
     by_host = kinds[0] != "host"
     with engine.connect() as conn:
         b_rows = _side_rows(conn, before, host, dag_id, attempts)
         a_rows = _side_rows(conn, after, host, dag_id, attempts)
+    # A result both sides match (a date range that holds the other side's nights, a date range against a driver, a
+    # multi-node case of both hosts) counts on the after side only: in both samples it would pull them together.
+    on_after = {_attempt_key(r) for r in a_rows}
+    kept = [r for r in b_rows if _attempt_key(r) not in on_after]
+    if not kept:
+        raise NoResults(f"every ok result of --before {before} also matches --after {after} ({len(b_rows)} result(s)): "
+                        "give a before side that does not hold the after side's nights")
     # per DAG too: two DAGs benchmarking one host are two setups (and share their run ids and nights)
-    groups: dict[tuple[str, str, str], tuple[list, list]] = {}
-    for side, rows in ((0, b_rows), (1, a_rows)):
+    groups: dict[tuple[str, str, str], tuple[list, list, list]] = {}
+    for side, rows in ((0, kept), (1, a_rows), (2, [r for r in b_rows if _attempt_key(r) in on_after])):
         for r in rows:
             key = (r["dag_id"], r["host"] if by_host else "", r["case_key"])
-            groups.setdefault(key, ([], []))[side].append(r)
+            groups.setdefault(key, ([], [], []))[side].append(r)
     out = []
-    for key, (b, a) in sorted(groups.items()):
+    for key, (b, a, shared) in sorted(groups.items()):
         if b and a:
-            row = {**compare_case(b, a, settings), "dag_id": key[0]}
+            row = {**compare_case(b, a, settings), "dag_id": key[0], "before_also_after_n": len(shared)}
             if not by_host:
                 row["host"] = f"{b[0]['host']} -> {a[0]['host']}"
             out.append(row)
     return out
+
+
+def _attempt_key(row: dict) -> tuple:
+    """One stored result: its run, host, case and attempt (a backfill's new attempt of a night is another result)."""
+    return row["dag_id"], row["run_id"], row["host"], row["case_key"], row.get("attempt")
