@@ -356,7 +356,10 @@ class HostSpec(_Model):
     @classmethod
     def _one_machine(cls, value: str, info: ValidationInfo) -> str:
         """With connection local, uname, nvidia-smi and df run on the Airflow worker: a remote engine's
-        `docker info` would join them into facts about two machines."""
+        `docker info` would join them into facts about two machines. A tcp:// port out of range was taken, then blamed
+        on the TLS configuration by the image step (docker-py's ValueError)."""
+        if value.startswith("tcp://") and not 1 <= int(value.rpartition(":")[2]) <= 65535:
+            raise ValueError("the port must be from 1 to 65535")
         if info.data.get("connection") == "local" and not value.startswith("unix://"):
             raise ValueError("connection local probes this worker (uname, nvidia-smi, df), so the engine must be "
                              "its own: use an Airflow SSH connection for the host, or a unix:// socket")
@@ -525,7 +528,8 @@ class BenchmarkSpec(_Model):
         None, min_length=1)
     num_gpus: Annotated[list[Annotated[int, Field(ge=0, le=64)]], Unique] = Field([1], min_length=1)
     variable_update: Annotated[list[Literal["parameter_server", "replicated", "independent", "horovod",
-                                            "distributed_replicated"]], Unique] = ["parameter_server"]
+                                            "distributed_replicated"]], Unique] = Field(["parameter_server"],
+                                                                                         min_length=1)
     # torch_synthetic: precision, memory format (channels_last) and torch.compile on/off as matrix axes.
     precisions: Annotated[list[Literal["fp32", "fp16", "bf16"]], Unique] = Field(["fp32"], min_length=1)
     channels_last: Annotated[list[bool], Unique] = Field([False], min_length=1)

@@ -124,6 +124,16 @@ def accept_targets(items: list[str]) -> list[tuple[str, str | None]]:
     return out
 
 
+def whole_numbers(params: dict | None) -> dict | None:
+    """The run's parameters with a whole `num_batches` sent as a float (`20.0`: JSON Schema, as Airflow's trigger check
+    applies it, counts it as an integer; a REST client or `-c` conf may send one) as the integer: the plan's case keys
+    and the check below read it so. The list parameters' floats become integers in the config's own validation."""
+    batches = (params or {}).get("num_batches")
+    if isinstance(batches, float) and batches.is_integer():
+        return {**params, "num_batches": int(batches)}
+    return params
+
+
 def apply_params(cfg: FleetConfig, params: dict | None, source: str = "params") -> FleetConfig:
     """The fleet config narrowed and overridden by a run's parameters, validated again as a whole.
 
@@ -133,7 +143,8 @@ def apply_params(cfg: FleetConfig, params: dict | None, source: str = "params") 
     has a key of its own, `plan.batches_case_key`).
     Raises ConfigError naming the parameter and the value (unknown host or model, bad values).
     """
-    params = {**DEFAULTS, **{k: v for k, v in (params or {}).items() if v is not None or k in ("image", "num_batches")}}
+    params = {**DEFAULTS, **{k: v for k, v in (whole_numbers(params) or {}).items()
+                             if v is not None or k in ("image", "num_batches")}}
     unknown = sorted(set(params) - set(DEFAULTS))
     errors = [f"{name}: unknown parameter" for name in unknown]
     known_hosts = {h.name for h in cfg.hosts}

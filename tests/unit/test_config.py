@@ -118,6 +118,11 @@ def test_schedules_airflow_takes_are_accepted(schedule):
     (lambda d: d.update(fleet={"capacity": {"window": 10000}}), "fleet.capacity.window: must be <= 1000, got 10000"),
     (lambda d: d["benchmarks"][0].update(hosts=[]), "benchmarks[0].hosts: must not be empty"),
     (lambda d: d["hosts"][0].update(connection=""), "hosts[0].connection: must match"),
+    # docker-py's "Port out of range" reached the image step, which blamed the TLS configuration for it
+    (lambda d: d["hosts"][0].update(connection="ssh_01", docker_url="tcp://gpu01:237666"),
+     "hosts[0].docker_url: the port must be from 1 to 65535, got 'tcp://gpu01:237666'"),
+    (lambda d: d["hosts"][0].update(connection="ssh_01", docker_url="tcp://gpu01:0"),
+     "hosts[0].docker_url: the port must be from 1 to 65535"),
     (lambda d: d["hosts"][0].update(connection="ssh gpu01"), "hosts[0].connection: must match"),
     (lambda d: d["benchmarks"][0].update(extra_args=["--x=1; reboot"]), "benchmarks[0].extra_args[0]: must match"),
     # an empty program name started nothing: the telemetry wrapper failed it as exit 127, Docker refused it

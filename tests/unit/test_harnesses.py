@@ -390,6 +390,10 @@ def test_a_fleet_mixing_harnesses_plans_each_harness_own_cases():
      r"exponentially: repeat one character or class only, got '(\\d+)+ms'"),
     ({**CMD, "metrics": {"patterns": [{"metric": "x", "regex": "([0-9]+", "unit": "ms"}]}},
      "benchmarks[0].metrics.patterns[0].regex: does not compile: missing ), unterminated subpattern"),
+    # a repeat count of 2**32 or more raises OverflowError, not re.error: it escaped the check as a traceback
+    ({**CMD, "metrics": {"patterns": [{"metric": "x", "regex": r"t: (\d+\.\d{1,4294967296}) ms", "unit": "ms"}]}},
+     "benchmarks[0].metrics.patterns[0].regex: does not compile: the repetition number is too large"),
+    ({**CNN, "variable_update": []}, "benchmarks[0].variable_update: must not be empty"),  # planned no case of it
     ({**CMD, "metrics": {"patterns": [{"metric": "x", "regex": "([0-9]+)", "unit": "parsecs"}]}},
      "benchmarks[0].metrics.patterns[0].unit: unknown unit 'parsecs'"),
     ({**CMD, "metrics": {"json_lines": False}}, "benchmarks[0].metrics: json_lines is off and no patterns are given"),

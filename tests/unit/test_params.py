@@ -244,3 +244,24 @@ def test_a_num_batches_override_plans_cases_of_their_own_apart_from_the_nightly(
         with pytest.raises(ConfigError) as info:
             apply_params(fleet, {"num_batches": bad})
         assert info.value.errors == [f"num_batches: must be an integer from 1 to 1000000, got {bad!r}"]
+
+
+def test_a_whole_num_batches_sent_as_a_float_plans_as_the_integer(tmp_path, monkeypatch):
+    """JSON Schema, as Airflow's trigger check applies it, counts 20.0 as an integer (a REST client or `-c` conf may
+    send one): the run was created and its plan task failed ("must be an integer"). It plans as 20; 20.5 is refused."""
+    import yaml
+
+    from fleetbench.airflow.pipeline import make_plan
+    from fleetbench.run_model import RunPlan
+
+    validate({"num_batches": 20.0})  # passes the trigger check, as before
+    apply_params(cfg(), {"num_batches": 20.0})
+    with pytest.raises(ConfigError, match=r"num_batches: must be an integer from 1 to \d+, got 20.5"):
+        apply_params(cfg(), {"num_batches": 20.5})
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump(cfg().model_dump(mode="json", by_alias=True, exclude_none=True)))
+    monkeypatch.setenv("FLEETBENCH_DATA_DIR", str(tmp_path))
+    plans = [RunPlan.load(make_plan({"dag_id": "d", "run_id": "r"}, str(path), {"num_batches": n})) for n in (20.0, 20)]
+    assert [[(c.host, c.case_key, c.command) for c in p.cases] for p in plans][0] == [
+        (c.host, c.case_key, c.command) for c in plans[1].cases]
+    assert all(c.case_key.endswith(".nb20") and "--num_batches=20" in c.command for c in plans[0].cases)

@@ -49,9 +49,10 @@ def plan_cases(plan, ti, hosts: list[str] | None = None, plan_task_id: str = "pl
 
 def _build_plan(run: dict, config_path: str | None, params: dict | None) -> RunPlan:
     from fleetbench.capacity import plan_capacity
-    from fleetbench.params import apply_params
+    from fleetbench.params import apply_params, whole_numbers
     from fleetbench.plan import build_plan, plan_table
 
+    params = whole_numbers(params)
     path = Path(config_path or default_config_path())
     plan = build_plan(apply_params(load_config(path), params), {**run, "config_path": str(path)}, params)
     if not plan.cases:

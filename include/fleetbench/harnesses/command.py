@@ -120,7 +120,7 @@ def pattern_problem(pattern: Any) -> str | None:
         return f"must be at most {MAX_PATTERN_CHARS} characters"
     try:
         compiled = re.compile(pattern)
-    except re.error as exc:
+    except (re.error, OverflowError, RecursionError) as exc:  # OverflowError: a repeat count of 2**32 or more
         return f"does not compile: {exc}"
     if compiled.groups != 1:
         return f"must have exactly one capture group (the value), has {compiled.groups}"
