@@ -194,6 +194,24 @@ def test_xid_from_the_journal():
         ("0000:01:00", 79, "GPU has fallen off the bus.")]
 
 
+def test_xid_of_a_mig_instance_is_its_gpus():
+    """On a MIG GPU the driver names the GPU instance (and compute instance) after the bus id (open-gpu-kernel-modules
+    kernel_rc.c; NVIDIA's A100 memory error management guide). Those lines were not read: XID 94/95 passed."""
+    from fleetbench.hosts.facts import HostFacts
+    from fleetbench.hosts.health import HealthThresholds, check_xid
+
+    log = journal(
+        "Jul 14 09:12:01 gpu-a100-01 kernel: NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: CE User "
+        "Channel (0x9). RST: No, D-RST: No\n"
+        "Jul 14 09:20:44 gpu-a100-01 kernel: NVRM: Xid (PCI:0000:01:00 GPU-I:01 GPU-CI:00): 95, pid=7301, "
+        "name=python3, Uncontained: LTC TAG (0x2,0x1). RST: Yes, D-RST: No\n")
+    xid = G.parse_xid_log(log)
+    assert [(e["bus_id"], e["xid"], e["detail"][:8]) for e in xid["events"]] == [
+        ("0000:01:00", 94, "pid=7194"), ("0000:01:00", 95, "pid=7301")]
+    check = check_xid(HostFacts(xid=xid), [{"index": 0, "bus_id": "00000000:01:00.0"}], HealthThresholds())
+    assert check.status == "fail" and "XID 94 on 0000:01:00" in check.detail
+
+
 def test_xid_from_dmesg_is_windowed_by_uptime():
     lines = DMESG_62.read_text()
     recent = G.parse_xid_log(f"# kernel log: dmesg, window 86400 s, uptime 200.5\n{lines}")

@@ -25,8 +25,11 @@ _VERSION = re.compile(r"[0-9]{1,6}(?:\.[0-9]{1,6}){0,3}(?![0-9])")
 _GPU_HEADER = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])\s*$")
 _KEY_VALUE = re.compile(r"^( {0,40})([^:\n]{1,80}?)\s{0,80}: ?(.{0,300})$")
 _SECTION = re.compile(r"^( {0,40})(\S[^:\n]{0,80}?)\s{0,80}$")
-_XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-9A-Fa-f])?)\): "
-                  r"(\d{1,5})(?:, ?(.{0,200}))?")
+# On a MIG GPU the driver names the instance too: `Xid (PCI:0000:01:00 GPU-I:05): 94, ...`, or with the compute
+# instance `(PCI:0000:01:00 GPU-I:01 GPU-CI:00)` (open-gpu-kernel-modules kernel_rc.c; NVIDIA's A100 memory error
+# management guide): the event is the GPU's, by its bus id.
+_XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.[0-9A-Fa-f])?)"
+                  r"(?: GPU-I:\d{1,4}(?: GPU-CI:\d{1,4})?)?\): (\d{1,5})(?:, ?(.{0,200}))?")
 _DMESG_TIME = re.compile(r"^\[\s{0,12}(\d{1,10}(?:\.\d{1,9})?)\]")
 _XID_SOURCE = re.compile(r"^# kernel log: ([a-z]{1,20})([^\n]{0,200})$", re.M)
 _XID_WINDOW = re.compile(r"window (\d{1,9}) s")
