@@ -187,6 +187,22 @@ def test_dcgm4_per_gpu_results():
         ("pcie", "Integration", "Pass", {"0": "Pass"})]
 
 
+def test_dcgm4_per_gpu_message_names_the_failure():
+    """DCGM 4.x prints each GPU's message under `Warning: GPU1` (dcgmi's Diag.cpp), wrapped at 45 characters, also for
+    a GPU that failed: the row was not read as a message, so the verdict said only the wrapped rest ('n GPU 1.')."""
+    def row(name: str, info: str) -> str:
+        return f"| {name:<25} | {info:<46} |"
+
+    lines = DCGM4.read_text().splitlines()
+    msg = "Detected 2 volatile double-bit ECC error(s) in GPU 1."
+    table = [*lines[:11], row("", "GPU1: Pass"), lines[11], row("memory", "Fail"), row("", "GPU0: Pass"),
+             row("", "GPU1: Fail"), row("Warning: GPU1", msg[:45]), row("", msg[45:]),
+             row("Warning: GPU0", "A note on GPU 0."), lines[-1]]
+    memory = G.parse_dcgm_diag("\n".join(table) + "\n")["tests"][1]
+    assert (memory["name"], memory["result"], memory["gpus"]) == ("memory", "Fail", {"0": "Pass", "1": "Fail"})
+    assert (memory["error"], memory["warning"]) == (msg, "A note on GPU 0.")
+
+
 def test_xid_from_the_journal():
     xid = G.parse_xid_log(journal(JOURNAL_79.read_text()))
     assert xid["source"] == "journalctl" and xid["window_s"] == 86400

@@ -39,6 +39,8 @@ _ANSI_SGR = re.compile(r"\x1b\[[0-9;]{0,16}m")
 _DCGM_VERSION = re.compile(r"^(\d{1,3})\.")
 _DCGM_SECTION = re.compile(r"^[|+]-{2,}\s{1,4}(\w[\w ]{0,40}?)\s{1,4}-")
 DCGM_RESULTS = ("Pass", "Fail", "Skip", "Warn")
+#: A message row's label: DCGM 3.x's `Error`, `Warning`, `Info`; DCGM 4.x's per GPU `Warning: GPU1`.
+_DCGM_MESSAGE = re.compile(r"^(Error|Warning|Info)(?:: GPU(\d{1,4}))?$")
 #: DCGM 3.x's result of a level 2+ test, scoped to GPUs: `Pass - All`, `Pass - GPUs: 0, 2, 3`, `Fail - GPU: 1`.
 _DCGM_SCOPED = re.compile(r"^(Pass|Fail|Skip|Warn) - (?:All|GPUs?: ?(\d{1,4}(?:, ?\d{1,4}){0,255}))$")
 _DCGM_WORST = {"Skip": 0, "Pass": 1, "Warn": 2, "Fail": 3}
@@ -462,7 +464,7 @@ def parse_dcgm_diag(text: str) -> dict:
     column width, mid-word); its level 2+ tests (Integration, Hardware, Stress) a result per set of GPUs, the
     first on the test's row and the others below it (`Pass - GPUs: 0, 2, 3`, then `Fail - GPU: 1`): the test's
     result is the worst of them, each GPU's in `gpus`. DCGM 4.x prints the test's overall result and one
-    `GPUn: Result` row per GPU.
+    `GPUn: Result` row per GPU, then each GPU's message under `Warning: GPUn` (an error when that GPU failed).
     """
     _check_text(text, "dcgmi diag")
     rows: list[tuple[str, str]] = []
@@ -489,8 +491,10 @@ def parse_dcgm_diag(text: str) -> dict:
             if name:
                 meta[name] = cell.strip()
             continue
-        if name in ("Error", "Warning", "Info") and tests:
-            key = "error" if name == "Error" else name.lower()
+        if tests and (message := _DCGM_MESSAGE.match(name)):
+            kind, gpu = message.groups()
+            # DCGM 4.x labels each GPU's message `Warning: GPUn` (its Diag.cpp), also that of a GPU that failed
+            key = "error" if kind == "Error" or (gpu and tests[-1]["gpus"].get(gpu) == "Fail") else kind.lower()
             tests[-1][key] = tests[-1].get(key, "").rstrip() + ("; " if tests[-1].get(key) else "") + cell
             tests[-1]["_last"] = key
         elif name and cell.strip() in DCGM_RESULTS:
