@@ -561,3 +561,18 @@ def test_r610_power_limits_under_the_ceiling_block(tmp_path):
            "</default_power_limit></gpu_ceiling_power_limit></gpu_power_readings></gpu></nvidia_smi_log>")
     [x] = G.parse_smi_xml(xml)["gpus"]
     assert (x["power_limit_w"], x["default_power_limit_w"]) == (700.0, 700.0)
+
+
+def test_ecc_on_with_neither_remapped_rows_nor_retired_pages_readable_is_unknown():
+    """An A100 in MIG mode (a published driver 510 `nvidia-smi -q -x`) says N/A for remapped rows and for every retired
+    page count: both memory checks passed ('pre-Ampere: retired pages instead'). Unknown, as a PCIe width not
+    reported is; a board without ECC (GeForce) and one that reports retired pages (pre-Ampere) still pass."""
+    a100 = {"index": 0, "bus_id": "00000000:00:04.0", "name": "NVIDIA A100-SXM4-40GB", "ecc_mode": "Enabled",
+            "remap_pending": None, "remap_failure": None, "retired_pending": None}
+    check = check_remapped_rows([a100])
+    assert check.status == "unknown" and check.detail.startswith("GPU 0: ECC is on, but neither remapped rows")
+    assert check.evidence[0]["bus_id"] == "00000000:00:04.0"
+    geforce = {**a100, "name": "NVIDIA GeForce RTX 4090", "ecc_mode": None}
+    v100 = {**a100, "name": "Tesla V100-SXM2-16GB", "retired_pending": False}
+    assert check_remapped_rows([geforce]).status == check_remapped_rows([v100]).status == "pass"
+    assert check_remapped_rows([v100, a100]).status == "unknown"

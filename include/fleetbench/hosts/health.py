@@ -67,6 +67,13 @@ def check_remapped_rows(gpus: list[dict]) -> Check:
         return Check("gpu_remapped_rows", "fail",
                      f"{_named(bad)}: row remapping failed or is pending (reset the GPU; a failure means RMA)",
                      tuple(bad))
+    # ECC on, and neither row remapping (Ampere and later) nor page retirement (before) readable: whether memory has
+    # uncorrectable errors pending cannot be told (seen: an A100 in MIG mode, driver 510, N/A for both)
+    blind = [_ev(g, "N/A", "remapped rows or retired pages reported") for g in gpus if g.get("ecc_mode") == "Enabled"
+             and g.get("remap_pending") is None and g.get("retired_pending") is None]
+    if blind:
+        return Check("gpu_remapped_rows", "unknown", f"{_named(blind)}: ECC is on, but neither remapped rows nor "
+                     "retired pages are reported (N/A): pending memory errors cannot be told", tuple(blind))
     known = [g for g in gpus if g.get("remap_pending") is not None]
     if not known:
         return Check("gpu_remapped_rows", "pass", "no GPU reports remapped rows (pre-Ampere: retired pages instead)")
