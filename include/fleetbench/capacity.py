@@ -1,12 +1,14 @@
 """Capacity profiles: peak memory against batch size, fitted from the warehouse, used before a case runs.
 
-A profile per (harness, model, precision, device kind, memory variant, benchmark) is a Theil-Sen line through the
+A profile per (harness, model, precision, device kind, memory variant, benchmark) is a line through the
 (per-device batch, peak memory per device) points of its ok results: peak GPU memory for GPU cases, the
-container's peak memory for CPU cases. Theil-Sen (the median of the pairwise slopes, then the
-median intercept) because a handful of nightly readings is all a profile has, and one bad reading
-(a neighbour's process on the GPU, a page-cache spike) must not tilt the line: it ignores up to
-~29 % of outliers, needs no tuning constant (Huber needs a scale) and the answer can be checked by
-hand. The memory variant is the harness's other axes that change peak memory (`Harness.memory_flags`:
+container's peak memory for CPU cases, fitted by Siegel's repeated median (each point's median slope to the points
+at other batch sizes, the median of those, then the median intercept) because a handful of nightly readings at a
+few batch sizes is all a profile has, and one bad reading (a neighbour's process on the GPU, a page-cache spike) must
+not tilt the line: it holds with up to half of the readings bad, needs no tuning constant (Huber needs a scale) and
+the answer can be checked by hand. (Theil-Sen, the median of all pairwise slopes, let one spike at a batch size read
+once carry every slope to that batch size.)
+The memory variant is the harness's other axes that change peak memory (`Harness.memory_flags`:
 torch_synthetic's channels_last and compile, read from the command as the precision is; "" for the rest): an
 eager case's OOM must not skip the compiled case at that batch, nor its readings predict the compiled ones.
 Next to the line: how many points, at how many batch sizes, and the residual spread
@@ -164,10 +166,17 @@ class Profile:
                 "misses": self.misses, "dropped": self.dropped, "points": self.points}
 
 
-def theil_sen(points: list[tuple[float, float]]) -> tuple[float, float, list[float]]:
-    """(slope, intercept, residuals): the median of the pairwise slopes, then the median of y - slope x."""
-    slopes = [(y2 - y1) / (x2 - x1) for i, (x1, y1) in enumerate(points) for x2, y2 in points[i + 1:] if x2 != x1]
-    slope = median(slopes)
+def repeated_median(points: list[tuple[float, float]]) -> tuple[float, float, list[float]]:
+    """(slope, intercept, residuals): Siegel's repeated median, the median over the points of each point's median
+    slope to the points at other batch sizes, then the median of y - slope x.
+
+    Not Theil-Sen's median of all pairwise slopes: a profile's readings sit at a few batch sizes, so every slope to a
+    batch size read once goes through that one reading, and one spike there (a neighbour's process on the GPU) was
+    half of the slopes: a line 4x too steep, cases that fit skipped as predicted OOMs. The repeated median gives that
+    reading one vote of n, and holds up to half of the readings being bad."""
+    per_point = [median(slopes) for x1, y1 in points
+                 if (slopes := [(y2 - y1) / (x2 - x1) for x2, y2 in points if x2 != x1])]
+    slope = median(per_point)
     intercept = median(y - slope * x for x, y in points)
     return slope, intercept, [y - (intercept + slope * x) for x, y in points]
 
@@ -197,7 +206,7 @@ def fit(profile: Profile, settings: Settings) -> Profile:
     elif len(profile.batches) < 2:
         profile.reason = f"every point is at one batch size ({profile.batches[0]}): no slope"
     else:
-        slope, intercept, residuals = theil_sen(profile.points)
+        slope, intercept, residuals = repeated_median(profile.points)
         if slope < 0:
             profile.reason = f"peak memory falls as the batch grows (slope {slope:.3f} MiB per sample)"
         elif slope == 0:  # most readings on a fixed part (a floor the batch has not outgrown): every batch would fit

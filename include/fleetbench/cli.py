@@ -982,7 +982,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Fits peak memory against the per-device batch size per harness, model, precision, device "
                     "kind and benchmark (and torch_synthetic's channels_last and compile) from the warehouse's ok "
                     "results "
-                    "(Theil-Sen; README 'Capacity profiles'), and prints the line, its points and spread, the OOMs "
+                    "(a repeated-median line; README 'Capacity profiles'), and prints the line, its points and "
+                    "spread, the OOMs "
                     "on record and the misses, and the largest batch per device predicted to fit. Without "
                     "--gpu-model or --memory-gib: for each memory size the results ran with.")
     cap.add_argument("--model", help="only this model")

@@ -1,4 +1,4 @@
-"""Capacity profiles: the Theil-Sen fit on synthetic rows with a known answer, bad input, the plan's verdicts,
+"""Capacity profiles: the repeated-median fit on synthetic rows with a known answer, bad input, the plan's verdicts,
 and the container peak-memory sampler's readings."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from fleetbench.capacity import (
     forced_cases,
     mem_limit_mib,
     plan_capacity,
-    theil_sen,
+    repeated_median,
 )
 from fleetbench.config import ConfigError, parse_config
 from fleetbench.params import apply_params
@@ -62,10 +62,20 @@ def test_an_outlier_does_not_tilt_the_line():
     assert p.slope == pytest.approx(40.0) and p.intercept == pytest.approx(1000.0, abs=1)
 
 
-def test_theil_sen_by_hand():
-    # Pairwise slopes of (1,1) (2,3) (3,2): 2, 0.5, -1 -> median 0.5; intercepts 0.5, 2, 0.5 -> 0.5.
-    slope, intercept, residuals = theil_sen([(1, 1), (2, 3), (3, 2)])
+def test_repeated_median_by_hand():
+    # Each point's slopes to the others: (1,1): 2, 0.5 -> 1.25; (2,3): 2, -1 -> 0.5; (3,2): 0.5, -1 -> -0.25; median
+    # 0.5. Intercepts 0.5, 2, 0.5 -> 0.5.
+    slope, intercept, residuals = repeated_median([(1, 1), (2, 3), (3, 2)])
     assert (slope, intercept) == (0.5, 0.5) and residuals == [0.0, 1.5, 0.0]
+
+
+def test_one_spike_at_a_batch_size_read_once_does_not_tilt_the_line():
+    """Two nights at batches 32, 64 and 128 (2000 + 60 MiB a sample), the second night's 128 missing and the first's
+    12 GiB high (a neighbour's process): Theil-Sen's slopes to batch 128 all went through that one reading (slope 124,
+    batches 256 and 384 skipped as predicted OOMs on a 40 GiB card that fits them)."""
+    rows = [row(32, 3920.0), row(64, 5840.0), row(128, 9680.0 + 12288.0), row(32, 3921.0), row(64, 5842.0)]
+    p = fit_profiles(rows)[KEY]
+    assert p.slope == pytest.approx(60.0, abs=0.5) and p.intercept == pytest.approx(2000.0, abs=30)
 
 
 def test_window_keeps_the_newest_points():

@@ -449,7 +449,7 @@ def _capacity_section(report: dict, charts: Sequence[Chart], plot_files: dict[st
     return ["<h2>Capacity: peak memory per batch</h2>",
             '<p class="meta">Per harness, model, precision, device kind and benchmark (and torch_synthetic\'s '
             'channels_last and compile): peak memory per device (GPU memory, '
-            'or the container\'s for CPU cases) of ok results against the batch per device, a Theil-Sen line '
+            'or the container\'s for CPU cases) of ok results against the batch per device, a repeated-median line '
             '(± its spread), OOMs at the memory they had, and misses (an OOM the plan predicted to fit). All '
             'results of the model, not only this window\'s.</p>',
             _plots(charts, "capacity-", plot_files),
