@@ -18,9 +18,10 @@ memory size (`ooms`): an OOM at batch b with C MiB means every batch >= b OOMs o
 ok result of a later night (a `force_cases` rerun, a night after a fix) ran batch b or more on C MiB or less.
 
 The plan asks `assess` for each case on a host whose memory is known (the container's `mem_limit`
-for a CPU case; the GPUs' memory from the host's last stored facts for a GPU case). The case is
-a predicted OOM when `predicted + spread > capacity x (1 - margin_pct / 100)`, or when an OOM at
-that batch or below on that much memory or more is on record. What then happens is
+for a CPU case; the GPUs' memory from the host's newest stored facts that have it for a GPU case). The case is
+a predicted OOM when `predicted + spread > capacity x (1 - margin_pct / 100)` and no ok result at that batch or
+above on that much memory or less is on record, or when an OOM at that batch or below on that much memory or more
+is on record. What then happens is
 `fleet.capacity.on_predicted_oom` (skip | warn | run); a profile with fewer than `confident_points`
 points only warns. No profile (too few points, one batch size, bad readings, memory falling with
 the batch, unknown capacity) means no prediction, and the case runs: the reason is in its row.
@@ -112,6 +113,7 @@ class Profile:
     misses: list[dict] = field(default_factory=list)  # OOM rows whose prediction said the case fits
     dropped: dict[str, int] = field(default_factory=dict)  # readings left out, by why
     capacities: list[float | None] = field(default_factory=list)  # each point's device memory (MiB), None: unknown
+    ran: list[tuple[int, float]] = field(default_factory=list)  # (batch, capacity MiB) of every ok result on record
     slope: float | None = None  # MiB per sample of per-device batch
     intercept: float | None = None  # MiB
     spread_mib: float | None = None
@@ -131,6 +133,11 @@ class Profile:
 
     def predict(self, batch: int) -> float | None:
         return round(self.intercept + self.slope * batch, 3) if self.fitted else None
+
+    def ran_ok(self, batch: int, capacity_mib: float) -> tuple[int, float] | None:
+        """(batch, capacity) of an ok result at this batch or above with this much memory or less."""
+        hits = [(b, c) for b, c in self.ran if b >= batch and c <= capacity_mib]
+        return min(hits, key=lambda h: (h[1], -h[0])) if hits else None
 
     def known_oom(self, batch: int, capacity_mib: float) -> tuple[int, float] | None:
         """(batch, capacity) of a recorded OOM at this batch or below with this much memory or more."""
@@ -257,6 +264,8 @@ def fit_profiles(rows: Iterable[Mapping[str, Any]], settings: Settings = Setting
             continue
         p.points.append((batch, value))
         p.capacities.append(valid_mib(row.get("capacity_mib")))
+    for key, p in profiles.items():
+        p.ran = [(b, c) for b, c, _ in ran.get(key, ())]
     return {k: fit(p, settings) for k, p in profiles.items()}
 
 
@@ -332,6 +341,12 @@ def assess(case, profiles: Mapping[Key, Profile], gpu_mib: Mapping[str, float | 
         confident = True
     elif predicted is None:
         return {**out, "note": f"no prediction: {profile.reason}"}
+    elif predicted + profile.spread_mib > usable and (done := profile.ran_ok(batch, capacity)) is not None:
+        # the line says no, a result on record says yes: a case near its limit (within the margin) that ran, e.g. the
+        # `force_cases` rerun README suggests, is planned again rather than skipped every night after
+        return {**out, "note": f"fits: ran ok at batch {done[0]} with {done[1]:.0f} MiB ({what} here {capacity:.0f} "
+                               f"MiB; the line predicts {predicted:.0f} +- {profile.spread_mib:.0f} MiB of "
+                               f"{usable:.0f} MiB)"}
     elif predicted + profile.spread_mib > usable:
         note = (f"predicted OOM: {predicted:.0f} +- {profile.spread_mib:.0f} MiB at batch {batch} > {usable:.0f} MiB "
                 f"({what} {capacity:.0f} MiB less {settings.margin_pct:g} %); {profile.n} point(s)")
@@ -444,8 +459,14 @@ def _expanding(stmt, params: Mapping[str, Any]):
     return stmt
 
 
+#: How many of a host's newest stored facts `read_gpu_memory` looks through for its GPU memory.
+GPU_MEMORY_LOOKBACK = 30
+
+
 def read_gpu_memory(engine, hosts: Iterable[str]) -> dict[str, float | None]:
-    """host -> its GPUs' memory (MiB) from its newest stored facts (one row per host)."""
+    """host -> its GPUs' memory (MiB) from its newest stored facts that have it: a night the host could not be checked
+    (unreachable, nvidia-smi failing) stores facts without GPUs, after which the plan knew no memory for it and ran its
+    known-OOM cases again. Among the host's `GPU_MEMORY_LOOKBACK` newest rows; one query more, for such hosts only."""
     from sqlalchemy import and_, func, select
 
     from fleetbench.warehouse.schema import host_facts as hf
@@ -460,12 +481,25 @@ def read_gpu_memory(engine, hosts: Iterable[str]) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     with engine.connect() as conn:
         for host, facts_json in conn.execute(q):
-            try:
-                mem = gpu_memory_of(json.loads(facts_json or "{}"))
-            except (ValueError, TypeError, AttributeError):
-                mem = None
+            mem = _stored_gpu_memory(facts_json)
             out[host] = mem if out.get(host) is None else out[host]
+        if missing := [h for h in out if out[h] is None]:
+            ranked = select(hf.c.host, hf.c.facts_json, func.row_number().over(
+                partition_by=hf.c.host, order_by=hf.c.collected_at.desc()).label("n")).where(
+                hf.c.host.in_(missing)).subquery()
+            for host, facts_json in conn.execute(
+                    select(ranked.c.host, ranked.c.facts_json).where(ranked.c.n > 1, ranked.c.n <= GPU_MEMORY_LOOKBACK)
+                    .order_by(ranked.c.host, ranked.c.n)):
+                if out[host] is None:
+                    out[host] = _stored_gpu_memory(facts_json)
     return out
+
+
+def _stored_gpu_memory(facts_json: str | None) -> float | None:
+    try:
+        return gpu_memory_of(json.loads(facts_json or "{}"))
+    except (ValueError, TypeError, AttributeError):
+        return None
 
 
 # -- one run's plan ------------------------------------------------------------------------------

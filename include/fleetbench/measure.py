@@ -352,15 +352,19 @@ def _set_value(values: list, width: int) -> str | None:
 
 
 def capacity_fields(case, facts=None) -> dict:
-    """The plan's capacity verdict for the case (fleetbench.capacity): capacity, prediction, note. A GPU case the plan
-    knew no memory for (a host's first night: no facts stored yet) gets its host's GPU memory from this run's check,
-    so its reading can be told from a framework's reservation of the whole card (`capacity.fit`)."""
+    """The plan's capacity verdict for the case (fleetbench.capacity): capacity, prediction, note. A whole-GPU case's
+    capacity is its host's GPU memory as this run's check read it, where it read one: the plan knew none on a host's
+    first night (no facts stored yet: its reading could not be told from a framework's reservation of the whole card,
+    `capacity.fit`), and the stored facts are the night before's (a GPU swapped since: an OOM on the new, smaller card
+    was recorded with the old card's memory, a bound that skipped the batch on every host with that much)."""
     from fleetbench.capacity import gpu_memory_of, row_fields
 
     out = row_fields(case)
-    if (out["capacity_mib"] is None and case.device == "gpu" and not getattr(case, "mig_profile", None)
-            and (getattr(case, "nodes", 1) or 1) <= 1 and facts is not None and facts.gpus):
-        out["capacity_mib"] = gpu_memory_of({"gpus": [{"memory_total_mib": g.memory_total_mib} for g in facts.gpus]})
+    if (case.device == "gpu" and not getattr(case, "mig_profile", None) and (getattr(case, "nodes", 1) or 1) <= 1
+            and facts is not None and facts.gpus):
+        tonight = gpu_memory_of({"gpus": [{"memory_total_mib": g.memory_total_mib} for g in facts.gpus]})
+        if tonight is not None:
+            out["capacity_mib"] = tonight
     return out
 
 

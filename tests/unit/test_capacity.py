@@ -415,6 +415,13 @@ def test_a_hosts_first_night_stores_its_gpu_memory_from_the_nights_check():
     stored = result_row(RunInfo(dag_id="d", run_id="r"), case, verdict, None, {"status": "ok"})
     assert stored["capacity_mib"] == 40960 and stored["capacity_note"].startswith("no prediction")
     assert result_row(RunInfo(dag_id="d", run_id="r"), case, None, None, {"status": "ok"})["capacity_mib"] is None
+    # the stored facts were the night before's: a card swapped since (80 GB -> 40 GB) is recorded as tonight's
+    import dataclasses
+
+    swapped = dataclasses.replace(case, capacity={"action": "run", "capacity_mib": 81920.0, "note": "fits: ..."})
+    oom = result_row(RunInfo(dag_id="d", run_id="r"), swapped, verdict, None, {"status": "failed",
+                                                                               "failure_class": "gpu_oom"})
+    assert oom["capacity_mib"] == 40960 and oom["capacity_note"].startswith("fits: ...")
     # the night's readings, the card reserved up front, are then no line: the cases of the next nights run
     nights = [row(b, 40960 - 600 + b / 10, capacity_mib=40960.0, benchmark="b") for b in (32, 64, 128, 256, 512)]
     p = fit_profiles(nights)[KEY[:5] + ("b",)]
@@ -433,6 +440,24 @@ def test_gpu_case_on_a_host_of_unknown_memory_is_not_predicted():
     assert v["action"] == "run" and v["note"] == "no prediction: the GPU memory of host g is not known yet"
     v = assess(case, profiles, {"g": 16384.0}, Settings())  # 1000 + 40 x 512 = 21480 MiB > 16 GiB
     assert v["action"] == "skip" and v["predicted_mem_mib"] == 21480.0
+
+
+def test_an_ok_result_at_the_batch_wins_over_the_line():
+    """A case near its limit (inside the margin) that ran, forced once as README suggests, was still a predicted OOM
+    every night after: the line, one point heavier, said the same. An ok result at that batch or above on as much
+    memory or less now plans it again; on less memory than it ran with, the line still decides."""
+    from fleetbench.plan import Case
+
+    case = Case(host="g", case_key="k", benchmark="b", image="i", model="resnet50", batch_size_per_device=512,
+                num_gpus=1, variable_update="replicated", device="gpu", num_batches=1, num_warmup_batches=0,
+                timeout_s=60, command=["python", "tf_cnn_benchmarks.py"])
+    night = {"benchmark": "b", "capacity_mib": 24576.0, "logical_date": "2026-11-01T02:00:00+00:00"}
+    rows = [dict(r, **night) for r in line([8, 16, 32, 64, 128])]  # 1000 + 40 x batch: 21480 MiB at 512
+    assert assess(case, fit_profiles(rows), {"g": 22528.0}, Settings())["action"] == "skip"  # usable 20275 MiB
+    forced = dict(row(512, 21480.0), **{**night, "capacity_mib": 22528.0, "logical_date": "2026-12-01T02:00:00+00:00"})
+    v = assess(case, fit_profiles([forced, *rows]), {"g": 22528.0}, Settings())
+    assert v["action"] == "run" and v["note"].startswith("fits: ran ok at batch 512 with 22528 MiB"), v
+    assert assess(case, fit_profiles([forced, *rows]), {"g": 22000.0}, Settings())["action"] == "skip"
 
 
 def test_forced_cases_expand_a_bare_case_key_to_every_host():
@@ -516,9 +541,13 @@ def test_gpu_memory_comes_from_each_hosts_newest_facts(tmp_path):
             facts("r2", "cpu", 2, {"gpus": []}),
             facts("r2", "odd", 2, {"gpus": [{"memory_total_mib": -5}, {"memory_total_mib": "x"}]}),
             facts("r2", "broken", 2, ["not", "a", "mapping"]),
+            # a night the host could not be checked stored no GPUs: the night before's memory still holds (was None:
+            # the plan knew no memory, and the host's known-OOM cases ran again)
+            facts("r1", "t4", 1, {"gpus": [{"memory_total_mib": 15360}]}),
+            facts("r2", "t4", 2, {"gpus": None}),
         ])
-    assert read_gpu_memory(engine, ["g", "cpu", "odd", "broken", "absent"]) == {
-        "g": 40960.0, "cpu": None, "odd": None, "broken": None}
+    assert read_gpu_memory(engine, ["g", "cpu", "odd", "broken", "absent", "t4"]) == {
+        "g": 40960.0, "cpu": None, "odd": None, "broken": None, "t4": 15360.0}
 
 
 def test_two_benchmarks_of_one_model_are_profiles_of_their_own():
