@@ -172,14 +172,17 @@ def match_nodes(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], tupl
     """{(host, case_key): (efficiency, 1-node images/sec)} for every ok multi-node row whose run has ok 1-node
     rows with the same `NODES_MATCH` fields (and `variant_of` its command) on hosts of its set: E = total / (nodes
     x the mean of those 1-node figures). 1.0 is linear scaling across hosts. On each host the 1-node row of the
-    row's own benchmark is taken, else the only matching one; a host where several other benchmarks match (which
-    one is the baseline is not known), or where none is ok (its 1-node case failed), gives the row none, as a failed
-    1-GPU case gives a multi-GPU row no speedup efficiency."""
+    row's own benchmark is taken, else the only matching one; of a benchmark with several 1-node rows there (one per
+    `variable_update`), the one of the row's own variable_update, else none. A host where several other benchmarks,
+    or several variable updates, match (which one is the baseline is not known: the last one listed was taken), or
+    where none is ok (its 1-node case failed), gives the row none, as a failed 1-GPU case gives a multi-GPU row no
+    speedup efficiency."""
     ok = [r for r in rows if r.get("status") == "ok" and _positive(r.get("images_per_sec"))]
-    single: dict[tuple, dict[str, dict[Any, float]]] = {}
+    single: dict[tuple, dict[str, dict[Any, dict[Any, float]]]] = {}
     for r in ok:
         if (r.get("nodes") or 1) == 1:
-            single.setdefault(_nodes_key(r), {}).setdefault(r["host"], {})[r.get("benchmark")] = r["images_per_sec"]
+            (single.setdefault(_nodes_key(r), {}).setdefault(r["host"], {}).setdefault(r.get("benchmark"), {})
+             [r.get("variable_update")]) = r["images_per_sec"]
     out = {}
     for r in ok:
         nodes = r.get("nodes") or 1
@@ -190,10 +193,12 @@ def match_nodes(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], tupl
         figures = []
         for h in hosts:
             by_bench = per_host.get(h, {})
-            if r.get("benchmark") in by_bench:
-                figures.append(by_bench[r.get("benchmark")])
-            elif len(by_bench) == 1:
-                figures.extend(by_bench.values())
+            by_update = by_bench.get(r.get("benchmark")) or (next(iter(by_bench.values())) if len(by_bench) == 1
+                                                              else {})
+            if r.get("variable_update") in by_update:
+                figures.append(by_update[r.get("variable_update")])
+            elif len(by_update) == 1:
+                figures.extend(by_update.values())
         if figures and len(figures) == len(hosts):  # every host's: a baseline of some of them is another set's
             base = sum(figures) / len(figures)
             out[(r["host"], r["case_key"])] = (r["images_per_sec"] / (nodes * base), base)

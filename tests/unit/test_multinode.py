@@ -350,6 +350,34 @@ def test_a_cluster_mode_takes_the_1_node_baseline_of_another_benchmark_of_its_im
     (multi,) = [r for r in rows if r["nodes"] > 1]
     assert (multi["node_efficiency"], multi["node_baseline_images_per_sec"]) == (None, None)
 
+
+def test_a_baseline_benchmark_with_several_variable_updates_gives_the_matching_one_or_none():
+    """The 1-node rows of one benchmark with two variable updates both matched, and the one the config listed last was
+    the baseline (efficiency 1.5 or 0.75 by the list's order). Now the row's own variable update, else none."""
+    from fleetbench.metrics import derive
+
+    for updates in (["replicated", "parameter_server"], ["parameter_server", "replicated"]):
+        data = config(hosts=("a", "b"), variable_update=updates, nodes=[1])
+        data["benchmarks"].append({**data["benchmarks"][0], "name": "dist", "nodes": [2],
+                                   "variable_update": ["distributed_replicated"]})
+        rows = node_rows(data, {"cnn": 0.0, "dist": 1000.0 / 0.95})
+        for r in rows:
+            if r["benchmark"] == "cnn":
+                r["images_per_sec"] = {"replicated": 2000.0, "parameter_server": 1000.0}[r["variable_update"]]
+        (multi,) = [r for r in derive(rows, [], None, None) if r["nodes"] > 1]
+        assert (multi["node_efficiency"], multi["node_baseline_images_per_sec"]) == (None, None), updates
+    # a multi-node case of the same variable update as one of them takes that one
+    data = config(hosts=("a", "b"), variable_update=["replicated", "parameter_server"], nodes=[1])
+    data["benchmarks"].append({**data["benchmarks"][0], "name": "multi", "nodes": [2],
+                               "variable_update": ["parameter_server"]})
+    rows = node_rows(data, {"cnn": 0.0, "multi": 1000.0})
+    for r in rows:
+        if r["benchmark"] == "cnn":
+            r["images_per_sec"] = {"replicated": 2000.0, "parameter_server": 1000.0}[r["variable_update"]]
+    (multi,) = [r for r in derive(rows, [], None, None) if r["nodes"] > 1]
+    assert (multi["node_efficiency"], multi["node_baseline_images_per_sec"]) == (pytest.approx(0.95), 1000.0)
+
+
 # -- what keeps a set from running ----------------------------------------------------------------
 def test_a_set_with_an_unfit_host_or_two_gpu_models_is_a_row_that_says_why_and_runs_nothing():
     from fleetbench.airflow.multinode import multinode_kwargs
