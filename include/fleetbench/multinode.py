@@ -93,16 +93,18 @@ class PortUnavailable(RuntimeError):
 
 
 def port_free(address: str, port: int, local: bool) -> bool:
-    """Nobody listens on address:port. On this machine (a local engine) the port must also be bindable (it is
-    what the container's server will do); on another host, a connection that is not accepted means free."""
+    """Nobody listens on address:port. On this machine (a local engine) the port must also be bindable on every
+    address, as the container's server binds it (tf_cnn_benchmarks' gRPC server `0.0.0.0:<port>`, torchrun's store
+    too: a port taken on another address of the machine, e.g. 127.0.0.1 for a role on 127.0.0.2, made the role fail);
+    on another host, a connection that is not accepted means free (its other addresses cannot be asked from here)."""
     if local:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC's: a TIME_WAIT port is free
             try:
-                sock.bind((address, port))
+                sock.bind(("0.0.0.0", port))
             except OSError as exc:
                 if exc.errno in (errno.EADDRINUSE, errno.EACCES):
                     return False
-                # not an address of this machine (EADDRNOTAVAIL): the connect below is all we can ask
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(1.0)
         return sock.connect_ex((address, port)) != 0

@@ -194,6 +194,19 @@ def test_a_taken_port_is_skipped_and_none_left_is_port_unavailable():
         40000, 40001, 40002]
 
 
+def test_a_port_taken_on_another_address_of_this_machine_is_taken():
+    """The roles' servers bind every address (TF's gRPC server 0.0.0.0:<port>): a listener on 127.0.0.1 takes the port
+    for a role on 127.0.0.2 too (it was judged free; the role then failed to bind it)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert not multinode.port_free("127.0.0.2", port, local=True)
+        roles = [r for r in multinode.layout(["a", "b"], 1, 1, ps_nodes="first") if r["host"] == "b"]
+        assert port not in multinode.allocate_ports(roles, {"a": "127.0.0.1", "b": "127.0.0.2"},
+                                                    {"a": True, "b": True}, port)
+
+
 # -- roles' ends, from real logs ------------------------------------------------------------------
 def test_each_role_of_a_real_ps_worker_run_ends_ok_and_the_chief_gives_the_result():
     from fleetbench.measure import measure
