@@ -446,6 +446,32 @@ def test_gpus_go_to_the_workers_not_the_parameter_servers():
     assert all(req[0]["Count"] == 4 for name, req in requests.items() if req is not None)
 
 
+def test_the_role_that_failed_first_is_the_cause_by_time_not_by_text():
+    """Docker drops a timestamp's trailing zeros: `...01:00:00Z` (a whole second) sorted after `...01:00:00.3Z` as
+    text, so a parameter server that died after worker1 was named the cause."""
+    from datetime import datetime, timezone
+
+    from fleetbench.airflow.multinode import MultiNodeCaseOperator
+
+    roles = multinode.layout(["a", "b"], 1, 1, ps_nodes="first")
+    op = MultiNodeCaseOperator(task_id="mn", case={"host": "a", "case_key": "k"}, command=["python"], roles=roles,
+                               cluster={}, timeout_s=60, log_dir="/tmp", num_gpus=0)
+    ended = {"worker1": "2026-12-08T01:00:00Z", "ps0": "2026-12-08T01:00:00.3Z"}
+    states = {multinode.role_name(r): {"Status": "exited" if multinode.role_name(r) in ended else "running",
+                                       "ExitCode": 1 if multinode.role_name(r) in ended else 0,
+                                       "FinishedAt": ended.get(multinode.role_name(r), "0001-01-01T00:00:00Z")}
+              for r in roles}
+
+    class Engine:
+        def inspect_container(self, cid):
+            return {"State": states[cid]}
+
+    op._cids = {multinode.role_name(r): multinode.role_name(r) for r in roles}
+    op._cli = lambda role: Engine()
+    reason, role = op._watch(datetime.now(timezone.utc))
+    assert (reason, multinode.role_name(role)) == ("failed", "worker1")
+
+
 def test_host_pools_with_multi_node_cases_is_a_warning_that_says_what_is_not_covered():
     data = config(hosts=("a", "b"))
     assert not [w for w in config_warnings(parse_config(data)) if "host_pools" in w]

@@ -406,6 +406,8 @@ class MultiNodeCaseOperator(BaseOperator):
     def _watch(self, t0: datetime) -> tuple[str, dict | None]:
         """Until every worker has exited (done), one role failed, the chief missed the rendezvous, or the
         case's timeout passed: (reason, the failed role)."""
+        from fleetbench.airflow.operators import docker_time
+
         start = time.monotonic()
         rendezvous_s = float(self.cluster.get("rendezvous_timeout_s", 300))
         joined, next_marker, read_since = False, 0.0, None
@@ -423,7 +425,8 @@ class MultiNodeCaseOperator(BaseOperator):
                       and (states[multinode.role_name(r)].get("ExitCode")
                            or states[multinode.role_name(r)].get("OOMKilled"))]
             if failed:  # the one that died first: a peer whose death took the chief with it is the cause
-                role = min(failed, key=lambda r: states[multinode.role_name(r)].get("FinishedAt") or "")
+                # by time, not by Docker's text: it drops trailing zeros ("...:00Z" sorted after "...:00.3Z")
+                role = min(failed, key=lambda r: docker_time(states[multinode.role_name(r)].get("FinishedAt")) or "")
                 self.log.error("case %s: %s on %s exited %s", self.case["case_key"], multinode.role_name(role),
                                role["host"], states[multinode.role_name(role)].get("ExitCode"))
                 return "failed", role
