@@ -394,6 +394,8 @@ def test_a_fleet_mixing_harnesses_plans_each_harness_own_cases():
     ({**CMD, "metrics": {"patterns": [{"metric": "x", "regex": r"t: (\d+\.\d{1,4294967296}) ms", "unit": "ms"}]}},
      "benchmarks[0].metrics.patterns[0].regex: does not compile: the repetition number is too large"),
     ({**CNN, "variable_update": []}, "benchmarks[0].variable_update: must not be empty"),  # planned no case of it
+    ({**CMD, "metrics": {"patterns": [{"metric": "x", "regex": 5, "unit": "ms"}]}},
+     "benchmarks[0].metrics.patterns[0].regex: must be a string, got 5"),
     ({**CMD, "metrics": {"patterns": [{"metric": "x", "regex": "([0-9]+)", "unit": "parsecs"}]}},
      "benchmarks[0].metrics.patterns[0].unit: unknown unit 'parsecs'"),
     ({**CMD, "metrics": {"json_lines": False}}, "benchmarks[0].metrics: json_lines is off and no patterns are given"),
@@ -407,6 +409,7 @@ def test_a_fleet_mixing_harnesses_plans_each_harness_own_cases():
 def test_each_harness_mistake_names_its_field(bench, expected):
     errors = config_errors(fleet(bench))
     assert any(e.startswith(expected) for e in errors), errors
+    assert len(errors) == len(set(errors)), errors  # each once (a regex that is no string was said twice)
 
 
 def test_config_check_refuses_an_nccl_size_range_that_nccl_tests_refuses(tmp_path):

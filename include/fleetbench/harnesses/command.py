@@ -163,7 +163,7 @@ class Command(Harness):
         errors = []
         patterns = metrics.get("patterns")
         for i, p in enumerate(patterns if isinstance(patterns, list) else []):
-            if isinstance(p, dict) and "regex" in p:
+            if isinstance(p, dict) and isinstance(p.get("regex"), str):  # another type: the field's own check says so
                 problem = pattern_problem(p["regex"])
                 if problem:
                     errors.append(f"{path}.metrics.patterns[{i}].regex: {problem}, got {p['regex']!r}")
