@@ -113,7 +113,7 @@ class Profile:
     misses: list[dict] = field(default_factory=list)  # OOM rows whose prediction said the case fits
     dropped: dict[str, int] = field(default_factory=dict)  # readings left out, by why
     capacities: list[float | None] = field(default_factory=list)  # each point's device memory (MiB), None: unknown
-    ran: list[tuple[int, float]] = field(default_factory=list)  # (batch, capacity MiB) of every ok result on record
+    ran: dict[float, int] = field(default_factory=dict)  # capacity MiB -> largest batch that ran ok with it
     slope: float | None = None  # MiB per sample of per-device batch
     intercept: float | None = None  # MiB
     spread_mib: float | None = None
@@ -136,7 +136,7 @@ class Profile:
 
     def ran_ok(self, batch: int, capacity_mib: float) -> tuple[int, float] | None:
         """(batch, capacity) of an ok result at this batch or above with this much memory or less."""
-        hits = [(b, c) for b, c in self.ran if b >= batch and c <= capacity_mib]
+        hits = [(b, c) for c, b in self.ran.items() if b >= batch and c <= capacity_mib]
         return min(hits, key=lambda h: (h[1], -h[0])) if hits else None
 
     def known_oom(self, batch: int, capacity_mib: float) -> tuple[int, float] | None:
@@ -264,8 +264,9 @@ def fit_profiles(rows: Iterable[Mapping[str, Any]], settings: Settings = Setting
             continue
         p.points.append((batch, value))
         p.capacities.append(valid_mib(row.get("capacity_mib")))
-    for key, p in profiles.items():
-        p.ran = [(b, c) for b, c, _ in ran.get(key, ())]
+    for key, p in profiles.items():  # one entry per memory size (as `ooms`): `assess` reads it per case
+        for b, c, _ in ran.get(key, ()):
+            p.ran[c] = max(b, p.ran.get(c, b))
     return {k: fit(p, settings) for k, p in profiles.items()}
 
 
