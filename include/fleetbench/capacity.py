@@ -179,7 +179,7 @@ def repeated_median(points: list[tuple[float, float]]) -> tuple[float, float, li
 
     Not Theil-Sen's median of all pairwise slopes: a profile's readings sit at a few batch sizes, so every slope to a
     batch size read once goes through that one reading, and one spike there (a neighbour's process on the GPU) was
-    half of the slopes: a line 4x too steep, cases that fit skipped as predicted OOMs. The repeated median gives that
+    half of the slopes: a line 2-4x too steep, cases that fit skipped as predicted OOMs. The repeated median gives that
     reading one vote of n, and holds up to half of the readings being bad."""
     per_point = [median(slopes) for x1, y1 in points
                  if (slopes := [(y2 - y1) / (x2 - x1) for x2, y2 in points if x2 != x1])]
